@@ -1,0 +1,92 @@
+# dsv4 - DeepSeek-V4 inference engine.
+#   make            CPU engine: build/dsv4 (and ./dsv4 -> build/dsv4)
+#   make CUDA=1     adds the CUDA backend (sm_90a)
+#   make test       installs missing packages, builds, runs every test (normal + ASan/UBSan build)
+#   make run        builds, prepares the default (synthetic) model, chats with it
+#   make fuzz       libFuzzer targets (clang) in build/fuzz/
+CC      ?= cc
+NVCC    ?= nvcc
+CUDA    ?= 0
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP -Iinclude
+LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lm -lpthread -fopenmp
+NVFLAGS ?= -O3 -arch=sm_90a -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude
+
+LIB_SRC  := $(sort $(filter-out src/cuda/%,$(wildcard src/*/*.c)))
+LIB_SRC  := $(filter-out src/cli/%,$(LIB_SRC))
+CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
+
+ifeq ($(CUDA),1)
+CFLAGS   += -DDSV4_CUDA
+LIB_SRC  += $(sort $(wildcard src/cuda/*.c))
+CUDA_HOME ?= /usr/local/cuda
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
+endif
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+ifeq ($(CUDA),1)
+LIB_OBJ  += $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+endif
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all deps test test-asan run fuzz clean gpu-test install
+all: $(BUILD)/dsv4
+	@ln -sf $(BUILD)/dsv4 dsv4
+
+$(BUILD)/libdsv4.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(BUILD)/dsv4: $(CLI_OBJ) $(BUILD)/libdsv4.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libdsv4.a tests/check.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libdsv4.a -lcriterion $(LDLIBS)
+
+deps:
+	@sh scripts/deps.sh
+
+# Tests: the normal build, then the same tests under AddressSanitizer + UndefinedBehaviorSanitizer.
+test: deps
+	$(MAKE) all tests
+	sh scripts/run_tests.sh $(BUILD)
+	$(MAKE) test-asan
+
+tests: $(TEST_BIN) $(BUILD)/dsv4
+
+test-asan:
+	$(MAKE) BUILD=build-asan OPT="-O1" \
+	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  LDLIBS="-lcjson -lpcre2-8 -lmicrohttpd -lm -lpthread -fopenmp -fsanitize=address,undefined" all tests
+	ASAN_OPTIONS=detect_leaks=1 DSV4_ASAN=1 sh scripts/run_tests.sh build-asan
+
+run: deps all
+	sh scripts/make_run.sh
+
+fuzz:
+	$(MAKE) -C tests/fuzz
+
+gpu-test:
+	sh scripts/gpu_test.sh
+
+install: all
+	install -m 755 $(BUILD)/dsv4 $(or $(PREFIX),/usr/local)/bin/dsv4
+
+clean:
+	rm -rf build build-asan dsv4
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
