@@ -10,7 +10,7 @@ CUDA    ?= 0
 BUILD   ?= build
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP -Iinclude
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP -Iinclude -Isrc
 LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lm -lpthread -fopenmp
 NVFLAGS ?= -O3 -arch=sm_90a -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude
 

@@ -1,0 +1,50 @@
+/* dsv4.h - the public API of the dsv4 engine.
+ *
+ * A dsv4_model is a loaded checkpoint (read-only once loaded). A dsv4_seq is one sequence's mutable
+ * timeline: its position and every cache the model keeps for it (window KV, compressor states,
+ * compressed entries, indexer keys); it is freed with dsv4_seq_free. dsv4_forward feeds each of a
+ * batch of sequences a chunk of tokens (any length, at the sequence's current position) and returns
+ * next-token logits. Errors come back as text naming the file, tensor, field or request. */
+#ifndef DSV4_H
+#define DSV4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsv4_model dsv4_model;
+typedef struct dsv4_seq_state dsv4_seq;
+
+typedef struct dsv4_info {
+    int vocab_size, dim, n_layers, max_context;
+    int bos_token_id, eos_token_id;
+} dsv4_info;
+
+/* Loads a model directory (config.json + safetensors). 0 on success; on failure -1 with a message
+ * in err (errcap bytes). */
+int dsv4_load(const char *dir, dsv4_model **out, char *err, size_t errcap);
+void dsv4_free(dsv4_model *m);
+dsv4_info dsv4_model_info(const dsv4_model *m);
+
+dsv4_seq *dsv4_seq_new(dsv4_model *m); /* NULL when out of memory */
+void dsv4_seq_free(dsv4_seq *s);
+int dsv4_seq_pos(const dsv4_seq *s);    /* tokens processed so far */
+
+enum {
+    DSV4_LOGITS_ALL = 0,  /* logits for every token: [sum(ntok), vocab] */
+    DSV4_LOGITS_LAST = 1, /* logits for the last token of each sequence: [nseq, vocab] */
+    DSV4_LOGITS_NONE = 2, /* no logits (logits may be NULL) */
+};
+
+/* One forward call: sequence seqs[i] takes ntok[i] tokens tokens[i][0..] at its current position.
+ * A sequence may appear only once per call; ntok[i] may be 0. */
+int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
+                 float *logits, int mode, char *err, size_t errcap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

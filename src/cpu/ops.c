@@ -1,0 +1,161 @@
+/* ops.c - see ops.h. */
+#include "ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../quant/formats.h"
+
+void dsv4_cpu_linear(const dsv4_weight *w, const float *x, int T, float *y) {
+    const int R = w->rows, C = w->cols;
+    const float *xin = x;
+    float *xq = NULL;
+    if (w->act_quant) {
+        xq = malloc(sizeof(float) * (size_t)T * C);
+        memcpy(xq, x, sizeof(float) * (size_t)T * C);
+        for (int t = 0; t < T; t++) dsv4_act_quant_fp8(xq + (size_t)t * C, (size_t)C, 128);
+        xin = xq;
+    }
+#pragma omp parallel
+    {
+        float *row = malloc(sizeof(float) * (size_t)C);
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            dsv4_weight_row(w, r, row);
+            for (int t = 0; t < T; t++) {
+                const float *xt = xin + (size_t)t * C;
+                float acc = 0;
+                for (int j = 0; j < C; j++) acc += row[j] * xt[j];
+                y[(size_t)t * R + r] = acc;
+            }
+        }
+        free(row);
+    }
+    free(xq);
+}
+
+void dsv4_cpu_rmsnorm(float *x, int n, const float *w, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) x[i] = w ? w[i] * (x[i] * r) : x[i] * r;
+}
+
+void dsv4_cpu_rope(float *x, int n, int npairs, const float *freq, int pos, int inverse) {
+    float *p = x + n - 2 * npairs;
+    for (int i = 0; i < npairs; i++) {
+        float ang = (float)pos * freq[i];
+        float c = cosf(ang), s = sinf(ang);
+        if (inverse) s = -s;
+        float a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = a * c - b * s;
+        p[2 * i + 1] = a * s + b * c;
+    }
+}
+
+static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* r * (fn . xf) for the rows of fn, with r = 1/sqrt(mean(xf^2) + eps). */
+static void hc_mix(const float *X, int MD, const dsv4_weight *fn, float norm_eps, float *mix) {
+    double ss = 0;
+    for (int i = 0; i < MD; i++) ss += (double)X[i] * X[i];
+    float r = 1.0f / sqrtf((float)(ss / MD) + norm_eps);
+    float *row = malloc(sizeof(float) * (size_t)MD);
+    for (int t = 0; t < fn->rows; t++) {
+        dsv4_weight_row(fn, t, row);
+        float acc = 0;
+        for (int c = 0; c < MD; c++) acc += row[c] * X[c];
+        mix[t] = acc * r;
+    }
+    free(row);
+}
+
+void dsv4_cpu_hc_pre(const float *X, int M, int D, const dsv4_weight *fn, const float *scale, const float *base,
+                     int iters, float norm_eps, float hc_eps, float *x, float *post, float *comb) {
+    float mix[(2 + 16) * 16];
+    float pre[16];
+    hc_mix(X, M * D, fn, norm_eps, mix);
+    for (int j = 0; j < M; j++) {
+        pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
+        post[j] = 2.0f * sigmoidf(mix[M + j] * scale[1] + base[M + j]);
+    }
+    float *C = comb;
+    for (int j = 0; j < M; j++)
+        for (int k = 0; k < M; k++) C[j * M + k] = mix[2 * M + j * M + k] * scale[2] + base[2 * M + j * M + k];
+    for (int j = 0; j < M; j++) { /* row softmax + eps */
+        float mx = -INFINITY, s = 0;
+        for (int k = 0; k < M; k++) mx = fmaxf(mx, C[j * M + k]);
+        for (int k = 0; k < M; k++) s += (C[j * M + k] = expf(C[j * M + k] - mx));
+        for (int k = 0; k < M; k++) C[j * M + k] = C[j * M + k] / s + hc_eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0)
+            for (int j = 0; j < M; j++) {
+                float s = 0;
+                for (int k = 0; k < M; k++) s += C[j * M + k];
+                for (int k = 0; k < M; k++) C[j * M + k] /= (s + hc_eps);
+            }
+        for (int k = 0; k < M; k++) {
+            float s = 0;
+            for (int j = 0; j < M; j++) s += C[j * M + k];
+            for (int j = 0; j < M; j++) C[j * M + k] /= (s + hc_eps);
+        }
+    }
+    for (int d = 0; d < D; d++) {
+        float acc = 0;
+        for (int j = 0; j < M; j++) acc += pre[j] * X[j * D + d];
+        x[d] = acc;
+    }
+}
+
+void dsv4_cpu_hc_post(const float *f, float *X, int M, int D, const float *post, const float *comb) {
+    float *old = malloc(sizeof(float) * (size_t)M * D);
+    memcpy(old, X, sizeof(float) * (size_t)M * D);
+    for (int k = 0; k < M; k++)
+        for (int d = 0; d < D; d++) {
+            float acc = post[k] * f[d];
+            for (int j = 0; j < M; j++) acc += comb[j * M + k] * old[j * D + d];
+            X[k * D + d] = acc;
+        }
+    free(old);
+}
+
+void dsv4_cpu_hc_head(const float *X, int M, int D, const dsv4_weight *fn, const float *scale, const float *base,
+                      float norm_eps, float hc_eps, float *y) {
+    float mix[16], pre[16];
+    hc_mix(X, M * D, fn, norm_eps, mix);
+    for (int j = 0; j < M; j++) pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
+    for (int d = 0; d < D; d++) {
+        float acc = 0;
+        for (int j = 0; j < M; j++) acc += pre[j] * X[j * D + d];
+        y[d] = acc;
+    }
+}
+
+void dsv4_cpu_sparse_attn(const float *q, int H, int Dh, const float *const *kv, int n, const float *sink,
+                          float scale, float *out) {
+    float *s = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int h = 0; h < H; h++) {
+        const float *qh = q + (size_t)h * Dh;
+        float *oh = out + (size_t)h * Dh;
+        float mx = -INFINITY;
+        for (int t = 0; t < n; t++) {
+            float acc = 0;
+            for (int d = 0; d < Dh; d++) acc += qh[d] * kv[t][d];
+            s[t] = acc * scale;
+            mx = fmaxf(mx, s[t]);
+        }
+        memset(oh, 0, sizeof(float) * (size_t)Dh);
+        if (n == 0) continue;
+        float den = 0;
+        for (int t = 0; t < n; t++) {
+            float p = expf(s[t] - mx);
+            den += p;
+            for (int d = 0; d < Dh; d++) oh[d] += p * kv[t][d];
+        }
+        den += expf(sink[h] - mx);
+        for (int d = 0; d < Dh; d++) oh[d] /= den;
+    }
+    free(s);
+}

@@ -1,0 +1,137 @@
+/* forward.c - the top-level forward of spec section 3 over a batch of sequence chunks: embedding,
+ * mHC residual streams, every block (attention + MoE), HcHead, final norm and head; and the public
+ * API of include/dsv4.h around it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cpu/ops.h"
+#include "dsv4.h"
+#include "state.h"
+
+#define ALLOC(n) malloc(sizeof(float) * (size_t)(n))
+
+int dsv4_load(const char *dir, dsv4_model **out, char *err, size_t errcap) {
+    dsv4_err e = {{0}};
+    int rc = dsv4_model_load_dir(dir, out, &e);
+    if (rc && err && errcap) snprintf(err, errcap, "%s", e.msg);
+    return rc;
+}
+
+void dsv4_free(dsv4_model *m) { dsv4_model_destroy(m); }
+
+dsv4_info dsv4_model_info(const dsv4_model *m) {
+    dsv4_info i = {m->cfg.vocab_size, m->cfg.dim, m->cfg.n_layers, m->cfg.max_position_embeddings,
+                   m->cfg.bos_token_id, m->cfg.eos_token_id};
+    return i;
+}
+
+dsv4_seq *dsv4_seq_new(dsv4_model *m) { return dsv4_seq_state_new(m); }
+void dsv4_seq_free(dsv4_seq *s) { dsv4_seq_state_free(s); }
+int dsv4_seq_pos(const dsv4_seq *s) { return s->pos; }
+
+static int sub_block(const dsv4_model *m, int L, int ffn, const dsv4_batch *b, float *X, float *x, float *y,
+                     float *post, float *comb) {
+    const dsv4_config *c = &m->cfg;
+    const dsv4_layer *ly = &m->layers[L];
+    const int T = b->T, M = c->hc_mult, D = c->dim;
+    const dsv4_weight *fn = ffn ? &ly->hc_ffn_fn : &ly->hc_attn_fn;
+    const float *scale = ffn ? ly->hc_ffn_scale : ly->hc_attn_scale, *base = ffn ? ly->hc_ffn_base : ly->hc_attn_base;
+    const float *nw = ffn ? ly->ffn_norm : ly->attn_norm;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        dsv4_cpu_hc_pre(X + (size_t)t * M * D, M, D, fn, scale, base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps,
+                        x + (size_t)t * D, post + (size_t)t * M, comb + (size_t)t * M * M);
+        dsv4_cpu_rmsnorm(x + (size_t)t * D, D, nw, c->norm_eps);
+    }
+    int rc = ffn ? dsv4_moe_fwd(m, L, b, x, y) : dsv4_attention_fwd(m, L, b, x, y);
+    if (rc) return rc;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        dsv4_cpu_hc_post(y + (size_t)t * D, X + (size_t)t * M * D, M, D, post + (size_t)t * M, comb + (size_t)t * M * M);
+    return 0;
+}
+
+int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
+                 float *logits, int mode, char *err, size_t errcap) {
+    const dsv4_config *c = &m->cfg;
+    const int M = c->hc_mult, D = c->dim, V = c->vocab_size;
+    dsv4_batch b = {0};
+    int rc = -1, T = 0;
+#define FAIL(...) do { if (err && errcap) snprintf(err, errcap, __VA_ARGS__); goto out; } while (0)
+    if (nseq < 0) FAIL("forward: negative batch size");
+    for (int s = 0; s < nseq; s++) {
+        if (!seqs[s]) FAIL("forward: sequence %d is NULL", s);
+        if (seqs[s]->m != m) FAIL("forward: sequence %d belongs to another model", s);
+        if (ntok[s] < 0) FAIL("forward: sequence %d: negative token count", s);
+        for (int r = 0; r < s; r++)
+            if (seqs[r] == seqs[s]) FAIL("forward: sequence %d appears twice in one batch", s);
+        for (int i = 0; i < ntok[s]; i++)
+            if (tokens[s][i] < 0 || tokens[s][i] >= V)
+                FAIL("forward: sequence %d, token %d: id %d is outside the vocabulary (0..%d)", s, i, tokens[s][i], V - 1);
+        if ((long long)seqs[s]->pos + ntok[s] > (long long)c->max_position_embeddings)
+            FAIL("forward: sequence %d would reach position %lld, past max_position_embeddings %d", s,
+                 (long long)seqs[s]->pos + ntok[s], c->max_position_embeddings);
+        T += ntok[s];
+    }
+    b.T = T;
+    b.nseq = nseq;
+    b.seq = (dsv4_seq_state **)seqs;
+    b.off = calloc((size_t)nseq + 1, sizeof(int));
+    b.n = calloc((size_t)nseq + 1, sizeof(int));
+    b.pos0 = calloc((size_t)nseq + 1, sizeof(int));
+    b.tok = calloc((size_t)T + 1, sizeof(int));
+    b.pos = calloc((size_t)T + 1, sizeof(int));
+    b.sid = calloc((size_t)T + 1, sizeof(int));
+    for (int s = 0, t = 0; s < nseq; s++) {
+        b.off[s] = t;
+        b.n[s] = ntok[s];
+        b.pos0[s] = seqs[s]->pos;
+        for (int i = 0; i < ntok[s]; i++, t++) {
+            b.tok[t] = tokens[s][i];
+            b.pos[t] = seqs[s]->pos + i;
+            b.sid[t] = s;
+        }
+    }
+    if (T == 0) {
+        rc = 0;
+        goto out;
+    }
+    float *X = ALLOC((size_t)T * M * D), *x = ALLOC((size_t)T * D), *y = ALLOC((size_t)T * D);
+    float *post = ALLOC((size_t)T * M), *comb = ALLOC((size_t)T * M * M);
+    for (int t = 0; t < T; t++) {
+        dsv4_weight_row(&m->embed, b.tok[t], x);
+        for (int j = 0; j < M; j++) memcpy(X + ((size_t)t * M + j) * D, x, sizeof(float) * (size_t)D);
+    }
+    rc = 0;
+    for (int L = 0; L < c->n_layers && !rc; L++) {
+        rc = sub_block(m, L, 0, &b, X, x, y, post, comb);
+        if (!rc) rc = sub_block(m, L, 1, &b, X, x, y, post, comb);
+        if (getenv("DSV4_DEBUG_DUMP")) { /* TEMP */
+            char fn[256]; snprintf(fn, sizeof fn, "%s.%d", getenv("DSV4_DEBUG_DUMP"), L);
+            FILE *f = fopen(fn, "ab"); fwrite(X, sizeof(float), (size_t)T * M * D, f); fclose(f);
+        }
+    }
+    if (rc) {
+        if (err && errcap) snprintf(err, errcap, "forward: out of memory");
+    } else if (mode != DSV4_LOGITS_NONE && logits) {
+        /* HcHead + final norm + head, for every token or the last of each sequence */
+        int nout = 0;
+        for (int t = 0; t < T; t++) {
+            int s = b.sid[t];
+            if (mode == DSV4_LOGITS_LAST && t != b.off[s] + b.n[s] - 1) continue;
+            dsv4_cpu_hc_head(X + (size_t)t * M * D, M, D, &m->hc_head_fn, m->hc_head_scale, m->hc_head_base,
+                             c->norm_eps, c->hc_eps, y + (size_t)nout * D);
+            dsv4_cpu_rmsnorm(y + (size_t)nout * D, D, m->norm, c->norm_eps);
+            nout++;
+        }
+        dsv4_cpu_linear(&m->head, y, nout, logits);
+    }
+    if (!rc)
+        for (int s = 0; s < nseq; s++) seqs[s]->pos += ntok[s];
+    free(X), free(x), free(y), free(post), free(comb);
+out:
+    free(b.off), free(b.n), free(b.pos0), free(b.tok), free(b.pos), free(b.sid);
+    return rc;
+#undef FAIL
+}

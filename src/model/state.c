@@ -1,0 +1,65 @@
+/* state.c - per-sequence state: allocation and growth. See state.h. */
+#include "state.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_init(dsv4_cmp_state *c, const dsv4_compressor *cm) {
+    int cc = cm->overlap ? 2 : 1;
+    size_t n = (size_t)cc * cm->ratio * cc * cm->d;
+    c->kv = calloc(n, sizeof(float));
+    c->sc = malloc(n * sizeof(float));
+    if (!c->kv || !c->sc) return -1;
+    for (size_t i = 0; i < n; i++) c->sc[i] = -INFINITY;
+    return 0;
+}
+
+int dsv4_cmp_state_reserve(dsv4_cmp_state *c, int d, int n) {
+    if (c->n + n <= c->cap) return 0;
+    int cap = c->cap ? c->cap : 16;
+    while (cap < c->n + n) cap *= 2;
+    float *e = realloc(c->ent, sizeof(float) * (size_t)cap * d);
+    if (!e) return -1;
+    c->ent = e;
+    c->cap = cap;
+    return 0;
+}
+
+dsv4_seq_state *dsv4_seq_state_new(const dsv4_model *m) {
+    dsv4_seq_state *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->m = m;
+    s->ls = calloc((size_t)m->cfg.n_layers, sizeof *s->ls);
+    if (!s->ls) goto fail;
+    for (int L = 0; L < m->cfg.n_layers; L++) {
+        const dsv4_layer *ly = &m->layers[L];
+        dsv4_layer_state *st = &s->ls[L];
+        st->win = calloc((size_t)m->cfg.window_size * m->cfg.head_dim, sizeof(float));
+        if (!st->win) goto fail;
+        if (ly->ratio > 0 && cmp_init(&st->cmp, &ly->cmp)) goto fail;
+        if (ly->ratio == 4 && cmp_init(&st->idx, &ly->idx_cmp)) goto fail;
+    }
+    return s;
+fail:
+    dsv4_seq_state_free(s);
+    return NULL;
+}
+
+static void cmp_free(dsv4_cmp_state *c) {
+    free(c->kv);
+    free(c->sc);
+    free(c->ent);
+}
+
+void dsv4_seq_state_free(dsv4_seq_state *s) {
+    if (!s) return;
+    if (s->ls)
+        for (int L = 0; L < s->m->cfg.n_layers; L++) {
+            free(s->ls[L].win);
+            cmp_free(&s->ls[L].cmp);
+            cmp_free(&s->ls[L].idx);
+        }
+    free(s->ls);
+    free(s);
+}

@@ -1,0 +1,45 @@
+/* state.h - everything one sequence carries between forward calls (spec 8.2, 10): per layer the
+ * window ring of raw kv, the compressor states (pending window rows, and the A-half of the last
+ * full window for overlap compressors), the compressed entries and the indexer keys. All of it
+ * belongs to the sequence and is freed with it; nothing is shared between sequences. */
+#ifndef DSV4_MODEL_STATE_H
+#define DSV4_MODEL_STATE_H
+
+#include "model.h"
+
+typedef struct dsv4_cmp_state {
+    float *kv, *sc; /* [c*m, c*d] pending rows (score -inf = empty) */
+    float *ent;     /* [cap, d] emitted entries, entry w at row w */
+    int n, cap;
+} dsv4_cmp_state;
+
+typedef struct dsv4_layer_state {
+    float *win; /* [W, head_dim] ring: position p in slot p mod W */
+    dsv4_cmp_state cmp, idx;
+} dsv4_layer_state;
+
+typedef struct dsv4_seq_state {
+    const dsv4_model *m;
+    int pos;                /* tokens processed so far = position of the next token */
+    dsv4_layer_state *ls;   /* [n_layers] */
+} dsv4_seq_state;
+
+dsv4_seq_state *dsv4_seq_state_new(const dsv4_model *m);
+void dsv4_seq_state_free(dsv4_seq_state *s);
+/* Makes room for `n` more entries in a compressor state; -1 when out of memory. */
+int dsv4_cmp_state_reserve(dsv4_cmp_state *c, int d, int n);
+
+/* The tokens of one forward call: sequence s contributes tokens off[s] .. off[s]+n[s]-1 at
+ * positions pos0[s] ... */
+typedef struct dsv4_batch {
+    int T, nseq;
+    dsv4_seq_state **seq;
+    int *off, *n, *pos0;  /* [nseq] */
+    int *tok, *pos, *sid; /* [T] token id, position, sequence index */
+} dsv4_batch;
+
+/* Layer pieces of the forward (forward_attn.c, forward_moe.c): out[T, D] from x[T, D]. */
+int dsv4_attention_fwd(const dsv4_model *m, int L, const dsv4_batch *b, const float *x, float *out);
+int dsv4_moe_fwd(const dsv4_model *m, int L, const dsv4_batch *b, const float *x, float *out);
+
+#endif

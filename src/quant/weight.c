@@ -1,0 +1,81 @@
+/* weight.c - see weight.h. */
+#include "weight.h"
+
+#include <string.h>
+
+#include "formats.h"
+
+const char *dsv4_wfmt_name(dsv4_wfmt f) {
+    static const char *names[DSV4_WF_COUNT] = {"F32", "BF16", "F16", "FP8", "MXFP4", "NVFP4"};
+    return (unsigned)f < DSV4_WF_COUNT ? names[f] : "?";
+}
+
+void dsv4_weight_row(const dsv4_weight *w, int r, float *out) {
+    int64_t R = (int64_t)w->row0 + r, C = w->cols;
+    switch (w->fmt) {
+    case DSV4_WF_F32:
+        memcpy(out, w->data + R * C * 4, (size_t)C * 4);
+        break;
+    case DSV4_WF_BF16: {
+        const uint8_t *p = w->data + R * C * 2;
+        for (int64_t j = 0; j < C; j++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * j, 2);
+            out[j] = dsv4_bf16_to_f32(h);
+        }
+        break;
+    }
+    case DSV4_WF_F16: {
+        const uint8_t *p = w->data + R * C * 2;
+        for (int64_t j = 0; j < C; j++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * j, 2);
+            out[j] = dsv4_f16_to_f32(h);
+        }
+        break;
+    }
+    case DSV4_WF_FP8: {
+        const uint8_t *p = w->data + R * C;
+        int64_t srow = R / 128;
+        for (int64_t j0 = 0; j0 < C; j0 += 128) {
+            float s;
+            if (w->scale_f32) memcpy(&s, w->scale + 4 * (srow * w->scale_stride + j0 / 128), 4);
+            else s = dsv4_e8m0_to_f32(w->scale[srow * w->scale_stride + j0 / 128]);
+            int64_t j1 = j0 + 128 < C ? j0 + 128 : C;
+            for (int64_t j = j0; j < j1; j++) out[j] = dsv4_e4m3_to_f32(p[j]) * s;
+        }
+        break;
+    }
+    case DSV4_WF_MXFP4:
+    case DSV4_WF_NVFP4: {
+        const uint8_t *p = w->data + R * (C / 2);
+        int g = w->fmt == DSV4_WF_MXFP4 ? 32 : 16;
+        const uint8_t *sr = w->scale + R * w->scale_stride;
+        for (int64_t j0 = 0; j0 < C; j0 += g) {
+            float s = w->fmt == DSV4_WF_MXFP4 ? dsv4_e8m0_to_f32(sr[j0 / g])
+                                              : dsv4_e4m3_to_f32(sr[j0 / g]) * w->scale2;
+            for (int64_t j = j0; j < j0 + g && j < C; j += 2) {
+                uint8_t b = p[j / 2];
+                out[j] = dsv4_e2m1_to_f32(b & 15) * s;
+                out[j + 1] = dsv4_e2m1_to_f32(b >> 4) * s;
+            }
+        }
+        break;
+    }
+    default:
+        memset(out, 0, (size_t)C * 4);
+    }
+}
+
+uint64_t dsv4_weight_bytes(const dsv4_weight *w) {
+    uint64_t R = (uint64_t)w->rows, C = (uint64_t)w->cols;
+    switch (w->fmt) {
+    case DSV4_WF_F32: return R * C * 4;
+    case DSV4_WF_BF16:
+    case DSV4_WF_F16: return R * C * 2;
+    case DSV4_WF_FP8: return R * C + ((R + 127) / 128) * ((C + 127) / 128) * (w->scale_f32 ? 4 : 1);
+    case DSV4_WF_MXFP4: return R * C / 2 + R * C / 32;
+    case DSV4_WF_NVFP4: return R * C / 2 + R * C / 16 + 4;
+    default: return 0;
+    }
+}
