@@ -53,9 +53,9 @@ $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libdsv4.a tests/check.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libdsv4.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libdsv4.a -lcriterion $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libdsv4.a -lcriterion $(LDLIBS)
 
 deps:
 	@sh scripts/deps.sh
@@ -89,4 +89,4 @@ install: all
 clean:
 	rm -rf build build-asan dsv4
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d)

@@ -32,6 +32,10 @@ dsv4_info dsv4_model_info(const dsv4_model *m);
 dsv4_seq *dsv4_seq_new(dsv4_model *m); /* NULL when out of memory */
 void dsv4_seq_free(dsv4_seq *s);
 int dsv4_seq_pos(const dsv4_seq *s);    /* tokens processed so far */
+/* Declares that positions below `end` form one prompt, even when it is fed in several chunks. The
+ * only effect: the indexer's top-k sees the score list the official one-shot prefill would (entries
+ * of the whole prompt, later ones masked), so exact score ties resolve as they do there. */
+void dsv4_seq_set_prefill(dsv4_seq *s, int end);
 
 enum {
     DSV4_LOGITS_ALL = 0,  /* logits for every token: [sum(ntok), vocab] */

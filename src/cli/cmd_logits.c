@@ -146,7 +146,8 @@ int dsv4_cmd_logits(int argc, char **argv) {
         if (!(seqs[b] = dsv4_seq_new(m))) {
             fprintf(stderr, "dsv4 logits: out of memory\n");
             goto done;
-        }
+        } else
+            dsv4_seq_set_prefill(seqs[b], (int)prefill); /* chunks resolve indexer ties like one-shot */
     t0 = dsv4_cli_now();
     for (int p = 0; p < L;) {
         int n = p < prefill ? (int)(prefill - p < chunk ? prefill - p : chunk) : 1;

@@ -23,11 +23,12 @@ void dsv4_cpu_linear(const dsv4_weight *w, const float *x, int T, float *y) {
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
             dsv4_weight_row(w, r, row);
-            for (int t = 0; t < T; t++) {
+            for (int t = 0; t < T; t++) { /* double accumulation: fewer fp32-noise flips of the
+                                             * FP8/FP4 rounding simulations downstream */
                 const float *xt = xin + (size_t)t * C;
-                float acc = 0;
-                for (int j = 0; j < C; j++) acc += row[j] * xt[j];
-                y[(size_t)t * R + r] = acc;
+                double acc = 0;
+                for (int j = 0; j < C; j++) acc += (double)row[j] * xt[j];
+                y[(size_t)t * R + r] = (float)acc;
             }
         }
         free(row);

@@ -29,6 +29,7 @@ dsv4_info dsv4_model_info(const dsv4_model *m) {
 dsv4_seq *dsv4_seq_new(dsv4_model *m) { return dsv4_seq_state_new(m); }
 void dsv4_seq_free(dsv4_seq *s) { dsv4_seq_state_free(s); }
 int dsv4_seq_pos(const dsv4_seq *s) { return s->pos; }
+void dsv4_seq_set_prefill(dsv4_seq *s, int end) { s->prefill_end = end; }
 
 static int sub_block(const dsv4_model *m, int L, int ffn, const dsv4_batch *b, float *X, float *x, float *y,
                      float *post, float *comb) {
@@ -107,10 +108,7 @@ int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *
     for (int L = 0; L < c->n_layers && !rc; L++) {
         rc = sub_block(m, L, 0, &b, X, x, y, post, comb);
         if (!rc) rc = sub_block(m, L, 1, &b, X, x, y, post, comb);
-        if (getenv("DSV4_DEBUG_DUMP")) { /* TEMP */
-            char fn[256]; snprintf(fn, sizeof fn, "%s.%d", getenv("DSV4_DEBUG_DUMP"), L);
-            FILE *f = fopen(fn, "ab"); fwrite(X, sizeof(float), (size_t)T * M * D, f); fclose(f);
-        }
+        if (!rc && m->block_hook) m->block_hook(m->block_hook_ctx, L, X, T);
     }
     if (rc) {
         if (err && errcap) snprintf(err, errcap, "forward: out of memory");

@@ -85,9 +85,9 @@ static int run_compressor(const dsv4_model *m, const dsv4_batch *b, const dsv4_c
     return rc;
 }
 
-/* Indexer top-k (spec 9 steps 5-7) for one query at a position that sees `ncausal` of the `n`
- * entries this call has produced: scores of later entries are -inf, k = min(index_topk, n) as the
- * reference does, and picks of masked entries are dropped. Writes entry numbers to sel, returns how
+/* Indexer top-k (spec 9 steps 5-7) for one query that sees `ncausal` entries, in a list of `n`
+ * (n >= ncausal): as in the official prefill, later entries score -inf, k = min(index_topk, n), and
+ * picks of masked entries are dropped. n only matters for exact ties (see topk.h). Writes entry numbers to sel, returns how
  * many. qi [Hi, Di] rotated and FP4-rounded, wt [Hi] scaled weights, sc [n] scratch. */
 static int indexer_topk(const dsv4_model *m, const dsv4_cmp_state *keys, int n, int ncausal, const float *qi,
                         const float *wt, int *sel, float *sc) {
@@ -173,8 +173,13 @@ int dsv4_attention_fwd(const dsv4_model *m, int L, const dsv4_batch *b, const fl
             if (ls->cmp.n > maxc) maxc = ls->cmp.n;
         }
         const float **keys = malloc(sizeof(float *) * (size_t)(W + maxc + 1));
-        int *sel = malloc(sizeof(int) * (size_t)(maxc + 1));
-        float *buf = malloc(sizeof(float) * (size_t)(maxc + 1));
+        int *sel = malloc(sizeof(int) * (size_t)(maxc + 1 + m->cfg.index_topk));
+        int maxn = maxc;
+        for (int s = 0; s < b->nseq; s++) {
+            int pe = b->seq[s]->prefill_end / (ly->ratio ? ly->ratio : 1);
+            if (pe > maxn) maxn = pe;
+        }
+        float *buf = malloc(sizeof(float) * (size_t)(maxn + 1));
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < T; t++) {
             int s = b->sid[t], p = b->pos[t], p0 = b->pos0[s];
@@ -186,7 +191,11 @@ int dsv4_attention_fwd(const dsv4_model *m, int L, const dsv4_batch *b, const fl
                 int ncausal = (p + 1) / ly->ratio;
                 if (ncausal > ls->cmp.n) ncausal = ls->cmp.n;
                 if (ly->ratio == 4) {
-                    int k = indexer_topk(m, &ls->idx, ls->idx.n, ncausal, qi + (size_t)t * Hi * Di, wt + (size_t)t * Hi, sel, buf);
+                    /* the list the reference's top-k sees: all entries of this call, or of the
+                     * whole prompt when this chunk is part of a longer one */
+                    int nlist = ls->idx.n;
+                    if (p < b->seq[s]->prefill_end && b->seq[s]->prefill_end / 4 > nlist) nlist = b->seq[s]->prefill_end / 4;
+                    int k = indexer_topk(m, &ls->idx, nlist, ncausal, qi + (size_t)t * Hi * Di, wt + (size_t)t * Hi, sel, buf);
                     for (int i = 0; i < k; i++) keys[n++] = ls->cmp.ent + (size_t)sel[i] * Dh;
                 } else {
                     for (int w = 0; w < ncausal; w++) keys[n++] = ls->cmp.ent + (size_t)w * Dh;

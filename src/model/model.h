@@ -57,7 +57,10 @@ typedef struct dsv4_model {
     dsv4_layer *layers;       /* [n_layers] */
     int n_mtp_skipped;        /* mtp.* tensors seen and not used */
     int n_unused;             /* other tensors not used by the model */
-    int threads;
+    /* Development hook: called after every block with the residual streams X [T, M, D] of the
+     * tokens of the call (tests compare them with the reference's per-block hidden states). */
+    void (*block_hook)(void *ctx, int layer, const float *X, int T);
+    void *block_hook_ctx;
 } dsv4_model;
 
 /* Loads DIR (config.json + safetensors). Every error names the file, tensor or field. */

@@ -21,6 +21,7 @@ typedef struct dsv4_layer_state {
 typedef struct dsv4_seq_state {
     const dsv4_model *m;
     int pos;                /* tokens processed so far = position of the next token */
+    int prefill_end;        /* positions below this belong to one logical prefill (see dsv4_seq_set_prefill) */
     dsv4_layer_state *ls;   /* [n_layers] */
 } dsv4_seq_state;
 

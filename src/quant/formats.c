@@ -2,6 +2,7 @@
 #include "formats.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static float bits_f32(uint32_t u) {
@@ -110,13 +111,18 @@ void dsv4_act_quant_fp4(float *x, size_t n, size_t block) {
 }
 
 void dsv4_hadamard(float *x, size_t n) {
+    /* Sums in double: the exact result rounded once, so FP4 rounding downstream sees the value
+     * closest to the real-number rotation. */
+    double *t = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) t[i] = x[i];
     for (size_t h = 1; h < n; h *= 2)
         for (size_t i = 0; i < n; i += 2 * h)
             for (size_t j = i; j < i + h; j++) {
-                float a = x[j], b = x[j + h];
-                x[j] = a + b;
-                x[j + h] = a - b;
+                double a = t[j], b = t[j + h];
+                t[j] = a + b;
+                t[j + h] = a - b;
             }
-    float s = 1.0f / sqrtf((float)n);
-    for (size_t i = 0; i < n; i++) x[i] *= s;
+    double s = 1.0 / sqrt((double)n);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(t[i] * s);
+    free(t);
 }
