@@ -9,9 +9,10 @@ NVCC    ?= nvcc
 CUDA    ?= 0
 BUILD   ?= build
 OPT     ?= -O2
+SAN     ?=
 CFLAGS  ?= $(OPT) -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP -Iinclude -Isrc
-LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lm -lpthread -fopenmp
+CFLAGS  += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP -Iinclude -Isrc
+LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lm -lpthread -fopenmp $(SAN)
 NVFLAGS ?= -O3 -arch=sm_90a -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude
 
 LIB_SRC  := $(sort $(filter-out src/cuda/%,$(wildcard src/*/*.c)))
@@ -70,8 +71,7 @@ tests: $(TEST_BIN) $(BUILD)/dsv4
 
 test-asan:
 	$(MAKE) BUILD=build-asan OPT="-O1" \
-	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  LDLIBS="-lcjson -lpcre2-8 -lmicrohttpd -lm -lpthread -fopenmp -fsanitize=address,undefined" all tests
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all tests
 	ASAN_OPTIONS=detect_leaks=1 DSV4_ASAN=1 sh scripts/run_tests.sh build-asan
 
 run: deps all

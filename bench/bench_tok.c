@@ -1,7 +1,9 @@
 /* bench_tok.c - tokenizer throughput: encodes several MB of English prose built in code (no downloads)
  * on one thread and prints MB/s; also times decoding.
- *   bench_tok [tokenizer.json] [megabytes | @textfile]   (default tests/fixtures/tokenizer/tokenizer.json, 8)
- * With @textfile the text is read from that file instead of being generated. */
+ *   bench_tok [tokenizer.json] [megabytes | @textfile | words:megabytes]
+ * (default tests/fixtures/tokenizer/tokenizer.json 8). MEGABYTES of prose are built from a few hundred
+ * phrases (the word cache hits almost always, as on real prose); @textfile reads the text from a file;
+ * words:MEGABYTES makes English-looking text of random-syllable words that mostly miss the word cache. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +84,33 @@ static char *make_prose(size_t target, size_t *len) {
     return buf;
 }
 
+/* English-looking text whose words are mostly new (random syllables): nearly every word misses the
+ * word cache, so this times the BPE merges themselves. */
+static char *make_words(size_t target, size_t *len) {
+    static const char *const syl[] = {"con", "ter", "ing", "tion", "al", "re", "pro", "ment", "ly", "ex", "per",
+                                      "de", "com", "ous", "ble", "ver", "un", "an", "est", "ist", "or", "im",
+                                      "ca", "mo", "la", "ri", "to", "ne", "sp", "str", "th", "wh", "qu", "ph"};
+    char *buf = malloc(target + 256);
+    if (!buf) return NULL;
+    size_t n = 0;
+    while (n < target) {
+        int k = 1 + (int)rnd(4);
+        if (rnd(8) == 0) buf[n++] = (char)('A' + rnd(26));
+        for (int i = 0; i < k; i++) {
+            const char *s = syl[rnd(sizeof syl / sizeof syl[0])];
+            size_t l = strlen(s);
+            memcpy(buf + n, s, l);
+            n += l;
+        }
+        unsigned r = rnd(20);
+        buf[n++] = r == 0 ? '.' : r == 1 ? ',' : ' ';
+        if (r < 2) buf[n++] = ' ';
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "tests/fixtures/tokenizer/tokenizer.json";
     const char *arg = argc > 2 ? argv[2] : "8";
@@ -107,6 +136,8 @@ int main(int argc, char **argv) {
         text = malloc((size_t)fl + 1);
         len = text ? fread(text, 1, (size_t)fl, f) : 0;
         fclose(f);
+    } else if (!strncmp(arg, "words:", 6)) {
+        text = make_words((size_t)(atof(arg + 6) * 1e6), &len);
     } else {
         text = make_prose((size_t)(atof(arg) * 1e6), &len);
     }

@@ -7,6 +7,22 @@
 
 #include "../quant/formats.h"
 
+/* Dot product accumulated in double (four independent lanes): nearly the exact value, so the
+ * FP8/FP4 rounding simulations downstream rarely land on the other side of a midpoint from the
+ * float32 reference (see bench/NOTES.md, "rounding flips"). */
+float dsv4_cpu_dot(const float *a, const float *b, int n) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        s0 += (double)a[j] * b[j];
+        s1 += (double)a[j + 1] * b[j + 1];
+        s2 += (double)a[j + 2] * b[j + 2];
+        s3 += (double)a[j + 3] * b[j + 3];
+    }
+    for (; j < n; j++) s0 += (double)a[j] * b[j];
+    return (float)((s0 + s1) + (s2 + s3));
+}
+
 void dsv4_cpu_linear(const dsv4_weight *w, const float *x, int T, float *y) {
     const int R = w->rows, C = w->cols;
     const float *xin = x;
@@ -17,19 +33,14 @@ void dsv4_cpu_linear(const dsv4_weight *w, const float *x, int T, float *y) {
         for (int t = 0; t < T; t++) dsv4_act_quant_fp8(xq + (size_t)t * C, (size_t)C, 128);
         xin = xq;
     }
-#pragma omp parallel
+    /* threads only pay off past ~a million multiply-adds */
+#pragma omp parallel if ((long long)R * C * (T + 4) > (1LL << 21))
     {
         float *row = malloc(sizeof(float) * (size_t)C);
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
             dsv4_weight_row(w, r, row);
-            for (int t = 0; t < T; t++) { /* double accumulation: fewer fp32-noise flips of the
-                                             * FP8/FP4 rounding simulations downstream */
-                const float *xt = xin + (size_t)t * C;
-                double acc = 0;
-                for (int j = 0; j < C; j++) acc += (double)row[j] * xt[j];
-                y[(size_t)t * R + r] = (float)acc;
-            }
+            for (int t = 0; t < T; t++) y[(size_t)t * R + r] = dsv4_cpu_dot(row, xin + (size_t)t * C, C);
         }
         free(row);
     }

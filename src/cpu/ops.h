@@ -6,6 +6,9 @@
 
 #include "../quant/weight.h"
 
+/* sum a[i] * b[i], accumulated in double. */
+float dsv4_cpu_dot(const float *a, const float *b, int n);
+
 /* y[T, w.rows] = x[T, w.cols] . w^T. With w->act_quant, each input row is first rounded by the FP8
  * act_quant simulation (block 128), as the release's FP8 GEMMs do (spec 14.3-14.4). */
 void dsv4_cpu_linear(const dsv4_weight *w, const float *x, int T, float *y);

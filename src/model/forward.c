@@ -39,7 +39,7 @@ static int sub_block(const dsv4_model *m, int L, int ffn, const dsv4_batch *b, f
     const dsv4_weight *fn = ffn ? &ly->hc_ffn_fn : &ly->hc_attn_fn;
     const float *scale = ffn ? ly->hc_ffn_scale : ly->hc_attn_scale, *base = ffn ? ly->hc_ffn_base : ly->hc_attn_base;
     const float *nw = ffn ? ly->ffn_norm : ly->attn_norm;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T > 1)
     for (int t = 0; t < T; t++) {
         dsv4_cpu_hc_pre(X + (size_t)t * M * D, M, D, fn, scale, base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps,
                         x + (size_t)t * D, post + (size_t)t * M, comb + (size_t)t * M * M);
@@ -47,7 +47,7 @@ static int sub_block(const dsv4_model *m, int L, int ffn, const dsv4_batch *b, f
     }
     int rc = ffn ? dsv4_moe_fwd(m, L, b, x, y) : dsv4_attention_fwd(m, L, b, x, y);
     if (rc) return rc;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T > 1)
     for (int t = 0; t < T; t++)
         dsv4_cpu_hc_post(y + (size_t)t * D, X + (size_t)t * M * D, M, D, post + (size_t)t * M, comb + (size_t)t * M * M);
     return 0;

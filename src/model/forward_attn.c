@@ -127,7 +127,7 @@ int dsv4_attention_fwd(const dsv4_model *m, int L, const dsv4_batch *b, const fl
     for (int t = 0; t < T; t++) dsv4_cpu_rmsnorm(qr + (size_t)t * Lq, Lq, ly->q_norm, c->norm_eps);
     dsv4_cpu_linear(&ly->wq_b, qr, T, q);
     dsv4_cpu_linear(&ly->wkv, x, T, kv);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T > 1)
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < H; h++) {
             float *qh = q + ((size_t)t * H + h) * Dh;
@@ -165,7 +165,7 @@ int dsv4_attention_fwd(const dsv4_model *m, int L, const dsv4_batch *b, const fl
     /* sparse attention per query (spec 7.1, 10) */
     float *o = ALLOC((size_t)T * H * Dh);
     const float scale = 1.0f / sqrtf((float)Dh);
-#pragma omp parallel
+#pragma omp parallel if (T > 1)
     {
         int maxc = 0;
         for (int s = 0; s < b->nseq; s++) {

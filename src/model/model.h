@@ -67,6 +67,11 @@ typedef struct dsv4_model {
 int dsv4_model_load_dir(const char *dir, dsv4_model **out, dsv4_err *err);
 void dsv4_model_destroy(dsv4_model *m);
 
+/* Calls fn for every matrix weight of the model (embed, head, mHC, attention, compressors, indexer,
+ * gate, experts), with the layer (-1 for global ones). */
+void dsv4_model_foreach_weight(const dsv4_model *m, void (*fn)(void *ctx, int layer, const dsv4_weight *w),
+                               void *ctx);
+
 /* YaRN / plain RoPE frequency table of spec section 6 for dim R (R/2 entries). */
 void dsv4_rope_freqs(const dsv4_config *c, int compressed, float *freq);
 

@@ -498,6 +498,25 @@ fail:
     return -1;
 }
 
+void dsv4_model_foreach_weight(const dsv4_model *m, void (*fn)(void *ctx, int layer, const dsv4_weight *w),
+                               void *ctx) {
+    fn(ctx, -1, &m->embed);
+    fn(ctx, -1, &m->head);
+    fn(ctx, -1, &m->hc_head_fn);
+    for (int L = 0; L < m->cfg.n_layers; L++) {
+        const dsv4_layer *l = &m->layers[L];
+        const dsv4_weight *ws[] = {&l->hc_attn_fn, &l->hc_ffn_fn, &l->wq_a, &l->wq_b, &l->wkv, &l->wo_a, &l->wo_b, &l->gate};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) fn(ctx, L, ws[i]);
+        if (l->ratio > 0) fn(ctx, L, &l->cmp.wkv), fn(ctx, L, &l->cmp.wgate);
+        if (l->ratio == 4) {
+            fn(ctx, L, &l->idx_wq_b), fn(ctx, L, &l->idx_wproj);
+            fn(ctx, L, &l->idx_cmp.wkv), fn(ctx, L, &l->idx_cmp.wgate);
+        }
+        for (int e = 0; e < m->cfg.n_routed_experts; e++) fn(ctx, L, &l->w1[e]), fn(ctx, L, &l->w2[e]), fn(ctx, L, &l->w3[e]);
+        if (l->has_shared) fn(ctx, L, &l->sw1), fn(ctx, L, &l->sw2), fn(ctx, L, &l->sw3);
+    }
+}
+
 static void free_cmp(dsv4_compressor *c) {
     free(c->ape);
     free(c->norm);

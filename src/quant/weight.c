@@ -5,12 +5,27 @@
 
 #include "formats.h"
 
+/* Decode tables: one entry per code, built on first use (thread-safe: every thread writes the same
+ * values, and a table is published by its flag only after it is complete). */
+static float lut_e4m3[256], lut_e8m0[256];
+static volatile int lut_ready;
+
+static void lut_init(void) {
+    if (lut_ready) return;
+    for (int i = 0; i < 256; i++) {
+        lut_e4m3[i] = dsv4_e4m3_to_f32((uint8_t)i);
+        lut_e8m0[i] = dsv4_e8m0_to_f32((uint8_t)i);
+    }
+    __atomic_store_n(&lut_ready, 1, __ATOMIC_RELEASE);
+}
+
 const char *dsv4_wfmt_name(dsv4_wfmt f) {
     static const char *names[DSV4_WF_COUNT] = {"F32", "BF16", "F16", "FP8", "MXFP4", "NVFP4"};
     return (unsigned)f < DSV4_WF_COUNT ? names[f] : "?";
 }
 
 void dsv4_weight_row(const dsv4_weight *w, int r, float *out) {
+    lut_init();
     int64_t R = (int64_t)w->row0 + r, C = w->cols;
     switch (w->fmt) {
     case DSV4_WF_F32:
@@ -40,9 +55,9 @@ void dsv4_weight_row(const dsv4_weight *w, int r, float *out) {
         for (int64_t j0 = 0; j0 < C; j0 += 128) {
             float s;
             if (w->scale_f32) memcpy(&s, w->scale + 4 * (srow * w->scale_stride + j0 / 128), 4);
-            else s = dsv4_e8m0_to_f32(w->scale[srow * w->scale_stride + j0 / 128]);
+            else s = lut_e8m0[w->scale[srow * w->scale_stride + j0 / 128]];
             int64_t j1 = j0 + 128 < C ? j0 + 128 : C;
-            for (int64_t j = j0; j < j1; j++) out[j] = dsv4_e4m3_to_f32(p[j]) * s;
+            for (int64_t j = j0; j < j1; j++) out[j] = lut_e4m3[p[j]] * s;
         }
         break;
     }
@@ -52,8 +67,7 @@ void dsv4_weight_row(const dsv4_weight *w, int r, float *out) {
         int g = w->fmt == DSV4_WF_MXFP4 ? 32 : 16;
         const uint8_t *sr = w->scale + R * w->scale_stride;
         for (int64_t j0 = 0; j0 < C; j0 += g) {
-            float s = w->fmt == DSV4_WF_MXFP4 ? dsv4_e8m0_to_f32(sr[j0 / g])
-                                              : dsv4_e4m3_to_f32(sr[j0 / g]) * w->scale2;
+            float s = w->fmt == DSV4_WF_MXFP4 ? lut_e8m0[sr[j0 / g]] : lut_e4m3[sr[j0 / g]] * w->scale2;
             for (int64_t j = j0; j < j0 + g && j < C; j += 2) {
                 uint8_t b = p[j / 2];
                 out[j] = dsv4_e2m1_to_f32(b & 15) * s;

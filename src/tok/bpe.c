@@ -334,11 +334,18 @@ static int load_added(dsv4_tok *t, const cJSON *list, int32_t model_len, const c
 static int load_merges(dsv4_tok *t, const cJSON *merges, const char *name, dsv4_err *err) {
     int n = cJSON_GetArraySize(merges);
     size_t cap = 16;
-    while (cap < 4 * (size_t)n + 4) cap *= 2;
-    t->merge_key = malloc(cap * sizeof *t->merge_key);
-    t->merge_val = malloc(cap * sizeof *t->merge_val);
-    if (!t->merge_key || !t->merge_val) return dsv4_errf(err, "%s: out of memory", name);
-    memset(t->merge_key, 0xFF, cap * sizeof *t->merge_key);
+    while (cap < 2 * (size_t)n + 2) cap *= 2;
+    int idb = 1;
+    while (((int64_t)1 << idb) - 1 <= (int64_t)t->n_ids) idb++; /* all-ones is never an id */
+    int rb = 64 - 2 * idb;
+    if (rb < 1 || ((uint64_t)1 << rb) - 1 <= (uint64_t)n)
+        return dsv4_errf(err, "%s: model: %ld ids and %d merges do not fit the merge table", name, (long)t->n_ids, n);
+    t->merge_idb = idb;
+    t->merge_rb = rb;
+    t->merge_tab = malloc(cap * sizeof *t->merge_tab);
+    t->merge_new = malloc(((size_t)n + 1) * sizeof *t->merge_new);
+    if (!t->merge_tab || !t->merge_new) return dsv4_errf(err, "%s: out of memory", name);
+    memset(t->merge_tab, 0xFF, cap * sizeof *t->merge_tab);
     t->merge_mask = cap - 1;
     char *buf = NULL;
     size_t bufcap = 0;
@@ -397,11 +404,11 @@ static int load_merges(dsv4_tok *t, const cJSON *merges, const char *name, dsv4_
             free(buf);
             return -1;
         }
-        uint64_t key = (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib;
+        uint64_t key = (uint64_t)ia << idb | (uint64_t)ib;
         uint64_t j = tok_merge_slot(key, t->merge_mask);
-        while (t->merge_key[j] != UINT64_MAX && t->merge_key[j] != key) j = (j + 1) & t->merge_mask;
-        t->merge_key[j] = key; /* a later duplicate overrides, like collecting into a HashMap */
-        t->merge_val[j] = (uint64_t)(uint32_t)rank << 32 | (uint32_t)nid;
+        while (t->merge_tab[j] != UINT64_MAX && (t->merge_tab[j] >> rb) != key) j = (j + 1) & t->merge_mask;
+        t->merge_tab[j] = key << rb | (uint64_t)rank; /* a later duplicate overrides, like a HashMap */
+        t->merge_new[rank] = nid;
         rank++;
         i++;
     }
@@ -697,8 +704,8 @@ void dsv4_tok_free(dsv4_tok *t) {
     trie_free(&t->trie_raw);
     trie_free(&t->trie_norm);
     if (t->re_alnum) pcre2_code_free(t->re_alnum);
-    free(t->merge_key);
-    free(t->merge_val);
+    free(t->merge_tab);
+    free(t->merge_new);
     for (int i = 0; i < t->n_stages; i++)
         if (t->stage[i].re) pcre2_code_free(t->stage[i].re);
     tok_cache_free(t->cache);

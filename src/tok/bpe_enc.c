@@ -24,10 +24,26 @@
 #define CACHE_IDS (1u << 19)
 #define CACHE_MAX_KEY 255
 
+#define PAIR_SLOTS (1u << 13)
+
+/* A small direct-mapped cache in front of the merge table: pair -> rank (UINT32_MAX: no merge) and
+ * merged id. Pair frequencies are very skewed, so most lookups hit here instead of missing the cache
+ * on the 2 MB table. */
+typedef struct pair_ent {
+    uint64_t key; /* (a << 32 | b) + 1; 0 = empty */
+    uint32_t rank;
+    int32_t nid;
+} pair_ent;
+
+typedef struct cache_slot {
+    uint64_t hash; /* 0 = empty */
+    uint32_t koff, ioff;
+    uint16_t klen, nids;
+} cache_slot;
+
 struct tok_cache {
-    uint64_t *hash; /* 0 = empty slot */
-    uint32_t *koff, *ioff;
-    uint16_t *klen, *nids;
+    pair_ent *pairs;
+    cache_slot *slot;
     uint32_t count;
     uint8_t *keys;
     size_t kn;
@@ -37,11 +53,8 @@ struct tok_cache {
 
 void tok_cache_free(tok_cache *c) {
     if (!c) return;
-    free(c->hash);
-    free(c->koff);
-    free(c->ioff);
-    free(c->klen);
-    free(c->nids);
+    free(c->pairs);
+    free(c->slot);
     free(c->keys);
     free(c->ids);
     free(c);
@@ -53,40 +66,39 @@ tok_cache *tok_cache_new(void) {
 #endif
     tok_cache *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->hash = calloc(CACHE_SLOTS, sizeof *c->hash);
-    c->koff = malloc(CACHE_SLOTS * sizeof *c->koff);
-    c->ioff = malloc(CACHE_SLOTS * sizeof *c->ioff);
-    c->klen = malloc(CACHE_SLOTS * sizeof *c->klen);
-    c->nids = malloc(CACHE_SLOTS * sizeof *c->nids);
+    c->pairs = calloc(PAIR_SLOTS, sizeof *c->pairs);
+    c->slot = calloc(CACHE_SLOTS, sizeof *c->slot);
     c->keys = malloc(CACHE_KEY_BYTES);
     c->ids = malloc(CACHE_IDS * sizeof *c->ids);
-    if (!c->hash || !c->koff || !c->ioff || !c->klen || !c->nids || !c->keys || !c->ids) {
+    if (!c->pairs || !c->slot || !c->keys || !c->ids) {
         tok_cache_free(c);
         return NULL;
     }
     return c;
 }
 
-static int32_t cache_get(const tok_cache *c, const uint8_t *s, size_t n, uint64_t h) {
+static const cache_slot *cache_get(const tok_cache *c, const uint8_t *s, size_t n, uint64_t h) {
     for (uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
-        if (!c->hash[i]) return -1;
-        if (c->hash[i] == h && c->klen[i] == n && !memcmp(c->keys + c->koff[i], s, n)) return (int32_t)i;
+        const cache_slot *e = &c->slot[i];
+        if (!e->hash) return NULL;
+        if (e->hash == h && e->klen == n && !memcmp(c->keys + e->koff, s, n)) return e;
     }
 }
 
 static void cache_put(tok_cache *c, const uint8_t *s, size_t n, uint64_t h, const int32_t *ids, size_t nids) {
     if (c->count >= CACHE_MAX_ENTRIES || c->kn + n > CACHE_KEY_BYTES || c->in + nids > CACHE_IDS) {
-        memset(c->hash, 0, CACHE_SLOTS * sizeof *c->hash);
+        memset(c->slot, 0, CACHE_SLOTS * sizeof *c->slot);
         c->count = 0;
         c->kn = c->in = 0;
     }
     uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);
-    while (c->hash[i]) i = (i + 1) & (CACHE_SLOTS - 1);
-    c->hash[i] = h;
-    c->koff[i] = (uint32_t)c->kn;
-    c->klen[i] = (uint16_t)n;
-    c->ioff[i] = (uint32_t)c->in;
-    c->nids[i] = (uint16_t)nids;
+    while (c->slot[i].hash) i = (i + 1) & (CACHE_SLOTS - 1);
+    cache_slot *e = &c->slot[i];
+    e->hash = h;
+    e->koff = (uint32_t)c->kn;
+    e->klen = (uint16_t)n;
+    e->ioff = (uint32_t)c->in;
+    e->nids = (uint16_t)nids;
     memcpy(c->keys + c->kn, s, n);
     memcpy(c->ids + c->in, ids, nids * sizeof *ids);
     c->kn += n;
@@ -187,46 +199,62 @@ static int scratch(enc *e, size_t n) {
 /* BPE */
 
 static inline int merge_get(const dsv4_tok *t, int32_t a, int32_t b, uint32_t *rank, int32_t *nid) {
-    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    uint64_t key = (uint64_t)a << t->merge_idb | (uint64_t)b;
     for (uint64_t i = tok_merge_slot(key, t->merge_mask);; i = (i + 1) & t->merge_mask) {
-        uint64_t k = t->merge_key[i];
-        if (k == key) {
-            uint64_t v = t->merge_val[i];
-            *rank = (uint32_t)(v >> 32);
-            *nid = (int32_t)(uint32_t)v;
+        uint64_t v = t->merge_tab[i];
+        if ((v >> t->merge_rb) == key) {
+            *rank = (uint32_t)(v & (((uint64_t)1 << t->merge_rb) - 1));
+            *nid = t->merge_new[*rank];
             return 1;
         }
-        if (k == UINT64_MAX) return 0;
+        if (v == UINT64_MAX) return 0;
     }
 }
 
-/* Short words: scan for the lowest-ranked pair (leftmost on ties), merge, repeat. */
-static size_t bpe_small(const dsv4_tok *t, int32_t *sym, size_t n, uint32_t *rk, int32_t *nid) {
+/* merge_get through the pair cache (when this call holds the shared cache). */
+static inline int merge_lookup(const enc *e, int32_t a, int32_t b, uint32_t *rank, int32_t *nid) {
+    if (!e->cache) return merge_get(e->t, a, b, rank, nid);
+    uint64_t key = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
+    pair_ent *p = &e->cache->pairs[((key * 0x9E3779B97F4A7C15ull) >> 40) & (PAIR_SLOTS - 1)];
+    if (p->key != key) {
+        p->key = key;
+        if (!merge_get(e->t, a, b, &p->rank, &p->nid)) p->rank = UINT32_MAX;
+    }
+    *rank = p->rank;
+    *nid = p->nid;
+    return p->rank != UINT32_MAX;
+}
+
+/* Short words: scan for the lowest-ranked pair (leftmost on ties), merge, repeat. The live symbols
+ * form a linked list (nx), so a merge moves nothing. */
+static size_t bpe_small(const enc *e, int32_t *sym, size_t n, uint32_t *rk, int32_t *nid, int32_t *nx) {
     if (n < 2) return n;
-    for (size_t i = 0; i + 1 < n; i++)
-        if (!merge_get(t, sym[i], sym[i + 1], &rk[i], &nid[i])) rk[i] = UINT32_MAX;
-    for (;;) {
+    for (size_t i = 0; i < n; i++) {
+        nx[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+        if (i + 1 < n && !merge_lookup(e, sym[i], sym[i + 1], &rk[i], &nid[i])) rk[i] = UINT32_MAX;
+    }
+    rk[n - 1] = UINT32_MAX;
+    size_t live = n;
+    while (live > 1) {
         uint32_t best = UINT32_MAX;
-        size_t bi = 0;
-        for (size_t i = 0; i + 1 < n; i++)
+        int32_t bi = -1, bp = -1;
+        for (int32_t i = 0, p = -1; i >= 0; p = i, i = nx[i])
             if (rk[i] < best) {
                 best = rk[i];
                 bi = i;
+                bp = p;
             }
-        if (best == UINT32_MAX) break;
+        if (bi < 0) break;
+        int32_t j = nx[bi];
         sym[bi] = nid[bi];
-        /* drop symbol bi+1 and pair bi+1 (pairs: 0..n-2) */
-        if (bi + 2 < n) {
-            memmove(sym + bi + 1, sym + bi + 2, (n - bi - 2) * sizeof *sym);
-            memmove(rk + bi + 1, rk + bi + 2, (n - bi - 2) * sizeof *rk);
-            memmove(nid + bi + 1, nid + bi + 2, (n - bi - 2) * sizeof *nid);
-        }
-        n--;
-        if (bi + 1 < n && !merge_get(t, sym[bi], sym[bi + 1], &rk[bi], &nid[bi])) rk[bi] = UINT32_MAX;
-        if (bi > 0 && !merge_get(t, sym[bi - 1], sym[bi], &rk[bi - 1], &nid[bi - 1])) rk[bi - 1] = UINT32_MAX;
-        if (n < 2) break;
+        nx[bi] = nx[j];
+        live--;
+        if (nx[bi] < 0 || !merge_lookup(e, sym[bi], sym[nx[bi]], &rk[bi], &nid[bi])) rk[bi] = UINT32_MAX;
+        if (bp >= 0 && !merge_lookup(e, sym[bp], sym[bi], &rk[bp], &nid[bp])) rk[bp] = UINT32_MAX;
     }
-    return n;
+    size_t m = 0;
+    for (int32_t i = 0; i >= 0; i = nx[i]) sym[m++] = sym[i];
+    return m;
 }
 
 static inline int hless(const hent *a, const hent *b) {
@@ -271,7 +299,6 @@ static hent heap_pop(enc *e, size_t *hn) {
 
 /* Long words: tokenizers' Word::merge_all (priority queue of (rank, position), stale entries skipped). */
 static int bpe_heap(enc *e, int32_t *sym, size_t *np) {
-    const dsv4_tok *t = e->t;
     size_t n = *np, hn = 0;
     int32_t *prv = e->prv, *nxt = e->nxt;
     uint8_t *dead = (uint8_t *)e->rk; /* reuse: rk has n entries of 4 bytes */
@@ -282,7 +309,7 @@ static int bpe_heap(enc *e, int32_t *sym, size_t *np) {
     }
     for (size_t i = 0; i + 1 < n; i++) {
         hent x;
-        if (merge_get(t, sym[i], sym[i + 1], &x.rank, &x.nid)) {
+        if (merge_lookup(e, sym[i], sym[i + 1], &x.rank, &x.nid)) {
             x.pos = (uint32_t)i;
             if (heap_push(e, &hn, x)) return -1;
         }
@@ -294,17 +321,17 @@ static int bpe_heap(enc *e, int32_t *sym, size_t *np) {
         size_t q = (size_t)nxt[p];
         uint32_t r;
         int32_t id;
-        if (!merge_get(t, sym[p], sym[q], &r, &id) || id != top.nid) continue;
+        if (!merge_lookup(e, sym[p], sym[q], &r, &id) || id != top.nid) continue;
         sym[p] = top.nid;
         dead[q] = 1;
         nxt[p] = nxt[q];
         if (nxt[q] >= 0) prv[nxt[q]] = (int32_t)p;
         hent x;
-        if (prv[p] >= 0 && merge_get(t, sym[prv[p]], sym[p], &x.rank, &x.nid)) {
+        if (prv[p] >= 0 && merge_lookup(e, sym[prv[p]], sym[p], &x.rank, &x.nid)) {
             x.pos = (uint32_t)prv[p];
             if (heap_push(e, &hn, x)) return -1;
         }
-        if (nxt[p] >= 0 && merge_get(t, sym[p], sym[nxt[p]], &x.rank, &x.nid)) {
+        if (nxt[p] >= 0 && merge_lookup(e, sym[p], sym[nxt[p]], &x.rank, &x.nid)) {
             x.pos = (uint32_t)p;
             if (heap_push(e, &hn, x)) return -1;
         }
@@ -325,8 +352,8 @@ static int model_piece(enc *e, const uint8_t *s, size_t n) {
     uint64_t h = 0;
     if (e->cache && n <= CACHE_MAX_KEY) {
         h = tok_hash(s, n) | 1;
-        int32_t i = cache_get(e->cache, s, n, h);
-        if (i >= 0) return push_ids(e, e->cache->ids + e->cache->ioff[i], e->cache->nids[i]);
+        const cache_slot *c = cache_get(e->cache, s, n, h);
+        if (c) return push_ids(e, e->cache->ids + c->ioff, c->nids);
     }
     if (scratch(e, n + 1)) return -1;
     int32_t *sym = e->sym;
@@ -362,6 +389,11 @@ static int model_piece(enc *e, const uint8_t *s, size_t n) {
         int32_t id;
         if (t->byte_level) {
             id = t->byte_sym[s[i]];
+            if (id >= 0 && !unk) { /* the usual case */
+                sym[ns++] = id;
+                i++;
+                continue;
+            }
             uint32_t cp = tok_byte_to_cp(s[i]);
             if (cp < 0x80) {
                 u[0] = (uint8_t)cp;
@@ -402,7 +434,7 @@ static int model_piece(enc *e, const uint8_t *s, size_t n) {
     }
     if (unk) sym[ns++] = t->unk_id;
     if (ns <= TOK_SMALL_MAX) {
-        ns = bpe_small(t, sym, ns, e->rk, e->nid);
+        ns = bpe_small(e, sym, ns, e->rk, e->nid, e->nxt);
     } else if (bpe_heap(e, sym, &ns)) {
         return -1;
     }

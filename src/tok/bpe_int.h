@@ -77,9 +77,12 @@ struct dsv4_tok {
     pcre2_code *re_alnum; /* a word character, for single_word */
 
     /* BPE model */
-    uint64_t *merge_key;  /* (a << 32 | b), UINT64_MAX = empty */
-    uint64_t *merge_val;  /* rank << 32 | new_id */
+    /* merges: open addressing, one 8-byte slot per pair = a << (idb + rb) | b << rb | rank (UINT64_MAX
+     * empty); the merged token is merge_new[rank]. Small enough (2 MB here) to mostly stay in cache. */
+    uint64_t *merge_tab;
+    int32_t *merge_new;
     uint64_t merge_mask;
+    int merge_idb, merge_rb;
     int32_t byte_sym[256]; /* byte-level: initial symbol of each byte (-1: not in vocab) */
     int byte_level;        /* a ByteLevel pre-tokenizer is present */
     int32_t unk_id;        /* -1 none */
@@ -121,7 +124,7 @@ int tok_fast_find(int kind, const uint8_t *s, size_t n, size_t off, size_t *ms, 
 uint64_t tok_hash(const void *p, size_t n);
 int32_t tok_strmap_get(const tok_strmap *m, const char *s, size_t len);
 static inline uint64_t tok_merge_slot(uint64_t key, uint64_t mask) {
-    return ((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+    return ((key * 0x9E3779B97F4A7C15ull) >> 32) & mask;
 }
 
 /* bpe_enc.c */
