@@ -72,7 +72,7 @@ tests: $(TEST_BIN) $(BUILD)/dsv4
 test-asan:
 	$(MAKE) BUILD=build-asan OPT="-O1" \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all tests
-	ASAN_OPTIONS=detect_leaks=1 DSV4_ASAN=1 sh scripts/run_tests.sh build-asan
+	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan.supp DSV4_ASAN=1 sh scripts/run_tests.sh build-asan
 
 run: deps all
 	sh scripts/make_run.sh

@@ -454,6 +454,25 @@ Test(tok, decode_errors) {
     free(d);
 }
 
+struct pieces {
+    char buf[1024];
+    size_t n;
+};
+
+static void collect(void *ctx, const char *piece, size_t n, int32_t id) {
+    struct pieces *p = ctx;
+    if (id >= 0) p->n += (size_t)snprintf(p->buf + p->n, sizeof p->buf - p->n, "#%d|", id);
+    else p->n += (size_t)snprintf(p->buf + p->n, sizeof p->buf - p->n, "%.*s|", (int)n, piece);
+}
+
+Test(tok, pretokenize) { /* the pieces tokenizers' pre_tokenize_str gives (plus the added tokens) */
+    struct pieces p = {{0}, 0};
+    const char *s = "Hello world 12345 \xE4\xB8\xAD\xE6\x96\x87" "abc\n\n  x" USER "y";
+    dsv4_err err = {{0}};
+    cr_assert_eq(dsv4_tok_pretokenize(T, s, strlen(s), 0, collect, &p, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(p.buf, "Hello| world| |123|45| |\xE4\xB8\xAD\xE6\x96\x87|abc|\n\n| | x|#128803|y|");
+}
+
 struct thr {
     const char *text;
     size_t len, n;

@@ -79,7 +79,8 @@ int dsv4_cmd_inspect(int argc, char **argv) {
            : c->recipe == DSV4_RECIPE_MODELOPT ? "ModelOpt: weight-only (W4A16), no activation quantization"
                                                : "none: weights used as stored, no activation quantization",
            c->expert_fp4 ? "; expert_dtype fp4" : "");
-    tally t = {{0}};
+    tally t;
+    memset(&t, 0, sizeof t);
     dsv4_model_foreach_weight(m, count, &t);
     printf("weights      format   matrices        GB   act-quant\n");
     for (int f = 0; f < DSV4_WF_COUNT; f++)
