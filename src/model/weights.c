@@ -408,6 +408,8 @@ void dsv4_rope_freqs(const dsv4_config *c, int compressed, float *freq) {
 
 static int check_model_config(const dsv4_config *c, const char *dir, dsv4_err *err) {
     int Di = c->index_head_dim;
+    if (c->hc_mult > 16)
+        return dsv4_errf(err, "%s/config.json: field 'hc_mult': at most 16 residual streams are supported (got %d)", dir, c->hc_mult);
     for (int L = 0; L < c->n_layers; L++)
         if (c->compress_ratios[L] == 4 && (Di & (Di - 1)))
             return dsv4_errf(err, "%s/config.json: field 'index_head_dim': must be a power of two for the indexer's Hadamard rotation (got %d)", dir, Di);

@@ -452,6 +452,7 @@ static int re_find(enc *e, const pcre2_code *re, int jit, int fast, const uint8_
     if (fast) {
         int r = tok_fast_find(fast, s, n, off, ms, me);
         if (r >= 0) return r;
+        off = *ms;
     }
     for (;;) {
         int rc = jit ? pcre2_jit_match(re, s, n, off, 0, e->md, e->mctx)

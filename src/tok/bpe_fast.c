@@ -96,15 +96,23 @@ static int main_at(const uint8_t *s, size_t n, size_t i, size_t *me) {
 }
 
 int tok_fast_find(int kind, const uint8_t *s, size_t n, size_t off, size_t *ms, size_t *me) {
+    /* On -1, *ms = where PCRE2 has to start: no match starts before it (none of the patterns looks
+     * behind, and every earlier start was decided as "no match"). */
     switch (kind) {
     case TOK_FAST_DIGITS: /* \p{N}{1,3} */
         for (size_t i = off; i < n; i++) {
             uint8_t c = s[i];
-            if (c >= 0x80) return -1;
+            if (c >= 0x80) {
+                *ms = i;
+                return -1;
+            }
             if (c >= '0' && c <= '9') {
                 size_t k = i + 1;
                 while (k < n && k - i < 3) {
-                    if (s[k] >= 0x80) return -1;
+                    if (s[k] >= 0x80) {
+                        *ms = i;
+                        return -1;
+                    }
                     if (s[k] < '0' || s[k] > '9') break;
                     k++;
                 }
@@ -116,12 +124,14 @@ int tok_fast_find(int kind, const uint8_t *s, size_t n, size_t off, size_t *ms, 
         return 0;
     case TOK_FAST_CJK: /* only non-ASCII characters can match */
         for (size_t i = off; i < n; i++)
-            if (s[i] >= 0x80) return -1;
+            if (s[i] >= 0x80) {
+                *ms = i;
+                return -1;
+            }
         return 0;
     case TOK_FAST_MAIN:
         for (size_t i = off; i < n; i++) {
-            if (s[i] >= 0x80) return -1;
-            int r = main_at(s, n, i, me);
+            int r = s[i] >= 0x80 ? -1 : main_at(s, n, i, me);
             if (r) {
                 *ms = i;
                 return r;
@@ -129,5 +139,6 @@ int tok_fast_find(int kind, const uint8_t *s, size_t n, size_t off, size_t *ms, 
         }
         return 0;
     }
+    *ms = off;
     return -1;
 }

@@ -117,7 +117,8 @@ int tok_cp_to_byte(uint32_t cp);
 /* bpe_fast.c */
 enum { TOK_FAST_NONE = 0, TOK_FAST_DIGITS, TOK_FAST_CJK, TOK_FAST_MAIN };
 int tok_fast_kind(const char *pat, size_t len);
-/* Next match in s[off..n): 1 (*ms, *me set), 0 none, -1 undecided (non-ASCII text: use PCRE2). */
+/* Next match in s[off..n): 1 (*ms, *me set), 0 none, -1 undecided (non-ASCII text): PCRE2 must search
+ * from *ms on (no match starts in s[off..*ms)). */
 int tok_fast_find(int kind, const uint8_t *s, size_t n, size_t off, size_t *ms, size_t *me);
 
 /* bpe.c */
