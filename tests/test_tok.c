@@ -710,14 +710,23 @@ static void expect_load_error(const char *json, const char *want1, const char *w
 
 Test(tok_mini, bad_files) {
     dsv4_err err = {{0}};
+    dsv4_tok *t;
     cr_assert_null(dsv4_tok_load("tests/fixtures/tokenizer/no-such-file.json", &err));
     cr_assert(strstr(err.msg, "no-such-file.json"), "%s", err.msg);
+
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/tokenizer/", dsv4_test_fixtures());
+    t = dsv4_tok_load_dir(dir, &err);
+    cr_assert(t, "%s", err.msg);
+    dsv4_tok_free(t);
+    cr_assert_null(dsv4_tok_load_dir("tests/no-such-dir", &err));
+    cr_assert(strstr(err.msg, "tests/no-such-dir/tokenizer.json"), "%s", err.msg);
 
     /* truncated real file */
     size_t len;
     char *real = read_all(fixture("tokenizer.json"), &len);
     cr_assert(real);
-    dsv4_tok *t = dsv4_tok_load_json(real, 5000, "bad.json", &err);
+    t = dsv4_tok_load_json(real, 5000, "bad.json", &err);
     cr_assert_null(t);
     cr_assert(strstr(err.msg, "bad.json") && strstr(err.msg, "invalid JSON"), "%s", err.msg);
     free(real);

@@ -87,18 +87,8 @@ static int parse_args(int argc, char **argv, const char *flag_name, void (*usage
 
 static dsv4_tok *load(const char *cmd, const tok_args *a) {
     dsv4_err err = {{0}};
-    char *path = NULL;
-    const char *p = a->tokenizer;
-    if (!p) {
-        size_t n = strlen(a->model);
-        path = malloc(n + 32);
-        if (!path) return NULL;
-        snprintf(path, n + 32, "%s%stokenizer.json", a->model, n && a->model[n - 1] == '/' ? "" : "/");
-        p = path;
-    }
-    dsv4_tok *t = dsv4_tok_load(p, &err);
+    dsv4_tok *t = a->tokenizer ? dsv4_tok_load(a->tokenizer, &err) : dsv4_tok_load_dir(a->model, &err);
     if (!t) fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
-    free(path);
     return t;
 }
 

@@ -689,6 +689,19 @@ dsv4_tok *dsv4_tok_load(const char *path, dsv4_err *err) {
     return t;
 }
 
+dsv4_tok *dsv4_tok_load_dir(const char *dir, dsv4_err *err) {
+    size_t n = strlen(dir);
+    char *path = malloc(n + 32);
+    if (!path) {
+        dsv4_errf(err, "%s: out of memory", dir);
+        return NULL;
+    }
+    snprintf(path, n + 32, "%s%stokenizer.json", dir, n && dir[n - 1] == '/' ? "" : "/");
+    dsv4_tok *t = dsv4_tok_load(path, err);
+    free(path);
+    return t;
+}
+
 void dsv4_tok_free(dsv4_tok *t) {
     if (!t) return;
     free(t->str);

@@ -57,6 +57,8 @@ enum {
 
 /* Loads a tokenizer.json. NULL on failure with err naming the file and the field at fault. */
 dsv4_tok *dsv4_tok_load(const char *path, dsv4_err *err);
+/* Loads DIR/tokenizer.json (a model directory). */
+dsv4_tok *dsv4_tok_load_dir(const char *dir, dsv4_err *err);
 /* The same from a JSON text in memory; `name` is used in error messages. */
 dsv4_tok *dsv4_tok_load_json(const char *json, size_t len, const char *name, dsv4_err *err);
 void dsv4_tok_free(dsv4_tok *t);

@@ -1,0 +1,147 @@
+/* backend.cu - device selection, the error slot, device buffers, streams and weight upload of the
+ * CUDA backend (cuda_backend.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common.cuh"
+
+dsv4_cuda_props dsv4_cuda_dev = {132, 48 * 1024};
+
+static thread_local char g_err[512];
+
+int dsv4_cuda_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int dsv4_cuda_check_launch(const char *op) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return dsv4_cuda_fail("%s: kernel launch failed: %s", op, cudaGetErrorString(e));
+    return 0;
+}
+
+static int cuda_ok(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 0;
+    return dsv4_cuda_fail("%s: %s", what, cudaGetErrorString(e));
+}
+
+extern "C" {
+
+const char *dsv4_cuda_last_error(void) { return g_err; }
+
+int dsv4_cuda_init(int dev, dsv4_cuda_info *info, char *err, size_t errcap) {
+    cudaDeviceProp p;
+    int rc = cuda_ok(cudaSetDevice(dev), "cudaSetDevice");
+    if (!rc) rc = cuda_ok(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
+    if (!rc && p.major < 9) rc = dsv4_cuda_fail("device %d (%s) has compute capability %d.%d; sm_90 is required", dev, p.name, p.major, p.minor);
+    if (rc) {
+        if (err && errcap) snprintf(err, errcap, "%s", g_err);
+        return -1;
+    }
+    dsv4_cuda_dev.sm_count = p.multiProcessorCount;
+    dsv4_cuda_dev.smem_optin = (int)p.sharedMemPerBlockOptin;
+    if (info) {
+        memset(info, 0, sizeof *info);
+        snprintf(info->name, sizeof info->name, "%s", p.name);
+        info->cc_major = p.major;
+        info->cc_minor = p.minor;
+        info->sm_count = p.multiProcessorCount;
+        info->l2_bytes = p.l2CacheSize;
+        info->smem_optin = (int)p.sharedMemPerBlockOptin;
+        cudaMemGetInfo(&info->mem_free, &info->mem_total);
+    }
+    return 0;
+}
+
+void *dsv4_cuda_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cuda_ok(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc")) return NULL;
+    return p;
+}
+
+void dsv4_cuda_free(void *p) {
+    if (p) cudaFree(p);
+}
+
+int dsv4_cuda_upload(void *dst, const void *src, size_t bytes) {
+    return cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload");
+}
+
+int dsv4_cuda_download(void *dst, const void *src, size_t bytes) {
+    return cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "download");
+}
+
+int dsv4_cuda_memset(void *dst, int byte, size_t bytes, void *stream) {
+    return cuda_ok(cudaMemsetAsync(dst, byte, bytes, DSV4_STREAM(stream)), "memset");
+}
+
+void *dsv4_cuda_stream_new(void) {
+    cudaStream_t s;
+    if (cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate")) return NULL;
+    return (void *)s;
+}
+
+void dsv4_cuda_stream_free(void *stream) {
+    if (stream) cudaStreamDestroy(DSV4_STREAM(stream));
+}
+
+int dsv4_cuda_stream_sync(void *stream) {
+    return cuda_ok(cudaStreamSynchronize(DSV4_STREAM(stream)), "stream sync");
+}
+
+/* Bytes of stored rows [0, nrows) of data, and of their scale rows. */
+static void weight_extent(const dsv4_weight *w, int64_t nrows, size_t *data_b, size_t *scale_b) {
+    int64_t C = w->cols;
+    *scale_b = 0;
+    switch (w->fmt) {
+    case DSV4_WF_F32: *data_b = (size_t)(nrows * C * 4); break;
+    case DSV4_WF_BF16:
+    case DSV4_WF_F16: *data_b = (size_t)(nrows * C * 2); break;
+    case DSV4_WF_FP8:
+        *data_b = (size_t)(nrows * C);
+        *scale_b = (size_t)(((nrows + 127) / 128) * w->scale_stride * (w->scale_f32 ? 4 : 1));
+        break;
+    case DSV4_WF_MXFP4:
+    case DSV4_WF_NVFP4:
+        *data_b = (size_t)(nrows * (C / 2));
+        *scale_b = (size_t)(nrows * w->scale_stride);
+        break;
+    default: *data_b = 0;
+    }
+}
+
+int dsv4_cuda_weight_upload(const dsv4_weight *w, dsv4_cuda_weight *out) {
+    memset(out, 0, sizeof *out);
+    if ((unsigned)w->fmt >= DSV4_WF_COUNT) return dsv4_cuda_fail("weight %s: unknown format", w->name ? w->name : "?");
+    size_t db, sb;
+    weight_extent(w, (int64_t)w->row0 + w->rows, &db, &sb);
+    uint8_t *d = (uint8_t *)dsv4_cuda_alloc(db), *s = sb ? (uint8_t *)dsv4_cuda_alloc(sb) : NULL;
+    if (!d || (sb && !s) || dsv4_cuda_upload(d, w->data, db) || (sb && dsv4_cuda_upload(s, w->scale, sb))) {
+        dsv4_cuda_free(d);
+        dsv4_cuda_free(s);
+        return -1;
+    }
+    out->fmt = w->fmt;
+    out->rows = w->rows;
+    out->cols = w->cols;
+    out->row0 = w->row0;
+    out->data = d;
+    out->scale = s;
+    out->scale_f32 = w->scale_f32;
+    out->scale_stride = w->scale_stride;
+    out->scale2 = w->scale2;
+    out->act_quant = w->act_quant;
+    return 0;
+}
+
+void dsv4_cuda_weight_free(dsv4_cuda_weight *w) {
+    dsv4_cuda_free((void *)w->data);
+    dsv4_cuda_free((void *)w->scale);
+    memset(w, 0, sizeof *w);
+}
+
+} /* extern "C" */

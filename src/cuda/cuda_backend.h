@@ -1,0 +1,136 @@
+/* cuda_backend.h - the CUDA backend's C interface (Hopper, sm_90a): device, buffers, stream, and one
+ * function per fused DeepSeek-V4 op, named for what it computes.
+ *
+ * Owns: the boundary between C host code and the CUDA kernels in src/cuda/*.cu (which define these
+ * functions extern "C"). Plain C: no CUDA or C++ types leak out; a stream is a cudaStream_t passed
+ * as void * (NULL = the legacy default stream). Every pointer argument of an op is a DEVICE pointer
+ * unless its comment says host. Ops only enqueue work: they neither allocate nor synchronize, so a
+ * sequence of them can be captured into a CUDA graph. They return 0, or -1 when an argument is out
+ * of range or a launch failed; dsv4_cuda_last_error() then says why (per thread).
+ *
+ * Each op computes what its CPU twin in src/cpu/ops.c or src/quant/formats.c computes (named in
+ * its comment), in fp32 with fp32 accumulation; the rounding simulations (FP8/FP4 act quant,
+ * Hadamard) are bit-exact given the same input. tests/gpu/test_kernels.c checks every op against
+ * its twin. */
+#ifndef DSV4_CUDA_BACKEND_H
+#define DSV4_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../quant/weight.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- device, errors, buffers, streams ---- */
+
+typedef struct dsv4_cuda_info {
+    char name[256];
+    int cc_major, cc_minor;
+    int sm_count;
+    size_t mem_total, mem_free;
+    int l2_bytes;
+    int smem_optin;   /* max dynamic shared memory per block after opt-in */
+} dsv4_cuda_info;
+
+/* Selects device `dev` and fills info (may be NULL). 0, or -1 with a message in err. */
+int dsv4_cuda_init(int dev, dsv4_cuda_info *info, char *err, size_t errcap);
+const char *dsv4_cuda_last_error(void);
+
+void *dsv4_cuda_alloc(size_t bytes);   /* NULL on failure (message in dsv4_cuda_last_error) */
+void dsv4_cuda_free(void *p);
+/* Synchronous copies (host memory need not be pinned). */
+int dsv4_cuda_upload(void *dst, const void *src, size_t bytes);
+int dsv4_cuda_download(void *dst, const void *src, size_t bytes);
+int dsv4_cuda_memset(void *dst, int byte, size_t bytes, void *stream);
+
+void *dsv4_cuda_stream_new(void);      /* NULL on failure */
+void dsv4_cuda_stream_free(void *stream);
+int dsv4_cuda_stream_sync(void *stream);
+
+/* ---- weights ---- */
+
+/* A linear layer's weight on the device: the fields of dsv4_weight with data / scale pointing to
+ * device memory. A view (row0, rows) of a fused tensor is expressed by row0, as on the CPU. */
+typedef struct dsv4_cuda_weight {
+    dsv4_wfmt fmt;
+    int rows, cols, row0;
+    const uint8_t *data, *scale;  /* device; stored row 0 */
+    int scale_f32;
+    int64_t scale_stride;
+    float scale2;
+    int act_quant;
+} dsv4_cuda_weight;
+
+/* Copies the stored rows [0, row0 + rows) of a host weight (and its scales) to new device buffers;
+ * dsv4_cuda_weight_free releases them. */
+int dsv4_cuda_weight_upload(const dsv4_weight *w, dsv4_cuda_weight *out);
+void dsv4_cuda_weight_free(dsv4_cuda_weight *w);
+
+/* ---- ops ---- */
+
+/* y[T, w.rows] (fp32) = x[T, w.cols] . w^T, x fp32 (x_bf16 = 0) or bf16 (x_bf16 = 1, uint16 bits).
+ * With w->act_quant each x row is first rounded by the FP8 act_quant simulation (block 128).
+ * Twin: dsv4_cpu_linear. Few rows (T <= 8): a warp-per-row GEMV that streams the weight once with
+ * 16-byte loads, dequantized in registers; more rows: a tiled GEMM. */
+int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream);
+
+/* In place, for each of `rows` rows of n values (row stride ld): x = w * x / sqrt(mean(x^2) + eps);
+ * w [n] or NULL (unweighted; per-head norms are rows = T*H, n = ld = head dim).
+ * Twin: dsv4_cpu_rmsnorm. */
+int dsv4_cuda_rmsnorm(float *x, int rows, int n, int64_t ld, const float *w, float eps, void *stream);
+
+/* Interleaved RoPE on the last 2*npairs values of each head vector: x [T, H, n] (contiguous),
+ * pos [T] (device ints), freq [npairs]; inverse = rotate by -angle. Twin: dsv4_cpu_rope. */
+int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const float *freq, const int *pos, int inverse,
+                   void *stream);
+
+/* In place, for each of `rows` rows (stride ld), on its first n values: the FP8 act_quant
+ * simulation with blocks of `block` (64 or 128; any block <= 1024 works). Twin: dsv4_act_quant_fp8. */
+int dsv4_cuda_act_quant_fp8(float *x, int rows, int n, int64_t ld, int block, void *stream);
+/* Same for the FP4 (e2m1) act quant, blocks of `block` (32). Twin: dsv4_act_quant_fp4. */
+int dsv4_cuda_act_quant_fp4(float *x, int rows, int n, int64_t ld, int block, void *stream);
+/* In place (x . H_n) / sqrt(n) on the first n values of each row; n a power of two <= 4096,
+ * summed in double like the twin (bit-exact). Twin: dsv4_hadamard. */
+int dsv4_cuda_hadamard(float *x, int rows, int n, int64_t ld, void *stream);
+
+/* mHC pre (spec 4) for T tokens: X [T, M, D]; fn: weight [(2+M)*M, M*D]; scale [3], base [(2+M)*M]
+ * (device). Out: x [T, D], post [T, M], comb [T, M, M]. Twin: dsv4_cpu_hc_pre. M <= 16. */
+int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
+                     const float *base, int iters, float norm_eps, float hc_eps, float *x, float *post, float *comb,
+                     void *stream);
+/* mHC post, in place: X[t] (k, d) = post[t,k] * f[t,d] + sum_j comb[t,j,k] * X[t](j, d).
+ * f [T, D]. Twin: dsv4_cpu_hc_post. */
+int dsv4_cuda_hc_post(const float *f, float *X, int T, int M, int D, const float *post, const float *comb,
+                      void *stream);
+/* mHC head: y [T, D] from X [T, M, D]; fn [M, M*D], scale [1+], base [M]. Twin: dsv4_cpu_hc_head. */
+int dsv4_cuda_hc_head(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
+                      const float *base, float norm_eps, float hc_eps, float *y, void *stream);
+
+/* Sparse attention with a sink (spec 7.1) for T queries: q [T, H, Dh]; keys = values are rows of
+ * kv (row stride kv_ld floats) chosen by idx [T, nidx] (entries < 0 are skipped, so lists of
+ * different lengths share one array); sink [H]; out [T, H, Dh]. A query with no valid entry gets
+ * zeros. Twin: dsv4_cpu_sparse_attn (keys[i] = kv + idx[t][i] * kv_ld). nidx <= 4096. */
+int dsv4_cuda_sparse_attn(const float *q, int T, int H, int Dh, const float *kv, int64_t kv_ld, const int *idx,
+                          int nidx, const float *sink, float scale, float *out, void *stream);
+
+/* MoE router (spec 11 steps 1-3) for T tokens: logits [T, E] -> s = sqrt(softplus(logits));
+ * selection: top-k of s + bias [E], or, when tid2eid is not NULL, the row tid2eid[tokens[t]] [K];
+ * weights = s[sel] / sum(s[sel]) * route_scale. Out: sel [T, K] (int, decreasing biased score;
+ * ties to the lower expert id), weight [T, K]. E <= 4096, K <= 32. Twin: the router of
+ * src/model/forward_moe.c (top-k picks the same set unless scores tie exactly). */
+int dsv4_cuda_router(const float *logits, int T, int E, int K, const float *bias, const int *tid2eid,
+                     const int *tokens, float route_scale, int *sel, float *weight, void *stream);
+
+/* SwiGLU with clamps (spec 11 step 4): out[t, i] = silu(min(g, lim)) * clamp(u, -lim, lim) * rw[t];
+ * lim 0 = no clamp; rw [T] or NULL (= 1). g, u rows of stride ld; out [T, I] (may alias g when
+ * ld == I). Twin: swiglu() of src/model/forward_moe.c. */
+int dsv4_cuda_swiglu(const float *g, const float *u, int64_t ld, int T, int I, float lim, const float *rw, float *out,
+                     void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
