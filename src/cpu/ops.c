@@ -153,21 +153,22 @@ void dsv4_cpu_sparse_attn(const float *q, int H, int Dh, const float *const *kv,
         float *oh = out + (size_t)h * Dh;
         float mx = -INFINITY;
         for (int t = 0; t < n; t++) {
-            float acc = 0;
+            float acc = 0; /* float, in order: this matches the reference's rounding best (measured) */
             for (int d = 0; d < Dh; d++) acc += qh[d] * kv[t][d];
             s[t] = acc * scale;
             mx = fmaxf(mx, s[t]);
         }
         memset(oh, 0, sizeof(float) * (size_t)Dh);
         if (n == 0) continue;
+        /* as torch: softmax over [scores, sink], then the weighted sum of the normalized weights */
         float den = 0;
-        for (int t = 0; t < n; t++) {
-            float p = expf(s[t] - mx);
-            den += p;
-            for (int d = 0; d < Dh; d++) oh[d] += p * kv[t][d];
-        }
+        for (int t = 0; t < n; t++) den += (s[t] = expf(s[t] - mx));
         den += expf(sink[h] - mx);
-        for (int d = 0; d < Dh; d++) oh[d] /= den;
+        for (int d = 0; d < Dh; d++) {
+            double acc = 0;
+            for (int t = 0; t < n; t++) acc += (double)(s[t] / den) * kv[t][d];
+            oh[d] = (float)acc;
+        }
     }
     free(s);
 }

@@ -39,14 +39,15 @@ static int compress_tokens(const dsv4_model *m, const dsv4_compressor *cm, const
                 w[s] = st->sc[(size_t)s * cd + col];
                 mx = fmaxf(mx, w[s]);
             }
-            float den = 0, acc = 0;
+            /* as torch: probabilities normalized first, then the weighted sum */
+            float den = 0;
+            for (int s = 0; s < nslot; s++) den += (w[s] = w[s] == -INFINITY ? 0.0f : expf(w[s] - mx));
+            double acc = 0;
             for (int s = 0; s < nslot; s++) {
                 int col = cm->overlap && s >= mr ? d + ch : ch;
-                float pw = w[s] == -INFINITY ? 0.0f : expf(w[s] - mx);
-                den += pw;
-                acc += pw * st->kv[(size_t)s * cd + col];
+                acc += (double)(w[s] / den) * st->kv[(size_t)s * cd + col];
             }
-            e[ch] = acc / den;
+            e[ch] = (float)acc;
         }
         dsv4_cpu_rmsnorm(e, d, cm->norm, m->cfg.norm_eps);
         dsv4_cpu_rope(e, d, R / 2, freq, p + 1 - mr, 0);
