@@ -8,7 +8,7 @@ CC      ?= cc
 NVCC    ?= nvcc
 CUDA    ?= 0
 BUILD   ?= build
-OPT     ?= -O2
+OPT     ?= -O2 -ftree-vectorize
 SAN     ?=
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP -Iinclude -Isrc
