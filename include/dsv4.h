@@ -21,6 +21,7 @@ typedef struct dsv4_seq_state dsv4_seq;
 typedef struct dsv4_info {
     int vocab_size, dim, n_layers, max_context;
     int bos_token_id, eos_token_id;
+    int n_mtp_tensors;    /* mtp.* (multi-token prediction) tensors present in the checkpoint, not used yet */
 } dsv4_info;
 
 /* Loads a model directory (config.json + safetensors). 0 on success; on failure -1 with a message

@@ -132,6 +132,8 @@ int dsv4_cmd_logits(int argc, char **argv) {
     }
     dsv4_info info = dsv4_model_info(m);
     fprintf(stderr, "dsv4 logits: loaded %s in %.2f s (%d layers, vocab %d)\n", model, dsv4_cli_now() - t0, info.n_layers, info.vocab_size);
+    if (info.n_mtp_tensors)
+        fprintf(stderr, "dsv4 logits: note: skipping %d mtp.* tensors (multi-token prediction is not used yet)\n", info.n_mtp_tensors);
     int V = info.vocab_size, rc = 1;
     float *out = calloc((size_t)B * L * V, sizeof(float));
     float *lg = malloc(sizeof(float) * (size_t)B * (chunk > 1 ? chunk : 1) * V);

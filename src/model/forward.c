@@ -22,7 +22,7 @@ void dsv4_free(dsv4_model *m) { dsv4_model_destroy(m); }
 
 dsv4_info dsv4_model_info(const dsv4_model *m) {
     dsv4_info i = {m->cfg.vocab_size, m->cfg.dim, m->cfg.n_layers, m->cfg.max_position_embeddings,
-                   m->cfg.bos_token_id, m->cfg.eos_token_id};
+                   m->cfg.bos_token_id, m->cfg.eos_token_id, m->n_mtp_skipped};
     return i;
 }
 
