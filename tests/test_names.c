@@ -122,7 +122,7 @@ static float *run_fixture(const char *fx, int *n) {
     return run_dir(dir, n);
 }
 
-typedef enum { PREFIX, HF_FUSED, HF_FUSED_OLD, SHARDS, SCALE_INV } variant;
+typedef enum { PREFIX, HF_FUSED, HF_FUSED_OLD, SHARDS, SCALE_INV, WITH_MTP } variant;
 
 static void write_variant(const char *fx, variant v, const char *dir) {
     char path[600];
@@ -191,6 +191,30 @@ static void write_variant(const char *fx, variant v, const char *dir) {
         t.name = names[k];
         ts[k++] = t;
     }
+    if (v == WITH_MTP) { /* an MTP block's tensor: skipped at load with a notice */
+        static uint16_t zeros[64 * 64];
+        snprintf(names[k], 256, "mtp.0.e_proj.weight");
+        ts[k] = (dsv4_st_tensor){.name = names[k], .dtype = DSV4_DT_BF16, .ndim = 2, .shape = {64, 64},
+                                 .numel = 64 * 64, .data = (const uint8_t *)zeros, .nbytes = sizeof zeros};
+        k++;
+        /* config: one MTP layer, compress_ratios with its extra entry */
+        char cp[600];
+        snprintf(cp, sizeof cp, "%s/config.json", dir);
+        FILE *f = fopen(cp, "rb");
+        static char txt[1 << 16];
+        size_t len = fread(txt, 1, sizeof txt - 1, f);
+        fclose(f);
+        txt[len] = 0;
+        cJSON *j = cJSON_Parse(txt);
+        cJSON_ReplaceItemInObject(j, "num_nextn_predict_layers", cJSON_CreateNumber(1));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(j, "compress_ratios"), cJSON_CreateNumber(0));
+        char *out = cJSON_Print(j);
+        f = fopen(cp, "wb");
+        fputs(out, f);
+        fclose(f);
+        free(out);
+        cJSON_Delete(j);
+    }
     if (v == SHARDS) {
         /* three shards + index */
         char idx[1 << 16];
@@ -236,4 +260,7 @@ Test(names, model_prefix, .timeout = 120) { check_variant("tiny-bf16", PREFIX); 
 Test(names, hf_fused_experts, .timeout = 120) { check_variant("tiny-bf16", HF_FUSED); }
 Test(names, hf_fused_experts_old_weights_proj, .timeout = 120) { check_variant("tiny-bf16", HF_FUSED_OLD); }
 Test(names, sharded_with_index, .timeout = 120) { check_variant("small-fp8-fp4", SHARDS); }
+Test(names, mtp_block_skipped, .timeout = 120) {
+    check_variant("tiny-bf16", WITH_MTP);
+}
 Test(names, fp8_scale_inv_f32, .timeout = 120) { check_variant("small-fp8-fp4", SCALE_INV); }
