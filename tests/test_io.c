@@ -928,6 +928,13 @@ Test(io_config, inconsistent) {
     cfg_fail("compress_ratios", cJSON_Parse("[0, 4, 16, 4, 0, 0]"), "field 'compress_ratios': must have");
     cfg_fail("compress_ratios", cJSON_Parse("[]"), "field 'compress_ratios': must have");
     cfg_fail("num_hidden_layers", cJSON_CreateNumber(3), "field 'compress_ratios': must have num_hidden_layers = 3");
+    cJSON *j = base_cfg();
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "num_hidden_layers", cJSON_CreateNumber(DSV4_MAX_LAYERS));
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "num_nextn_predict_layers", cJSON_CreateNumber(1));
+    dsv4_config c;
+    dsv4_err e = {{0}};
+    cr_assert_eq(parse_cfg(j, &c, &e), -1);
+    cr_assert(strstr(e.msg, "'num_nextn_predict_layers'"), "%s", e.msg);
 }
 
 Test(io_config, compress_ratios_with_mtp) {
