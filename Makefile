@@ -37,7 +37,16 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
 .PHONY: all deps test test-asan run fuzz clean gpu-test install
 all: $(BUILD)/dsv4
-	@ln -sf $(BUILD)/dsv4 dsv4
+	@if [ "$(BUILD)" = build ]; then ln -sf build/dsv4 dsv4; fi
+
+# CUDA=1 also builds the per-kernel GPU test; it links only the CPU twins and the CUDA objects.
+ifeq ($(CUDA),1)
+GPU_TEST_OBJ := $(addprefix $(BUILD)/src/,cpu/ops.o cpu/topk.o quant/formats.o quant/weight.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+all: $(BUILD)/tests/gpu/test_kernels
+$(BUILD)/tests/gpu/test_kernels: tests/gpu/test_kernels.c $(GPU_TEST_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $^ -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
+endif
 
 $(BUILD)/libdsv4.a: $(LIB_OBJ)
 	@mkdir -p $(@D)

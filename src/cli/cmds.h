@@ -13,5 +13,6 @@ int dsv4_cmd_parse_completion(int argc, char **argv);/* cmd_chat_template.c */
 int dsv4_cmd_run(int argc, char **argv);             /* cmd_run.c */
 int dsv4_cmd_chat(int argc, char **argv);            /* cmd_run.c */
 int dsv4_cmd_synth(int argc, char **argv);           /* cmd_synth.c */
+int dsv4_cmd_serve(int argc, char **argv);           /* cmd_serve.c */
 
 #endif

@@ -20,6 +20,7 @@ static const dsv4_cmd cmds[] = {
     {"run", dsv4_cmd_run, "generate text from a prompt"},
     {"chat", dsv4_cmd_chat, "interactive chat, streaming"},
     {"synth", dsv4_cmd_synth, "write a small synthetic DeepSeek-V4 checkpoint (random weights)"},
+    {"serve", dsv4_cmd_serve, "OpenAI- and Anthropic-compatible HTTP server with continuous batching"},
 };
 
 static void usage(FILE *f) {

@@ -1,4 +1,4 @@
-/* common.cuh - what the CUDA translation units share (C++, included only by src/cuda/*.cu): the
+/* common.cuh - what the CUDA translation units share (C++, included only by the .cu files of src/cuda): the
  * backend's error slot and cached device properties, launch checks, warp reductions, and the
  * in-register decoders of the weight formats (spec 14), which equal src/quant/formats.c bit for bit. */
 #ifndef DSV4_CUDA_COMMON_CUH

@@ -1,7 +1,7 @@
 /* cuda_backend.h - the CUDA backend's C interface (Hopper, sm_90a): device, buffers, stream, and one
  * function per fused DeepSeek-V4 op, named for what it computes.
  *
- * Owns: the boundary between C host code and the CUDA kernels in src/cuda/*.cu (which define these
+ * Owns: the boundary between C host code and the CUDA kernels in the .cu files of src/cuda (which define these
  * functions extern "C"). Plain C: no CUDA or C++ types leak out; a stream is a cudaStream_t passed
  * as void * (NULL = the legacy default stream). Every pointer argument of an op is a DEVICE pointer
  * unless its comment says host. Ops only enqueue work: they neither allocate nor synchronize, so a
@@ -73,8 +73,8 @@ void dsv4_cuda_weight_free(dsv4_cuda_weight *w);
 
 /* y[T, w.rows] (fp32) = x[T, w.cols] . w^T, x fp32 (x_bf16 = 0) or bf16 (x_bf16 = 1, uint16 bits).
  * With w->act_quant each x row is first rounded by the FP8 act_quant simulation (block 128).
- * Twin: dsv4_cpu_linear. Few rows (T <= 8): a warp-per-row GEMV that streams the weight once with
- * 16-byte loads, dequantized in registers; more rows: a tiled GEMM. */
+ * Twin: dsv4_cpu_linear. Few rows (T <= 16): a GEMV (a warp per two weight rows, 8 tokens per pass)
+ * that streams the weight with 16-byte loads, dequantized in registers; more rows: a tiled GEMM. */
 int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream);
 
 /* In place, for each of `rows` rows of n values (row stride ld): x = w * x / sqrt(mean(x^2) + eps);

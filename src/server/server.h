@@ -184,6 +184,16 @@ int srv_finalize_sampling(srv_ctx *S, srv_req *r, int max_tokens, srv_error *e);
 int srv_render_chat(srv_ctx *S, srv_req *r, const cJSON *messages, const cJSON *tools, dsv4_chat_effort effort,
                     srv_error *e);
 
+/* Parameter readers (openai.c): 1 present and valid (*out set), 0 absent or null, -1 invalid (e set). */
+int srv_get_num(const cJSON *o, const char *k, double lo, double hi, double *out, srv_error *e);
+int srv_get_int(const cJSON *o, const char *k, long lo, long hi, long *out, srv_error *e);
+int srv_get_bool(const cJSON *o, const char *k, int *out, srv_error *e);
+int srv_get_stops(const cJSON *o, const char *k, srv_req *r, srv_error *e);
+/* temperature (<= max_temp), top_p, top_k, min_p, penalties, seed, stop strings (key stop_key). */
+int srv_parse_sampling(const cJSON *b, srv_req *r, double max_temp, const char *stop_key, srv_error *e);
+/* "model": must be the served name (404 otherwise); sets r->model. */
+int srv_check_model(srv_ctx *S, const cJSON *b, srv_req *r, int required, srv_error *e);
+
 /* Error bodies. */
 char *srv_openai_error_body(const srv_error *e);
 char *srv_anthropic_error_body(const srv_error *e);

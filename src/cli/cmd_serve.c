@@ -1,0 +1,179 @@
+/* cmd_serve.c - `dsv4 serve`: loads the model and tokenizer, starts the engine thread and the HTTP server
+ * (src/server/), then waits for SIGTERM / SIGINT and drains in-flight requests before exiting. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli_util.h"
+#include "cmds.h"
+#include "server/server.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dsv4 serve -m MODEL_DIR [options]\n"
+            "\n"
+            "  OpenAI- and Anthropic-compatible HTTP server with continuous batching:\n"
+            "  POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, GET /v1/models,\n"
+            "  GET /health, GET /metrics (Prometheus). SIGTERM drains in-flight requests and exits.\n"
+            "\n"
+            "  --host ADDR             numeric address to bind (default 127.0.0.1)\n"
+            "  --port N                TCP port (default 8000; 0 = any free port, printed at startup)\n"
+            "  --api-key KEY           require Authorization: Bearer KEY (or x-api-key: KEY)\n"
+            "                          (default: $DSV4_API_KEY if set)\n"
+            "  --served-model-name S   the model id clients use (default: the model directory's name)\n"
+            "  --device cpu|cuda       backend (only cpu in this build)\n"
+            "  --max-seqs N            sequences decoding at once (default 16)\n"
+            "  --max-context T         tokens per sequence, prompt + output (default: the model's)\n"
+            "  --max-queue N           requests waiting for a slot before 503 (default 256)\n"
+            "  --kv-tokens N           KV budget over running sequences, in tokens (default max-seqs * context)\n"
+            "  --step-tokens N         tokens per engine step (default 512)\n"
+            "  --prefill-chunk N       prompt tokens per chunk (default 256)\n"
+            "  --max-body BYTES        request body limit (default 8388608)\n"
+            "  --timeout S             idle / slow-client timeout in seconds (default 60)\n"
+            "  --drain-timeout S       SIGTERM: seconds in-flight requests may still run (default 30)\n"
+            "  --max-connections N     (default 512)\n"
+            "  --thinking              thinking mode for requests that do not choose (default: chat mode)\n"
+            "  --threads N             CPU threads for the forward pass (default: all cores)\n"
+            "  -v, --verbose           log every request\n");
+}
+
+int dsv4_cmd_serve(int argc, char **argv) {
+    srv_ctx S;
+    memset(&S, 0, sizeof S);
+    srv_config *c = &S.cfg;
+    c->host = "127.0.0.1";
+    c->port = 8000;
+    c->max_seqs = 16;
+    c->max_queue = 256;
+    c->step_tokens = 512;
+    c->prefill_chunk = 256;
+    c->max_body = 8u << 20;
+    c->timeout_s = 60;
+    c->drain_s = 30;
+    c->max_conns = 512;
+    c->api_key = getenv("DSV4_API_KEY");
+    if (c->api_key && !*c->api_key) c->api_key = NULL;
+    long max_ctx = 0, kv = 0, threads = 0;
+    const char *device = "cpu";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--thinking")) { c->default_thinking = 1; continue; }
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { c->verbose = 1; continue; }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "dsv4 serve: option %s needs a value (or unknown option)\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long x = 0;
+        int bad = 0;
+#define NUM(lo, hi) (bad = dsv4_cli_parse_long(v, lo, hi, &x), x)
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) c->model_dir = v;
+        else if (!strcmp(a, "--host")) c->host = v;
+        else if (!strcmp(a, "--api-key")) c->api_key = *v ? v : NULL;
+        else if (!strcmp(a, "--served-model-name")) c->model_name = v;
+        else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--port")) c->port = (int)NUM(0, 65535);
+        else if (!strcmp(a, "--max-seqs")) c->max_seqs = (int)NUM(1, 4096);
+        else if (!strcmp(a, "--max-context")) max_ctx = NUM(2, 1L << 30);
+        else if (!strcmp(a, "--max-queue")) c->max_queue = (int)NUM(1, 1 << 20);
+        else if (!strcmp(a, "--kv-tokens")) kv = NUM(2, 1L << 40);
+        else if (!strcmp(a, "--step-tokens")) c->step_tokens = (int)NUM(1, 1 << 20);
+        else if (!strcmp(a, "--prefill-chunk")) c->prefill_chunk = (int)NUM(1, 1 << 20);
+        else if (!strcmp(a, "--max-body")) c->max_body = (size_t)NUM(1024, 1L << 32);
+        else if (!strcmp(a, "--timeout")) c->timeout_s = (int)NUM(1, 86400);
+        else if (!strcmp(a, "--drain-timeout")) c->drain_s = (int)NUM(0, 86400);
+        else if (!strcmp(a, "--max-connections")) c->max_conns = (int)NUM(1, 1 << 16);
+        else if (!strcmp(a, "--threads")) threads = NUM(1, 4096);
+        else {
+            fprintf(stderr, "dsv4 serve: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+#undef NUM
+        if (bad) {
+            fprintf(stderr, "dsv4 serve: %s: bad value '%s'\n", a, v);
+            return 2;
+        }
+    }
+    if (!c->model_dir) {
+        fprintf(stderr, "dsv4 serve: -m MODEL_DIR is required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(device, "cpu")) {
+        fprintf(stderr, "dsv4 serve: --device %s: this build has only the cpu backend\n", device);
+        return 2;
+    }
+    if (c->prefill_chunk > c->step_tokens) c->prefill_chunk = c->step_tokens;
+
+    /* signals: every thread started below inherits this mask; the main thread takes them with sigwait */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    dsv4_cli_set_threads((int)threads);
+
+    char err[1024];
+    char name[256];
+    int rc = 1;
+    double t0 = dsv4_cli_now();
+    if (dsv4_load(c->model_dir, &S.model, err, sizeof err)) {
+        fprintf(stderr, "dsv4 serve: %s\n", err);
+        return 1;
+    }
+    S.info = dsv4_model_info(S.model);
+    char tpath[4096];
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", c->model_dir);
+    dsv4_err e = {{0}};
+    if (!(S.tok = dsv4_tok_load(tpath, &e))) {
+        fprintf(stderr, "dsv4 serve: %s\n", e.msg);
+        goto done;
+    }
+    S.tok_vocab = dsv4_tok_vocab_size(S.tok);
+    if (S.tok_vocab > S.info.vocab_size) S.tok_vocab = S.info.vocab_size;
+    c->max_context = max_ctx > 0 && max_ctx < S.info.max_context ? (int)max_ctx : S.info.max_context;
+    c->kv_tokens = kv > 0 ? kv : (long)c->max_seqs * c->max_context;
+    if (!c->model_name) {
+        size_t l = strlen(c->model_dir);
+        while (l > 1 && c->model_dir[l - 1] == '/') l--;
+        size_t s = l;
+        while (s > 0 && c->model_dir[s - 1] != '/') s--;
+        snprintf(name, sizeof name, "%.*s", (int)(l - s), c->model_dir + s);
+        c->model_name = name;
+    }
+    srv_metrics_init();
+    if (!(S.sched = srv_sched_new(S.model, S.tok, c, err, sizeof err))) {
+        fprintf(stderr, "dsv4 serve: %s\n", err);
+        goto done;
+    }
+    if (srv_http_start(&S)) goto done;
+    fprintf(stderr,
+            "dsv4 serve: model '%s' loaded in %.2f s (%d layers, dim %d, context %d); max %d sequences, KV budget %ld "
+            "tokens%s\n",
+            c->model_name, dsv4_cli_now() - t0, S.info.n_layers, S.info.dim, c->max_context, c->max_seqs, c->kv_tokens,
+            c->api_key ? ", API key required" : "");
+    fprintf(stderr, "dsv4 serve: listening on http://%s%s%s:%d\n", strchr(c->host, ':') ? "[" : "", c->host,
+            strchr(c->host, ':') ? "]" : "", c->port);
+    fflush(stderr);
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0) {
+    }
+    fprintf(stderr, "dsv4 serve: %s: draining in-flight requests (up to %d s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+            c->drain_s);
+    srv_http_stop(&S);
+    fprintf(stderr, "dsv4 serve: stopped\n");
+    rc = 0;
+done:
+    srv_sched_free(S.sched);
+    dsv4_tok_free(S.tok);
+    dsv4_free(S.model);
+    return rc;
+}

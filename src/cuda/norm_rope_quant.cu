@@ -1,0 +1,123 @@
+/* norm_rope_quant.cu - RMSNorm (spec 5), interleaved partial RoPE (spec 6) and the activation
+ * rounding simulations of spec 9 and 14.3 (FP8 / FP4 act quant, Hadamard rotation). Twins:
+ * dsv4_cpu_rmsnorm, dsv4_cpu_rope, dsv4_act_quant_fp8, dsv4_act_quant_fp4, dsv4_hadamard.
+ * Products that the twin rounds separately are written with __fmul_rn / __fadd_rn so that nvcc does
+ * not contract them into FMAs; the quant and Hadamard kernels are bit-exact. */
+#include "common.cuh"
+
+/* ---- RMSNorm: one block of 128 threads per row; sum of squares in double, as the twin ---- */
+
+__global__ void __launch_bounds__(128) rmsnorm_kernel(float *x, int n, int64_t ld, const float *w, float eps) {
+    __shared__ double part[4];
+    float *row = x + (int64_t)blockIdx.x * ld;
+    double ss = 0;
+    for (int i = threadIdx.x; i < n; i += 128) ss += (double)row[i] * row[i];
+    ss = warp_sum_d(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    ss = (part[0] + part[1]) + (part[2] + part[3]);
+    float r = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = threadIdx.x; i < n; i += 128) row[i] = w ? __fmul_rn(w[i], __fmul_rn(row[i], r)) : __fmul_rn(row[i], r);
+}
+
+extern "C" int dsv4_cuda_rmsnorm(float *x, int rows, int n, int64_t ld, const float *w, float eps, void *stream) {
+    if (rows < 0 || n <= 0 || ld < n) return dsv4_cuda_fail("rmsnorm: bad shape (rows %d n %d ld %lld)", rows, n, (long long)ld);
+    if (!rows) return 0;
+    rmsnorm_kernel<<<rows, 128, 0, DSV4_STREAM(stream)>>>(x, n, ld, w, eps);
+    return dsv4_cuda_check_launch("rmsnorm");
+}
+
+/* ---- RoPE: one thread per (token, head, pair) ---- */
+
+__global__ void rope_kernel(float *x, int T, int H, int n, int npairs, const float *freq, const int *pos, int inverse) {
+    int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (int64_t)T * H * npairs) return;
+    int i = (int)(g % npairs);
+    int64_t th = g / npairs;
+    int t = (int)(th / H);
+    float *p = x + th * n + n - 2 * npairs;
+    float ang = __fmul_rn((float)pos[t], freq[i]);
+    float c = cosf(ang), s = sinf(ang);
+    if (inverse) s = -s;
+    float a = p[2 * i], b = p[2 * i + 1];
+    p[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    p[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+}
+
+extern "C" int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const float *freq, const int *pos, int inverse,
+                              void *stream) {
+    if (T < 0 || H <= 0 || npairs < 0 || 2 * npairs > n) return dsv4_cuda_fail("rope: bad shape (n %d npairs %d)", n, npairs);
+    int64_t total = (int64_t)T * H * npairs;
+    if (!total) return 0;
+    rope_kernel<<<(unsigned)((total + 255) / 256), 256, 0, DSV4_STREAM(stream)>>>(x, T, H, n, npairs, freq, pos, inverse);
+    return dsv4_cuda_check_launch("rope");
+}
+
+/* ---- act quant: one warp per (row, block) ---- */
+
+template <int FP4>
+__global__ void act_quant_kernel(float *x, int rows, int n, int64_t ld, int block, int nblk) {
+    int64_t g = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (g >= (int64_t)rows * nblk) return;
+    int r = (int)(g / nblk), b0 = (int)(g % nblk) * block;
+    int b1 = b0 + block < n ? b0 + block : n;
+    float *p = x + (int64_t)r * ld;
+    float amax = FP4 ? 6.0f * 0x1p-126f : 1e-4f;
+    for (int i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(p[i]));
+    amax = warp_max(amax);
+    float s = FP4 ? dev_pow2_ceil(__fdiv_rn(amax, 6.0f)) : dev_pow2_ceil(__fmul_rn(amax, 1.0f / 448.0f));
+    const float lim = FP4 ? 6.0f : 448.0f;
+    for (int i = b0 + lane; i < b1; i += 32) {
+        float v = fminf(fmaxf(__fdiv_rn(p[i], s), -lim), lim);
+        p[i] = (FP4 ? dev_round_e2m1(v) : dev_round_e4m3(v)) * s;
+    }
+}
+
+template <int FP4>
+static int act_quant(const char *op, float *x, int rows, int n, int64_t ld, int block, void *stream) {
+    if (rows < 0 || n < 0 || ld < n || block <= 0 || block > 1024)
+        return dsv4_cuda_fail("%s: bad shape (rows %d n %d block %d)", op, rows, n, block);
+    int nblk = (n + block - 1) / block;
+    int64_t warps = (int64_t)rows * nblk;
+    if (!warps) return 0;
+    act_quant_kernel<FP4><<<(unsigned)((warps + 7) / 8), 256, 0, DSV4_STREAM(stream)>>>(x, rows, n, ld, block, nblk);
+    return dsv4_cuda_check_launch(op);
+}
+
+extern "C" int dsv4_cuda_act_quant_fp8(float *x, int rows, int n, int64_t ld, int block, void *stream) {
+    return act_quant<0>("act_quant_fp8", x, rows, n, ld, block, stream);
+}
+
+extern "C" int dsv4_cuda_act_quant_fp4(float *x, int rows, int n, int64_t ld, int block, void *stream) {
+    return act_quant<1>("act_quant_fp4", x, rows, n, ld, block, stream);
+}
+
+/* ---- Hadamard: one block per row, butterflies in double in shared memory (same additions in
+ * the same order as the twin, so the same bits) ---- */
+
+__global__ void __launch_bounds__(256) hadamard_kernel(float *x, int n, int64_t ld) {
+    extern __shared__ double hs[];
+    float *row = x + (int64_t)blockIdx.x * ld;
+    for (int i = threadIdx.x; i < n; i += 256) hs[i] = row[i];
+    __syncthreads();
+    for (int h = 1; h < n; h *= 2) {
+        for (int p = threadIdx.x; p < n / 2; p += 256) {
+            int j = (p / h) * 2 * h + (p % h);
+            double a = hs[j], b = hs[j + h];
+            hs[j] = a + b;
+            hs[j + h] = a - b;
+        }
+        __syncthreads();
+    }
+    double s = 1.0 / sqrt((double)n);
+    for (int i = threadIdx.x; i < n; i += 256) row[i] = (float)__dmul_rn(hs[i], s);
+}
+
+extern "C" int dsv4_cuda_hadamard(float *x, int rows, int n, int64_t ld, void *stream) {
+    if (rows < 0 || n <= 0 || n > 4096 || (n & (n - 1)) || ld < n)
+        return dsv4_cuda_fail("hadamard: n %d must be a power of two <= 4096 (rows %d)", n, rows);
+    if (!rows) return 0;
+    hadamard_kernel<<<rows, 256, (size_t)n * sizeof(double), DSV4_STREAM(stream)>>>(x, n, ld);
+    return dsv4_cuda_check_launch("hadamard");
+}

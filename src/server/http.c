@@ -1,0 +1,450 @@
+/* http.c - the HTTP layer of `dsv4 serve` over libmicrohttpd (a thread per connection, so handlers may
+ * block): routing, API-key check, body size limit, error objects, non-streaming waits and SSE streams
+ * (MHD_create_response_from_callback), client-gone detection, idle / slow-client timeouts and the
+ * SIGTERM drain. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "server.h"
+
+typedef struct conn {
+    dsv4_sb body;
+    int too_large, responded;
+    srv_ep ep;
+} conn;
+
+typedef struct stream {
+    srv_ctx *S;
+    srv_req *r;
+    srv_out out;
+    int fd;
+} stream;
+
+/* ---- helpers ---- */
+
+static int client_gone(int fd) {
+    if (fd < 0) return 0;
+    char ch;
+    ssize_t n = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return 1;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return 1;
+    return 0;
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? (int)ci->connect_fd : -1;
+}
+
+static srv_ep endpoint_of(const char *url) {
+    if (!strcmp(url, "/v1/chat/completions")) return SRV_EP_CHAT;
+    if (!strcmp(url, "/v1/completions")) return SRV_EP_COMPLETIONS;
+    if (!strcmp(url, "/v1/messages")) return SRV_EP_MESSAGES;
+    if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return SRV_EP_MODELS;
+    if (!strcmp(url, "/health")) return SRV_EP_HEALTH;
+    if (!strcmp(url, "/metrics")) return SRV_EP_METRICS;
+    return SRV_EP_OTHER;
+}
+
+static enum MHD_Result queue(struct MHD_Connection *c, conn *k, int status, char *body, size_t len,
+                             const char *ctype, int retry_after) {
+    if (!body) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
+        status = 500;
+        body = strdup(oom);
+        if (!body) return MHD_NO;
+        len = strlen(body);
+        ctype = "application/json";
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", ctype);
+    if (retry_after) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", retry_after);
+        MHD_add_response_header(resp, "Retry-After", ra);
+    }
+    if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    if (k) {
+        k->responded = 1;
+        srv_metrics_request(k->ep, status);
+    }
+    return rc;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, conn *k, int status, char *body, size_t len) {
+    return queue(c, k, status, body, body ? (len ? len : strlen(body)) : 0, "application/json", 0);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, conn *k, const srv_error *e) {
+    char *body = k && k->ep == SRV_EP_MESSAGES ? srv_anthropic_error_body(e) : srv_openai_error_body(e);
+    return queue(c, k, e->status, body, body ? strlen(body) : 0, "application/json", e->status == 503 ? 1 : 0);
+}
+
+static enum MHD_Result fail(struct MHD_Connection *c, conn *k, int status, const char *msg) {
+    srv_error e = {.status = status};
+    snprintf(e.msg, sizeof e.msg, "%s", msg);
+    return send_error(c, k, &e);
+}
+
+static int ct_eq(const char *a, const char *b) { /* constant time in the length of b */
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char d = la != lb;
+    for (size_t i = 0; i < lb; i++) d |= (unsigned char)(a[i < la ? i : 0] ^ b[i]);
+    return d == 0;
+}
+
+static int authorized(struct MHD_Connection *c, const char *key) {
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (h && !strncasecmp(h, "Bearer ", 7)) {
+        h += 7;
+        while (*h == ' ') h++;
+        if (ct_eq(h, key)) return 1;
+    }
+    h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    return h && ct_eq(h, key);
+}
+
+/* ---- simple endpoints ---- */
+
+static enum MHD_Result models(srv_ctx *S, struct MHD_Connection *c, conn *k, const char *url) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", S->cfg.model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "dsv4");
+    cJSON_AddNumberToObject(m, "max_model_len", S->cfg.max_context);
+    if (!strncmp(url, "/v1/models/", 11)) {
+        if (strcmp(url + 11, S->cfg.model_name)) {
+            cJSON_Delete(m);
+            srv_error e = {.status = 404, .type = "model_not_found"};
+            snprintf(e.msg, sizeof e.msg, "The model '%s' does not exist", url + 11);
+            return send_error(c, k, &e);
+        }
+        return send_json(c, k, 200, srv_json_print(m, NULL), 0);
+    }
+    cJSON *j = cJSON_CreateObject(), *a = cJSON_CreateArray();
+    cJSON_AddStringToObject(j, "object", "list");
+    cJSON_AddItemToArray(a, m);
+    cJSON_AddItemToObject(j, "data", a);
+    return send_json(c, k, 200, srv_json_print(j, NULL), 0);
+}
+
+/* ---- generation ---- */
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream *st = cls;
+    srv_out *o = &st->out;
+    srv_req *r = st->r;
+    for (;;) {
+        if (o->sse_off < o->sse.n) {
+            size_t n = o->sse.n - o->sse_off;
+            if (n > max) n = max;
+            memcpy(buf, o->sse.p + o->sse_off, n);
+            o->sse_off += n;
+            if (o->sse_off == o->sse.n) o->sse_off = o->sse.n = 0;
+            return (ssize_t)n;
+        }
+        if (o->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (o->oom) {
+            atomic_store(&r->cancel, 1);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        pthread_mutex_lock(&r->mu);
+        if (!r->done && r->text_n == o->text_off && r->n_lp == o->lp_off) {
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            dl.tv_nsec += 200 * 1000000L;
+            if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&r->cv, &r->mu, &dl);
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (client_gone(st->fd)) {
+            atomic_store(&r->cancel, 1);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        srv_out_pump(o);
+    }
+}
+
+static void sse_free(void *cls) {
+    stream *st = cls;
+    if (!st->out.ended) atomic_store(&st->r->cancel, 1);
+    srv_out_free(&st->out);
+    srv_req_release(st->r);
+    atomic_fetch_sub(&st->S->active, 1);
+    free(st);
+}
+
+/* Waits until r is done; 0, or -1 when the client went away (r cancelled). */
+static int wait_done(srv_req *r, int fd) {
+    double last = srv_now();
+    pthread_mutex_lock(&r->mu);
+    while (!r->done) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 250 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&r->cv, &r->mu, &dl); /* woken by every token, or the timeout */
+        double now = srv_now();
+        if (r->done || now - last < 0.2) continue;
+        last = now;
+        pthread_mutex_unlock(&r->mu);
+        if (client_gone(fd)) {
+            atomic_store(&r->cancel, 1);
+            return -1;
+        }
+        pthread_mutex_lock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+static enum MHD_Result generate(srv_ctx *S, struct MHD_Connection *c, conn *k, srv_api api) {
+    srv_error e = {0};
+    if (k->too_large) return fail(c, k, 413, "the request body is too large");
+    if (atomic_load(&S->draining)) return fail(c, k, 503, "the server is shutting down");
+    dsv4_err je = {{0}};
+    cJSON *body = dsv4_pyjson_parse(k->body.p ? k->body.p : "", k->body.n, &je);
+    if (!body) {
+        srv_fail(&e, 400, "the request body is not valid JSON: %s", je.msg);
+        return send_error(c, k, &e);
+    }
+    srv_req *r = srv_req_new(api);
+    if (!r) {
+        cJSON_Delete(body);
+        return fail(c, k, 500, "out of memory");
+    }
+    int rc = api == SRV_API_CHAT         ? srv_openai_parse_chat(S, body, r, &e)
+             : api == SRV_API_COMPLETION ? srv_openai_parse_completion(S, body, r, &e)
+                                         : srv_anthropic_parse(S, body, r, &e);
+    cJSON_Delete(body);
+    if (rc) {
+        srv_req_release(r);
+        return send_error(c, k, &e);
+    }
+    int st = srv_sched_submit(S->sched, r, e.msg, sizeof e.msg);
+    if (st) {
+        e.status = st;
+        srv_req_release(r);
+        return send_error(c, k, &e);
+    }
+    if (S->cfg.verbose)
+        fprintf(stderr, "dsv4 serve: %s: prompt %d tokens, max_tokens %d, %s\n", r->id, r->n_prompt, r->max_tokens,
+                r->stream ? "stream" : "no stream");
+    atomic_fetch_add(&S->active, 1);
+    int fd = conn_fd(c);
+    if (r->stream) {
+        stream *sm = calloc(1, sizeof *sm);
+        if (!sm || srv_out_init(&sm->out, S, r)) {
+            if (sm) srv_out_free(&sm->out);
+            free(sm);
+            atomic_store(&r->cancel, 1);
+            srv_req_release(r);
+            atomic_fetch_sub(&S->active, 1);
+            return fail(c, k, 500, "out of memory");
+        }
+        sm->S = S;
+        sm->r = r;
+        sm->fd = fd;
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, sm, sse_free);
+        if (!resp) {
+            sse_free(sm);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        enum MHD_Result q = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        k->responded = 1;
+        srv_metrics_request(k->ep, 200);
+        return q;
+    }
+    srv_out o;
+    if (srv_out_init(&o, S, r)) {
+        srv_out_free(&o);
+        atomic_store(&r->cancel, 1);
+        srv_req_release(r);
+        atomic_fetch_sub(&S->active, 1);
+        return fail(c, k, 500, "out of memory");
+    }
+    enum MHD_Result q;
+    if (wait_done(r, fd)) {
+        q = MHD_NO; /* the client is gone */
+        srv_metrics_request(k->ep, 499);
+    } else {
+        srv_out_pump(&o);
+        if (o.finish == SRV_FIN_ERROR) {
+            srv_fail(&e, 500, "generation failed: %s", o.errmsg);
+            q = send_error(c, k, &e);
+        } else if (o.finish == SRV_FIN_ABORT) {
+            q = fail(c, k, 503, "the request was cancelled: the server is shutting down");
+        } else if (o.oom) {
+            q = fail(c, k, 500, "out of memory");
+        } else {
+            size_t len = 0;
+            char *out = api == SRV_API_ANTHROPIC ? srv_anthropic_body(&o, &len) : srv_openai_body(&o, &len);
+            q = send_json(c, k, 200, out, len);
+        }
+    }
+    srv_out_free(&o);
+    srv_req_release(r);
+    atomic_fetch_sub(&S->active, 1);
+    return q;
+}
+
+/* ---- the access handler ---- */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    srv_ctx *S = cls;
+    conn *k = *con_cls;
+    if (!k) {
+        if (!(k = calloc(1, sizeof *k))) return MHD_NO;
+        *con_cls = k;
+        k->ep = endpoint_of(url);
+        if (S->cfg.api_key && !authorized(c, S->cfg.api_key))
+            return fail(c, k, 401, "Incorrect or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (errno || end == cl || n > S->cfg.max_body)
+                return fail(c, k, 413, "the request body is too large");
+        }
+        return MHD_YES;
+    }
+    if (k->responded) {
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!k->too_large) {
+            if (k->body.n + *upload_size > S->cfg.max_body) {
+                k->too_large = 1;
+                dsv4_sb_free(&k->body);
+            } else {
+                dsv4_sb_put(&k->body, upload, *upload_size);
+                if (k->body.oom) k->too_large = 1;
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    int get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
+    int post = !strcmp(method, MHD_HTTP_METHOD_POST);
+    switch (k->ep) {
+    case SRV_EP_HEALTH:
+        if (!get) break;
+        if (atomic_load(&S->draining)) return fail(c, k, 503, "the server is shutting down");
+        return send_json(c, k, 200, strdup("{\"status\":\"ok\"}"), 0);
+    case SRV_EP_METRICS: {
+        if (!get) break;
+        size_t len = 0;
+        char *txt = srv_metrics_render(S->sched, &len);
+        return queue(c, k, 200, txt, len, "text/plain; version=0.0.4; charset=utf-8", 0);
+    }
+    case SRV_EP_MODELS:
+        if (!get) break;
+        return models(S, c, k, url);
+    case SRV_EP_CHAT:
+        if (!post) break;
+        return generate(S, c, k, SRV_API_CHAT);
+    case SRV_EP_COMPLETIONS:
+        if (!post) break;
+        return generate(S, c, k, SRV_API_COMPLETION);
+    case SRV_EP_MESSAGES:
+        if (!post) break;
+        return generate(S, c, k, SRV_API_ANTHROPIC);
+    default: {
+        char msg[512];
+        snprintf(msg, sizeof msg, "no such endpoint: %s %.300s", method, url);
+        return fail(c, k, 404, msg);
+    }
+    }
+    char msg[512];
+    snprintf(msg, sizeof msg, "method %s is not allowed on %.300s", method, url);
+    return fail(c, k, 405, msg);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    conn *k = *con_cls;
+    if (!k) return;
+    dsv4_sb_free(&k->body);
+    free(k);
+    *con_cls = NULL;
+}
+
+static void on_log(void *cls, const char *fmt, va_list ap) {
+    srv_ctx *S = cls;
+    if (!S->cfg.verbose) return;
+    fprintf(stderr, "dsv4 serve: libmicrohttpd: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+int srv_http_start(srv_ctx *S) {
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    struct sockaddr_in a4;
+    struct sockaddr_in6 a6;
+    struct sockaddr *sa;
+    memset(&a4, 0, sizeof a4);
+    memset(&a6, 0, sizeof a6);
+    if (inet_pton(AF_INET, S->cfg.host, &a4.sin_addr) == 1) {
+        a4.sin_family = AF_INET;
+        a4.sin_port = htons((uint16_t)S->cfg.port);
+        sa = (struct sockaddr *)&a4;
+    } else if (inet_pton(AF_INET6, S->cfg.host, &a6.sin6_addr) == 1) {
+        a6.sin6_family = AF_INET6;
+        a6.sin6_port = htons((uint16_t)S->cfg.port);
+        sa = (struct sockaddr *)&a6;
+        flags |= MHD_USE_IPv6;
+    } else {
+        fprintf(stderr, "dsv4 serve: --host %s: expected a numeric IPv4 or IPv6 address\n", S->cfg.host);
+        return -1;
+    }
+    S->daemon = MHD_start_daemon(flags, (uint16_t)S->cfg.port, NULL, NULL, on_request, S, MHD_OPTION_EXTERNAL_LOGGER, on_log, S,
+                                 MHD_OPTION_SOCK_ADDR, sa,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)S->cfg.timeout_s,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)S->cfg.max_conns,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, S,
+                                 MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                                 MHD_OPTION_END);
+    if (!S->daemon) {
+        fprintf(stderr, "dsv4 serve: cannot listen on %s port %d: %s\n", S->cfg.host, S->cfg.port,
+                errno ? strerror(errno) : "libmicrohttpd failed to start");
+        return -1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(S->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    if (di && di->port) S->cfg.port = di->port;
+    return 0;
+}
+
+void srv_http_stop(srv_ctx *S) {
+    if (!S->daemon) return;
+    atomic_store(&S->draining, 1);
+    MHD_socket ls = MHD_quiesce_daemon(S->daemon); /* no new connections; pending ones are refused */
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    int left = srv_sched_drain(S->sched, S->cfg.drain_s);
+    if (left) fprintf(stderr, "dsv4 serve: drain timeout: cancelled %d request(s)\n", left);
+    /* let the handlers deliver their final bytes */
+    double t0 = srv_now();
+    while (atomic_load(&S->active) > 0 && srv_now() - t0 < 10) usleep(10000);
+    MHD_stop_daemon(S->daemon);
+    S->daemon = NULL;
+}

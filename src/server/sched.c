@@ -1,0 +1,528 @@
+/* sched.c - the engine thread: continuous batching over every running request.
+ *
+ * One loop, one thread, owning every dsv4_seq, sampler and detokenizer:
+ *   1. admission: waiting requests (FIFO) become running while fewer than max_seqs run and the KV budget
+ *      (prompt + max_tokens tokens reserved per request) has room;
+ *   2. cancelled requests (client gone, shutdown) are finished and their sequence freed;
+ *   3. the batch: one token for every decoding request, then prompt chunks of prefilling requests in
+ *      admission order while the step's token budget lasts (at least one chunk per step, so a prompt
+ *      always progresses). A chunk is always min(prefill_chunk, rest of the prompt), whatever else is
+ *      in the batch, so a request is computed the same way under any load;
+ *   4. one dsv4_forward call (LOGITS_LAST), then each request that finished its prompt or decoded a
+ *      token samples with its own sampler (seeded Philox: depends on seed + step only), detokenizes,
+ *      scans stop strings and appends the text it may emit to its output queue.
+ * Since a sequence's logits do not depend on the rest of the batch, a seeded request returns the same
+ * text whatever runs beside it. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server.h"
+
+typedef struct slot {
+    srv_req *r;
+    dsv4_seq *seq;
+    dsv4_sampler *smp;
+    dsv4_tok_stream *ts;
+    int n_fed;            /* prompt tokens fed */
+    int32_t last;         /* the token to feed next (decoding) */
+    int n_gen;
+    char *text;           /* generated text (for the stop-string scan) */
+    size_t n, cap, safe, prev;
+    double t_last;
+    long reserve;
+    int chunk;            /* tokens in the current batch */
+} slot;
+
+struct srv_sched {
+    dsv4_model *m;
+    const dsv4_tok *tok;
+    srv_config cfg;
+    int V, tok_vocab, eos;
+    pthread_t th;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* engine wakeup */
+    pthread_cond_t idle_cv; /* drain waits on it */
+    srv_req **wait;         /* ring of waiting requests */
+    int wait_head, wait_n, wait_cap;
+    int stop, draining, cancel_all;
+    /* engine-owned (read under mu for stats) */
+    slot *slots;
+    int n_slots;
+    long kv_reserved, kv_used;
+    float *logits;
+    dsv4_seq **bseq;
+    const int32_t **btok;
+    int *bn, *bslot;
+};
+
+double srv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- requests ---- */
+
+srv_req *srv_req_new(srv_api api) {
+    srv_req *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->api = api;
+    r->refs = 1;
+    r->stop_index = -1;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    atomic_init(&r->cancel, 0);
+    dsv4_sampling_defaults(&r->sp);
+    return r;
+}
+
+void srv_req_release(srv_req *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left > 0) return;
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r->model);
+    free(r->prompt);
+    for (size_t i = 0; i < r->n_stop; i++) free(r->stops[i]);
+    free(r->text);
+    free(r->lps);
+    free(r);
+}
+
+/* Appends emitted text (and a logprob record) to the request's output. Engine thread. */
+static int req_push(srv_req *r, const char *t, size_t n, const srv_lp *lp) {
+    int rc = 0;
+    pthread_mutex_lock(&r->mu);
+    if (n) {
+        if (r->text_n + n + 1 > r->text_cap) {
+            size_t cap = r->text_cap ? r->text_cap : 256;
+            while (cap < r->text_n + n + 1) cap *= 2;
+            char *p = realloc(r->text, cap);
+            if (!p) rc = -1;
+            else {
+                r->text = p;
+                r->text_cap = cap;
+            }
+        }
+        if (!rc) {
+            memcpy(r->text + r->text_n, t, n);
+            r->text_n += n;
+            r->text[r->text_n] = 0;
+        }
+    }
+    if (lp && !rc) {
+        if (r->n_lp == r->cap_lp) {
+            size_t cap = r->cap_lp ? r->cap_lp * 2 : 16;
+            srv_lp *p = realloc(r->lps, cap * sizeof *p);
+            if (!p) rc = -1;
+            else {
+                r->lps = p;
+                r->cap_lp = cap;
+            }
+        }
+        if (!rc) r->lps[r->n_lp++] = *lp;
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+static void req_finish(srv_req *r, srv_finish f, int stop_index, int n_gen, const char *err) {
+    pthread_mutex_lock(&r->mu);
+    if (!r->done) {
+        r->done = 1;
+        r->finish = f;
+        r->stop_index = stop_index;
+        r->n_gen = n_gen;
+        if (err) snprintf(r->errmsg, sizeof r->errmsg, "%.255s", err);
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---- slots ---- */
+
+static void slot_release(srv_sched *S, int i, srv_finish f, int stop_index, const char *err) {
+    slot *s = &S->slots[i];
+    srv_req *r = s->r;
+    double now = srv_now();
+    if (f != SRV_FIN_ERROR && f != SRV_FIN_ABORT) srv_metrics_e2e(now - r->t_submit);
+    srv_metrics_finish(f);
+    srv_metrics_tokens(0, s->n_gen);
+    req_finish(r, f, stop_index, s->n_gen, err);
+    dsv4_seq_free(s->seq);
+    dsv4_sampler_free(s->smp);
+    dsv4_tok_stream_free(s->ts);
+    free(s->text);
+    pthread_mutex_lock(&S->mu);
+    S->kv_reserved -= s->reserve;
+    S->slots[i] = S->slots[--S->n_slots];
+    if (!S->n_slots && !S->wait_n) pthread_cond_broadcast(&S->idle_cv);
+    pthread_mutex_unlock(&S->mu);
+    srv_req_release(r);
+}
+
+/* Called with S->mu held. Returns 0, or -1 (the request was finished with an error). */
+static int slot_open(srv_sched *S, srv_req *r) {
+    slot *s = &S->slots[S->n_slots];
+    memset(s, 0, sizeof *s);
+    s->r = r;
+    s->reserve = (long)r->n_prompt + r->max_tokens;
+    dsv4_err e = {{0}};
+    const char *why = "out of memory";
+    if (!(s->seq = dsv4_seq_new(S->m)) || !(s->ts = dsv4_tok_stream_new(S->tok, 0))) goto fail;
+    if (dsv4_sampler_init(&s->smp, &r->sp, S->V, &e) || dsv4_sampler_add_prompt(s->smp, r->prompt, r->n_prompt, &e)) {
+        why = e.msg;
+        goto fail;
+    }
+    dsv4_seq_set_prefill(s->seq, r->n_prompt);
+    S->kv_reserved += s->reserve;
+    S->n_slots++;
+    return 0;
+fail:
+    dsv4_seq_free(s->seq);
+    dsv4_sampler_free(s->smp);
+    dsv4_tok_stream_free(s->ts);
+    req_finish(r, SRV_FIN_ERROR, -1, 0, why);
+    srv_metrics_finish(SRV_FIN_ERROR);
+    srv_req_release(r);
+    return -1;
+}
+
+static int text_add(slot *s, const char *t, size_t n) {
+    if (s->n + n + 1 > s->cap) {
+        size_t cap = s->cap ? s->cap : 512;
+        while (cap < s->n + n + 1) cap *= 2;
+        char *p = realloc(s->text, cap);
+        if (!p) return -1;
+        s->text = p;
+        s->cap = cap;
+    }
+    memcpy(s->text + s->n, t, n);
+    s->n += n;
+    s->text[s->n] = 0;
+    return 0;
+}
+
+/* Flushes the detokenizer and the stop matcher's hold-back; finishes the request. */
+static void slot_end(srv_sched *S, int i, srv_finish f) {
+    slot *s = &S->slots[i];
+    srv_req *r = s->r;
+    size_t len = 0;
+    const char *tail = dsv4_tok_stream_flush(s->ts, &len);
+    if (tail && len && text_add(s, tail, len)) {
+        slot_release(S, i, SRV_FIN_ERROR, -1, "out of memory");
+        return;
+    }
+    dsv4_stop_result sr;
+    dsv4_stop_scan(s->text ? s->text : "", s->n, s->prev, r->sp.stop, r->sp.n_stop, &sr);
+    size_t end = s->n;
+    int stop_index = -1;
+    if (sr.stop >= 0) {
+        end = sr.cut;
+        f = SRV_FIN_STOP;
+        stop_index = sr.stop;
+    }
+    if (end > s->safe) req_push(r, s->text + s->safe, end - s->safe, NULL);
+    slot_release(S, i, f, stop_index, NULL);
+}
+
+/* Samples the next token of slot i from logits row; returns 1 when the slot was released. */
+static int slot_sample(srv_sched *S, int i, float *row) {
+    slot *s = &S->slots[i];
+    srv_req *r = s->r;
+    dsv4_err e = {{0}};
+    for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding rows: never sampled */
+    int32_t t = dsv4_sampler_sample(s->smp, row, &e);
+    if (t < 0 || dsv4_sampler_accept(s->smp, t, &e)) {
+        slot_release(S, i, SRV_FIN_ERROR, -1, e.msg);
+        return 1;
+    }
+    double now = srv_now();
+    if (s->n_gen == 0) srv_metrics_ttft(now - r->t_submit);
+    else srv_metrics_tpot(now - s->t_last);
+    s->t_last = now;
+    s->n_gen++;
+    srv_lp lp, *lpp = NULL;
+    if (r->logprobs) {
+        memset(&lp, 0, sizeof lp);
+        lp.token = t;
+        int nt = dsv4_logprobs(row, S->V, t, r->top_logprobs, &lp.logprob, lp.top, &e);
+        lp.n_top = nt < 0 ? 0 : nt;
+        lpp = &lp;
+    }
+    if (t == S->eos && !r->sp.ignore_eos) {
+        if (lpp) req_push(r, NULL, 0, lpp);
+        slot_end(S, i, SRV_FIN_EOS);
+        return 1;
+    }
+    size_t len = 0;
+    const char *piece = dsv4_tok_stream_feed(s->ts, t, &len, &e);
+    if (!piece || text_add(s, piece, len)) {
+        slot_release(S, i, SRV_FIN_ERROR, -1, piece ? "out of memory" : e.msg);
+        return 1;
+    }
+    dsv4_stop_result sr;
+    dsv4_stop_scan(s->text ? s->text : "", s->n, s->prev, r->sp.stop, r->sp.n_stop, &sr);
+    s->prev = s->n;
+    if (sr.stop >= 0) {
+        req_push(r, s->text + s->safe, sr.cut - s->safe, lpp);
+        s->safe = sr.cut;
+        slot_release(S, i, SRV_FIN_STOP, sr.stop, NULL);
+        return 1;
+    }
+    if (req_push(r, s->text + s->safe, sr.safe - s->safe, lpp)) {
+        slot_release(S, i, SRV_FIN_ERROR, -1, "out of memory");
+        return 1;
+    }
+    s->safe = sr.safe;
+    if (s->n_gen >= r->max_tokens) {
+        slot_end(S, i, SRV_FIN_LENGTH);
+        return 1;
+    }
+    s->last = t;
+    return 0;
+}
+
+/* ---- the loop ---- */
+
+static void *engine_main(void *arg) {
+    srv_sched *S = arg;
+    char err[1024];
+    for (;;) {
+        pthread_mutex_lock(&S->mu);
+        for (;;) {
+            while (S->wait_n && S->n_slots < S->cfg.max_seqs) {
+                srv_req *r = S->wait[S->wait_head];
+                long need = (long)r->n_prompt + r->max_tokens;
+                if (S->kv_reserved + need > S->cfg.kv_tokens && S->n_slots) break;
+                S->wait_head = (S->wait_head + 1) % S->wait_cap;
+                S->wait_n--;
+                slot_open(S, r);
+            }
+            if (S->n_slots || S->stop) break;
+            pthread_cond_broadcast(&S->idle_cv);
+            pthread_cond_wait(&S->cv, &S->mu);
+        }
+        int cancel_all = S->cancel_all, stop = S->stop;
+        pthread_mutex_unlock(&S->mu);
+        if (stop && !S->n_slots) break;
+
+        /* cancellations */
+        for (int i = S->n_slots - 1; i >= 0; i--)
+            if (cancel_all || atomic_load(&S->slots[i].r->cancel)) slot_release(S, i, SRV_FIN_ABORT, -1, NULL);
+        if (!S->n_slots) continue;
+
+        /* the batch: decoding requests first, then prompt chunks */
+        int nb = 0, budget = S->cfg.step_tokens, ntok = 0;
+        for (int i = 0; i < S->n_slots; i++) {
+            slot *s = &S->slots[i];
+            s->chunk = 0;
+            if (s->n_fed < s->r->n_prompt) continue;
+            s->chunk = 1;
+            S->bseq[nb] = s->seq;
+            S->btok[nb] = &s->last;
+            S->bn[nb] = 1;
+            S->bslot[nb++] = i;
+            budget--;
+        }
+        int prefills = 0;
+        for (int i = 0; i < S->n_slots; i++) {
+            slot *s = &S->slots[i];
+            if (s->n_fed >= s->r->n_prompt) continue;
+            int c = s->r->n_prompt - s->n_fed;
+            if (c > S->cfg.prefill_chunk) c = S->cfg.prefill_chunk;
+            if (c > budget && prefills) continue;
+            s->chunk = c;
+            S->bseq[nb] = s->seq;
+            S->btok[nb] = s->r->prompt + s->n_fed;
+            S->bn[nb] = c;
+            S->bslot[nb++] = i;
+            budget -= c;
+            prefills++;
+        }
+        for (int b = 0; b < nb; b++) ntok += S->bn[b];
+        if (dsv4_forward(S->m, nb, S->bseq, S->btok, S->bn, S->logits, DSV4_LOGITS_LAST, err, sizeof err)) {
+            fprintf(stderr, "dsv4 serve: forward failed: %s\n", err);
+            for (int b = nb - 1; b >= 0; b--) S->slots[S->bslot[b]].chunk = -1;
+            for (int i = S->n_slots - 1; i >= 0; i--)
+                if (S->slots[i].chunk == -1) slot_release(S, i, SRV_FIN_ERROR, -1, err);
+            continue;
+        }
+        srv_metrics_step(ntok);
+        /* results: walk the batch; releasing slot i moves the last slot into i, so remember by request */
+        srv_req *brq[nb > 0 ? nb : 1];
+        for (int b = 0; b < nb; b++) brq[b] = S->slots[S->bslot[b]].r;
+        long used = 0;
+        for (int b = 0; b < nb; b++) {
+            int i = -1;
+            for (int k = 0; k < S->n_slots; k++)
+                if (S->slots[k].r == brq[b]) {
+                    i = k;
+                    break;
+                }
+            if (i < 0) continue;
+            slot *s = &S->slots[i];
+            if (s->n_fed < s->r->n_prompt) {
+                s->n_fed += s->chunk;
+                if (s->n_fed < s->r->n_prompt) continue;
+                srv_metrics_tokens(s->r->n_prompt, 0);
+            }
+            slot_sample(S, i, S->logits + (size_t)b * S->V);
+        }
+        for (int i = 0; i < S->n_slots; i++) used += dsv4_seq_pos(S->slots[i].seq);
+        pthread_mutex_lock(&S->mu);
+        S->kv_used = used;
+        pthread_mutex_unlock(&S->mu);
+    }
+    /* leftovers (shutdown) */
+    pthread_mutex_lock(&S->mu);
+    while (S->wait_n) {
+        srv_req *r = S->wait[S->wait_head];
+        S->wait_head = (S->wait_head + 1) % S->wait_cap;
+        S->wait_n--;
+        req_finish(r, SRV_FIN_ABORT, -1, 0, NULL);
+        srv_req_release(r);
+    }
+    pthread_cond_broadcast(&S->idle_cv);
+    pthread_mutex_unlock(&S->mu);
+    return NULL;
+}
+
+srv_sched *srv_sched_new(dsv4_model *m, const dsv4_tok *tok, const srv_config *cfg, char *err, size_t errcap) {
+    srv_sched *S = calloc(1, sizeof *S);
+    if (!S) {
+        snprintf(err, errcap, "out of memory");
+        return NULL;
+    }
+    S->m = m;
+    S->tok = tok;
+    S->cfg = *cfg;
+    dsv4_info info = dsv4_model_info(m);
+    S->V = info.vocab_size;
+    S->eos = info.eos_token_id;
+    S->tok_vocab = dsv4_tok_vocab_size(tok);
+    if (S->tok_vocab > S->V) S->tok_vocab = S->V;
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_cond_init(&S->cv, NULL);
+    pthread_cond_init(&S->idle_cv, NULL);
+    int n = cfg->max_seqs;
+    S->wait_cap = cfg->max_queue > 0 ? cfg->max_queue : 1;
+    S->wait = calloc((size_t)S->wait_cap, sizeof *S->wait);
+    S->slots = calloc((size_t)n, sizeof *S->slots);
+    S->logits = malloc((size_t)n * (size_t)S->V * sizeof(float));
+    S->bseq = calloc((size_t)n, sizeof *S->bseq);
+    S->btok = calloc((size_t)n, sizeof *S->btok);
+    S->bn = calloc((size_t)n, sizeof *S->bn);
+    S->bslot = calloc((size_t)n, sizeof *S->bslot);
+    if (!S->wait || !S->slots || !S->logits || !S->bseq || !S->btok || !S->bn || !S->bslot) {
+        snprintf(err, errcap, "out of memory");
+        srv_sched_free(S);
+        return NULL;
+    }
+    if (pthread_create(&S->th, NULL, engine_main, S)) {
+        snprintf(err, errcap, "cannot start the engine thread");
+        srv_sched_free(S);
+        return NULL;
+    }
+    S->started = 1;
+    return S;
+}
+
+int srv_sched_submit(srv_sched *S, srv_req *r, char *err, size_t errcap) {
+    long need = (long)r->n_prompt + r->max_tokens;
+    if (need > S->cfg.kv_tokens) {
+        snprintf(err, errcap, "the request needs %ld tokens of KV cache (prompt %d + max_tokens %d); the server's budget is %ld",
+                 need, r->n_prompt, r->max_tokens, S->cfg.kv_tokens);
+        return 400;
+    }
+    pthread_mutex_lock(&S->mu);
+    int rc = 0;
+    if (S->draining || S->stop) {
+        snprintf(err, errcap, "the server is shutting down");
+        rc = 503;
+    } else if (S->wait_n >= S->wait_cap) {
+        snprintf(err, errcap, "the server is overloaded (%d requests waiting); retry later", S->wait_n);
+        rc = 503;
+    } else {
+        pthread_mutex_lock(&r->mu);
+        r->refs++;
+        pthread_mutex_unlock(&r->mu);
+        r->t_submit = srv_now();
+        S->wait[(S->wait_head + S->wait_n) % S->wait_cap] = r;
+        S->wait_n++;
+        pthread_cond_signal(&S->cv);
+    }
+    pthread_mutex_unlock(&S->mu);
+    return rc;
+}
+
+int srv_sched_drain(srv_sched *S, double timeout_s) {
+    pthread_mutex_lock(&S->mu);
+    S->draining = 1;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    double end = dl.tv_sec + dl.tv_nsec * 1e-9 + timeout_s;
+    dl.tv_sec = (time_t)end;
+    dl.tv_nsec = (long)((end - (double)dl.tv_sec) * 1e9);
+    while ((S->n_slots || S->wait_n) && pthread_cond_timedwait(&S->idle_cv, &S->mu, &dl) == 0) {
+    }
+    int left = S->n_slots + S->wait_n;
+    if (left) {
+        S->cancel_all = 1;
+        pthread_cond_signal(&S->cv);
+        while (S->n_slots || S->wait_n) {
+            /* the engine cancels at its next step boundary; queued ones are dropped below */
+            while (S->wait_n) {
+                srv_req *r = S->wait[S->wait_head];
+                S->wait_head = (S->wait_head + 1) % S->wait_cap;
+                S->wait_n--;
+                req_finish(r, SRV_FIN_ABORT, -1, 0, NULL);
+                srv_req_release(r);
+            }
+            if (S->n_slots) pthread_cond_wait(&S->idle_cv, &S->mu);
+        }
+    }
+    pthread_mutex_unlock(&S->mu);
+    return left;
+}
+
+void srv_sched_free(srv_sched *S) {
+    if (!S) return;
+    if (S->started) {
+        pthread_mutex_lock(&S->mu);
+        S->stop = 1;
+        S->cancel_all = 1;
+        pthread_cond_signal(&S->cv);
+        pthread_mutex_unlock(&S->mu);
+        pthread_join(S->th, NULL);
+    }
+    pthread_mutex_destroy(&S->mu);
+    pthread_cond_destroy(&S->cv);
+    pthread_cond_destroy(&S->idle_cv);
+    free(S->wait);
+    free(S->slots);
+    free(S->logits);
+    free(S->bseq);
+    free(S->btok);
+    free(S->bn);
+    free(S->bslot);
+    free(S);
+}
+
+void srv_sched_stats(srv_sched *S, int *running, int *waiting, long *kv_used, long *kv_reserved, long *kv_cap) {
+    pthread_mutex_lock(&S->mu);
+    *running = S->n_slots;
+    *waiting = S->wait_n;
+    *kv_used = S->kv_used;
+    *kv_reserved = S->kv_reserved;
+    *kv_cap = S->cfg.kv_tokens;
+    pthread_mutex_unlock(&S->mu);
+}

@@ -1,0 +1,157 @@
+"""Stress run of `dsv4 serve`, meant for an AddressSanitizer build: N requests (default 5000) of every kind
+- chat / completions / messages, streaming or not, invalid ones, unknown paths, clients that hang up -
+from a few concurrent workers; then checks the server's RSS stopped growing, SIGTERMs it and requires
+exit status 0 (LeakSanitizer makes a leaking process exit non-zero).
+
+usage: python3 tests/server/stress.py [--bin build-asan/dsv4] [--model DIR] [-n 5000] [--workers 8]
+"""
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import REPO, Server  # noqa: E402
+
+MODEL = "dsv4-stress"
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def one(base, rng, i):
+    kind = rng.randrange(10)
+    seed = rng.randrange(1 << 30)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": f"req {i}"}], "max_tokens": rng.randint(1, 3),
+            "seed": seed}
+    with httpx.Client(base_url=base, timeout=120) as c:
+        if kind == 0:
+            r = c.post("/v1/chat/completions", json=chat)
+            assert r.status_code == 200, r.text
+        elif kind == 1:
+            with c.stream("POST", "/v1/chat/completions", json={**chat, "stream": True,
+                                                                "reasoning_effort": "high"}) as r:
+                assert r.status_code == 200
+                body = "".join(r.iter_text())
+                assert body.rstrip().endswith("data: [DONE]")
+        elif kind == 2:
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": f"p{i}", "max_tokens": 2, "seed": seed,
+                                                "logprobs": 2})
+            assert r.status_code == 200, r.text
+        elif kind == 3:
+            r = c.post("/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": chat["messages"],
+                                             "stream": bool(i % 2), "seed": seed})
+            assert r.status_code == 200, r.text
+        elif kind == 4:
+            r = c.post("/v1/chat/completions", content=b"{bad json" + bytes([rng.randrange(256)]))
+            assert r.status_code == 400
+        elif kind == 5:
+            r = c.post("/v1/chat/completions", json={**chat, "temperature": -3})
+            assert r.status_code == 400
+        elif kind == 6:
+            r = c.get(rng.choice(["/health", "/v1/models", "/metrics", "/nope"]))
+            assert r.status_code in (200, 404)
+        elif kind == 7:
+            r = c.post("/v1/messages", json={"model": MODEL, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {}}]}], "max_tokens": 1})
+            assert r.status_code == 400
+        elif kind == 8:  # a client that hangs up mid-stream
+            with c.stream("POST", "/v1/chat/completions", json={**chat, "max_tokens": 50, "ignore_eos": True,
+                                                                "stream": True}) as r:
+                for k, _ in enumerate(r.iter_lines()):
+                    if k >= 2:
+                        break
+        else:  # a raw socket that sends half a request and leaves
+            host, port = base[len("http://"):].split(":")
+            s = socket.create_connection((host, int(port)))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo")
+            s.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.path.join(REPO, "build-asan", "dsv4"))
+    ap.add_argument("--model")
+    ap.add_argument("-n", type=int, default=5000)
+    ap.add_argument("--workers", type=int, default=8)
+    a = ap.parse_args()
+    os.environ["DSV4_BIN"] = os.path.abspath(a.bin)
+    tmp = None
+    model = a.model
+    if not model:
+        tmp = tempfile.TemporaryDirectory(prefix="dsv4-stress-")
+        model = os.path.join(tmp.name, "tiny")
+        subprocess.run([a.bin, "synth", "-o", model], cwd=REPO, check=True, capture_output=True)
+    s = Server(model, "--served-model-name", MODEL, "--max-seqs", "8", "--max-context", "512", "--timeout", "5",
+               env={"ASAN_OPTIONS": "detect_leaks=1", "LSAN_OPTIONS": "suppressions=" +
+                    os.path.join(REPO, "scripts", "lsan.supp")})
+    failures = []
+    counter = iter(range(a.n))
+    lock = threading.Lock()
+    rss = []
+    done = [0]
+
+    def worker(w):
+        rng = random.Random(w)
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            try:
+                one(s.base, rng, i)
+            except Exception as e:  # noqa: BLE001
+                failures.append(f"request {i}: {type(e).__name__}: {e}")
+            with lock:
+                done[0] += 1
+                if done[0] % max(1, a.n // 10) == 0:
+                    rss.append(rss_kb(s.proc.pid))
+                    print(f"stress: {done[0]}/{a.n} requests, server RSS {rss[-1]} kB", flush=True)
+
+    t0 = time.time()
+    ts = [threading.Thread(target=worker, args=(w,)) for w in range(a.workers)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    print(f"stress: {a.n} requests in {time.time() - t0:.1f} s, {len(failures)} failures", flush=True)
+    ok = not failures
+    for f in failures[:20]:
+        print("  " + f)
+    # growth: the second half of the run must not keep growing (allow 25% slack for allocator noise)
+    if len(rss) >= 4:
+        half = rss[len(rss) // 2]
+        if rss[-1] > half * 1.25 + 8192:
+            print(f"stress: RSS keeps growing: {rss}")
+            ok = False
+    time.sleep(0.5)
+    m = httpx.get(s.base + "/metrics").text
+    if "dsv4_num_requests_running 0" not in m or "dsv4_num_requests_waiting 0" not in m:
+        print("stress: requests still running after the run")
+        ok = False
+    rc = s.stop(timeout=120)
+    if rc != 0:
+        print(f"stress: server exit status {rc} (LeakSanitizer / ASan report below)")
+        print("".join(s.log[-80:]))
+        ok = False
+    print("stress: " + ("PASS" if ok else "FAIL"))
+    if tmp:
+        tmp.cleanup()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

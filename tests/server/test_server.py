@@ -1,0 +1,473 @@
+"""End-to-end tests of `dsv4 serve` on the CPU backend with a small synthetic model: the official openai and
+anthropic Python clients, curl, raw wire formats, errors, concurrency / batch invariance, cancellation,
+admission control and the SIGTERM drain."""
+import concurrent.futures as cf
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import API_KEY, Server
+
+MODEL = "dsv4-test"
+HDR = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def post(server, path, body, headers=HDR, **kw):
+    return httpx.post(server.base + path, json=body, headers=headers, timeout=120, **kw)
+
+
+def sse_events(text):
+    """[(event, data)] of an SSE body."""
+    out = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        ev, data = None, []
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                ev = line[7:]
+            elif line.startswith("data: "):
+                data.append(line[6:])
+        out.append((ev, "\n".join(data)))
+    return out
+
+
+def openai_client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def chat_body(seed, content="Hello there", max_tokens=8, **kw):
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "seed": seed, **kw}
+
+
+def stream_chat_text(server, body):
+    """Streams a chat completion with httpx; returns (reasoning, content, finish_reason, usage)."""
+    reasoning, content, finish, usage = "", "", None, None
+    with httpx.stream("POST", server.base + "/v1/chat/completions", json={**body, "stream": True,
+                      "stream_options": {"include_usage": True}}, headers=HDR, timeout=300) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        done = False
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                continue
+            assert not done, "data after [DONE]"
+            j = json.loads(line[6:])
+            if j.get("usage"):
+                usage = j["usage"]
+            for ch in j["choices"]:
+                d = ch["delta"]
+                reasoning += d.get("reasoning_content") or ""
+                content += d.get("content") or ""
+                if ch.get("finish_reason"):
+                    finish = ch["finish_reason"]
+        assert done
+    return reasoning, content, finish, usage
+
+
+# ---- basics -------------------------------------------------------------------------------------------
+
+
+def test_health_models_metrics(server):
+    r = httpx.get(server.base + "/health", headers=HDR)
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    r = httpx.get(server.base + "/v1/models", headers=HDR)
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == [MODEL]
+    assert httpx.get(server.base + "/v1/models/" + MODEL, headers=HDR).status_code == 200
+    assert httpx.get(server.base + "/v1/models/nope", headers=HDR).status_code == 404
+    r = httpx.get(server.base + "/metrics", headers=HDR)
+    assert r.status_code == 200
+    for name in ["dsv4_requests_total", "dsv4_time_to_first_token_seconds_bucket",
+                 "dsv4_time_per_output_token_seconds_bucket", "dsv4_num_requests_running",
+                 "dsv4_num_requests_waiting", "dsv4_kv_cache_usage_ratio", "dsv4_generation_tokens_total"]:
+        assert name in r.text
+
+
+def test_auth(server):
+    assert httpx.get(server.base + "/v1/models").status_code == 401
+    r = httpx.get(server.base + "/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(server.base + "/v1/models", headers={"x-api-key": API_KEY}).status_code == 200
+    r = httpx.post(server.base + "/v1/messages", json={}, headers={"x-api-key": "bad"})
+    assert r.status_code == 401 and r.json()["type"] == "error"
+    r = httpx.post(server.base + "/v1/chat/completions", json=chat_body(1))
+    assert r.status_code == 401
+
+
+# ---- OpenAI chat --------------------------------------------------------------------------------------
+
+
+def test_openai_chat_nonstream_and_stream(server):
+    client = openai_client(server)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+                                       seed=7, temperature=0.8)
+    assert r.object == "chat.completion"
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 0
+    text = r.choices[0].message.content
+    # the same seeded request streamed gives the same text
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=8, seed=7, temperature=0.8, stream=True,
+                                                 stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
+
+
+def test_reasoning_split(server):
+    client = openai_client(server)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Think"}], max_tokens=6,
+                                       seed=3, reasoning_effort="high")
+    msg = r.choices[0].message
+    reasoning = getattr(msg, "reasoning_content", None) or (msg.model_extra or {}).get("reasoning_content")
+    assert reasoning  # a random model never closes </think>: everything is reasoning
+    # streamed: reasoning_content deltas, same text
+    rs, cs, fin, usage = stream_chat_text(server, chat_body(3, "Think", 6, reasoning_effort="high"))
+    assert rs == reasoning and cs == (msg.content or "")
+    # "max" and chat_template_kwargs work too; thinking off gives no reasoning
+    for extra in [{"reasoning_effort": "max"}, {"chat_template_kwargs": {"thinking": True}}]:
+        j = post(server, "/v1/chat/completions", chat_body(3, "Think", 3, **extra)).json()
+        assert "reasoning_content" in j["choices"][0]["message"]
+    j = post(server, "/v1/chat/completions", chat_body(3, "Think", 3, chat_template_kwargs={"thinking": False})).json()
+    assert "reasoning_content" not in j["choices"][0]["message"]
+    # max effort renders a longer prompt than high
+    a = post(server, "/v1/chat/completions", chat_body(3, "Think", 1, reasoning_effort="max")).json()
+    b = post(server, "/v1/chat/completions", chat_body(3, "Think", 1, reasoning_effort="high")).json()
+    assert a["usage"]["prompt_tokens"] > b["usage"]["prompt_tokens"]
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_tools_round_trip(server):
+    client = openai_client(server)
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                  "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, tool_choice="auto", max_tokens=4,
+                                       seed=5)
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    with_tools = r.usage.prompt_tokens
+    r = client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, tool_choice="none", max_tokens=1,
+                                       seed=5)
+    assert r.usage.prompt_tokens < with_tools  # tool_choice none leaves the tool list out
+    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, max_tokens=4, seed=5,
+                                                 stream=True))
+    assert chunks[-1].choices[0].finish_reason is not None
+    # a tool message without a preceding tool call is a 400
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "max_tokens": 1,
+                                              "messages": [{"role": "tool", "tool_call_id": "x", "content": "1"}]})
+    assert r.status_code == 400
+
+
+def test_stop_string_and_response_format(server):
+    full = post(server, "/v1/chat/completions", chat_body(11, "Stop test", 12, temperature=0.7)).json()
+    text = full["choices"][0]["message"]["content"]
+    if len(text) >= 6:
+        stop = text[len(text) // 2:len(text) // 2 + 3]
+        cut = text[:text.index(stop)]
+        r = post(server, "/v1/chat/completions", chat_body(11, "Stop test", 12, temperature=0.7, stop=[stop])).json()
+        assert r["choices"][0]["message"]["content"] == cut
+        assert r["choices"][0]["finish_reason"] == "stop"
+    r = post(server, "/v1/chat/completions", chat_body(1, "json", 2, response_format={"type": "json_object"}))
+    assert r.status_code == 200
+    r = post(server, "/v1/chat/completions", chat_body(1, "json", 2, response_format={"type": "yaml"}))
+    assert r.status_code == 400
+
+
+def test_logprobs(server):
+    client = openai_client(server)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "lp"}], max_tokens=4,
+                                       seed=2, logprobs=True, top_logprobs=3)
+    lps = r.choices[0].logprobs.content
+    assert len(lps) == r.usage.completion_tokens
+    for t in lps:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
+    r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, seed=2, logprobs=2)
+    assert len(r.choices[0].logprobs.tokens) == 3
+
+
+def test_completions(server):
+    client = openai_client(server)
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, seed=9)
+    assert r.object == "text_completion" and r.usage.completion_tokens <= 8
+    s = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, seed=9, stream=True))
+    assert "".join(c.choices[0].text for c in s) == r.choices[0].text
+    # token-id prompts
+    r2 = post(server, "/v1/completions", {"model": MODEL, "prompt": [0, 100, 200], "max_tokens": 2, "seed": 1})
+    assert r2.status_code == 200 and r2.json()["usage"]["prompt_tokens"] == 3
+
+
+# ---- Anthropic -------------------------------------------------------------------------------------------
+
+
+def anth_body(seed=4, max_tokens=6, **kw):
+    return {"model": MODEL, "max_tokens": max_tokens, "seed": seed, "system": "You are terse.",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}], **kw}
+
+
+def test_anthropic_wire(server):
+    r = post(server, "/v1/messages", anth_body(), headers={"x-api-key": API_KEY, "anthropic-version": "2023-06-01"})
+    assert r.status_code == 200
+    j = r.json()
+    assert j["type"] == "message" and j["role"] == "assistant"
+    assert j["stop_reason"] in ("max_tokens", "end_turn")
+    assert j["usage"]["output_tokens"] <= 6
+    text = "".join(b["text"] for b in j["content"] if b["type"] == "text")
+    r = post(server, "/v1/messages", {**anth_body(), "stream": True}, headers={"x-api-key": API_KEY})
+    ev = sse_events(r.text)
+    names = [e for e, _ in ev]
+    assert names[0] == "message_start" and names[-1] == "message_stop" and names[-2] == "message_delta"
+    for e, d in ev:
+        assert json.loads(d)["type"] == e
+    streamed = "".join(json.loads(d)["delta"].get("text", "") for e, d in ev if e == "content_block_delta")
+    assert streamed == text
+    # thinking blocks
+    j = post(server, "/v1/messages", anth_body(thinking={"type": "enabled", "budget_tokens": 1024})).json()
+    assert j["content"][0]["type"] == "thinking" and j["content"][0]["thinking"]
+    r = post(server, "/v1/messages", {**anth_body(thinking={"type": "enabled", "budget_tokens": 1024}),
+                                      "stream": True})
+    ev = sse_events(r.text)
+    starts = [json.loads(d)["content_block"]["type"] for e, d in ev if e == "content_block_start"]
+    assert starts[0] == "thinking"
+    # tools / tool_use / tool_result round trip
+    body = anth_body(tools=[{"name": "get_weather", "description": "w", "input_schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}])
+    body["messages"] = [{"role": "user", "content": "Weather?"},
+                        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                           "input": {"city": "Paris"}}]},
+                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                      "content": "21C"}]}]
+    r = post(server, "/v1/messages", body)
+    assert r.status_code == 200, r.text
+    # errors in Anthropic form
+    r = post(server, "/v1/messages", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = post(server, "/v1/messages", {**anth_body(), "model": "claude-nope"})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_anthropic_client(server):
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=server.base, api_key=API_KEY, max_retries=0, timeout=120)
+    m = client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hi"}],
+                               extra_body={"seed": 8})
+    assert m.role == "assistant" and m.usage.output_tokens <= 5
+    text = "".join(b.text for b in m.content if b.type == "text")
+    with client.messages.stream(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hi"}],
+                                extra_body={"seed": 8}) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed == text and final.stop_reason == m.stop_reason
+
+
+# ---- curl ------------------------------------------------------------------------------------------------
+
+
+def curl(server, path, body=None, stream=False):
+    cmd = ["curl", "-sS", "-H", f"Authorization: Bearer {API_KEY}", "-w", "\n%{http_code}"]
+    if stream:
+        cmd.append("-N")
+    if body is not None:
+        cmd += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    out = subprocess.run(cmd + [server.base + path], capture_output=True, text=True, timeout=120).stdout
+    text, code = out.rsplit("\n", 1)
+    return int(code), text
+
+
+def test_curl_every_endpoint(server):
+    for path in ["/health", "/v1/models", "/metrics"]:
+        code, _ = curl(server, path)
+        assert code == 200
+    code, t = curl(server, "/v1/chat/completions", chat_body(1, max_tokens=3))
+    assert code == 200 and json.loads(t)["object"] == "chat.completion"
+    code, t = curl(server, "/v1/chat/completions", chat_body(1, max_tokens=3, stream=True), stream=True)
+    assert code == 200 and t.rstrip().endswith("data: [DONE]")
+    code, t = curl(server, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 3})
+    assert code == 200 and json.loads(t)["object"] == "text_completion"
+    code, t = curl(server, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 3, "stream": True}, True)
+    assert code == 200 and t.rstrip().endswith("data: [DONE]")
+    code, t = curl(server, "/v1/messages", anth_body(max_tokens=3))
+    assert code == 200 and json.loads(t)["type"] == "message"
+    code, t = curl(server, "/v1/messages", {**anth_body(max_tokens=3), "stream": True}, True)
+    assert code == 200 and "event: message_stop" in t
+
+
+# ---- errors ------------------------------------------------------------------------------------------------
+
+
+def test_errors(server):
+    def err(path, content, status, headers=HDR):
+        r = httpx.post(server.base + path, content=content, headers={**headers, "Content-Type": "application/json"},
+                       timeout=60)
+        assert r.status_code == status, r.text
+        j = r.json()
+        assert ("error" in j and "message" in j["error"]) or j.get("type") == "error"
+        return j
+
+    err("/v1/chat/completions", b"{not json", 400)
+    err("/v1/chat/completions", b"[]", 400)
+    err("/v1/chat/completions", json.dumps({"messages": "hi"}).encode(), 400)
+    for bad in [{"temperature": -1}, {"temperature": "hot"}, {"top_p": 0}, {"n": 2}, {"max_tokens": 0},
+                {"max_tokens": 1.5}, {"top_logprobs": 3}, {"stop": [1]}, {"reasoning_effort": "extreme"},
+                {"tools": "x"}, {"tool_choice": "sometimes"}, {"stream": "yes"}]:
+        err("/v1/chat/completions", json.dumps(chat_body(1, **bad)).encode(), 400)
+    err("/v1/chat/completions", json.dumps({**chat_body(1), "messages": [{"role": "robot", "content": "x"}]}).encode(),
+        400)
+    err("/v1/chat/completions", json.dumps(chat_body(1, model="gpt-4")).encode(), 404)
+    err("/v1/completions", json.dumps({"prompt": 5}).encode(), 400)
+    err("/v1/completions", json.dumps({"prompt": [1, -2]}).encode(), 400)
+    err("/v1/messages", b"{", 400)
+    # body limit (server runs with --max-body 65536)
+    err("/v1/chat/completions", json.dumps(chat_body(1, content="x" * 100000)).encode(), 413)
+    # prompt beyond the context (--max-context 1024)
+    j = err("/v1/chat/completions", json.dumps(chat_body(1, content=" hello" * 1500)).encode(), 400)
+    assert "context" in j["error"]["message"]
+    r = httpx.get(server.base + "/nope", headers=HDR)
+    assert r.status_code == 404
+    r = httpx.get(server.base + "/v1/chat/completions", headers=HDR)
+    assert r.status_code == 405
+    # the server is still fine
+    assert post(server, "/v1/chat/completions", chat_body(1, max_tokens=1)).status_code == 200
+
+
+# ---- batching ------------------------------------------------------------------------------------------------
+
+
+def test_concurrent_streams_match_solo(server):
+    n = int(os.environ.get("DSV4_SERVER_CONC", "16"))
+    toks = int(os.environ.get("DSV4_SERVER_TOKENS", "24"))
+    bodies = [chat_body(1000 + i, f"Client {i} says hello" + " again" * (i % 5), toks, temperature=0.9,
+                        ignore_eos=True) for i in range(n)]
+    # a few of them alone first (all of them when the set is small)
+    solo_idx = list(range(n)) if n <= 16 else list(range(0, n, max(1, n // 16)))
+    solo = {i: stream_chat_text(server, bodies[i]) for i in solo_idx}
+    with cf.ThreadPoolExecutor(n) as ex:
+        results = list(ex.map(lambda b: stream_chat_text(server, b), bodies))
+    for i, (rs, cs, fin, usage) in enumerate(results):
+        assert usage["completion_tokens"] == toks, i
+        assert fin == "length"
+        if i in solo:
+            assert (rs, cs) == solo[i][:2], f"client {i}: concurrent stream differs from the same request alone"
+    m = httpx.get(server.base + "/metrics", headers=HDR).text
+    assert "dsv4_num_requests_running 0" in m
+
+
+def test_cancel_on_disconnect(server):
+    def metric(name):
+        for line in httpx.get(server.base + "/metrics", headers=HDR).text.splitlines():
+            if line.startswith(name):
+                return float(line.split()[-1])
+        return 0.0
+
+    before = metric('dsv4_request_finish_total{reason="abort"}')
+    with httpx.stream("POST", server.base + "/v1/chat/completions",
+                      json=chat_body(1, max_tokens=900, ignore_eos=True, stream=True), headers=HDR, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 6:
+                break
+    deadline = time.time() + 20
+    while time.time() < deadline and metric('dsv4_request_finish_total{reason="abort"}') == before:
+        time.sleep(0.2)
+    assert metric('dsv4_request_finish_total{reason="abort"}') == before + 1
+    # non-streaming too
+    c = httpx.Client(timeout=1.0)
+    with pytest.raises(httpx.TimeoutException):
+        c.post(server.base + "/v1/chat/completions", json=chat_body(2, max_tokens=900, ignore_eos=True), headers=HDR)
+    c.close()
+    deadline = time.time() + 20
+    while time.time() < deadline and metric('dsv4_request_finish_total{reason="abort"}') < before + 2:
+        time.sleep(0.2)
+    assert metric('dsv4_request_finish_total{reason="abort"}') == before + 2
+
+
+# ---- admission control and shutdown (their own servers) ----------------------------------------------------
+
+
+def test_queue_full_503_then_sigterm_drain(model_dir):
+    s = Server(model_dir, "--served-model-name", MODEL, "--max-seqs", "1", "--max-queue", "1", "--max-context", "1024", "--drain-timeout", "60")
+    try:
+        body = chat_body(1, max_tokens=40, ignore_eos=True)
+        results = []
+
+        def run():
+            results.append(httpx.post(s.base + "/v1/chat/completions", json=body, timeout=120))
+
+        ts = [threading.Thread(target=run) for _ in range(4)]
+        for t in ts:
+            t.start()
+            time.sleep(0.3)
+        for t in ts:
+            t.join()
+        codes = sorted(r.status_code for r in results)
+        assert 503 in codes and 200 in codes, codes
+        r503 = [r for r in results if r.status_code == 503][0]
+        assert r503.headers.get("retry-after") and r503.json()["error"]["message"]
+
+        # SIGTERM under load: in-flight streams finish completely, the process exits 0, nobody hangs
+        outs = []
+
+        def streamer(i):
+            outs.append(stream_chat_text(s, chat_body(50 + i, max_tokens=20, ignore_eos=True)))
+
+        # no API key on this server: stream_chat_text's header is ignored
+        ts = [threading.Thread(target=streamer, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        time.sleep(1.0)
+        s.proc.send_signal(signal.SIGTERM)
+        for t in ts:
+            t.join(timeout=90)
+            assert not t.is_alive(), "a client hangs after SIGTERM"
+        assert len(outs) == 2 and all(o[3]["completion_tokens"] == 20 for o in outs)
+        assert s.proc.wait(timeout=60) == 0
+        with pytest.raises(httpx.TransportError):
+            httpx.get(s.base + "/health", timeout=5)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
+def test_sigterm_drain_timeout_cancels(model_dir):
+    s = Server(model_dir, "--served-model-name", MODEL, "--max-seqs", "4", "--drain-timeout", "1", "--max-context", "2048")
+    try:
+        outs, errs = [], []
+
+        def streamer(i):
+            try:
+                outs.append(stream_chat_text(s, chat_body(i, max_tokens=1500, ignore_eos=True)))
+            except Exception as e:  # noqa: BLE001 - any end is fine as long as it ends
+                errs.append(e)
+
+        ts = [threading.Thread(target=streamer, args=(i,)) for i in range(3)]
+        for t in ts:
+            t.start()
+        time.sleep(1.5)
+        s.proc.send_signal(signal.SIGTERM)
+        for t in ts:
+            t.join(timeout=60)
+            assert not t.is_alive(), "a client hangs after SIGTERM"
+        assert s.proc.wait(timeout=60) == 0
+        assert all(o[2] == "abort" for o in outs)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
