@@ -8,5 +8,6 @@ for t in "$build"/tests/test_*; do
     echo "== $t" >&2
     if "$t" --jobs 2 2>&1; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAILED: $t" >&2; fi
 done
-echo "test binaries ($build): $pass passed, $fail failed"
+echo "test binaries in $build" >&2
+echo "binaries: $pass passed, $fail failed"
 [ "$fail" = 0 ]
