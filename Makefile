@@ -74,7 +74,10 @@ deps:
 test: deps
 	$(MAKE) all tests
 	sh scripts/run_tests.sh $(BUILD)
+	DSV4_SERVER_CONC=64 DSV4_SERVER_TOKENS=200 sh scripts/server_test.sh $(BUILD)
 	$(MAKE) test-asan
+	DSV4_STRESS=1 DSV4_STRESS_N=5000 sh scripts/server_test.sh build-asan
+	@echo "suites: 4 passed, 0 failed"
 
 tests: $(TEST_BIN) $(BUILD)/dsv4
 

@@ -8,6 +8,8 @@ check /usr/include/pcre2.h libpcre2-dev
 check /usr/include/microhttpd.h libmicrohttpd-dev
 check /usr/include/criterion/criterion.h libcriterion-dev
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
+command -v curl >/dev/null 2>&1 || missing="$missing curl"          # server tests
+command -v python3 >/dev/null 2>&1 || missing="$missing python3 python3-pip"
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ]; then
     echo "deps: installing$missing" >&2
