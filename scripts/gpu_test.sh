@@ -1,12 +1,70 @@
 #!/bin/sh
-# gpu_test.sh - builds the CUDA kernels and their per-kernel test (tests/gpu/test_kernels.c, which
-# links only the CPU twins and the CUDA objects, so no -dev packages are needed) and runs it on GPU 0:
-# every op against its CPU twin, then timings. Arguments go to the test (--no-bench: checks only).
+# gpu_test.sh - the GPU tests, on GPU 0:
+#   1. builds the CUDA kernels and their per-kernel test (tests/gpu/test_kernels.c, which links only
+#      the CPU twins and the CUDA objects, so no -dev packages are needed) and runs it: every op
+#      against its CPU twin, then timings (arguments go to it; --no-bench: checks only);
+#   2. builds the full dsv4 binary with CUDA=1 and runs `dsv4 logits --device cuda` and
+#      `--device cpu` on every scenario of every model fixture (tests/fixtures/*/manifest.json,
+#      prefill as in the manifest); tests/gpu/fixture_check.c prints relative L2 / top-1 of the GPU's
+#      logits against the float32 reference and against the CPU engine, and fails a scenario that is
+#      further from the reference than the official bf16 run (tests/fixtures/README.md).
+# Step 2 needs the cJSON / PCRE2 / microhttpd headers and libraries. Where the machine has no -dev
+# packages, DSV4_DEPS=DIR points at a tree made with `dpkg -x` of libcjson-dev libcjson1
+# libpcre2-dev libpcre2-8-0 libmicrohttpd-dev libmicrohttpd12 (DIR/usr/include, DIR/usr/lib/...),
+# and DIR/gnutls at libgnutls30 and its dependencies, used only when the system has no libgnutls.
 #   sh scripts/gpu_test.sh            (make gpu-test calls this)
-#   BUILD=dir CUDA_HOME=/usr/local/cuda sh scripts/gpu_test.sh --no-bench
+#   BUILD=dir CUDA_HOME=/usr/local/cuda DSV4_DEPS=build-gfw-deps sh scripts/gpu_test.sh --no-bench
+#   GPU_TEST_E2E=0 sh scripts/gpu_test.sh     (kernels only)   GPU_TEST_KERNELS=0 (end to end only)
 set -eu
 BUILD=${BUILD:-build-cuda}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 JOBS=$(nproc 2>/dev/null || echo 4)
-make -j"$JOBS" CUDA=1 BUILD="$BUILD" NVCC="$CUDA_HOME/bin/nvcc" CUDA_HOME="$CUDA_HOME" "$BUILD/tests/gpu/test_kernels"
-LD_LIBRARY_PATH="$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$BUILD/tests/gpu/test_kernels" "$@"
+export LD_LIBRARY_PATH="$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -n "${DSV4_DEPS:-}" ]; then
+    D=$(cd "$DSV4_DEPS" && pwd)
+    export CPATH="$D/usr/include${CPATH:+:$CPATH}"
+    export LIBRARY_PATH="$D/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$D/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"
+    if ! ldconfig -p 2>/dev/null | grep -q 'libgnutls.so.30' && [ -d "$D/gnutls" ]; then
+        export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$D/gnutls/usr/lib/x86_64-linux-gnu"
+    fi
+fi
+MK="make -j$JOBS CUDA=1 BUILD=$BUILD NVCC=$CUDA_HOME/bin/nvcc CUDA_HOME=$CUDA_HOME"
+
+if [ "${GPU_TEST_KERNELS:-1}" != 0 ]; then
+    $MK "$BUILD/tests/gpu/test_kernels"
+    "$BUILD/tests/gpu/test_kernels" "$@"
+fi
+[ "${GPU_TEST_E2E:-1}" = 0 ] && exit 0
+
+echo "== end to end: dsv4 logits --device cuda on every fixture scenario"
+$MK "$BUILD/dsv4" "$BUILD/libdsv4.a"
+${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Iinclude -Isrc -Itests \
+    -o "$BUILD/tests/gpu/fixture_check" tests/gpu/fixture_check.c "$BUILD/libdsv4.a" -lcjson -lm -lpthread -fopenmp
+OUT="$BUILD/gpu-e2e"
+mkdir -p "$OUT"
+fail=0
+total=0
+for line in $("$BUILD/tests/gpu/fixture_check" list | tr ' ' ':'); do
+    fx=${line%%:*}; rest=${line#*:}; id=${rest%%:*}; pre=${rest#*:}
+    total=$((total + 1))
+    "$BUILD/tests/gpu/fixture_check" tokens "$fx" "$id" "$OUT/$fx-$id.json"
+    ok=1
+    "$BUILD/dsv4" logits -m "tests/fixtures/$fx" --tokens "$OUT/$fx-$id.json" --prefill "$pre" --device cpu \
+        -o "$OUT/$fx-$id-cpu.safetensors" 2>"$OUT/$fx-$id-cpu.log" || ok=0
+    "$BUILD/dsv4" logits -m "tests/fixtures/$fx" --tokens "$OUT/$fx-$id.json" --prefill "$pre" --device cuda \
+        -o "$OUT/$fx-$id-gpu.safetensors" 2>"$OUT/$fx-$id-gpu.log" || ok=0
+    if [ $ok = 1 ]; then
+        "$BUILD/tests/gpu/fixture_check" compare "$fx" "$id" "$OUT/$fx-$id-gpu.safetensors" "$OUT/$fx-$id-cpu.safetensors" || fail=$((fail + 1))
+    else
+        echo "$fx $id: dsv4 logits failed:"; tail -n 3 "$OUT/$fx-$id-cpu.log" "$OUT/$fx-$id-gpu.log"
+        # again with a synchronization after every op, so that the failing op is named
+        DSV4_CUDA_DEBUG=1 "$BUILD/dsv4" logits -m "tests/fixtures/$fx" --tokens "$OUT/$fx-$id.json" --prefill "$pre" \
+            --device cuda -o "$OUT/$fx-$id-gpu.safetensors" 2>&1 | tail -n 2 || true
+        fail=$((fail + 1))
+    fi
+done
+grep -h "uploaded\|GPU 0" "$OUT"/tiny-bf16-A-gpu.log || true
+for f in "$OUT"/*-gpu.log; do printf '%s: ' "$(basename "$f" -gpu.log)"; grep -h "tokens in" "$f" | sed 's/^dsv4 logits: //'; done
+echo "end to end: $total scenarios, $((total - fail)) passed, $fail failed"
+[ $fail = 0 ]

@@ -9,6 +9,9 @@
 #include "cmds.h"
 #include "dsv4.h"
 #include "io/safetensors.h"
+#ifdef DSV4_CUDA
+#include "cuda/cuda_model.h"
+#endif
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -20,7 +23,11 @@ static void usage(FILE *f) {
             "  Writes one F32 tensor `logits` [sequences, length, vocab]: row t is the next-token\n"
             "  logits after token t.\n"
             "\n"
-            "  --device cpu       backend (only cpu in this build)\n"
+#ifdef DSV4_CUDA
+            "  --device cpu|cuda  backend (cuda: the whole forward on GPU 0)\n"
+#else
+            "  --device cpu       backend (only cpu in this build; cuda needs make CUDA=1)\n"
+#endif
             "  --threads N        CPU threads (default: all cores)\n");
 }
 
@@ -111,8 +118,16 @@ int dsv4_cmd_logits(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (strcmp(device, "cpu")) {
-        fprintf(stderr, "dsv4 logits: --device %s: this build has only the cpu backend\n", device);
+    int use_cuda = 0;
+#ifdef DSV4_CUDA
+    use_cuda = !strcmp(device, "cuda");
+#endif
+    if (strcmp(device, "cpu") && !use_cuda) {
+#ifdef DSV4_CUDA
+        fprintf(stderr, "dsv4 logits: --device %s: unknown backend (cpu or cuda)\n", device);
+#else
+        fprintf(stderr, "dsv4 logits: --device %s: this build has only the cpu backend (build with make CUDA=1 for cuda)\n", device);
+#endif
         return 2;
     }
     dsv4_cli_set_threads((int)threads);
@@ -135,6 +150,19 @@ int dsv4_cmd_logits(int argc, char **argv) {
     if (info.n_mtp_tensors)
         fprintf(stderr, "dsv4 logits: note: skipping %d mtp.* tensors (multi-token prediction is not used yet)\n", info.n_mtp_tensors);
     int V = info.vocab_size, rc = 1;
+#ifdef DSV4_CUDA
+    dsv4_cuda_model *gm = NULL;
+    dsv4_cuda_seq **gseqs = NULL;
+    if (use_cuda) {
+        if (dsv4_cuda_model_new(m, 0, 1, &gm, err, sizeof err)) {
+            fprintf(stderr, "dsv4 logits: --device cuda: %s\n", err);
+            dsv4_free(m);
+            free(tok);
+            return 1;
+        }
+        gseqs = calloc((size_t)B, sizeof *gseqs);
+    }
+#endif
     float *out = calloc((size_t)B * L * V, sizeof(float));
     float *lg = malloc(sizeof(float) * (size_t)B * (chunk > 1 ? chunk : 1) * V);
     dsv4_seq **seqs = calloc((size_t)B, sizeof *seqs);
@@ -150,6 +178,17 @@ int dsv4_cmd_logits(int argc, char **argv) {
             goto done;
         } else
             dsv4_seq_set_prefill(seqs[b], (int)prefill); /* chunks resolve indexer ties like one-shot */
+#ifdef DSV4_CUDA
+    if (use_cuda) {
+        for (int b = 0; b < B; b++) {
+            if (!gseqs || !(gseqs[b] = dsv4_cuda_seq_new(gm))) {
+                fprintf(stderr, "dsv4 logits: out of GPU memory\n");
+                goto done;
+            }
+            dsv4_cuda_seq_set_prefill(gseqs[b], (int)prefill);
+        }
+    }
+#endif
     t0 = dsv4_cli_now();
     for (int p = 0; p < L;) {
         int n = p < prefill ? (int)(prefill - p < chunk ? prefill - p : chunk) : 1;
@@ -157,7 +196,13 @@ int dsv4_cmd_logits(int argc, char **argv) {
             tp[b] = tok + (size_t)b * L + p;
             nt[b] = n;
         }
-        if (dsv4_forward(m, B, seqs, tp, nt, lg, DSV4_LOGITS_ALL, err, sizeof err)) {
+        int frc;
+#ifdef DSV4_CUDA
+        if (use_cuda) frc = dsv4_cuda_forward(gm, B, gseqs, tp, nt, lg, DSV4_LOGITS_ALL, err, sizeof err);
+        else
+#endif
+            frc = dsv4_forward(m, B, seqs, tp, nt, lg, DSV4_LOGITS_ALL, err, sizeof err);
+        if (frc) {
             fprintf(stderr, "dsv4 logits: %s: %s\n", tokpath, err);
             goto done;
         }
@@ -166,7 +211,8 @@ int dsv4_cmd_logits(int argc, char **argv) {
         p += n;
     }
     double dt = dsv4_cli_now() - t0;
-    fprintf(stderr, "dsv4 logits: %d x %d tokens in %.2f s (%.1f tokens/s)\n", B, L, dt, B * L / (dt > 0 ? dt : 1e-9));
+    fprintf(stderr, "dsv4 logits: %d x %d tokens in %.2f s (%.1f tokens/s) on %s\n", B, L, dt, B * L / (dt > 0 ? dt : 1e-9),
+            use_cuda ? "cuda" : "cpu");
     dsv4_st_tensor t = {.name = "logits", .dtype = DSV4_DT_F32, .ndim = 3, .shape = {B, L, V},
                         .numel = (int64_t)B * L * V, .data = (const uint8_t *)out,
                         .nbytes = sizeof(float) * (uint64_t)B * L * V};
@@ -180,6 +226,12 @@ done:
     if (seqs)
         for (int b = 0; b < B; b++) dsv4_seq_free(seqs[b]);
     free(seqs), free(tp), free(nt), free(out), free(lg), free(tok);
+#ifdef DSV4_CUDA
+    if (gseqs)
+        for (int b = 0; b < B; b++) dsv4_cuda_seq_free(gseqs[b]);
+    free(gseqs);
+    dsv4_cuda_model_free(gm);
+#endif
     dsv4_free(m);
     return rc;
 }
