@@ -27,7 +27,15 @@ typedef struct stream {
     srv_req *r;
     srv_out out;
     int fd;
+    double last_sent; /* when the reader last handed bytes to MHD */
 } stream;
+
+/* A stream that waits (queued behind other requests, or a long prefill) sends an SSE comment this
+ * often: MHD's idle timeout counts from the last byte sent, and clients ignore comments. */
+static double keepalive_s(const srv_ctx *S) {
+    double t = S->cfg.timeout_s / 3.0;
+    return t < 15 ? t : 15;
+}
 
 /* ---- helpers ---- */
 
@@ -157,7 +165,14 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             memcpy(buf, o->sse.p + o->sse_off, n);
             o->sse_off += n;
             if (o->sse_off == o->sse.n) o->sse_off = o->sse.n = 0;
+            st->last_sent = srv_now();
             return (ssize_t)n;
+        }
+        if (srv_now() - st->last_sent >= keepalive_s(st->S) && max >= 14) {
+            static const char ka[] = ": keep-alive\n\n";
+            memcpy(buf, ka, sizeof ka - 1);
+            st->last_sent = srv_now();
+            return (ssize_t)(sizeof ka - 1);
         }
         if (o->ended) return MHD_CONTENT_READER_END_OF_STREAM;
         if (o->oom) {
@@ -261,6 +276,7 @@ static enum MHD_Result generate(srv_ctx *S, struct MHD_Connection *c, conn *k, s
         sm->S = S;
         sm->r = r;
         sm->fd = fd;
+        sm->last_sent = srv_now();
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, sm, sse_free);
         if (!resp) {
             sse_free(sm);
