@@ -28,6 +28,10 @@ typedef struct dsv4_info {
  * in err (errcap bytes). */
 int dsv4_load(const char *dir, dsv4_model **out, char *err, size_t errcap);
 void dsv4_free(dsv4_model *m);
+/* Chooses where the model runs: "cpu" (the default, float32 reference) or "cuda" (GPU 0; builds made
+ * with `make CUDA=1`). Call before creating sequences; "cuda" uploads every weight (progress on
+ * stderr). 0, or -1 with a message in err. */
+int dsv4_set_device(dsv4_model *m, const char *device, char *err, size_t errcap);
 dsv4_info dsv4_model_info(const dsv4_model *m);
 
 dsv4_seq *dsv4_seq_new(dsv4_model *m); /* NULL when out of memory */

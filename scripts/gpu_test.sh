@@ -67,4 +67,27 @@ done
 grep -h "uploaded\|GPU 0" "$OUT"/tiny-bf16-A-gpu.log || true
 for f in "$OUT"/*-gpu.log; do printf '%s: ' "$(basename "$f" -gpu.log)"; grep -h "tokens in" "$f" | sed 's/^dsv4 logits: //'; done
 echo "end to end: $total scenarios, $((total - fail)) passed, $fail failed"
+
+# 3. generation and serving on the GPU: `dsv4 run --device cuda` greedy against the CPU, and one
+#    request through `dsv4 serve --device cuda` (a synthetic model; random weights).
+echo "== run / serve --device cuda"
+"$BUILD/dsv4" synth -o "$OUT/synth" >/dev/null 2>&1
+for dev in cpu cuda; do
+    "$BUILD/dsv4" run -m "$OUT/synth" --device $dev -p "The quick brown fox" --temperature 0 --max-tokens 24 \
+        --ignore-eos -q >"$OUT/run-$dev.txt" 2>"$OUT/run-$dev.log" || { fail=$((fail + 1)); tail -n 3 "$OUT/run-$dev.log"; }
+    tail -n 1 "$OUT/run-$dev.log"
+done
+if cmp -s "$OUT/run-cpu.txt" "$OUT/run-cuda.txt"; then echo "run: greedy text on cuda == cpu"
+else echo "run: greedy text differs between cpu and cuda (fp32 reduction order; check the first tokens):"; head -c 200 "$OUT/run-cpu.txt"; echo; head -c 200 "$OUT/run-cuda.txt"; echo; fi
+"$BUILD/dsv4" serve -m "$OUT/synth" --device cuda --port 18123 2>"$OUT/serve.log" &
+spid=$!
+for i in $(seq 1 60); do grep -q "listening" "$OUT/serve.log" && break; sleep 1; done
+if curl -sf -m 60 http://127.0.0.1:18123/v1/chat/completions -H 'content-type: application/json' \
+    -d '{"model":"synth","messages":[{"role":"user","content":"hi"}],"max_tokens":16,"stream":true}' >"$OUT/serve.txt"; then
+    echo "serve --device cuda: $(grep -c '^data:' "$OUT/serve.txt") SSE events, last: $(tail -n 1 "$OUT/serve.txt" | head -c 40)"
+else
+    echo "serve --device cuda: request failed"; tail -n 5 "$OUT/serve.log"; fail=$((fail + 1))
+fi
+kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null || true
+echo "gpu tests: $((total + 3 - fail)) passed, $fail failed"
 [ $fail = 0 ]

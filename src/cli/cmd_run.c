@@ -35,6 +35,8 @@ typedef struct {
     size_t n_stop;
 } run_opts;
 
+static const char *run_device = "cpu"; /* --device, applied once the model is loaded */
+
 static void usage(FILE *f, const char *cmd) {
     if (!strcmp(cmd, "chat"))
         fprintf(f,
@@ -72,7 +74,7 @@ static void usage(FILE *f, const char *cmd) {
             "  --ignore-eos             keep going past the end-of-sequence token\n"
             "  --tokenizer PATH         tokenizer.json (default: MODEL_DIR/tokenizer.json)\n"
             "  --threads N              CPU threads (default: all cores)\n"
-            "  --device cpu             backend (only cpu in this build)\n"
+            "  --device cpu|cuda        backend (cuda: builds made with make CUDA=1)\n"
             "  -q, --quiet              no timing / notice lines on stderr\n",
             MAX_STOPS);
 }
@@ -178,10 +180,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         usage(stderr, o->cmd);
         return 2;
     }
-    if (strcmp(device, "cpu")) {
-        fprintf(stderr, "dsv4 %s: --device %s: this build has only the cpu backend\n", o->cmd, device);
+    if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
+        fprintf(stderr, "dsv4 %s: --device %s: expected cpu or cuda\n", o->cmd, device);
         return 2;
     }
+    run_device = device;
     if (!o->seed_set) o->sp.seed = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ (uint64_t)clock();
     o->sp.stop = o->stops;
     o->sp.n_stop = o->n_stop;
@@ -235,6 +238,12 @@ static int engine_open(engine *E, const run_opts *o) {
     double t0 = dsv4_cli_now();
     if (dsv4_load(o->model, &E->m, err, sizeof err)) {
         fprintf(stderr, "dsv4 %s: %s\n", o->cmd, err);
+        return -1;
+    }
+    if (dsv4_set_device(E->m, run_device, err, sizeof err)) {
+        fprintf(stderr, "dsv4 %s: --device %s: %s\n", o->cmd, run_device, err);
+        dsv4_free(E->m);
+        E->m = NULL;
         return -1;
     }
     E->info = dsv4_model_info(E->m);

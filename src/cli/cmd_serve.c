@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "  --api-key KEY           require Authorization: Bearer KEY (or x-api-key: KEY)\n"
             "                          (default: $DSV4_API_KEY if set)\n"
             "  --served-model-name S   the model id clients use (default: the model directory's name)\n"
-            "  --device cpu|cuda       backend (only cpu in this build)\n"
+            "  --device cpu|cuda       backend (cuda: builds made with make CUDA=1)\n"
             "  --max-seqs N            sequences decoding at once (default 16)\n"
             "  --max-context T         tokens per sequence, prompt + output (default: the model's)\n"
             "  --max-queue N           requests waiting for a slot before 503 (default 256)\n"
@@ -106,8 +106,8 @@ int dsv4_cmd_serve(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (strcmp(device, "cpu")) {
-        fprintf(stderr, "dsv4 serve: --device %s: this build has only the cpu backend\n", device);
+    if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
+        fprintf(stderr, "dsv4 serve: --device %s: expected cpu or cuda\n", device);
         return 2;
     }
     if (c->prefill_chunk > c->step_tokens) c->prefill_chunk = c->step_tokens;
@@ -127,6 +127,11 @@ int dsv4_cmd_serve(int argc, char **argv) {
     double t0 = dsv4_cli_now();
     if (dsv4_load(c->model_dir, &S.model, err, sizeof err)) {
         fprintf(stderr, "dsv4 serve: %s\n", err);
+        return 1;
+    }
+    if (dsv4_set_device(S.model, device, err, sizeof err)) {
+        fprintf(stderr, "dsv4 serve: --device %s: %s\n", device, err);
+        dsv4_free(S.model);
         return 1;
     }
     S.info = dsv4_model_info(S.model);

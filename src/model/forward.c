@@ -9,6 +9,10 @@
 #include "dsv4.h"
 #include "state.h"
 
+#ifdef DSV4_CUDA
+#include "../cuda/cuda_model.h"
+#endif
+
 #define ALLOC(n) malloc(sizeof(float) * (size_t)(n))
 
 int dsv4_load(const char *dir, dsv4_model **out, char *err, size_t errcap) {
@@ -18,7 +22,30 @@ int dsv4_load(const char *dir, dsv4_model **out, char *err, size_t errcap) {
     return rc;
 }
 
-void dsv4_free(dsv4_model *m) { dsv4_model_destroy(m); }
+void dsv4_free(dsv4_model *m) {
+#ifdef DSV4_CUDA
+    if (m && m->gpu) dsv4_cuda_model_free(m->gpu);
+#endif
+    dsv4_model_destroy(m);
+}
+
+int dsv4_set_device(dsv4_model *m, const char *device, char *err, size_t errcap) {
+    if (!strcmp(device, "cpu")) return 0;
+    if (strcmp(device, "cuda")) {
+        if (err && errcap) snprintf(err, errcap, "unknown device '%s' (cpu or cuda)", device);
+        return -1;
+    }
+#ifdef DSV4_CUDA
+    if (m->gpu) return 0;
+    dsv4_cuda_model *g = NULL;
+    if (dsv4_cuda_model_new(m, 0, 1, &g, err, errcap)) return -1;
+    m->gpu = g;
+    return 0;
+#else
+    if (err && errcap) snprintf(err, errcap, "device 'cuda': this build has only the cpu backend (build with make CUDA=1)");
+    return -1;
+#endif
+}
 
 dsv4_info dsv4_model_info(const dsv4_model *m) {
     dsv4_info i = {m->cfg.vocab_size, m->cfg.dim, m->cfg.n_layers, m->cfg.max_position_embeddings,
@@ -28,8 +55,19 @@ dsv4_info dsv4_model_info(const dsv4_model *m) {
 
 dsv4_seq *dsv4_seq_new(dsv4_model *m) { return dsv4_seq_state_new(m); }
 void dsv4_seq_free(dsv4_seq *s) { dsv4_seq_state_free(s); }
-int dsv4_seq_pos(const dsv4_seq *s) { return s->pos; }
-void dsv4_seq_set_prefill(dsv4_seq *s, int end) { s->prefill_end = end; }
+int dsv4_seq_pos(const dsv4_seq *s) {
+#ifdef DSV4_CUDA
+    if (s->gpu) return dsv4_cuda_seq_pos(s->gpu);
+#endif
+    return s->pos;
+}
+
+void dsv4_seq_set_prefill(dsv4_seq *s, int end) {
+    s->prefill_end = end;
+#ifdef DSV4_CUDA
+    if (s->gpu) dsv4_cuda_seq_set_prefill(s->gpu, end);
+#endif
+}
 
 static int sub_block(const dsv4_model *m, int L, int ffn, const dsv4_batch *b, float *X, float *x, float *y,
                      float *post, float *comb) {
@@ -55,6 +93,21 @@ static int sub_block(const dsv4_model *m, int L, int ffn, const dsv4_batch *b, f
 
 int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
                  float *logits, int mode, char *err, size_t errcap) {
+#ifdef DSV4_CUDA
+    if (m->gpu) { /* the same call on the GPU (src/cuda/forward_cuda.c) */
+        dsv4_cuda_seq **gs = calloc((size_t)(nseq > 0 ? nseq : 1), sizeof *gs);
+        if (!gs) {
+            if (err && errcap) snprintf(err, errcap, "forward: out of memory");
+            return -1;
+        }
+        for (int s = 0; s < nseq; s++) gs[s] = seqs[s] ? seqs[s]->gpu : NULL;
+        int grc = dsv4_cuda_forward(m->gpu, nseq, gs, tokens, ntok, logits, mode, err, errcap);
+        if (!grc)
+            for (int s = 0; s < nseq; s++) seqs[s]->pos += ntok[s];
+        free(gs);
+        return grc;
+    }
+#endif
     const dsv4_config *c = &m->cfg;
     const int M = c->hc_mult, D = c->dim, V = c->vocab_size;
     dsv4_batch b = {0};

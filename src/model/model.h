@@ -61,6 +61,7 @@ typedef struct dsv4_model {
      * tokens of the call (tests compare them with the reference's per-block hidden states). */
     void (*block_hook)(void *ctx, int layer, const float *X, int T);
     void *block_hook_ctx;
+    void *gpu;                /* dsv4_cuda_model when the model runs on the GPU (dsv4_set_device) */
 } dsv4_model;
 
 /* Loads DIR (config.json + safetensors). Every error names the file, tensor or field. */

@@ -1,6 +1,10 @@
 /* state.c - per-sequence state: allocation and growth. See state.h. */
 #include "state.h"
 
+#ifdef DSV4_CUDA
+#include "../cuda/cuda_model.h"
+#endif
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +34,15 @@ dsv4_seq_state *dsv4_seq_state_new(const dsv4_model *m) {
     dsv4_seq_state *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->m = m;
+#ifdef DSV4_CUDA
+    if (m->gpu) { /* the state lives on the device */
+        if (!(s->gpu = dsv4_cuda_seq_new(m->gpu))) {
+            free(s);
+            return NULL;
+        }
+        return s;
+    }
+#endif
     s->ls = calloc((size_t)m->cfg.n_layers, sizeof *s->ls);
     if (!s->ls) goto fail;
     for (int L = 0; L < m->cfg.n_layers; L++) {
@@ -54,6 +67,9 @@ static void cmp_free(dsv4_cmp_state *c) {
 
 void dsv4_seq_state_free(dsv4_seq_state *s) {
     if (!s) return;
+#ifdef DSV4_CUDA
+    if (s->gpu) dsv4_cuda_seq_free(s->gpu);
+#endif
     if (s->ls)
         for (int L = 0; L < s->m->cfg.n_layers; L++) {
             free(s->ls[L].win);

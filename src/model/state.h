@@ -22,7 +22,8 @@ typedef struct dsv4_seq_state {
     const dsv4_model *m;
     int pos;                /* tokens processed so far = position of the next token */
     int prefill_end;        /* positions below this belong to one logical prefill (see dsv4_seq_set_prefill) */
-    dsv4_layer_state *ls;   /* [n_layers] */
+    dsv4_layer_state *ls;   /* [n_layers]; NULL when the model runs on the GPU */
+    void *gpu;              /* dsv4_cuda_seq when the model runs on the GPU */
 } dsv4_seq_state;
 
 dsv4_seq_state *dsv4_seq_state_new(const dsv4_model *m);
