@@ -39,8 +39,10 @@ fi
 
 echo "== end to end: dsv4 logits --device cuda on every fixture scenario"
 $MK "$BUILD/dsv4" "$BUILD/libdsv4.a"
+mkdir -p "$BUILD/tests/gpu"
 ${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Iinclude -Isrc -Itests \
-    -o "$BUILD/tests/gpu/fixture_check" tests/gpu/fixture_check.c "$BUILD/libdsv4.a" -lcjson -lm -lpthread -fopenmp
+    -o "$BUILD/tests/gpu/fixture_check" tests/gpu/fixture_check.c "$BUILD/libdsv4.a" -lcjson -lm -lpthread -fopenmp \
+    -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lstdc++
 OUT="$BUILD/gpu-e2e"
 mkdir -p "$OUT"
 fail=0
