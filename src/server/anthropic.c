@@ -206,6 +206,8 @@ int srv_anthropic_parse(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) {
         }
     }
     const cJSON *tc = get(b, "tool_choice");
+    const char *force_name = NULL;
+    int force = 0;
     if (!absent(tc)) {
         const cJSON *t = cJSON_IsObject(tc) ? get(tc, "type") : NULL;
         if (!cJSON_IsString(t) || (strcmp(t->valuestring, "auto") && strcmp(t->valuestring, "any") &&
@@ -216,11 +218,26 @@ int srv_anthropic_parse(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) {
         if (!strcmp(t->valuestring, "none")) {
             cJSON_Delete(tools);
             tools = NULL;
+        } else if (!strcmp(t->valuestring, "any") || !strcmp(t->valuestring, "tool")) {
+            if (!tools) {
+                srv_fail(e, 400, "tool_choice '%s' needs tools", t->valuestring);
+                goto fail;
+            }
+            force = 1;
+            if (!strcmp(t->valuestring, "tool")) {
+                const cJSON *n = get(tc, "name");
+                if (!cJSON_IsString(n)) {
+                    srv_fail(e, 400, "tool_choice: type 'tool' needs a name");
+                    goto fail;
+                }
+                force_name = n->valuestring;
+            }
         }
     }
     r->want_tools = tools != NULL;
     if (srv_parse_sampling(b, r, 2, "stop_sequences", e)) goto fail;
     if (srv_render_chat(S, r, list, tools, effort, e)) goto fail;
+    if (force && srv_force_tool_call(S, r, force_name, e)) goto fail;
     cJSON_Delete(list);
     cJSON_Delete(tools);
     return srv_finalize_sampling(S, r, (int)mt, e);

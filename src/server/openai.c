@@ -206,8 +206,11 @@ int srv_openai_parse_chat(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) 
             return srv_fail(e, 400, "tools[%d]: expected {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
     }
     const cJSON *tc = get(b, "tool_choice");
+    const char *force_name = NULL;
+    int force = 0;
     if (!absent(tc)) {
         if (cJSON_IsString(tc)) {
+            if (!strcmp(tc->valuestring, "required")) force = 1;
             if (!strcmp(tc->valuestring, "none")) tools = NULL;
             else if (strcmp(tc->valuestring, "auto") && strcmp(tc->valuestring, "required"))
                 return srv_fail(e, 400, "tool_choice: expected none, auto, required or a function");
@@ -217,8 +220,18 @@ int srv_openai_parse_chat(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) 
                                     "\"function\": {\"name\": ...}}");
         } else if (!tools) {
             return srv_fail(e, 400, "tool_choice names a function but no tools were given");
+        } else {
+            force = 1;
+            force_name = get(get(tc, "function"), "name")->valuestring;
+            int found = 0;
+            for (int i = 0; i < cJSON_GetArraySize(tools); i++) {
+                const cJSON *n = get(get(cJSON_GetArrayItem(tools, i), "function"), "name");
+                found |= cJSON_IsString(n) && !strcmp(n->valuestring, force_name);
+            }
+            if (!found) return srv_fail(e, 400, "tool_choice names function '%s', which is not in tools", force_name);
         }
     }
+    if (force && !tools) return srv_fail(e, 400, "tool_choice 'required' needs tools");
     r->want_tools = tools != NULL;
 
     /* response_format: goes on the system message, where the chat encoding reads it */
@@ -263,6 +276,7 @@ int srv_openai_parse_chat(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) 
     if (parse_max_tokens(b, &mt, e)) goto fail;
     if (srv_parse_sampling(b, r, 2, "stop", e)) goto fail;
     if (srv_render_chat(S, r, copy ? copy : msgs, tools, effort, e)) goto fail;
+    if (force && srv_force_tool_call(S, r, force_name, e)) goto fail;
     cJSON_Delete(copy);
     return srv_finalize_sampling(S, r, (int)mt, e);
 fail:

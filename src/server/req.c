@@ -102,6 +102,21 @@ int srv_tokenize_prompt(srv_ctx *S, srv_req *r, const char *text, size_t len, in
     return 0;
 }
 
+int srv_force_tool_call(srv_ctx *S, srv_req *r, const char *name, srv_error *e) {
+    char text[512];
+    int n = name ? snprintf(text, sizeof text, "\n\n<\xef\xbd\x9c" "DSML\xef\xbd\x9c" "tool_calls>\n<\xef\xbd\x9c" "DSML\xef\xbd\x9c" "invoke name=\"%s\">\n", name)
+                 : snprintf(text, sizeof text, "\n\n<\xef\xbd\x9c" "DSML\xef\xbd\x9c" "tool_calls>\n<\xef\xbd\x9c" "DSML\xef\xbd\x9c" "invoke name=\"");
+    if (n < 0 || (size_t)n >= sizeof text) return srv_fail(e, 400, "tool_choice: function name too long");
+    dsv4_err de = {{0}};
+    size_t cnt = 0;
+    int32_t *ids = dsv4_tok_encode(S->tok, text, (size_t)n, 0, &cnt, &de);
+    if (!ids) return srv_fail(e, 500, "tokenizing the tool-call opening: %s", de.msg);
+    free(r->force);
+    r->force = ids;
+    r->n_force = (int)cnt;
+    return 0;
+}
+
 int srv_render_chat(srv_ctx *S, srv_req *r, const cJSON *messages, const cJSON *tools, dsv4_chat_effort effort,
                     srv_error *e) {
     dsv4_chat_opts co = dsv4_chat_opts_default();

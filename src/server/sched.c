@@ -34,6 +34,8 @@ typedef struct slot {
     double t_last;
     long reserve;
     int chunk;            /* tokens in the current batch */
+    int n_forced;         /* forced tokens (srv_req.force) fed so far */
+    int forcing;          /* feeding forced tokens instead of sampling */
 } slot;
 
 struct srv_sched {
@@ -90,6 +92,7 @@ void srv_req_release(srv_req *r) {
     pthread_cond_destroy(&r->cv);
     free(r->model);
     free(r->prompt);
+    free(r->force);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stops[i]);
     free(r->text);
     free(r->lps);
@@ -240,7 +243,13 @@ static int slot_sample(srv_sched *S, int i, float *row) {
     srv_req *r = s->r;
     dsv4_err e = {{0}};
     for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding rows: never sampled */
-    int32_t t = dsv4_sampler_sample(s->smp, row, &e);
+    /* tool_choice: the answer opens a tool call; chat mode from the first token, thinking mode once
+     * the reasoning has closed */
+    if (r->n_force && !s->forcing && s->n_forced == 0 &&
+        (r->mode != DSV4_CHAT_THINKING || (s->text && memmem(s->text, s->n, "</think>", 8))))
+        s->forcing = 1;
+    int32_t t = s->forcing ? r->force[s->n_forced++] : dsv4_sampler_sample(s->smp, row, &e);
+    if (s->forcing && s->n_forced == r->n_force) s->forcing = 0;
     if (t < 0 || dsv4_sampler_accept(s->smp, t, &e)) {
         slot_release(S, i, SRV_FIN_ERROR, -1, e.msg);
         return 1;

@@ -84,6 +84,8 @@ typedef struct srv_req {
     dsv4_chat_mode mode;
     int logprobs, top_logprobs; /* logprobs: record srv_lp per token */
     int want_tools;          /* tools were offered */
+    int32_t *force;          /* tool_choice required / named: tokens of the DSML tool-call opening the */
+    int n_force;             /* answer is forced to start with (after </think> in thinking mode) */
     double t_submit;
 
     /* ---- shared: guarded by mu ---- */
@@ -181,6 +183,9 @@ int srv_anthropic_parse(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e)
 int srv_tokenize_prompt(srv_ctx *S, srv_req *r, const char *text, size_t len, int add_bos, srv_error *e);
 int srv_finalize_sampling(srv_ctx *S, srv_req *r, int max_tokens, srv_error *e);
 /* A chat prompt: renders messages (+ tools) in the given mode and tokenizes. */
+/* tool_choice "required" (name NULL) or a named function: the answer is made to open a DSML tool
+ * call (for a name, up to the invoke tag) by feeding those tokens instead of sampled ones. */
+int srv_force_tool_call(srv_ctx *S, srv_req *r, const char *name, srv_error *e);
 int srv_render_chat(srv_ctx *S, srv_req *r, const cJSON *messages, const cJSON *tools, dsv4_chat_effort effort,
                     srv_error *e);
 

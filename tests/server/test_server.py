@@ -177,6 +177,40 @@ def test_tools_round_trip(server):
     assert r.status_code == 400
 
 
+def _tool_call_or_dsml(msg, name):
+    """The answer opens a call of `name`: parsed (a trained model completes it) or, with random weights,
+    the raw DSML opening kept in the content by the parser's fallback."""
+    calls = msg.get("tool_calls") or []
+    if calls:
+        return calls[0]["function"]["name"] == name
+    return f'<\uff5cDSML\uff5cinvoke name="{name}">' in (msg.get("content") or "")
+
+
+def test_tool_choice_forces_a_call(server):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = post(server, "/v1/chat/completions", chat_body(9, "Weather?", 40, tools=TOOLS, tool_choice=named))
+    assert r.status_code == 200
+    assert _tool_call_or_dsml(r.json()["choices"][0]["message"], "get_weather")
+    r = post(server, "/v1/chat/completions", chat_body(9, "Weather?", 40, tools=TOOLS, tool_choice="required"))
+    assert r.status_code == 200
+    m = r.json()["choices"][0]["message"]
+    assert m.get("tool_calls") or '<\uff5cDSML\uff5cinvoke name="' in (m.get("content") or "")
+    # a function that is not offered, or required without tools: 400
+    bad = {"type": "function", "function": {"name": "nope"}}
+    assert post(server, "/v1/chat/completions", chat_body(9, "x", 4, tools=TOOLS, tool_choice=bad)).status_code == 400
+    assert post(server, "/v1/chat/completions", chat_body(9, "x", 4, tool_choice="required")).status_code == 400
+    # Anthropic: tool_choice {"type": "tool", "name": ...}
+    r = post(server, "/v1/messages", {"model": MODEL, "max_tokens": 40,
+                                      "messages": [{"role": "user", "content": "Weather?"}],
+                                      "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+                                      "tool_choice": {"type": "tool", "name": "get_weather"}},
+             headers={**HDR, "anthropic-version": "2023-06-01"})
+    assert r.status_code == 200
+    blocks = r.json()["content"]
+    assert any(b["type"] == "tool_use" and b["name"] == "get_weather" for b in blocks) or \
+        any(b["type"] == "text" and 'invoke name="get_weather"' in b["text"] for b in blocks)
+
+
 def test_stop_string_and_response_format(server):
     full = post(server, "/v1/chat/completions", chat_body(11, "Stop test", 12, temperature=0.7)).json()
     text = full["choices"][0]["message"]["content"]
