@@ -14,5 +14,6 @@ int dsv4_cmd_run(int argc, char **argv);             /* cmd_run.c */
 int dsv4_cmd_chat(int argc, char **argv);            /* cmd_run.c */
 int dsv4_cmd_synth(int argc, char **argv);           /* cmd_synth.c */
 int dsv4_cmd_serve(int argc, char **argv);           /* cmd_serve.c */
+int dsv4_cmd_bench(int argc, char **argv);           /* cmd_bench.c */
 
 #endif

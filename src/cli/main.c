@@ -21,6 +21,7 @@ static const dsv4_cmd cmds[] = {
     {"chat", dsv4_cmd_chat, "interactive chat, streaming"},
     {"synth", dsv4_cmd_synth, "write a small synthetic DeepSeek-V4 checkpoint (random weights)"},
     {"serve", dsv4_cmd_serve, "OpenAI- and Anthropic-compatible HTTP server with continuous batching"},
+    {"bench", dsv4_cmd_bench, "decode / prefill speed at the real Flash / Pro shapes vs the memory roofline"},
 };
 
 static void usage(FILE *f) {

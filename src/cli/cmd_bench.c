@@ -1,0 +1,494 @@
+/* cmd_bench.c - `dsv4 bench`: decode and prefill speed at the real DeepSeek-V4 Flash / Pro layer
+ * shapes without a checkpoint, against the memory roofline of the same run (issue 5).
+ *
+ * It writes a synthetic checkpoint with the released shapes for the first --layers layers
+ * (src/bench/bench_model.c: a temporary model directory, filled by all threads, reused when the
+ * same one is asked for again), loads it through the public API (dsv4_load, dsv4_set_device) and
+ * times dsv4_forward with the wall clock (the GPU forward is synchronous: it returns after its
+ * last copy). Decode: for each context C and batch B, B sequences are prefilled to C tokens (in
+ * chunks), then steps alternate logits for the last token (head included) and no logits (the
+ * layers alone); each is the median of --steps steps. The roofline is the minimum bytes a step must
+ * read (dense weights of the layers, the routed experts the step touches, the head, KV and indexer
+ * keys in the reference's cache formats) over the device-to-device copy bandwidth measured in the
+ * same run. The projection to the whole model is (layers time / N) x n_layers + head time. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "bench/bench_model.h"
+#include "cmds.h"
+#include "dsv4.h"
+#ifdef DSV4_CUDA
+#include "cuda/bench_cuda.h"
+#include "cuda/cuda_backend.h"
+#endif
+
+#define MAXL 16
+
+typedef struct {
+    const char *synthetic, *experts, *dir, *device, *json_file;
+    int layers, prompt, steps, chunk, json, keep, reps;
+    int batch[MAXL], nbatch, context[MAXL], ncontext;
+    unsigned long long seed;
+} opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dsv4 bench --synthetic flash|pro [options]\n"
+            "\n"
+            "  Measures decode step time and prefill speed of the engine on a synthetic checkpoint with the\n"
+            "  real DeepSeek-V4 layer shapes (random weights in the release formats, fixed seed; routing is\n"
+            "  whatever the random gate gives), next to the memory roofline of the same run: the bytes a\n"
+            "  decode step must read at least / the measured device-to-device copy bandwidth. Projects the\n"
+            "  per-layer times to the whole model (43 layers Flash, 61 Pro). Needs a CUDA build (make CUDA=1);\n"
+            "  a CPU-only build says so and exits 2.\n"
+            "\n"
+            "  --synthetic NAME   flash, pro (released shapes) or tiny (toy widths, for testing)\n"
+            "  --layers N         first N layers of the released config (default 4; compress ratios and\n"
+            "                     hash-routed layers as released)\n"
+            "  --experts FMT      routed expert format: mxfp4 (default, as released) or nvfp4\n"
+            "  --batch LIST       decode batch sizes, comma-separated (default 1)\n"
+            "  --context LIST     context lengths for decode, comma-separated (default 4096)\n"
+            "  --prompt LEN       prefill measurement: one prompt of LEN tokens (default 2048; 0 = skip)\n"
+            "  --steps N          timed decode steps of each kind (default 20)\n"
+            "  --chunk N          prefill chunk when filling the context (default 2048)\n"
+            "  --seed N           weight seed (default 0)\n"
+            "  --dir DIR          where the checkpoint goes (default $TMPDIR or /tmp,\n"
+            "                     dsv4-bench-NAME-NL-FMT-sSEED; reused if complete)\n"
+            "  --keep             keep the checkpoint afterwards (default: removed)\n"
+            "  --device DEV       cuda (default) or cpu (the float32 reference; only sensible with tiny)\n"
+            "  --json             one JSON object on stdout instead of the tables\n"
+            "  --json-file FILE   the tables on stdout and the JSON object into FILE\n");
+}
+
+static int parse_list(const char *s, int *out, int *n) {
+    *n = 0;
+    while (*s) {
+        char *e;
+        long v = strtol(s, &e, 10);
+        if (e == s || v < 1 || v > 100000000 || *n >= MAXL) return -1;
+        out[(*n)++] = (int)v;
+        s = e;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return *n ? 0 : -1;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    if (n < 1) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t g_rng = 0x1234567ull;
+static int32_t rand_tok(int V) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t)(2 + (g_rng >> 33) % (uint64_t)(V - 2));
+}
+
+static void rm_dir(const char *dir) {
+    static const char *files[] = {"model.safetensors", "config.json", ".dsv4-bench-complete"};
+    char p[4200];
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        remove(p);
+    }
+    remove(dir);
+}
+
+/* one decode measurement */
+typedef struct {
+    int batch, context;
+    double t_step, t_layers, t_head;  /* medians, seconds */
+    double bytes, bytes_dense, bytes_experts, bytes_head, bytes_kv, kv_engine, uniq;
+    double roof, ratio;
+    double proj_step, proj_bytes, proj_roof, proj_ratio;
+} dec_res;
+
+/* multiply-adds of attention (QK + PV) and of the indexer scores for one query at position p */
+static double attn_macs(const dsv4_bench_shape *s, int L, long p) {
+    long n = p + 1 < s->window ? p + 1 : s->window, ki = 0;
+    int r = s->ratio[L];
+    if (r == 4) {
+        ki = (p + 1) / 4;
+        n += ki < s->idx_topk ? ki : s->idx_topk;
+    } else if (r > 0) {
+        n += (p + 1) / r;
+    }
+    return 2.0 * s->n_heads * s->head_dim * (double)n + (double)s->idx_heads * s->idx_dim * (double)ki;
+}
+
+static int prefill_seq(dsv4_model *m, dsv4_seq *sq, int n, int chunk, int V, char *err, size_t cap) {
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)chunk);
+    if (!tok) return snprintf(err, cap, "out of memory"), -1;
+    dsv4_seq_set_prefill(sq, n);
+    for (int done = 0; done < n;) {
+        int k = n - done < chunk ? n - done : chunk;
+        for (int i = 0; i < k; i++) tok[i] = rand_tok(V);
+        const int32_t *tp = tok;
+        if (dsv4_forward(m, 1, &sq, &tp, &k, NULL, DSV4_LOGITS_NONE, err, cap)) {
+            free(tok);
+            return -1;
+        }
+        done += k;
+    }
+    free(tok);
+    return 0;
+}
+
+int dsv4_cmd_bench(int argc, char **argv) {
+    opts o = {.experts = "mxfp4", .device = "cuda", .layers = 4, .prompt = 2048, .steps = 20, .chunk = 2048,
+              .reps = 3};
+    o.batch[0] = 1, o.nbatch = 1, o.context[0] = 4096, o.ncontext = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV() do { if (!v) { fprintf(stderr, "dsv4 bench: %s needs a value\n", a); return 2; } i++; } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--synthetic")) {
+            NEEDV();
+            o.synthetic = v;
+        } else if (!strcmp(a, "--layers")) {
+            NEEDV();
+            o.layers = atoi(v);
+        } else if (!strcmp(a, "--experts")) {
+            NEEDV();
+            o.experts = v;
+        } else if (!strcmp(a, "--batch") || !strcmp(a, "--context")) {
+            NEEDV();
+            int bad = !strcmp(a, "--batch") ? parse_list(v, o.batch, &o.nbatch) : parse_list(v, o.context, &o.ncontext);
+            if (bad) {
+                fprintf(stderr, "dsv4 bench: %s wants a comma-separated list of positive integers (at most %d)\n", a, MAXL);
+                return 2;
+            }
+        } else if (!strcmp(a, "--prompt")) {
+            NEEDV();
+            o.prompt = atoi(v);
+        } else if (!strcmp(a, "--steps")) {
+            NEEDV();
+            o.steps = atoi(v);
+        } else if (!strcmp(a, "--chunk")) {
+            NEEDV();
+            o.chunk = atoi(v);
+        } else if (!strcmp(a, "--seed")) {
+            NEEDV();
+            o.seed = strtoull(v, NULL, 10);
+        } else if (!strcmp(a, "--dir")) {
+            NEEDV();
+            o.dir = v;
+        } else if (!strcmp(a, "--device")) {
+            NEEDV();
+            o.device = v;
+        } else if (!strcmp(a, "--json-file")) {
+            NEEDV();
+            o.json_file = v;
+        } else if (!strcmp(a, "--keep")) {
+            o.keep = 1;
+        } else if (!strcmp(a, "--json")) {
+            o.json = 1;
+        } else {
+            fprintf(stderr, "dsv4 bench: unknown option '%s' (dsv4 bench --help)\n", a);
+            return 2;
+        }
+#undef NEEDV
+    }
+    dsv4_bench_shape s;
+    if (!o.synthetic || dsv4_bench_shape_get(o.synthetic, &s)) {
+        fprintf(stderr, "dsv4 bench: --synthetic flash|pro|tiny is required (no checkpoint is read)\n");
+        return 2;
+    }
+    int nvfp4 = !strcmp(o.experts, "nvfp4");
+    if (!nvfp4 && strcmp(o.experts, "mxfp4")) {
+        fprintf(stderr, "dsv4 bench: --experts must be mxfp4 or nvfp4\n");
+        return 2;
+    }
+    if (o.layers < 1 || o.layers > s.n_layers_full || o.prompt < 0 || o.steps < 1 || o.chunk < 1) {
+        fprintf(stderr, "dsv4 bench: --layers must be in [1, %d], --steps and --chunk >= 1, --prompt >= 0\n",
+                s.n_layers_full);
+        return 2;
+    }
+    int cuda = !strcmp(o.device, "cuda");
+    if (!cuda && strcmp(o.device, "cpu")) {
+        fprintf(stderr, "dsv4 bench: --device must be cuda or cpu\n");
+        return 2;
+    }
+#ifndef DSV4_CUDA
+    if (cuda) {
+        fprintf(stderr, "dsv4 bench: this build has no CUDA backend (build with make CUDA=1); "
+                        "--device cpu runs the float32 reference instead (only sensible with --synthetic tiny)\n");
+        return 2;
+    }
+#endif
+
+    /* 1. the checkpoint */
+    char dir[4096], marker[4200], want[256];
+    if (o.dir) snprintf(dir, sizeof dir, "%s", o.dir);
+    else
+        snprintf(dir, sizeof dir, "%s/dsv4-bench-%s-%dL-%s-s%llu", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+                 s.name, o.layers, o.experts, o.seed);
+    snprintf(marker, sizeof marker, "%s/.dsv4-bench-complete", dir);
+    snprintf(want, sizeof want, "%s %d %s %llu v1\n", s.name, o.layers, o.experts, o.seed);
+    int reuse = 0;
+    FILE *mf = fopen(marker, "r");
+    if (mf) {
+        char got[256] = {0};
+        reuse = fgets(got, sizeof got, mf) && !strcmp(got, want);
+        fclose(mf);
+    }
+    double t0 = now(), t_gen = 0, t_load = 0, t_up = 0;
+    uint64_t file_bytes = 0;
+    if (!reuse) {
+        if (mkdir(dir, 0777) && errno != EEXIST) {
+            fprintf(stderr, "dsv4 bench: %s: cannot create: %s\n", dir, strerror(errno));
+            return 1;
+        }
+        remove(marker);
+        dsv4_err e = {{0}};
+        fprintf(stderr, "dsv4 bench: writing a synthetic %s checkpoint (%d layers, %s experts) to %s\n", s.name,
+                o.layers, o.experts, dir);
+        if (dsv4_bench_write(dir, &s, o.layers, nvfp4, o.seed, &file_bytes, &e)) {
+            fprintf(stderr, "dsv4 bench: %s\n", e.msg);
+            return 1;
+        }
+        mf = fopen(marker, "w");
+        if (mf) fputs(want, mf), fclose(mf);
+        t_gen = now() - t0;
+        fprintf(stderr, "dsv4 bench: wrote %.2f GB in %.1f s\n", file_bytes / 1e9, t_gen);
+    }
+    char err[1024] = {0};
+    dsv4_model *m = NULL;
+    t0 = now();
+    if (dsv4_load(dir, &m, err, sizeof err)) {
+        fprintf(stderr, "dsv4 bench: %s\n", err);
+        return 1;
+    }
+    t_load = now() - t0;
+    t0 = now();
+    if (dsv4_set_device(m, o.device, err, sizeof err)) {
+        fprintf(stderr, "dsv4 bench: %s\n", err);
+        dsv4_free(m);
+        return 1;
+    }
+    t_up = now() - t0;
+    const int V = s.vocab, N = o.layers;
+
+    /* 2. reference measurements of this device */
+    double bw = 0, gemm_us = 0;
+    int gm = s.n_heads * s.head_dim, gk = s.q_lora, gn = o.prompt > 0 ? o.prompt : 2048;
+    char gpu[320] = "cpu";
+#ifdef DSV4_CUDA
+    if (cuda) {
+        dsv4_cuda_info info;
+        if (!dsv4_cuda_init(0, &info, err, sizeof err)) snprintf(gpu, sizeof gpu, "%.200s (%d SMs, %.1f GiB)", info.name, info.sm_count, info.mem_total / 1073741824.0);
+        if (dsv4_cuda_bench_d2d((size_t)1 << 30, 20, &bw, err, sizeof err))
+            fprintf(stderr, "dsv4 bench: d2d copy: %s\n", err), bw = 0;
+        if (dsv4_cuda_bench_fp8_gemm(gm, gn, gk, 20, &gemm_us, err, sizeof err))
+            fprintf(stderr, "dsv4 bench: cuBLASLt FP8 GEMM: %s\n", err), gemm_us = 0;
+    }
+#endif
+
+    /* byte / multiply-add model of every layer of the released model */
+    dsv4_bench_bytes lb[64];
+    for (int L = 0; L < s.n_layers_full; L++) dsv4_bench_layer_bytes(&s, L, nvfp4, &lb[L]);
+    const double head_bytes = lb[0].head;
+
+    /* 3. prefill */
+    double pf_t = 0, pf_tflops = 0, pf_macs = 0;
+    if (o.prompt > 0) {
+        double ts[8];
+        int nr = o.reps;
+        int32_t *tok = malloc(sizeof(int32_t) * (size_t)o.prompt);
+        float *lg = malloc(sizeof(float) * (size_t)V);
+        if (!tok || !lg) {
+            fprintf(stderr, "dsv4 bench: out of memory\n");
+            return 1;
+        }
+        for (int r = 0; r <= nr; r++) { /* r = 0: warm-up (workspaces grow) */
+            dsv4_seq *sq = dsv4_seq_new(m);
+            if (!sq) {
+                fprintf(stderr, "dsv4 bench: out of memory (sequence)\n");
+                return 1;
+            }
+            dsv4_seq_set_prefill(sq, o.prompt);
+            for (int i = 0; i < o.prompt; i++) tok[i] = rand_tok(V);
+            const int32_t *tp = tok;
+            int n = o.prompt;
+            double a = now();
+            if (dsv4_forward(m, 1, &sq, &tp, &n, lg, DSV4_LOGITS_LAST, err, sizeof err)) {
+                fprintf(stderr, "dsv4 bench: prefill: %s\n", err);
+                return 1;
+            }
+            if (r) ts[r - 1] = now() - a;
+            dsv4_seq_free(sq);
+        }
+        free(tok);
+        free(lg);
+        pf_t = median(ts, nr);
+        for (int L = 0; L < N; L++) {
+            pf_macs += (lb[L].dense_macs + s.n_active * lb[L].expert_macs) * o.prompt;
+            for (long p = 0; p < o.prompt; p++) pf_macs += attn_macs(&s, L, p);
+        }
+        pf_macs += lb[0].head_macs; /* one row of logits */
+        pf_tflops = 2 * pf_macs / pf_t / 1e12;
+        if (!o.json)
+            fprintf(stderr, "dsv4 bench: prefill %d tokens: %.1f ms\n", o.prompt, pf_t * 1e3);
+    }
+
+    /* 4. decode */
+    dec_res res[MAXL * MAXL];
+    int nres = 0;
+    for (int ci = 0; ci < o.ncontext; ci++)
+        for (int bi = 0; bi < o.nbatch; bi++) {
+            int B = o.batch[bi], C = o.context[ci];
+            dec_res *R = &res[nres++];
+            memset(R, 0, sizeof *R);
+            R->batch = B, R->context = C;
+            dsv4_seq **sq = calloc((size_t)B, sizeof *sq);
+            int32_t *tok = malloc(sizeof(int32_t) * (size_t)B);
+            const int32_t **tp = malloc(sizeof *tp * (size_t)B);
+            int *nt = malloc(sizeof(int) * (size_t)B);
+            float *lg = malloc(sizeof(float) * (size_t)V * B);
+            double *tl = malloc(sizeof(double) * (size_t)o.steps), *tn = malloc(sizeof(double) * (size_t)o.steps);
+            if (!sq || !tok || !tp || !nt || !lg || !tl || !tn) {
+                fprintf(stderr, "dsv4 bench: out of memory\n");
+                return 1;
+            }
+            double a = now();
+            for (int b = 0; b < B; b++) {
+                if (!(sq[b] = dsv4_seq_new(m))) {
+                    fprintf(stderr, "dsv4 bench: out of memory (sequence)\n");
+                    return 1;
+                }
+                if (prefill_seq(m, sq[b], C, o.chunk, V, err, sizeof err)) {
+                    fprintf(stderr, "dsv4 bench: filling the context: %s\n", err);
+                    return 1;
+                }
+                tp[b] = &tok[b];
+                nt[b] = 1;
+            }
+            if (!o.json)
+                fprintf(stderr, "dsv4 bench: batch %d context %d: filled in %.1f s\n", B, C, now() - a);
+            for (int i = -4; i < 2 * o.steps; i++) { /* 4 warm-up steps, then LAST / NONE alternating */
+                for (int b = 0; b < B; b++) tok[b] = rand_tok(V);
+                int mode = (i & 1) ? DSV4_LOGITS_NONE : DSV4_LOGITS_LAST;
+                double t = now();
+                if (dsv4_forward(m, B, sq, tp, nt, lg, mode, err, sizeof err)) {
+                    fprintf(stderr, "dsv4 bench: decode: %s\n", err);
+                    return 1;
+                }
+                t = now() - t;
+                if (i >= 0) (mode == DSV4_LOGITS_LAST ? tl : tn)[i / 2] = t;
+            }
+            R->t_step = median(tl, o.steps);
+            R->t_layers = median(tn, o.steps);
+            R->t_head = R->t_step - R->t_layers;
+            /* bytes: the N measured layers + head */
+            const double E = s.n_experts, K = s.n_active;
+            R->uniq = E * (1 - pow(1 - K / E, B));
+            for (int L = 0; L < s.n_layers_full; L++) {
+                double eng, kv = B * dsv4_bench_kv_bytes(&s, L, C, &eng);
+                double dense = lb[L].dense, ex = R->uniq * lb[L].expert;
+                if (L < N) {
+                    R->bytes_dense += dense, R->bytes_experts += ex, R->bytes_kv += kv, R->kv_engine += B * eng;
+                }
+                R->proj_bytes += dense + ex + kv;
+            }
+            R->bytes_head = head_bytes;
+            R->bytes = R->bytes_dense + R->bytes_experts + R->bytes_kv + head_bytes;
+            R->proj_bytes += head_bytes;
+            R->proj_step = R->t_layers / N * s.n_layers_full + R->t_head;
+            if (bw > 0) {
+                R->roof = R->bytes / (bw * 1e9);
+                R->ratio = R->t_step / R->roof;
+                R->proj_roof = R->proj_bytes / (bw * 1e9);
+                R->proj_ratio = R->proj_step / R->proj_roof;
+            }
+            for (int b = 0; b < B; b++) dsv4_seq_free(sq[b]);
+            free(sq), free(tok), free(tp), free(nt), free(lg), free(tl), free(tn);
+        }
+
+    /* 5. report */
+    double gemm_tflops = gemm_us > 0 ? 2.0 * gm * (double)gn * gk / (gemm_us * 1e-6) / 1e12 : 0;
+    FILE *jf = o.json ? stdout : NULL;
+    if (o.json_file && !(jf = fopen(o.json_file, "w")))
+        fprintf(stderr, "dsv4 bench: %s: cannot create: %s\n", o.json_file, strerror(errno));
+    if (jf) {
+        fprintf(jf, "{\"model\":\"%s\",\"layers\":%d,\"layers_full\":%d,\"experts\":\"%s\",\"seed\":%llu,\"device\":\"%s\","
+               "\"gpu\":\"%s\",\"generate_s\":%.2f,\"load_s\":%.2f,\"upload_s\":%.2f,\"d2d_GBps\":%.1f,",
+               s.name, N, s.n_layers_full, o.experts, o.seed, o.device, gpu, t_gen, t_load, t_up, bw);
+        fprintf(jf, "\"fp8_gemm\":{\"m\":%d,\"n\":%d,\"k\":%d,\"us\":%.2f,\"tflops\":%.1f},", gm, gn, gk, gemm_us, gemm_tflops);
+        fprintf(jf, "\"prefill\":{\"tokens\":%d,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"tflops\":%.2f,\"proj_tokens_per_s\":%.1f},",
+               o.prompt, pf_t * 1e3, pf_t > 0 ? o.prompt / pf_t : 0, pf_tflops,
+               pf_t > 0 ? o.prompt / (pf_t / N * s.n_layers_full) : 0);
+        fprintf(jf, "\"decode\":[");
+        for (int i = 0; i < nres; i++) {
+            const dec_res *R = &res[i];
+            fprintf(jf, "%s{\"batch\":%d,\"context\":%d,\"step_ms\":%.3f,\"layers_ms\":%.3f,\"head_ms\":%.3f,"
+                   "\"unique_experts\":%.1f,\"bytes\":%.0f,\"bytes_dense\":%.0f,\"bytes_experts\":%.0f,\"bytes_head\":%.0f,"
+                   "\"bytes_kv\":%.0f,\"bytes_kv_engine_fp32\":%.0f,\"roofline_ms\":%.4f,\"ratio\":%.2f,"
+                   "\"proj_step_ms\":%.3f,\"proj_bytes\":%.0f,\"proj_roofline_ms\":%.4f,\"proj_ratio\":%.2f,"
+                   "\"proj_tokens_per_s\":%.1f}",
+                   i ? "," : "", R->batch, R->context, R->t_step * 1e3, R->t_layers * 1e3, R->t_head * 1e3, R->uniq,
+                   R->bytes, R->bytes_dense, R->bytes_experts, R->bytes_head, R->bytes_kv, R->kv_engine, R->roof * 1e3,
+                   R->ratio, R->proj_step * 1e3, R->proj_bytes, R->proj_roof * 1e3, R->proj_ratio,
+                   R->batch / R->proj_step);
+        }
+        fprintf(jf, "]}\n");
+        if (jf != stdout) fclose(jf);
+    }
+    if (!o.json) {
+        printf("dsv4 bench: %s shapes, %d of %d layers (ratios", s.name, N, s.n_layers_full);
+        for (int L = 0; L < N; L++) printf(" %d", s.ratio[L]);
+        printf("), %s experts, seed %llu, device %s: %s\n", o.experts, o.seed, o.device, gpu);
+        printf("checkpoint: %s (generated in %.1f s%s), load %.1f s, upload %.1f s\n", dir, t_gen,
+               reuse ? ", reused" : "", t_load, t_up);
+        printf("device-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 20)\n", bw);
+        if (gemm_us > 0)
+            printf("cuBLASLt FP8 GEMM %d x %d x %d (wq_b at the prompt length): %.1f us = %.1f TFLOP/s\n", gm, gn, gk,
+                   gemm_us, gemm_tflops);
+        if (o.prompt > 0)
+            printf("prefill %d tokens: %.1f ms = %.0f tokens/s, %.2f TFLOP/s (matrices + attention); "
+                   "whole model (x %d/%d): %.0f tokens/s\n",
+                   o.prompt, pf_t * 1e3, o.prompt / pf_t, pf_tflops, s.n_layers_full, N,
+                   o.prompt / (pf_t / N * s.n_layers_full));
+        printf("\ndecode (median of %d steps each; bytes = the minimum a step reads; roofline = bytes / copy bandwidth)\n",
+               o.steps);
+        printf("%6s %7s | %9s %9s %8s | %7s %8s %8s %8s %8s | %9s %6s | %10s %9s %9s %6s %8s\n", "batch", "context",
+               "step ms", "layers ms", "head ms", "experts", "dense MB", "exp MB", "head MB", "kv MB", "roof ms",
+               "ratio", "full: ms", "GB", "roof ms", "ratio", "tok/s");
+        for (int i = 0; i < nres; i++) {
+            const dec_res *R = &res[i];
+            printf("%6d %7d | %9.3f %9.3f %8.3f | %7.1f %8.1f %8.1f %8.1f %8.2f | %9.4f %6.1f | %10.2f %9.2f %9.3f %6.1f "
+                   "%8.1f\n",
+                   R->batch, R->context, R->t_step * 1e3, R->t_layers * 1e3, R->t_head * 1e3, R->uniq,
+                   R->bytes_dense / 1e6, R->bytes_experts / 1e6, R->bytes_head / 1e6, R->bytes_kv / 1e6, R->roof * 1e3,
+                   R->ratio, R->proj_step * 1e3, R->proj_bytes / 1e9, R->proj_roof * 1e3, R->proj_ratio,
+                   R->batch / R->proj_step);
+        }
+        printf("(experts: expected distinct routed experts per layer, E(1-(1-6/E)^B); kv in the reference's cache\n"
+               " formats, the engine's fp32 caches read %.1fx that; full: (layers ms / %d) x %d + head ms)\n",
+               nres && res[0].bytes_kv > 0 ? res[0].kv_engine / res[0].bytes_kv : 0, N, s.n_layers_full);
+    }
+    dsv4_free(m);
+    if (!o.keep && !o.dir) rm_dir(dir);
+    return 0;
+}
