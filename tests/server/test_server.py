@@ -457,6 +457,15 @@ def test_queue_full_503_then_sigterm_drain(model_dir):
         r503 = [r for r in results if r.status_code == 503][0]
         assert r503.headers.get("retry-after") and r503.json()["error"]["message"]
 
+        # the answered requests' slots are released just after their responses: wait until the server is
+        # idle, so the two streams below fit (1 running + 1 queued) whatever the build's speed
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            m = httpx.get(s.base + "/metrics", timeout=5).text
+            if "dsv4_num_requests_running 0" in m and "dsv4_num_requests_waiting 0" in m:
+                break
+            time.sleep(0.1)
+
         # SIGTERM under load: in-flight streams finish completely, the process exits 0, nobody hangs
         outs = []
 
@@ -465,8 +474,12 @@ def test_queue_full_503_then_sigterm_drain(model_dir):
 
         # no API key on this server: stream_chat_text's header is ignored
         ts = [threading.Thread(target=streamer, args=(i,)) for i in range(2)]
-        for t in ts:
-            t.start()
+        ts[0].start()
+        deadline = time.time() + 30  # the first one running, so the second can wait in the queue of 1
+        while time.time() < deadline and "dsv4_num_requests_running 1" not in httpx.get(s.base + "/metrics",
+                                                                                        timeout=5).text:
+            time.sleep(0.05)
+        ts[1].start()
         time.sleep(1.0)
         s.proc.send_signal(signal.SIGTERM)
         for t in ts:
