@@ -125,12 +125,64 @@ static void nth_element(elem *first, elem *nth, elem *last) {
     insertion_sort(first, last);
 }
 
+/* std::__sort_heap: pops the heap [f, f+len) into comparator order (here: decreasing). */
+static void sort_heap(elem *f, long len) {
+    while (len > 1) {
+        len--;
+        elem val = f[len];
+        f[len] = f[0];
+        adjust_heap(f, 0, len, val);
+    }
+}
+
+static void introsort_loop(elem *first, elem *last, int depth) {
+    while (last - first > 16) {
+        if (depth == 0) { /* std::__partial_sort(first, last, last) */
+            heap_select(first, last - first, last - first);
+            sort_heap(first, last - first);
+            return;
+        }
+        depth--;
+        elem *mid = first + (last - first) / 2;
+        move_median_to_first(first, first + 1, mid, last - 1);
+        elem *cut = unguarded_partition(first + 1, last, first);
+        introsort_loop(cut, last, depth);
+        last = cut;
+    }
+}
+
+static void unguarded_linear_insert(elem *i) {
+    elem val = *i;
+    while (gt(val, i[-1])) {
+        i[0] = i[-1];
+        i--;
+    }
+    *i = val;
+}
+
+/* std::sort: introsort, then the final insertion sort (guarded over the first 16). */
+static void sort(elem *first, elem *last) {
+    if (first == last) return;
+    introsort_loop(first, last, 2 * lg(last - first));
+    if (last - first > 16) {
+        insertion_sort(first, first + 16);
+        for (elem *i = first + 16; i != last; i++) unguarded_linear_insert(i);
+    } else {
+        insertion_sort(first, last);
+    }
+}
+
 void dsv4_topk_torch(const float *v, int n, int k, int *out) {
     if (k <= 0) return;
     elem *q = malloc(sizeof(elem) * (size_t)n);
     for (int i = 0; i < n; i++) q[i] = (elem){v[i], i};
-    if ((long)k * 64 <= n) heap_select(q, k, n); /* std::partial_sort's selection step */
-    else nth_element(q, q + k - 1, q + n);
+    if ((long)k * 64 <= n) { /* std::partial_sort */
+        heap_select(q, k, n);
+        sort_heap(q, k);
+    } else { /* std::nth_element, then (sorted = True) std::sort of the first k - 1 */
+        nth_element(q, q + k - 1, q + n);
+        sort(q, q + k - 1);
+    }
     for (int i = 0; i < k; i++) out[i] = q[i].i;
     free(q);
 }
