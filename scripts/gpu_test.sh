@@ -2,7 +2,8 @@
 # gpu_test.sh - the GPU tests, on GPU 0:
 #   1. builds the CUDA kernels and their per-kernel test (tests/gpu/test_kernels.c, which links only
 #      the CPU twins and the CUDA objects, so no -dev packages are needed) and runs it: every op
-#      against its CPU twin, then timings (arguments go to it; --no-bench: checks only);
+#      against its CPU twin, then timings (arguments go to it; --no-bench: checks only); and the GPU
+#      sampler against the CPU sampler (tests/gpu/test_sample.c);
 #   2. builds the full dsv4 binary with CUDA=1 and runs `dsv4 logits --device cuda` and
 #      `--device cpu` on every scenario of every model fixture (tests/fixtures/*/manifest.json,
 #      prefill as in the manifest); tests/gpu/fixture_check.c prints relative L2 / top-1 of the GPU's
@@ -32,8 +33,9 @@ fi
 MK="make -j$JOBS CUDA=1 BUILD=$BUILD NVCC=$CUDA_HOME/bin/nvcc CUDA_HOME=$CUDA_HOME"
 
 if [ "${GPU_TEST_KERNELS:-1}" != 0 ]; then
-    $MK "$BUILD/tests/gpu/test_kernels"
+    $MK "$BUILD/tests/gpu/test_kernels" "$BUILD/tests/gpu/test_sample"
     "$BUILD/tests/gpu/test_kernels" "$@"
+    "$BUILD/tests/gpu/test_sample"
 fi
 [ "${GPU_TEST_E2E:-1}" = 0 ] && exit 0
 
