@@ -8,38 +8,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/strbuf.h"
+
 char *dsv4_cli_read_file(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, "dsv4: cannot open %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-        if (cap - n - 1 == 0) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    int bad = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf || bad) {
-        fprintf(stderr, "dsv4: cannot read %s\n", path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    if (len) *len = n;
+    dsv4_err e = {{0}};
+    char *buf = strcmp(path, "-") ? dsv4_read_file(path, 0, len, &e) : dsv4_read_stream(stdin, "stdin", 0, len, &e);
+    if (!buf) fprintf(stderr, "dsv4: %s\n", e.msg);
     return buf;
 }
 

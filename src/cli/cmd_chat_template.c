@@ -8,33 +8,8 @@
 #include "../tok/chat.h"
 #include "../tok/chat_json.h"
 #include "../tok/chat_parse.h"
+#include "../util/strbuf.h"
 #include "cmds.h"
-
-static char *read_all(FILE *f, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) return NULL;
-    for (;;) {
-        if (n == cap) {
-            char *b = realloc(buf, cap * 2);
-            if (!b) {
-                free(buf);
-                return NULL;
-            }
-            buf = b;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
 
 static int parse_mode(const char *cmd, const char *s, dsv4_chat_mode *mode) {
     if (!strcmp(s, "thinking")) *mode = DSV4_CHAT_THINKING;
@@ -99,13 +74,13 @@ int dsv4_cmd_chat_template(int argc, char **argv) {
             return 2;
         }
     }
+    dsv4_err err = {{0}};
     size_t n;
-    char *in = read_all(stdin, &n);
+    char *in = dsv4_read_stream(stdin, "stdin", 0, &n, &err);
     if (!in) {
-        fprintf(stderr, "dsv4 %s: cannot read stdin\n", argv[0]);
+        fprintf(stderr, "dsv4 %s: %s\n", argv[0], err.msg);
         return 1;
     }
-    dsv4_err err = {{0}};
     size_t len;
     char *prompt = dsv4_chat_render_json(in, n, &o, &len, &err);
     free(in);
@@ -150,13 +125,8 @@ static void put_line(dsv4_sb *b) {
 
 static void put_tool_call_json(dsv4_sb *b, const dsv4_chat_tool_call *tc, int index) {
     const int fl = DSV4_PYJSON_COMPACT | DSV4_PYJSON_FIX_UTF8;
-    if (index >= 0) {
-        char num[32];
-        snprintf(num, sizeof num, "{\"index\":%d,\"id\":", index);
-        dsv4_sb_puts(b, num);
-    } else {
-        dsv4_sb_puts(b, "{\"id\":");
-    }
+    if (index >= 0) dsv4_sb_printf(b, "{\"index\":%d,\"id\":", index);
+    else dsv4_sb_puts(b, "{\"id\":");
     dsv4_pyjson_dump_string(b, tc->id, strlen(tc->id), fl);
     dsv4_sb_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
     dsv4_pyjson_dump_string(b, tc->name, strlen(tc->name), fl);
@@ -223,10 +193,9 @@ int dsv4_cmd_parse_completion(int argc, char **argv) {
         }
     } else {
         size_t n;
-        char *in = read_all(stdin, &n);
+        char *in = dsv4_read_stream(stdin, "stdin", 0, &n, &err);
         if (!in) {
-            fprintf(stderr, "dsv4 %s: cannot read stdin\n", argv[0]);
-            rc = 1;
+            rc = 1; /* err says why; printed below */
         } else {
             rc = dsv4_chat_parser_feed(p, in, n, &err) ? 1 : 0;
             free(in);

@@ -21,6 +21,7 @@
 #include "tok/bpe.h"
 #include "tok/chat.h"
 #include "tok/chat_parse.h"
+#include "util/strbuf.h"
 
 #define MAX_STOPS 32
 
@@ -384,26 +385,6 @@ typedef struct {
     const char *finish;
 } gen_stats;
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} buf;
-
-static int buf_add(buf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
 static int generate(engine *E, const int32_t *ids, size_t n, const dsv4_sampling *sp, sink *out, gen_stats *st) {
     const run_opts *o = E->o;
     const int V = E->info.vocab_size;
@@ -430,7 +411,7 @@ static int generate(engine *E, const int32_t *ids, size_t n, const dsv4_sampling
     int rc = -1;
     dsv4_sampler *smp = NULL;
     dsv4_tok_stream *ts = NULL;
-    buf text = {0};
+    dsv4_sb text = {0};
     dsv4_err e = {{0}};
     double t0 = dsv4_cli_now();
 
@@ -478,7 +459,7 @@ static int generate(engine *E, const int32_t *ids, size_t n, const dsv4_sampling
             fprintf(stderr, "dsv4 %s: detokenizing: %s\n", o->cmd, e.msg);
             goto done;
         }
-        if (buf_add(&text, piece, len)) {
+        if (dsv4_sb_put(&text, piece, len)) {
             fprintf(stderr, "dsv4 %s: out of memory\n", o->cmd);
             goto done;
         }
@@ -500,7 +481,7 @@ static int generate(engine *E, const int32_t *ids, size_t n, const dsv4_sampling
     if (!stopped) { /* what the detokenizer and the stop matcher held back */
         size_t len;
         const char *tail = dsv4_tok_stream_flush(ts, &len);
-        if (tail && len && buf_add(&text, tail, len)) {
+        if (tail && len && dsv4_sb_put(&text, tail, len)) {
             fprintf(stderr, "dsv4 %s: out of memory\n", o->cmd);
             goto done;
         }
@@ -524,7 +505,7 @@ static int generate(engine *E, const int32_t *ids, size_t n, const dsv4_sampling
 done:
     dsv4_sampler_free(smp);
     dsv4_tok_stream_free(ts);
-    free(text.p);
+    dsv4_sb_free(&text);
     return rc;
 }
 

@@ -2,7 +2,6 @@
 #include "config.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
@@ -12,6 +11,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../util/json.h"
+#include "../util/strbuf.h"
+
 #define CFG_MAX_DIM (1 << 24)          /* sane upper bound of every size */
 #define CFG_MAX_FILE ((size_t)64 << 20) /* a config.json is a few KB */
 
@@ -20,17 +22,6 @@ typedef struct {
     const char *what;
     dsv4_err *err;
 } ctx;
-
-static const char *kind(const cJSON *j) {
-    if (!j) return "missing";
-    if (cJSON_IsNumber(j)) return "a number";
-    if (cJSON_IsString(j)) return "a string";
-    if (cJSON_IsArray(j)) return "an array";
-    if (cJSON_IsObject(j)) return "an object";
-    if (cJSON_IsBool(j)) return "a boolean";
-    if (cJSON_IsNull(j)) return "null";
-    return "invalid";
-}
 
 static int ferr(const ctx *c, const char *field, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int ferr(const ctx *c, const char *field, const char *fmt, ...) {
@@ -72,7 +63,7 @@ static int lookup(const ctx *c, const cJSON *obj, const char *key, const char *n
 
 /* An integer in [lo, hi]; 4.0 is accepted as 4, 4.5 is not. */
 static int as_int(const ctx *c, const cJSON *j, const char *name, long long lo, long long hi, int *out) {
-    if (!cJSON_IsNumber(j)) return ferr(c, name, "must be an integer (got %s)", kind(j));
+    if (!cJSON_IsNumber(j)) return ferr(c, name, "must be an integer (got %s)", dsv4_json_kind(j));
     double v = j->valuedouble;
     if (!isfinite(v) || floor(v) != v) return ferr(c, name, "must be an integer (got %g)", v);
     if (v < (double)lo || v > (double)hi)
@@ -105,7 +96,7 @@ static int get_float(const ctx *c, const cJSON *obj, const char *key, const char
         *out = (float)def;
         return 0;
     }
-    if (!cJSON_IsNumber(j)) return ferr(c, name, "must be a number (got %s)", kind(j));
+    if (!cJSON_IsNumber(j)) return ferr(c, name, "must be a number (got %s)", dsv4_json_kind(j));
     double v = j->valuedouble;
     if (!isfinite(v) || fabs(v) > FLT_MAX) return ferr(c, name, "must be a finite number (got %g)", v);
     /* The range must hold for the value as stored (a float): 1e-200 is > 0 but rounds to 0. */
@@ -126,7 +117,7 @@ static int get_str(const ctx *c, const cJSON *obj, const char *key, const char *
     int r = lookup(c, obj, key, name, &j);
     *out = NULL;
     if (r <= 0) return r;
-    if (!cJSON_IsString(j) || !j->valuestring) return ferr(c, name, "must be a string (got %s)", kind(j));
+    if (!cJSON_IsString(j) || !j->valuestring) return ferr(c, name, "must be a string (got %s)", dsv4_json_kind(j));
     *out = j->valuestring;
     return 0;
 }
@@ -137,7 +128,7 @@ static int get_bool(const ctx *c, const cJSON *obj, const char *key, const char 
     int r = lookup(c, obj, key, name, &j);
     *out = -1;
     if (r <= 0) return r;
-    if (!cJSON_IsBool(j)) return ferr(c, name, "must be true or false (got %s)", kind(j));
+    if (!cJSON_IsBool(j)) return ferr(c, name, "must be true or false (got %s)", dsv4_json_kind(j));
     *out = cJSON_IsTrue(j) ? 1 : 0;
     return 0;
 }
@@ -174,7 +165,7 @@ static int parse_rope_scaling(const ctx *c, dsv4_config *cfg) {
     cfg->beta_slow = 1.0f;
     if (r < 0) return -1;
     if (r == 0) return 0;
-    if (!cJSON_IsObject(rs)) return ferr(c, "rope_scaling", "must be an object or null (got %s)", kind(rs));
+    if (!cJSON_IsObject(rs)) return ferr(c, "rope_scaling", "must be an object or null (got %s)", dsv4_json_kind(rs));
     const char *type, *rtype;
     if (get_str(c, rs, "type", "rope_scaling.type", &type) < 0) return -1;
     if (get_str(c, rs, "rope_type", "rope_scaling.rope_type", &rtype) < 0) return -1;
@@ -200,7 +191,8 @@ static int parse_quant(const ctx *c, dsv4_config *cfg) {
     cfg->scale_ue8m0 = 0;
     if (r < 0) return -1;
     if (r == 0) return 0;
-    if (!cJSON_IsObject(q)) return ferr(c, "quantization_config", "must be an object or null (got %s)", kind(q));
+    if (!cJSON_IsObject(q))
+        return ferr(c, "quantization_config", "must be an object or null (got %s)", dsv4_json_kind(q));
     const char *m;
     if (get_str(c, q, "quant_method", "quantization_config.quant_method", &m) < 0) return -1;
     if (!m) return ferr(c, "quantization_config.quant_method", "required field is missing");
@@ -236,7 +228,8 @@ static int parse_compress_ratios(const ctx *c, dsv4_config *cfg) {
     int r = lookup(c, c->root, "compress_ratios", "compress_ratios", &a);
     if (r < 0) return -1;
     if (r == 0) return ferr(c, "compress_ratios", "required field is missing");
-    if (!cJSON_IsArray(a)) return ferr(c, "compress_ratios", "must be an array of integers (got %s)", kind(a));
+    if (!cJSON_IsArray(a))
+        return ferr(c, "compress_ratios", "must be an array of integers (got %s)", dsv4_json_kind(a));
     int n = 0, want1 = cfg->n_layers, want2 = cfg->n_layers + cfg->n_mtp_layers;
     for (const cJSON *e = a->child; e; e = e->next) {
         if (n >= want2) {
@@ -417,44 +410,9 @@ int dsv4_config_load(const char *path, dsv4_config *cfg, dsv4_err *err) {
         file = strdup(path);
         if (!file) return dsv4_errf(err, "%s: out of memory", path);
     }
-    int rc = -1;
-    char *buf = NULL;
-    FILE *f = fopen(file, "rb");
-    if (!f) {
-        dsv4_errf(err, "%s: cannot open: %s", file, strerror(errno));
-        goto out;
-    }
-    size_t cap = 1 << 14, n = 0;
-    buf = malloc(cap);
-    if (!buf) {
-        dsv4_errf(err, "%s: out of memory", file);
-        goto out;
-    }
-    for (;;) {
-        if (n == cap) {
-            if (cap >= CFG_MAX_FILE) {
-                dsv4_errf(err, "%s: file too large (over %zu bytes)", file, CFG_MAX_FILE);
-                goto out;
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                dsv4_errf(err, "%s: out of memory", file);
-                goto out;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
-        dsv4_errf(err, "%s: read error", file);
-        goto out;
-    }
-    rc = dsv4_config_parse(buf, n, file, cfg, err);
-out:
-    if (f) fclose(f);
+    size_t n = 0;
+    char *buf = dsv4_read_file(file, CFG_MAX_FILE, &n, err);
+    int rc = buf ? dsv4_config_parse(buf, n, file, cfg, err) : -1;
     free(buf);
     free(file);
     return rc;

@@ -20,6 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../util/json.h"
+#include "../util/strbuf.h"
+
 /* Header larger than this is "absurd" (the reference implementation uses the same 100 MB bound). */
 #define ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
 /* Largest integer a JSON number (a double) represents exactly. */
@@ -188,17 +191,6 @@ static int json_uint(const cJSON *j, uint64_t *out) {
     return 0;
 }
 
-static const char *json_kind(const cJSON *j) {
-    if (!j) return "missing";
-    if (cJSON_IsNumber(j)) return "a number";
-    if (cJSON_IsString(j)) return "a string";
-    if (cJSON_IsArray(j)) return "an array";
-    if (cJSON_IsObject(j)) return "an object";
-    if (cJSON_IsBool(j)) return "a boolean";
-    if (cJSON_IsNull(j)) return "null";
-    return "invalid";
-}
-
 static int cmp_offset(const void *a, const void *b) {
     const dsv4_st_tensor *x = a, *y = b;
     if (x->data != y->data) return x->data < y->data ? -1 : 1;
@@ -210,19 +202,19 @@ static int cmp_offset(const void *a, const void *b) {
 static int parse_entry(const cJSON *e, const char *what, const char *name, const uint8_t *data,
                        uint64_t data_len, dsv4_st_tensor *t, dsv4_err *err) {
     if (!cJSON_IsObject(e))
-        return dsv4_errf(err, "%s: tensor '%s': entry must be an object (got %s)", what, name, json_kind(e));
+        return dsv4_errf(err, "%s: tensor '%s': entry must be an object (got %s)", what, name, dsv4_json_kind(e));
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *of = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!cJSON_IsString(dt) || !dt->valuestring)
-        return dsv4_errf(err, "%s: tensor '%s': 'dtype' must be a string (got %s)", what, name, json_kind(dt));
+        return dsv4_errf(err, "%s: tensor '%s': 'dtype' must be a string (got %s)", what, name, dsv4_json_kind(dt));
     if (dsv4_dtype_parse(dt->valuestring, &t->dtype) != 0)
         return dsv4_errf(err, "%s: tensor '%s': unknown dtype '%.64s'", what, name, dt->valuestring);
     if (!cJSON_IsArray(sh))
-        return dsv4_errf(err, "%s: tensor '%s': 'shape' must be an array (got %s)", what, name, json_kind(sh));
+        return dsv4_errf(err, "%s: tensor '%s': 'shape' must be an array (got %s)", what, name, dsv4_json_kind(sh));
     if (!cJSON_IsArray(of))
         return dsv4_errf(err, "%s: tensor '%s': 'data_offsets' must be an array (got %s)", what, name,
-                         json_kind(of));
+                         dsv4_json_kind(of));
 
     int nd = 0;
     uint64_t numel = 1;
@@ -239,7 +231,7 @@ static int parse_entry(const cJSON *e, const char *what, const char *name, const
                 return dsv4_errf(err, "%s: tensor '%s': dimension %d is not an integer in [0, 2^53] (%g)", what,
                                  name, nd, d->valuedouble);
             return dsv4_errf(err, "%s: tensor '%s': dimension %d must be an integer (got %s)", what, name, nd,
-                             json_kind(d));
+                             dsv4_json_kind(d));
         }
         t->shape[nd++] = (int64_t)v;
         if (!overflow && __builtin_mul_overflow(numel, v, &numel)) overflow = 1;
@@ -330,13 +322,13 @@ static int parse_into(dsv4_st *st, int fi, const uint8_t *buf, size_t len, const
         }
         if (strcmp(name, "__metadata__") == 0) {
             if (!cJSON_IsObject(e) && !cJSON_IsNull(e)) {
-                dsv4_errf(err, "%s: '__metadata__' must be an object of strings (got %s)", what, json_kind(e));
+                dsv4_errf(err, "%s: '__metadata__' must be an object of strings (got %s)", what, dsv4_json_kind(e));
                 goto out;
             }
             for (const cJSON *m = e->child; m; m = m->next)
                 if (!cJSON_IsString(m)) {
                     dsv4_errf(err, "%s: '__metadata__' entry '%s' must be a string (got %s)", what,
-                              m->string ? m->string : "?", json_kind(m));
+                              m->string ? m->string : "?", dsv4_json_kind(m));
                     goto out;
                 }
             continue;
@@ -493,47 +485,6 @@ static char *join_path(const char *dir, const char *name) {
     return p;
 }
 
-static int read_small_file(const char *path, char **buf, size_t *len, size_t limit, dsv4_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return dsv4_errf(err, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap + 1);
-    if (!b) {
-        fclose(f);
-        return dsv4_errf(err, "%s: out of memory", path);
-    }
-    for (;;) {
-        if (n == cap) {
-            if (cap >= limit) {
-                free(b);
-                fclose(f);
-                return dsv4_errf(err, "%s: file too large (over %zu bytes)", path, limit);
-            }
-            cap *= 2;
-            char *nb = realloc(b, cap + 1);
-            if (!nb) {
-                free(b);
-                fclose(f);
-                return dsv4_errf(err, "%s: out of memory", path);
-            }
-            b = nb;
-        }
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return dsv4_errf(err, "%s: read error", path);
-    }
-    b[n] = 0;
-    *buf = b;
-    *len = n;
-    return 0;
-}
-
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static int safe_shard_name(const char *s) {
@@ -549,9 +500,9 @@ static int safe_shard_name(const char *s) {
 }
 
 static int open_indexed(const char *dir, const char *index_path, dsv4_st **out, dsv4_err *err) {
-    char *text = NULL;
     size_t tlen = 0;
-    if (read_small_file(index_path, &text, &tlen, ST_MAX_INDEX_BYTES, err) != 0) return -1;
+    char *text = dsv4_read_file(index_path, ST_MAX_INDEX_BYTES, &tlen, err);
+    if (!text) return -1;
     cJSON *root = cJSON_ParseWithLength(text, tlen);
     free(text);
     if (!root) return dsv4_errf(err, "%s: not valid JSON", index_path);
@@ -565,14 +516,14 @@ static int open_indexed(const char *dir, const char *index_path, dsv4_st **out, 
         goto out;
     }
     if (!cJSON_IsObject(wm)) {
-        dsv4_errf(err, "%s: 'weight_map' must be an object (got %s)", index_path, json_kind(wm));
+        dsv4_errf(err, "%s: 'weight_map' must be an object (got %s)", index_path, dsv4_json_kind(wm));
         goto out;
     }
     size_t n_entries = 0;
     for (const cJSON *e = wm->child; e; e = e->next) {
         if (!cJSON_IsString(e) || !e->valuestring) {
             dsv4_errf(err, "%s: weight_map entry '%s' must be a file name (got %s)", index_path,
-                      e->string ? e->string : "?", json_kind(e));
+                      e->string ? e->string : "?", dsv4_json_kind(e));
             goto out;
         }
         if (!safe_shard_name(e->valuestring)) {
@@ -728,54 +679,22 @@ out:
 /* ------------------------------------------------------------------------------------------------ */
 /* writing */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_fmt_u64(sbuf *b, uint64_t v) {
-    char tmp[32];
-    int k = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
-    sb_put(b, tmp, (size_t)k);
-}
-
-static void sb_json_string(sbuf *b, const char *s) {
-    sb_put(b, "\"", 1);
+static void sb_json_string(dsv4_sb *b, const char *s) {
+    dsv4_sb_put(b, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         char tmp[8];
         if (*p == '"' || *p == '\\') {
             tmp[0] = '\\';
             tmp[1] = (char)*p;
-            sb_put(b, tmp, 2);
+            dsv4_sb_put(b, tmp, 2);
         } else if (*p < 0x20) {
             snprintf(tmp, sizeof tmp, "\\u%04x", *p);
-            sb_put(b, tmp, 6);
+            dsv4_sb_put(b, tmp, 6);
         } else {
-            sb_put(b, (const char *)p, 1);
+            dsv4_sb_put(b, (const char *)p, 1);
         }
     }
-    sb_put(b, "\"", 1);
+    dsv4_sb_put(b, "\"", 1);
 }
 
 typedef struct {
@@ -820,7 +739,7 @@ int dsv4_st_write(const char *path, const dsv4_st_tensor *tensors, size_t n, dsv
     int rc = -1;
     FILE *f = NULL;
     char *tmp = NULL;
-    sbuf h = {0};
+    dsv4_sb h = {0};
     const dsv4_st_tensor **lay = malloc((n ? n : 1) * sizeof *lay);
     wslot *ws = malloc((n ? n : 1) * sizeof *ws);
     if (!lay || !ws) {
@@ -841,26 +760,26 @@ int dsv4_st_write(const char *path, const dsv4_st_tensor *tensors, size_t n, dsv
             goto out;
         }
 
-    sb_str(&h, "{");
+    dsv4_sb_puts(&h, "{");
     for (size_t i = 0; i < n; i++) {
         const dsv4_st_tensor *t = ws[i].t;
-        if (i) sb_str(&h, ",");
+        if (i) dsv4_sb_puts(&h, ",");
         sb_json_string(&h, t->name);
-        sb_str(&h, ":{\"dtype\":\"");
-        sb_str(&h, dsv4_dtype_name(t->dtype));
-        sb_str(&h, "\",\"shape\":[");
+        dsv4_sb_puts(&h, ":{\"dtype\":\"");
+        dsv4_sb_puts(&h, dsv4_dtype_name(t->dtype));
+        dsv4_sb_puts(&h, "\",\"shape\":[");
         for (int d = 0; d < t->ndim; d++) {
-            if (d) sb_str(&h, ",");
-            sb_fmt_u64(&h, (uint64_t)t->shape[d]);
+            if (d) dsv4_sb_puts(&h, ",");
+            dsv4_sb_printf(&h, "%llu", (unsigned long long)t->shape[d]);
         }
-        sb_str(&h, "],\"data_offsets\":[");
-        sb_fmt_u64(&h, ws[i].off);
-        sb_str(&h, ",");
-        sb_fmt_u64(&h, ws[i].off + t->nbytes);
-        sb_str(&h, "]}");
+        dsv4_sb_puts(&h, "],\"data_offsets\":[");
+        dsv4_sb_printf(&h, "%llu", (unsigned long long)ws[i].off);
+        dsv4_sb_puts(&h, ",");
+        dsv4_sb_printf(&h, "%llu", (unsigned long long)(ws[i].off + t->nbytes));
+        dsv4_sb_puts(&h, "]}");
     }
-    sb_str(&h, "}");
-    while ((h.n + 8) % 8) sb_str(&h, " ");
+    dsv4_sb_puts(&h, "}");
+    while (!h.oom && h.n % 8) dsv4_sb_putc(&h, ' '); /* header padded to 8 bytes */
     if (h.oom) {
         dsv4_errf(err, "%s: out of memory", path);
         goto out;
@@ -899,7 +818,7 @@ int dsv4_st_write(const char *path, const dsv4_st_tensor *tensors, size_t n, dsv
 out:
     if (f) fclose(f);
     free(tmp);
-    free(h.p);
+    dsv4_sb_free(&h);
     free(lay);
     free(ws);
     return rc;

@@ -435,9 +435,7 @@ void srv_anthropic_stream_end(srv_out *o) {
                                                                        : o->errmsg);
         char *body = srv_anthropic_error_body(&e);
         if (body) {
-            dsv4_sb_puts(&o->sse, "event: error\ndata: ");
-            dsv4_sb_puts(&o->sse, body);
-            dsv4_sb_puts(&o->sse, "\n\n");
+            dsv4_sb_printf(&o->sse, "event: error\ndata: %s\n\n", body);
             free(body);
         }
         return;

@@ -180,7 +180,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         pthread_mutex_lock(&r->mu);
-        if (!r->done && r->text_n == o->text_off && r->n_lp == o->lp_off) {
+        if (!r->done && r->text.n == o->text_off && r->n_lp == o->lp_off) {
             struct timespec dl;
             clock_gettime(CLOCK_REALTIME, &dl);
             dl.tv_nsec += 200 * 1000000L;

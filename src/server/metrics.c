@@ -93,25 +93,19 @@ void srv_metrics_step(int ntok) {
 }
 
 static void put_hist(dsv4_sb *b, const char *name, const char *help, const hist *h) {
-    char line[256];
-    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    dsv4_sb_puts(b, line);
+    dsv4_sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     unsigned long cum = 0;
     for (int i = 0; i < NB; i++) {
         cum += h->n[i];
-        snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %lu\n", name, h->b[i], cum);
-        dsv4_sb_puts(b, line);
+        dsv4_sb_printf(b, "%s_bucket{le=\"%g\"} %lu\n", name, h->b[i], cum);
     }
     cum += h->n[NB];
-    snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %lu\n%s_sum %.6f\n%s_count %lu\n", name, cum, name, h->sum,
-             name, h->count);
-    dsv4_sb_puts(b, line);
+    dsv4_sb_printf(b, "%s_bucket{le=\"+Inf\"} %lu\n%s_sum %.6f\n%s_count %lu\n", name, cum, name, h->sum, name,
+                   h->count);
 }
 
 static void put_metric(dsv4_sb *b, const char *name, const char *type, const char *help, double v) {
-    char line[512];
-    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
-    dsv4_sb_puts(b, line);
+    dsv4_sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
 char *srv_metrics_render(srv_sched *S, size_t *len) {
@@ -119,26 +113,21 @@ char *srv_metrics_render(srv_sched *S, size_t *len) {
     long kv_used = 0, kv_res = 0, kv_cap = 1;
     if (S) srv_sched_stats(S, &running, &waiting, &kv_used, &kv_res, &kv_cap);
     dsv4_sb b = {0};
-    char line[512];
     pthread_mutex_lock(&M.mu);
     dsv4_sb_puts(&b, "# HELP dsv4_requests_total HTTP requests answered, by endpoint and status.\n"
                      "# TYPE dsv4_requests_total counter\n");
     for (int e = 0; e < SRV_EP_COUNT; e++)
         for (int k = 0; k <= NCODES; k++) {
             if (!M.req[e][k]) continue;
-            char code[16];
+            char code[16] = "other";
             if (k < NCODES) snprintf(code, sizeof code, "%d", codes[k]);
-            else snprintf(code, sizeof code, "other");
-            snprintf(line, sizeof line, "dsv4_requests_total{endpoint=\"%s\",status=\"%s\"} %lu\n", ep_names[e], code,
-                     M.req[e][k]);
-            dsv4_sb_puts(&b, line);
+            dsv4_sb_printf(&b, "dsv4_requests_total{endpoint=\"%s\",status=\"%s\"} %lu\n", ep_names[e], code,
+                           M.req[e][k]);
         }
     dsv4_sb_puts(&b, "# HELP dsv4_request_finish_total Generation requests finished, by reason.\n"
                      "# TYPE dsv4_request_finish_total counter\n");
-    for (int f = 1; f <= SRV_FIN_ERROR; f++) {
-        snprintf(line, sizeof line, "dsv4_request_finish_total{reason=\"%s\"} %lu\n", fin_names[f], M.fin[f]);
-        dsv4_sb_puts(&b, line);
-    }
+    for (int f = 1; f <= SRV_FIN_ERROR; f++)
+        dsv4_sb_printf(&b, "dsv4_request_finish_total{reason=\"%s\"} %lu\n", fin_names[f], M.fin[f]);
     put_metric(&b, "dsv4_prompt_tokens_total", "counter", "Prompt tokens processed.", (double)M.prompt_tokens);
     put_metric(&b, "dsv4_generation_tokens_total", "counter", "Tokens generated.", (double)M.gen_tokens);
     put_metric(&b, "dsv4_engine_steps_total", "counter", "Engine steps (forward calls).", (double)M.steps);

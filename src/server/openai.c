@@ -520,9 +520,7 @@ void srv_openai_stream_end(srv_out *o) {
         snprintf(e.msg, sizeof e.msg, "generation failed: %s", o->errmsg);
         char *body = srv_openai_error_body(&e);
         if (body) {
-            dsv4_sb_puts(&o->sse, "data: ");
-            dsv4_sb_puts(&o->sse, body);
-            dsv4_sb_puts(&o->sse, "\n\n");
+            dsv4_sb_printf(&o->sse, "data: %s\n\n", body);
             free(body);
         }
     }

@@ -48,11 +48,7 @@ char *srv_json_print(cJSON *j, size_t *len) {
     dsv4_sb b = {0};
     dsv4_pyjson_dump(&b, j, DSV4_PYJSON_COMPACT | DSV4_PYJSON_FIX_UTF8);
     cJSON_Delete(j);
-    if (b.oom) {
-        dsv4_sb_free(&b);
-        return NULL;
-    }
-    return dsv4_sb_take(&b, len);
+    return dsv4_sb_take(&b, len); /* NULL when out of memory */
 }
 
 void srv_sse(dsv4_sb *b, const char *event, cJSON *data) {
@@ -185,11 +181,11 @@ int srv_out_pump(srv_out *o) {
         else srv_openai_stream_start(o);
     }
     pthread_mutex_lock(&r->mu);
-    size_t tn = r->text_n - o->text_off;
+    size_t tn = r->text.n - o->text_off;
     char *text = NULL;
-    if (tn && (text = malloc(tn))) memcpy(text, r->text + o->text_off, tn);
+    if (tn && (text = malloc(tn))) memcpy(text, r->text.p + o->text_off, tn);
     else if (tn) o->oom = 1;
-    o->text_off = r->text_n;
+    o->text_off = r->text.n;
     size_t ln = r->n_lp - o->lp_off;
     if (ln) {
         if (o->n_lps + ln > o->cap_lps) {

@@ -29,8 +29,8 @@ typedef struct slot {
     int n_fed;            /* prompt tokens fed */
     int32_t last;         /* the token to feed next (decoding) */
     int n_gen;
-    char *text;           /* generated text (for the stop-string scan) */
-    size_t n, cap, safe, prev;
+    dsv4_sb text;         /* generated text (for the stop-string scan) */
+    size_t safe, prev;    /* text.p[0..safe) was pushed to the request; prev: text.n at the last scan */
     double t_last;
     long reserve;
     int chunk;            /* tokens in the current batch */
@@ -94,7 +94,7 @@ void srv_req_release(srv_req *r) {
     free(r->prompt);
     free(r->force);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stops[i]);
-    free(r->text);
+    dsv4_sb_free(&r->text);
     free(r->lps);
     free(r);
 }
@@ -103,23 +103,7 @@ void srv_req_release(srv_req *r) {
 static int req_push(srv_req *r, const char *t, size_t n, const srv_lp *lp) {
     int rc = 0;
     pthread_mutex_lock(&r->mu);
-    if (n) {
-        if (r->text_n + n + 1 > r->text_cap) {
-            size_t cap = r->text_cap ? r->text_cap : 256;
-            while (cap < r->text_n + n + 1) cap *= 2;
-            char *p = realloc(r->text, cap);
-            if (!p) rc = -1;
-            else {
-                r->text = p;
-                r->text_cap = cap;
-            }
-        }
-        if (!rc) {
-            memcpy(r->text + r->text_n, t, n);
-            r->text_n += n;
-            r->text[r->text_n] = 0;
-        }
-    }
+    if (n && dsv4_sb_put(&r->text, t, n)) rc = -1;
     if (lp && !rc) {
         if (r->n_lp == r->cap_lp) {
             size_t cap = r->cap_lp ? r->cap_lp * 2 : 16;
@@ -163,7 +147,7 @@ static void slot_release(srv_sched *S, int i, srv_finish f, int stop_index, cons
     dsv4_seq_free(s->seq);
     dsv4_sampler_free(s->smp);
     dsv4_tok_stream_free(s->ts);
-    free(s->text);
+    dsv4_sb_free(&s->text);
     pthread_mutex_lock(&S->mu);
     S->kv_reserved -= s->reserve;
     S->slots[i] = S->slots[--S->n_slots];
@@ -199,41 +183,26 @@ fail:
     return -1;
 }
 
-static int text_add(slot *s, const char *t, size_t n) {
-    if (s->n + n + 1 > s->cap) {
-        size_t cap = s->cap ? s->cap : 512;
-        while (cap < s->n + n + 1) cap *= 2;
-        char *p = realloc(s->text, cap);
-        if (!p) return -1;
-        s->text = p;
-        s->cap = cap;
-    }
-    memcpy(s->text + s->n, t, n);
-    s->n += n;
-    s->text[s->n] = 0;
-    return 0;
-}
-
 /* Flushes the detokenizer and the stop matcher's hold-back; finishes the request. */
 static void slot_end(srv_sched *S, int i, srv_finish f) {
     slot *s = &S->slots[i];
     srv_req *r = s->r;
     size_t len = 0;
     const char *tail = dsv4_tok_stream_flush(s->ts, &len);
-    if (tail && len && text_add(s, tail, len)) {
+    if (tail && len && dsv4_sb_put(&s->text, tail, len)) {
         slot_release(S, i, SRV_FIN_ERROR, -1, "out of memory");
         return;
     }
     dsv4_stop_result sr;
-    dsv4_stop_scan(s->text ? s->text : "", s->n, s->prev, r->sp.stop, r->sp.n_stop, &sr);
-    size_t end = s->n;
+    dsv4_stop_scan(s->text.p ? s->text.p : "", s->text.n, s->prev, r->sp.stop, r->sp.n_stop, &sr);
+    size_t end = s->text.n;
     int stop_index = -1;
     if (sr.stop >= 0) {
         end = sr.cut;
         f = SRV_FIN_STOP;
         stop_index = sr.stop;
     }
-    if (end > s->safe) req_push(r, s->text + s->safe, end - s->safe, NULL);
+    if (end > s->safe) req_push(r, s->text.p + s->safe, end - s->safe, NULL);
     slot_release(S, i, f, stop_index, NULL);
 }
 
@@ -246,7 +215,7 @@ static int slot_sample(srv_sched *S, int i, float *row) {
     /* tool_choice: the answer opens a tool call; chat mode from the first token, thinking mode once
      * the reasoning has closed */
     if (r->n_force && !s->forcing && s->n_forced == 0 &&
-        (r->mode != DSV4_CHAT_THINKING || (s->text && memmem(s->text, s->n, "</think>", 8))))
+        (r->mode != DSV4_CHAT_THINKING || (s->text.p && memmem(s->text.p, s->text.n, "</think>", 8))))
         s->forcing = 1;
     int32_t t = s->forcing ? r->force[s->n_forced++] : dsv4_sampler_sample(s->smp, row, &e);
     if (s->forcing && s->n_forced == r->n_force) s->forcing = 0;
@@ -274,20 +243,20 @@ static int slot_sample(srv_sched *S, int i, float *row) {
     }
     size_t len = 0;
     const char *piece = dsv4_tok_stream_feed(s->ts, t, &len, &e);
-    if (!piece || text_add(s, piece, len)) {
+    if (!piece || dsv4_sb_put(&s->text, piece, len)) {
         slot_release(S, i, SRV_FIN_ERROR, -1, piece ? "out of memory" : e.msg);
         return 1;
     }
     dsv4_stop_result sr;
-    dsv4_stop_scan(s->text ? s->text : "", s->n, s->prev, r->sp.stop, r->sp.n_stop, &sr);
-    s->prev = s->n;
+    dsv4_stop_scan(s->text.p ? s->text.p : "", s->text.n, s->prev, r->sp.stop, r->sp.n_stop, &sr);
+    s->prev = s->text.n;
     if (sr.stop >= 0) {
-        req_push(r, s->text + s->safe, sr.cut - s->safe, lpp);
+        req_push(r, s->text.p + s->safe, sr.cut - s->safe, lpp);
         s->safe = sr.cut;
         slot_release(S, i, SRV_FIN_STOP, sr.stop, NULL);
         return 1;
     }
-    if (req_push(r, s->text + s->safe, sr.safe - s->safe, lpp)) {
+    if (req_push(r, s->text.p + s->safe, sr.safe - s->safe, lpp)) {
         slot_release(S, i, SRV_FIN_ERROR, -1, "out of memory");
         return 1;
     }
@@ -301,6 +270,17 @@ static int slot_sample(srv_sched *S, int i, float *row) {
 }
 
 /* ---- the loop ---- */
+
+/* Finishes every waiting request as aborted and drops it from the queue. Called with S->mu held. */
+static void abort_waiting(srv_sched *S) {
+    while (S->wait_n) {
+        srv_req *r = S->wait[S->wait_head];
+        S->wait_head = (S->wait_head + 1) % S->wait_cap;
+        S->wait_n--;
+        req_finish(r, SRV_FIN_ABORT, -1, 0, NULL);
+        srv_req_release(r);
+    }
+}
 
 static void *engine_main(void *arg) {
     srv_sched *S = arg;
@@ -393,13 +373,7 @@ static void *engine_main(void *arg) {
     }
     /* leftovers (shutdown) */
     pthread_mutex_lock(&S->mu);
-    while (S->wait_n) {
-        srv_req *r = S->wait[S->wait_head];
-        S->wait_head = (S->wait_head + 1) % S->wait_cap;
-        S->wait_n--;
-        req_finish(r, SRV_FIN_ABORT, -1, 0, NULL);
-        srv_req_release(r);
-    }
+    abort_waiting(S);
     pthread_cond_broadcast(&S->idle_cv);
     pthread_mutex_unlock(&S->mu);
     return NULL;
@@ -489,13 +463,7 @@ int srv_sched_drain(srv_sched *S, double timeout_s) {
         pthread_cond_signal(&S->cv);
         while (S->n_slots || S->wait_n) {
             /* the engine cancels at its next step boundary; queued ones are dropped below */
-            while (S->wait_n) {
-                srv_req *r = S->wait[S->wait_head];
-                S->wait_head = (S->wait_head + 1) % S->wait_cap;
-                S->wait_n--;
-                req_finish(r, SRV_FIN_ABORT, -1, 0, NULL);
-                srv_req_release(r);
-            }
+            abort_waiting(S);
             if (S->n_slots) pthread_cond_wait(&S->idle_cv, &S->mu);
         }
     }

@@ -91,8 +91,7 @@ typedef struct srv_req {
     /* ---- shared: guarded by mu ---- */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char *text;              /* text emitted so far (after stop-string handling) */
-    size_t text_n, text_cap;
+    dsv4_sb text;            /* text emitted so far (after stop-string handling) */
     srv_lp *lps;
     size_t n_lp, cap_lp;
     int n_gen;               /* tokens generated */

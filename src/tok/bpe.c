@@ -2,7 +2,6 @@
  * in bpe_enc.c, regex translation and UTF-8 helpers in bpe_re.c. See bpe.h. */
 #include "bpe.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +11,8 @@
 #include <cjson/cJSON.h>
 
 #include "bpe_int.h"
+#include "../util/json.h"
+#include "../util/strbuf.h"
 
 /* ------------------------------------------------------------------------------------------------ */
 /* hashing, string map */
@@ -131,23 +132,13 @@ static void trie_add(tok_trie *tr, const char *s, size_t n, int32_t idx) {
 /* ------------------------------------------------------------------------------------------------ */
 /* loading */
 
-static const char *json_type(const cJSON *j) {
-    if (!j) return "missing";
-    if (cJSON_IsNull(j)) return "null";
-    if (cJSON_IsBool(j)) return "a boolean";
-    if (cJSON_IsNumber(j)) return "a number";
-    if (cJSON_IsString(j)) return "a string";
-    if (cJSON_IsArray(j)) return "an array";
-    if (cJSON_IsObject(j)) return "an object";
-    return "invalid";
-}
-
 /* 1/0 for true/false, dflt when missing or null, -1 (error set) for another type. */
 static int json_flag(const cJSON *o, const char *key, int dflt, const char *name, const char *where,
                      dsv4_err *err) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!j || cJSON_IsNull(j)) return dflt;
-    if (!cJSON_IsBool(j)) return dsv4_errf(err, "%s: %s.%s: expected a boolean, got %s", name, where, key, json_type(j));
+    if (!cJSON_IsBool(j))
+        return dsv4_errf(err, "%s: %s.%s: expected a boolean, got %s", name, where, key, dsv4_json_kind(j));
     return cJSON_IsTrue(j) ? 1 : 0;
 }
 
@@ -163,11 +154,12 @@ static int json_id(const cJSON *j, int32_t *out) {
 static int check_normalizer(const cJSON *n, const char *name, const char *where, dsv4_err *err) {
     if (!n || cJSON_IsNull(n)) return 0;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(n, "type");
-    if (!cJSON_IsString(type)) return dsv4_errf(err, "%s: %s.type: expected a string, got %s", name, where, json_type(type));
+    if (!cJSON_IsString(type))
+        return dsv4_errf(err, "%s: %s.type: expected a string, got %s", name, where, dsv4_json_kind(type));
     if (!strcmp(type->valuestring, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
         if (!cJSON_IsArray(list))
-            return dsv4_errf(err, "%s: %s.normalizers: expected an array, got %s", name, where, json_type(list));
+            return dsv4_errf(err, "%s: %s.normalizers: expected an array, got %s", name, where, dsv4_json_kind(list));
         int i = 0;
         const cJSON *x;
         cJSON_ArrayForEach(x, list) {
@@ -185,7 +177,8 @@ static int check_decoder(const cJSON *d, const char *name, const char *where, ds
     if (!d || cJSON_IsNull(d))
         return dsv4_errf(err, "%s: %s: missing (a ByteLevel decoder is required)", name, where);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(d, "type");
-    if (!cJSON_IsString(type)) return dsv4_errf(err, "%s: %s.type: expected a string, got %s", name, where, json_type(type));
+    if (!cJSON_IsString(type))
+        return dsv4_errf(err, "%s: %s.type: expected a string, got %s", name, where, dsv4_json_kind(type));
     if (!strcmp(type->valuestring, "ByteLevel")) return 0;
     if (!strcmp(type->valuestring, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(d, "decoders");
@@ -212,13 +205,14 @@ static const struct {
 static int load_pretok(dsv4_tok *t, const cJSON *p, const char *name, const char *where, dsv4_err *err) {
     if (!p || cJSON_IsNull(p)) return 0;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
-    if (!cJSON_IsString(type)) return dsv4_errf(err, "%s: %s.type: expected a string, got %s", name, where, json_type(type));
+    if (!cJSON_IsString(type))
+        return dsv4_errf(err, "%s: %s.type: expected a string, got %s", name, where, dsv4_json_kind(type));
     const char *ty = type->valuestring;
     char sub[200];
     if (!strcmp(ty, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
         if (!cJSON_IsArray(list))
-            return dsv4_errf(err, "%s: %s.pretokenizers: expected an array, got %s", name, where, json_type(list));
+            return dsv4_errf(err, "%s: %s.pretokenizers: expected an array, got %s", name, where, dsv4_json_kind(list));
         int i = 0;
         const cJSON *x;
         cJSON_ArrayForEach(x, list) {
@@ -240,7 +234,8 @@ static int load_pretok(dsv4_tok *t, const cJSON *p, const char *name, const char
         if (!src)
             return dsv4_errf(err, "%s: %s.pattern: expected {\"Regex\": string} or {\"String\": string}", name, where);
         const cJSON *bh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
-        if (!cJSON_IsString(bh)) return dsv4_errf(err, "%s: %s.behavior: expected a string, got %s", name, where, json_type(bh));
+        if (!cJSON_IsString(bh))
+            return dsv4_errf(err, "%s: %s.behavior: expected a string, got %s", name, where, dsv4_json_kind(bh));
         st->behavior = -1;
         for (size_t i = 0; i < sizeof behaviors / sizeof behaviors[0]; i++)
             if (!strcmp(bh->valuestring, behaviors[i].name)) st->behavior = behaviors[i].b;
@@ -285,7 +280,8 @@ static int load_pretok(dsv4_tok *t, const cJSON *p, const char *name, const char
 /* Model vocab size as tokenizers counts it (number of entries) and the added tokens' ids. */
 static int load_added(dsv4_tok *t, const cJSON *list, int32_t model_len, const char *name, dsv4_err *err) {
     if (!list || cJSON_IsNull(list)) return 0;
-    if (!cJSON_IsArray(list)) return dsv4_errf(err, "%s: added_tokens: expected an array, got %s", name, json_type(list));
+    if (!cJSON_IsArray(list))
+        return dsv4_errf(err, "%s: added_tokens: expected an array, got %s", name, dsv4_json_kind(list));
     int n = cJSON_GetArraySize(list);
     t->added = calloc((size_t)n + 1, sizeof *t->added);
     if (!t->added) return dsv4_errf(err, "%s: out of memory", name);
@@ -295,9 +291,11 @@ static int load_added(dsv4_tok *t, const cJSON *list, int32_t model_len, const c
     cJSON_ArrayForEach(a, list) {
         char where[64];
         snprintf(where, sizeof where, "added_tokens[%d]", i);
-        if (!cJSON_IsObject(a)) return dsv4_errf(err, "%s: %s: expected an object, got %s", name, where, json_type(a));
+        if (!cJSON_IsObject(a))
+            return dsv4_errf(err, "%s: %s: expected an object, got %s", name, where, dsv4_json_kind(a));
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(a, "content");
-        if (!cJSON_IsString(c)) return dsv4_errf(err, "%s: %s.content: expected a string, got %s", name, where, json_type(c));
+        if (!cJSON_IsString(c))
+            return dsv4_errf(err, "%s: %s.content: expected a string, got %s", name, where, dsv4_json_kind(c));
         const cJSON *idj = cJSON_GetObjectItemCaseSensitive(a, "id");
         int32_t fid;
         if (idj && json_id(idj, &fid)) return dsv4_errf(err, "%s: %s.id: expected a non-negative integer", name, where);
@@ -347,8 +345,7 @@ static int load_merges(dsv4_tok *t, const cJSON *merges, const char *name, dsv4_
     if (!t->merge_tab || !t->merge_new) return dsv4_errf(err, "%s: out of memory", name);
     memset(t->merge_tab, 0xFF, cap * sizeof *t->merge_tab);
     t->merge_mask = cap - 1;
-    char *buf = NULL;
-    size_t bufcap = 0;
+    dsv4_sb buf = {0}; /* the merged token a+b */
     int i = 0, rank = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, merges) {
@@ -362,7 +359,7 @@ static int load_merges(dsv4_tok *t, const cJSON *merges, const char *name, dsv4_
             }
             const char *sp = strchr(s, ' ');
             if (!sp || strchr(sp + 1, ' ')) {
-                free(buf);
+                dsv4_sb_free(&buf);
                 return dsv4_errf(err, "%s: model.merges[%d]: expected two tokens separated by one space, got \"%.80s\"",
                                  name, i, s);
             }
@@ -377,31 +374,25 @@ static int load_merges(dsv4_tok *t, const cJSON *merges, const char *name, dsv4_
             al = strlen(a);
             bl = strlen(b);
         } else {
-            free(buf);
+            dsv4_sb_free(&buf);
             return dsv4_errf(err, "%s: model.merges[%d]: expected a \"a b\" string or a pair of strings", name, i);
         }
         int32_t ia = tok_strmap_get(&t->vocab, a, al), ib = tok_strmap_get(&t->vocab, b, bl);
         if (ia < 0 || ib < 0) {
-            free(buf);
+            dsv4_sb_free(&buf);
             return dsv4_errf(err, "%s: model.merges[%d]: token \"%.*s\" is not in model.vocab", name, i,
                              (int)(ia < 0 ? al : bl), ia < 0 ? a : b);
         }
-        if (al + bl > bufcap) {
-            bufcap = 2 * (al + bl) + 64;
-            char *nb = realloc(buf, bufcap);
-            if (!nb) {
-                free(buf);
-                return dsv4_errf(err, "%s: out of memory", name);
-            }
-            buf = nb;
+        dsv4_sb_clear(&buf);
+        if (dsv4_sb_put(&buf, a, al) || dsv4_sb_put(&buf, b, bl)) {
+            dsv4_sb_free(&buf);
+            return dsv4_errf(err, "%s: out of memory", name);
         }
-        memcpy(buf, a, al);
-        memcpy(buf + al, b, bl);
-        int32_t nid = tok_strmap_get(&t->vocab, buf, al + bl);
+        int32_t nid = tok_strmap_get(&t->vocab, buf.p, buf.n);
         if (nid < 0) {
             dsv4_errf(err, "%s: model.merges[%d]: merged token \"%.*s\" is not in model.vocab", name, i,
-                      (int)(al + bl), buf);
-            free(buf);
+                      (int)buf.n, buf.p);
+            dsv4_sb_free(&buf);
             return -1;
         }
         uint64_t key = (uint64_t)ia << idb | (uint64_t)ib;
@@ -412,7 +403,7 @@ static int load_merges(dsv4_tok *t, const cJSON *merges, const char *name, dsv4_
         rank++;
         i++;
     }
-    free(buf);
+    dsv4_sb_free(&buf);
     return 0;
 }
 
@@ -434,21 +425,21 @@ static dsv4_tok *load_root(const cJSON *root, const char *name, dsv4_err *err) {
     const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(model, "type");
     const cJSON *x;
     if (!cJSON_IsObject(model)) {
-        dsv4_errf(err, "%s: model: expected an object, got %s", name, json_type(model));
+        dsv4_errf(err, "%s: model: expected an object, got %s", name, dsv4_json_kind(model));
         goto fail;
     }
     if (mtype && !(cJSON_IsString(mtype) && !strcmp(mtype->valuestring, "BPE"))) {
         dsv4_errf(err, "%s: model.type: only \"BPE\" is supported, got %s%s%s", name,
-                  cJSON_IsString(mtype) ? "\"" : "", cJSON_IsString(mtype) ? mtype->valuestring : json_type(mtype),
+                  cJSON_IsString(mtype) ? "\"" : "", cJSON_IsString(mtype) ? mtype->valuestring : dsv4_json_kind(mtype),
                   cJSON_IsString(mtype) ? "\"" : "");
         goto fail;
     }
     if (!cJSON_IsObject(vocab)) {
-        dsv4_errf(err, "%s: model.vocab: expected an object, got %s", name, json_type(vocab));
+        dsv4_errf(err, "%s: model.vocab: expected an object, got %s", name, dsv4_json_kind(vocab));
         goto fail;
     }
     if (!cJSON_IsArray(merges)) {
-        dsv4_errf(err, "%s: model.merges: expected an array, got %s", name, json_type(merges));
+        dsv4_errf(err, "%s: model.merges: expected an array, got %s", name, dsv4_json_kind(merges));
         goto fail;
     }
     x = cJSON_GetObjectItemCaseSensitive(model, "dropout");
@@ -476,7 +467,7 @@ static dsv4_tok *load_root(const cJSON *root, const char *name, dsv4_err *err) {
         int32_t id;
         if (json_id(x, &id)) {
             dsv4_errf(err, "%s: model.vocab[\"%.80s\"]: expected a non-negative integer id, got %s", name,
-                      x->string ? x->string : "", json_type(x));
+                      x->string ? x->string : "", dsv4_json_kind(x));
             goto fail;
         }
         if (id > max_id) max_id = id;
@@ -545,7 +536,7 @@ static dsv4_tok *load_root(const cJSON *root, const char *name, dsv4_err *err) {
     x = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     if (x && !cJSON_IsNull(x)) {
         if (!cJSON_IsString(x)) {
-            dsv4_errf(err, "%s: model.unk_token: expected a string or null, got %s", name, json_type(x));
+            dsv4_errf(err, "%s: model.unk_token: expected a string or null, got %s", name, dsv4_json_kind(x));
             goto fail;
         }
         t->unk_id = tok_strmap_get(&t->vocab, x->valuestring, strlen(x->valuestring));
@@ -654,36 +645,9 @@ dsv4_tok *dsv4_tok_load_json(const char *json, size_t len, const char *name, dsv
 }
 
 dsv4_tok *dsv4_tok_load(const char *path, dsv4_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        dsv4_errf(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (cap - n < 65536) {
-            cap = cap ? cap * 2 : 1 << 20;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                dsv4_errf(err, "%s: out of memory", path);
-                return NULL;
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int rerr = ferror(f);
-    fclose(f);
-    if (rerr) {
-        free(buf);
-        dsv4_errf(err, "%s: read error", path);
-        return NULL;
-    }
+    size_t n = 0;
+    char *buf = dsv4_read_file(path, 0, &n, err);
+    if (!buf) return NULL;
     dsv4_tok *t = dsv4_tok_load_json(buf, n, path, err);
     free(buf);
     return t;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bpe_int.h"
+#include "../util/strbuf.h"
 
 /* Unicode White_Space: what Oniguruma's \s and Rust's char::is_whitespace match. */
 #define WS_CLASS "\\x{9}-\\x{d}\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
@@ -57,34 +58,8 @@ static int extra_for(const char *name, size_t n) {
     return -1;
 }
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
 char *tok_translate_regex(const char *pat, size_t len) {
-    sbuf b = {0};
-    sb_put(&b, "", 0);
+    dsv4_sb b = {0};
     int in_class = 0;
     size_t i = 0;
     while (i < len) {
@@ -111,47 +86,47 @@ char *tok_translate_regex(const char *pat, size_t len) {
                 }
                 int x = extra_for(pat + nst, ne - nst);
                 if (x < 0) {
-                    sb_put(&b, pat + i, end - i); /* as written */
+                    dsv4_sb_put(&b, pat + i, end - i); /* as written */
                 } else if (in_class && neg) { /* (the extra code points cannot be taken out here) */
-                    sb_puts(&b, "\\P{");
-                    sb_puts(&b, uni_extra[x].name);
-                    sb_puts(&b, "}");
+                    dsv4_sb_puts(&b, "\\P{");
+                    dsv4_sb_puts(&b, uni_extra[x].name);
+                    dsv4_sb_puts(&b, "}");
                 } else {
-                    if (!in_class) sb_puts(&b, neg ? "[^" : "[");
-                    sb_puts(&b, "\\p{");
-                    sb_puts(&b, uni_extra[x].name);
-                    sb_puts(&b, "}");
-                    sb_puts(&b, uni_extra[x].extra);
-                    if (!in_class) sb_puts(&b, "]");
+                    if (!in_class) dsv4_sb_puts(&b, neg ? "[^" : "[");
+                    dsv4_sb_puts(&b, "\\p{");
+                    dsv4_sb_puts(&b, uni_extra[x].name);
+                    dsv4_sb_puts(&b, "}");
+                    dsv4_sb_puts(&b, uni_extra[x].extra);
+                    if (!in_class) dsv4_sb_puts(&b, "]");
                 }
                 i = end;
                 continue;
             }
             if (d == 's' || d == 'S') {
                 if (!in_class) {
-                    sb_puts(&b, d == 's' ? "[" WS_CLASS "]" : "[^" WS_CLASS "]");
+                    dsv4_sb_puts(&b, d == 's' ? "[" WS_CLASS "]" : "[^" WS_CLASS "]");
                 } else {
-                    sb_puts(&b, d == 's' ? WS_CLASS : WS_COMPLEMENT);
+                    dsv4_sb_puts(&b, d == 's' ? WS_CLASS : WS_COMPLEMENT);
                 }
                 i += 2;
                 continue;
             }
             if (d == 'h' || d == 'H') { /* Oniguruma: hexadecimal digit */
                 if (!in_class)
-                    sb_puts(&b, d == 'h' ? "[0-9a-fA-F]" : "[^0-9a-fA-F]");
+                    dsv4_sb_puts(&b, d == 'h' ? "[0-9a-fA-F]" : "[^0-9a-fA-F]");
                 else
-                    sb_puts(&b, d == 'h' ? "0-9a-fA-F" : "\\x{0}-/:-@G-`g-\\x{10ffff}");
+                    dsv4_sb_puts(&b, d == 'h' ? "0-9a-fA-F" : "\\x{0}-/:-@G-`g-\\x{10ffff}");
                 i += 2;
                 continue;
             }
             if (d == 'w' || (d == 'W' && !in_class)) { /* ~Oniguruma: Letter, Mark, Nd, Pc */
-                if (!in_class) sb_puts(&b, d == 'w' ? "[" : "[^");
-                sb_puts(&b, "\\p{L}");
-                sb_puts(&b, uni_extra[0].extra);
-                sb_puts(&b, "\\p{M}");
-                sb_puts(&b, uni_extra[1].extra);
-                sb_puts(&b, "\\p{Nd}\\p{Pc}");
-                if (!in_class) sb_puts(&b, "]");
+                if (!in_class) dsv4_sb_puts(&b, d == 'w' ? "[" : "[^");
+                dsv4_sb_puts(&b, "\\p{L}");
+                dsv4_sb_puts(&b, uni_extra[0].extra);
+                dsv4_sb_puts(&b, "\\p{M}");
+                dsv4_sb_puts(&b, uni_extra[1].extra);
+                dsv4_sb_puts(&b, "\\p{Nd}\\p{Pc}");
+                if (!in_class) dsv4_sb_puts(&b, "]");
                 i += 2;
                 continue;
             }
@@ -159,11 +134,11 @@ char *tok_translate_regex(const char *pat, size_t len) {
                 size_t j = i + 2;
                 while (j + 1 < len && !(pat[j] == '\\' && pat[j + 1] == 'E')) j++;
                 j = j + 1 < len ? j + 2 : len;
-                sb_put(&b, pat + i, j - i);
+                dsv4_sb_put(&b, pat + i, j - i);
                 i = j;
                 continue;
             }
-            sb_put(&b, pat + i, 2);
+            dsv4_sb_put(&b, pat + i, 2);
             i += 2;
             continue;
         }
@@ -172,38 +147,34 @@ char *tok_translate_regex(const char *pat, size_t len) {
                 size_t j = i + 2;
                 while (j + 1 < len && !(pat[j] == ':' && pat[j + 1] == ']')) j++;
                 j = j + 1 < len ? j + 2 : len;
-                sb_put(&b, pat + i, j - i);
+                dsv4_sb_put(&b, pat + i, j - i);
                 i = j;
                 continue;
             }
             if (!in_class) {
                 in_class = 1;
-                sb_put(&b, "[", 1);
+                dsv4_sb_put(&b, "[", 1);
                 i++;
                 if (i < len && pat[i] == '^') {
-                    sb_put(&b, "^", 1);
+                    dsv4_sb_put(&b, "^", 1);
                     i++;
                 }
                 if (i < len && pat[i] == ']') { /* a leading ] is a literal */
-                    sb_put(&b, "\\]", 2);
+                    dsv4_sb_put(&b, "\\]", 2);
                     i++;
                 }
                 continue;
             }
             in_class++; /* Oniguruma nested class; PCRE2 has none (kept as written) */
-            sb_put(&b, "[", 1);
+            dsv4_sb_put(&b, "[", 1);
             i++;
             continue;
         }
         if (c == ']' && in_class) in_class--;
-        sb_put(&b, &c, 1);
+        dsv4_sb_putc(&b, c);
         i++;
     }
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    return b.p;
+    return dsv4_sb_take(&b, NULL); /* NULL when out of memory */
 }
 
 pcre2_code *tok_compile(const char *pat, size_t len, int literal, int *jit, const char *what, dsv4_err *err) {

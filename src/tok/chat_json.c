@@ -8,60 +8,6 @@
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------------
- * Byte buffer
- * --------------------------------------------------------------------------------------------- */
-
-static int sb_reserve(dsv4_sb *b, size_t extra) {
-    if (b->oom) return -1;
-    if (b->n + extra + 1 <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + extra + 1) {
-        if (cap > SIZE_MAX / 2) {
-            b->oom = 1;
-            return -1;
-        }
-        cap *= 2;
-    }
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = 1;
-        return -1;
-    }
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-void dsv4_sb_put(dsv4_sb *b, const char *s, size_t n) {
-    if (sb_reserve(b, n)) return;
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-void dsv4_sb_puts(dsv4_sb *b, const char *s) { dsv4_sb_put(b, s, strlen(s)); }
-
-void dsv4_sb_putc(dsv4_sb *b, char c) { dsv4_sb_put(b, &c, 1); }
-
-char *dsv4_sb_take(dsv4_sb *b, size_t *len) {
-    if (!b->oom && !b->p) dsv4_sb_put(b, "", 0);
-    char *p = b->oom ? NULL : b->p;
-    if (b->oom) free(b->p);
-    if (len) *len = p ? b->n : 0;
-    b->p = NULL;
-    b->n = b->cap = 0;
-    b->oom = 0;
-    return p;
-}
-
-void dsv4_sb_free(dsv4_sb *b) {
-    free(b->p);
-    b->p = NULL;
-    b->n = b->cap = 0;
-    b->oom = 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Parser (json.loads)
  * --------------------------------------------------------------------------------------------- */
 

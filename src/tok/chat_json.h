@@ -9,7 +9,7 @@
  * made any other way (cJSON_Parse, cJSON_CreateNumber) print like Python would print the number's
  * most likely source: an integral value below 1e16 as an integer, anything else as a float.
  *
- * Also here: the growable byte buffer the chat code writes into. */
+ * Output goes into a dsv4_sb (util/strbuf.h), which this header brings in. */
 #ifndef DSV4_TOK_CHAT_JSON_H
 #define DSV4_TOK_CHAT_JSON_H
 
@@ -18,21 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "../util/err.h"
-
-/* ---- byte buffer ---- */
-
-typedef struct dsv4_sb {
-    char *p;      /* NUL-terminated once anything was written (NULL before) */
-    size_t n, cap;
-    int oom;      /* set when an allocation failed; every later write is a no-op */
-} dsv4_sb;
-
-void dsv4_sb_put(dsv4_sb *b, const char *s, size_t n);
-void dsv4_sb_puts(dsv4_sb *b, const char *s);
-void dsv4_sb_putc(dsv4_sb *b, char c);
-/* Hands the buffer over (never NULL unless out of memory: "" when nothing was written), resets b. */
-char *dsv4_sb_take(dsv4_sb *b, size_t *len);
-void dsv4_sb_free(dsv4_sb *b);
+#include "../util/strbuf.h"
 
 /* ---- Python json.loads ---- */
 
