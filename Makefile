@@ -46,6 +46,11 @@ all: $(BUILD)/tests/gpu/test_kernels
 $(BUILD)/tests/gpu/test_kernels: tests/gpu/test_kernels.c $(GPU_TEST_OBJ)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $^ -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
+# the KV cache format and the attention that reads it, against dsv4_cpu_sparse_attn
+all: $(BUILD)/tests/gpu/test_attn_kv8
+$(BUILD)/tests/gpu/test_attn_kv8: tests/gpu/test_attn_kv8.c $(GPU_TEST_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $^ -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
 # the GPU sampler against the CPU sampler (src/engine/sample.c)
 all: $(BUILD)/tests/gpu/test_sample
 $(BUILD)/tests/gpu/test_sample: tests/gpu/test_sample.c $(BUILD)/src/engine/sample.o $(BUILD)/src/util/err.o $(CU_SRC:%.cu=$(BUILD)/%.cu.o)

@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) k_sample(const float *logits, 
         nfin = block_sum_u(nfin, &sm);
         if (nfin > (unsigned long long)P.top_k) {
             while (lo < hi) {
-                uint32_t mid = lo + (hi - lo + 1) / 2;
+                uint32_t mid = (uint32_t)(((uint64_t)lo + hi + 1) >> 1);
                 unsigned long long c = 0;
                 for (int i = r.lo; i < r.hi; i++) {
                     uint32_t k = fkey(zat(r, i));
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) k_sample(const float *logits, 
         uint32_t lo = 0, hi = 0xffffffffu;
         bool found = false;
         while (lo < hi) {
-            uint32_t mid = lo + (hi - lo + 1) / 2;
+            uint32_t mid = (uint32_t)(((uint64_t)lo + hi + 1) >> 1);
             double s = 0;
             for (int i = r.lo; i < r.hi; i++) {
                 float z = zat(r, i);

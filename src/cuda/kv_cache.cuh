@@ -1,0 +1,40 @@
+/* kv_cache.cuh - device helpers for cache rows in the format of kv_cache.h (included by .cu files). */
+#ifndef DSV4_CUDA_KV_CACHE_CUH
+#define DSV4_CUDA_KV_CACHE_CUH
+
+#include "common.cuh"
+#include "kv_cache.h"
+
+/* e8m0 code of a power of two (or 0 for values below 2^-127, which the simulation never makes) */
+__device__ __forceinline__ uint8_t dev_e8m0_code(float pow2) {
+    return (uint8_t)((__float_as_uint(pow2) >> 23) & 0xff);
+}
+
+/* One warp packs one fp32 row (Dh floats) into a cache row. The scale of each 64-block is recomputed
+ * from its (already rounded) values as the simulation computes it: max(amax, 1e-4) / 448 rounded up to
+ * a power of two; every rounded value is then an e4m3 code times that scale exactly (the rounded amax
+ * lies in [scale/2 * 448 .. scale * 448] of the original scale, both of which hold the codes). */
+__device__ __forceinline__ void dev_kv_pack_row_warp(const float *src, int Dh, int R, uint8_t *dst) {
+    const int lane = threadIdx.x & 31, nope = Dh - R, nb = nope / 64, ro = dsv4_kv_rope_off(Dh, R);
+    for (int blk = 0; blk < nb; blk++) {
+        float a = fmaxf(fabsf(src[blk * 64 + lane]), fabsf(src[blk * 64 + 32 + lane]));
+        a = warp_max(a);
+        float s = dev_pow2_ceil(fmaxf(a, 1e-4f) * (1.0f / 448.0f));
+        for (int j = lane; j < 64; j += 32) {
+            float v = src[blk * 64 + j] / s; /* exact: s is a power of two */
+            dst[blk * 64 + j] = (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+        }
+        if (lane == 0) dst[nope + blk] = dev_e8m0_code(s);
+    }
+    uint16_t *rp = (uint16_t *)(dst + ro);
+    for (int j = lane; j < R; j += 32) rp[j] = __bfloat16_as_ushort(__float2bfloat16_rn(src[nope + j]));
+}
+
+/* Element d of a cache row, as float. */
+__device__ __forceinline__ float dev_kv_at(const uint8_t *row, int Dh, int R, int d) {
+    const int nope = Dh - R;
+    if (d < nope) return dev_e4m3(row[d]) * dev_e8m0(row[nope + d / 64]);
+    return dev_bf16(((const uint16_t *)(row + dsv4_kv_rope_off(Dh, R)))[d - nope]);
+}
+
+#endif

@@ -1,0 +1,59 @@
+/* kv_cache.h - the attention KV cache in its stored format (spec 7: what the reference's simulation
+ * leaves in the cache), so that storing an entry adds no error, and the sparse attention that reads it.
+ *
+ * One entry (a window row or a compressed entry; head_dim Dh = nope + R, nope a multiple of 64) is
+ * dsv4_kv_row_bytes(Dh, R) bytes:
+ *   [0, nope)                 e4m3 codes of the non-rope dims
+ *   [nope, nope + nope/64)    one e8m0 scale per 64 of them (value = code * 2^(scale - 127))
+ *   [rope_off, rope_off + 2R) the R rope dims as bf16        (rope_off = nope + nope/64, rounded up to 16)
+ *   padding to a multiple of 16 bytes.
+ * For V4 (Dh 512, R 64): 592 bytes instead of 2048 in fp32. The non-rope dims went through the FP8
+ * act_quant simulation (blocks of 64, power-of-two scales) before they are stored, so their codes and
+ * scales hold them exactly; the rope dims are rounded to bf16 (the reference keeps them in its
+ * activation dtype, bf16 on the GPU).
+ *
+ * Plain C; the device functions are in kv_cache.cuh, the kernels in attn_kv8.cu. */
+#ifndef DSV4_CUDA_KV_CACHE_H
+#define DSV4_CUDA_KV_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifdef __CUDACC__
+#define DSV4_KV_HD __host__ __device__
+#else
+#define DSV4_KV_HD
+#endif
+static inline DSV4_KV_HD int dsv4_kv_rope_off(int Dh, int R) { return ((Dh - R) + (Dh - R) / 64 + 15) & ~15; }
+static inline DSV4_KV_HD int64_t dsv4_kv_row_bytes(int Dh, int R) { return (dsv4_kv_rope_off(Dh, R) + 2 * R + 15) & ~15; }
+
+/* Packs n fp32 rows (row stride sld floats; non-rope dims already FP8-simulated) into cache rows:
+ * row i goes to dst + rows[i] * row_bytes (rows: device ints; NULL = row i). Fails when (Dh - R) is
+ * not a multiple of 64. */
+int dsv4_cuda_kv_pack(const float *src, int64_t sld, int n, int Dh, int R, uint8_t *dst, const int *rows,
+                      void *stream);
+/* The inverse, for tests: cache rows 0..n-1 -> fp32 rows (stride dld). */
+int dsv4_cuda_kv_unpack(const uint8_t *src, int n, int Dh, int R, float *dst, int64_t dld, void *stream);
+
+/* Sparse attention with a sink (spec 7.1) over cache entries, for T queries q [T, H, Dh] (fp32):
+ * entry id >= 0 of query t is cache row id of base[t] (a device array of T device pointers: the
+ * query's sequence's cache), id <= -2 is fp32 row -id-2 of kv2 (row stride Dh: a prefill chunk's own
+ * keys, not stored yet), -1 is no entry. idx [T, nidx], any nidx >= 0. out [T, H, Dh]. A query with
+ * no valid entry gets zeros. Entries are taken in chunks of 64 with an online softmax, and lists
+ * longer than 256 are split in pieces of 256 combined in a fixed order (scratch: see
+ * dsv4_cuda_attn_kv8_scratch), so a query's result depends only on its own entries, never on T
+ * (batch invariant) and is the same run to run. Twin: dsv4_cpu_sparse_attn on the unpacked rows. */
+int dsv4_cuda_attn_kv8(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
+                       const int *idx, int nidx, const float *sink, float scale, float *out, float *scratch,
+                       void *stream);
+/* Floats of scratch dsv4_cuda_attn_kv8 needs for T queries, H heads, nidx entries (0 when nidx <= 256). */
+size_t dsv4_cuda_attn_kv8_scratch(int T, int H, int Dh, int nidx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
