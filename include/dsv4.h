@@ -30,8 +30,16 @@ int dsv4_load(const char *dir, dsv4_model **out, char *err, size_t errcap);
 void dsv4_free(dsv4_model *m);
 /* Chooses where the model runs: "cpu" (the default, float32 reference) or "cuda" (GPU 0; builds made
  * with `make CUDA=1`). Call before creating sequences; "cuda" uploads every weight (progress on
- * stderr). 0, or -1 with a message in err. */
+ * stderr) and fixes the context capacity (below). 0, or -1 with a message in err. */
 int dsv4_set_device(dsv4_model *m, const char *device, char *err, size_t errcap);
+/* The context capacity: the most positions (prompt + generated tokens) one sequence may reach,
+ * 1 .. max_position_embeddings. A GPU sequence allocates its caches for the whole capacity when it is
+ * created, so the GPU fixes it in dsv4_set_device("cuda"): call this before that (afterwards only the
+ * same value is accepted). Default: max_position_embeddings on the CPU, min(max_position_embeddings,
+ * DSV4_GPU_DEFAULT_CONTEXT) on the GPU. A forward call past the capacity is an error. dsv4_model_info
+ * reports it as max_context. 0, or -1 with a message in err. */
+#define DSV4_GPU_DEFAULT_CONTEXT 16384
+int dsv4_set_max_context(dsv4_model *m, int n, char *err, size_t errcap);
 dsv4_info dsv4_model_info(const dsv4_model *m);
 
 dsv4_seq *dsv4_seq_new(dsv4_model *m); /* NULL when out of memory */
@@ -49,7 +57,9 @@ enum {
 };
 
 /* One forward call: sequence seqs[i] takes ntok[i] tokens tokens[i][0..] at its current position.
- * A sequence may appear only once per call; ntok[i] may be 0. */
+ * A sequence may appear only once per call; ntok[i] may be 0. On the GPU a call that gives every
+ * sequence at most one token (a decode step) replays one captured CUDA graph per batch bucket
+ * (1, 2, 4, .. 256 sequences); longer chunks (prefill) run as ordinary launches. */
 int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
                  float *logits, int mode, char *err, size_t errcap);
 

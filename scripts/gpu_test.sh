@@ -3,12 +3,16 @@
 #   1. builds the CUDA kernels and their per-kernel test (tests/gpu/test_kernels.c, which links only
 #      the CPU twins and the CUDA objects, so no -dev packages are needed) and runs it: every op
 #      against its CPU twin, then timings (arguments go to it; --no-bench: checks only); and the GPU
-#      sampler against the CPU sampler (tests/gpu/test_sample.c);
+#      sampler against the CPU sampler (tests/gpu/test_sample.c); the KV cache format and its attention
+#      (tests/gpu/test_attn_kv8.c);
 #   2. builds the full dsv4 binary with CUDA=1 and runs `dsv4 logits --device cuda` and
 #      `--device cpu` on every scenario of every model fixture (tests/fixtures/*/manifest.json,
 #      prefill as in the manifest); tests/gpu/fixture_check.c prints relative L2 / top-1 of the GPU's
 #      logits against the float32 reference and against the CPU engine, and fails a scenario that is
-#      further from the reference than the official bf16 run (tests/fixtures/README.md).
+#      further from the reference than the official bf16 run (tests/fixtures/README.md);
+#   3. tests/gpu/test_decode.c: CUDA-graph decode steps bitwise equal to the same launches without graphs,
+#      batch invariance (a sequence alone vs in batches of 3, 5, 8), the context capacity;
+#   4. `dsv4 run --device cuda` greedy vs cpu, one streamed request through `dsv4 serve --device cuda`.
 # Step 2 needs the cJSON / PCRE2 / microhttpd headers and libraries. Where the machine has no -dev
 # packages, DSV4_DEPS=DIR points at a tree made with `dpkg -x` of libcjson-dev libcjson1
 # libpcre2-dev libpcre2-8-0 libmicrohttpd-dev libmicrohttpd12 (DIR/usr/include, DIR/usr/lib/...),
@@ -33,9 +37,10 @@ fi
 MK="make -j$JOBS CUDA=1 BUILD=$BUILD NVCC=$CUDA_HOME/bin/nvcc CUDA_HOME=$CUDA_HOME"
 
 if [ "${GPU_TEST_KERNELS:-1}" != 0 ]; then
-    $MK "$BUILD/tests/gpu/test_kernels" "$BUILD/tests/gpu/test_sample"
+    $MK "$BUILD/tests/gpu/test_kernels" "$BUILD/tests/gpu/test_sample" "$BUILD/tests/gpu/test_attn_kv8"
     "$BUILD/tests/gpu/test_kernels" "$@"
     "$BUILD/tests/gpu/test_sample"
+    "$BUILD/tests/gpu/test_attn_kv8"
 fi
 [ "${GPU_TEST_E2E:-1}" = 0 ] && exit 0
 
@@ -68,14 +73,24 @@ for line in $("$BUILD/tests/gpu/fixture_check" list | tr ' ' ':'); do
         fail=$((fail + 1))
     fi
 done
-grep -h "uploaded\|GPU 0" "$OUT"/tiny-bf16-A-gpu.log || true
+grep -h "uploaded\|GPU 0\|capacity" "$OUT"/tiny-bf16-A-gpu.log || true
 for f in "$OUT"/*-gpu.log; do printf '%s: ' "$(basename "$f" -gpu.log)"; grep -h "tokens in" "$f" | sed 's/^dsv4 logits: //'; done
 echo "end to end: $total scenarios, $((total - fail)) passed, $fail failed"
 
-# 3. generation and serving on the GPU: `dsv4 run --device cuda` greedy against the CPU, and one
+# 3. the decode step: CUDA graphs == launches one by one, batch invariance, context capacity
+#    (tests/gpu/test_decode.c; the synthetic model of step 4 too)
+echo "== decode step: graphs, batch invariance, capacity"
+${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Iinclude -Isrc -Itests \
+    -o "$BUILD/tests/gpu/test_decode" tests/gpu/test_decode.c "$BUILD/libdsv4.a" -lcjson -lm -lpthread -fopenmp \
+    -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lstdc++
+"$BUILD/tests/gpu/test_decode" tests/fixtures/tiny-bf16 tests/fixtures/small-fp8-fp4 tests/fixtures/tiny-nvfp4-hf \
+    tests/fixtures/small-fp8-nvfp4 2>"$OUT/decode.log" || { fail=$((fail + 1)); tail -n 5 "$OUT/decode.log"; }
+
+# 4. generation and serving on the GPU: `dsv4 run --device cuda` greedy against the CPU, and one
 #    request through `dsv4 serve --device cuda` (a synthetic model; random weights).
 echo "== run / serve --device cuda"
 "$BUILD/dsv4" synth -o "$OUT/synth" >/dev/null 2>&1
+"$BUILD/tests/gpu/test_decode" "$OUT/synth" 2>>"$OUT/decode.log" || { fail=$((fail + 1)); tail -n 5 "$OUT/decode.log"; }
 for dev in cpu cuda; do
     "$BUILD/dsv4" run -m "$OUT/synth" --device $dev -p "The quick brown fox" --temperature 0 --max-tokens 24 \
         --ignore-eos -q >"$OUT/run-$dev.txt" 2>"$OUT/run-$dev.log" || { fail=$((fail + 1)); tail -n 3 "$OUT/run-$dev.log"; }
@@ -93,5 +108,5 @@ else
     echo "serve --device cuda: request failed"; tail -n 5 "$OUT/serve.log"; fail=$((fail + 1))
 fi
 kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null || true
-echo "gpu tests: $((total + 3 - fail)) passed, $fail failed"
+echo "gpu tests: $((total + 5 - fail)) passed, $fail failed"
 [ $fail = 0 ]

@@ -7,7 +7,11 @@
  * times dsv4_forward with the wall clock (the GPU forward is synchronous: it returns after its
  * last copy). Decode: for each context C and batch B, B sequences are prefilled to C tokens (in
  * chunks), then steps alternate logits for the last token (head included) and no logits (the
- * layers alone); each is the median of --steps steps. The roofline is the minimum bytes a step must
+ * layers alone), --steps of each. On the GPU a decode step is two CUDA graphs (layers, head); the
+ * step and layers times are then the medians of --replays replays of those graphs timed with CUDA
+ * events (the last step's input replayed: only the GPU's time), and the wall-clock median of the
+ * dsv4_forward calls (upload, graphs, logits download, host work) is reported as "call ms". Without
+ * graphs (CPU, DSV4_CUDA_GRAPHS=0) step and layers are the wall-clock medians. The roofline is the minimum bytes a step must
  * read (dense weights of the layers, the routed experts the step touches, the head, KV and indexer
  * keys in the reference's cache formats) over the device-to-device copy bandwidth measured in the
  * same run. The projection to the whole model is (layers time / N) x n_layers + head time. */
@@ -26,13 +30,15 @@
 #ifdef DSV4_CUDA
 #include "cuda/bench_cuda.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_model.h"
+#include "model/model.h"
 #endif
 
 #define MAXL 16
 
 typedef struct {
     const char *synthetic, *experts, *dir, *device, *json_file;
-    int layers, prompt, steps, chunk, json, keep, reps;
+    int layers, prompt, steps, chunk, json, keep, reps, replays;
     int batch[MAXL], nbatch, context[MAXL], ncontext;
     unsigned long long seed;
 } opts;
@@ -56,6 +62,7 @@ static void usage(FILE *f) {
             "  --context LIST     context lengths for decode, comma-separated (default 4096)\n"
             "  --prompt LEN       prefill measurement: one prompt of LEN tokens (default 2048; 0 = skip)\n"
             "  --steps N          timed decode steps of each kind (default 20)\n"
+            "  --replays N        GPU: replays of the decode step's CUDA graphs timed (default 200)\n"
             "  --chunk N          prefill chunk when filling the context (default 2048)\n"
             "  --seed N           weight seed (default 0)\n"
             "  --dir DIR          where the checkpoint goes (default $TMPDIR or /tmp,\n"
@@ -116,7 +123,9 @@ static void rm_dir(const char *dir) {
 /* one decode measurement */
 typedef struct {
     int batch, context;
-    double t_step, t_layers, t_head;  /* medians, seconds */
+    double t_step, t_layers, t_head;  /* medians, seconds (graph replays on the GPU) */
+    double t_call;                    /* wall-clock median of the dsv4_forward calls with logits */
+    int graph;                        /* step / layers timed from graph replays */
     double bytes, bytes_dense, bytes_experts, bytes_head, bytes_kv, kv_engine, uniq;
     double roof, ratio;
     double proj_step, proj_bytes, proj_roof, proj_ratio;
@@ -155,7 +164,7 @@ static int prefill_seq(dsv4_model *m, dsv4_seq *sq, int n, int chunk, int V, cha
 
 int dsv4_cmd_bench(int argc, char **argv) {
     opts o = {.experts = "mxfp4", .device = "cuda", .layers = 4, .prompt = 2048, .steps = 20, .chunk = 2048,
-              .reps = 3};
+              .reps = 3, .replays = 200};
     o.batch[0] = 1, o.nbatch = 1, o.context[0] = 4096, o.ncontext = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -186,6 +195,9 @@ int dsv4_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--steps")) {
             NEEDV();
             o.steps = atoi(v);
+        } else if (!strcmp(a, "--replays")) {
+            NEEDV();
+            o.replays = atoi(v);
         } else if (!strcmp(a, "--chunk")) {
             NEEDV();
             o.chunk = atoi(v);
@@ -221,8 +233,8 @@ int dsv4_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "dsv4 bench: --experts must be mxfp4 or nvfp4\n");
         return 2;
     }
-    if (o.layers < 1 || o.layers > s.n_layers_full || o.prompt < 0 || o.steps < 1 || o.chunk < 1) {
-        fprintf(stderr, "dsv4 bench: --layers must be in [1, %d], --steps and --chunk >= 1, --prompt >= 0\n",
+    if (o.layers < 1 || o.layers > s.n_layers_full || o.prompt < 0 || o.steps < 1 || o.chunk < 1 || o.replays < 1) {
+        fprintf(stderr, "dsv4 bench: --layers must be in [1, %d], --steps, --replays and --chunk >= 1, --prompt >= 0\n",
                 s.n_layers_full);
         return 2;
     }
@@ -282,6 +294,15 @@ int dsv4_cmd_bench(int argc, char **argv) {
         return 1;
     }
     t_load = now() - t0;
+    /* a context capacity that holds the longest measured sequence (the GPU allocates it per sequence) */
+    long need = o.prompt;
+    for (int i = 0; i < o.ncontext; i++)
+        if (o.context[i] + 2L * o.steps + 8 > need) need = o.context[i] + 2L * o.steps + 8;
+    if (need > DSV4_GPU_DEFAULT_CONTEXT && dsv4_set_max_context(m, (int)need, err, sizeof err)) {
+        fprintf(stderr, "dsv4 bench: %s\n", err);
+        dsv4_free(m);
+        return 1;
+    }
     t0 = now();
     if (dsv4_set_device(m, o.device, err, sizeof err)) {
         fprintf(stderr, "dsv4 bench: %s\n", err);
@@ -398,8 +419,16 @@ int dsv4_cmd_bench(int argc, char **argv) {
                 t = now() - t;
                 if (i >= 0) (mode == DSV4_LOGITS_LAST ? tl : tn)[i / 2] = t;
             }
-            R->t_step = median(tl, o.steps);
+            R->t_step = R->t_call = median(tl, o.steps);
             R->t_layers = median(tn, o.steps);
+#ifdef DSV4_CUDA
+            double rl, rs; /* the last step was one of this batch: replay its graphs */
+            if (cuda && !dsv4_cuda_decode_replay_ms(m->gpu, B, o.replays, &rl, &rs)) {
+                R->t_layers = rl * 1e-3;
+                R->t_step = rs * 1e-3;
+                R->graph = 1;
+            }
+#endif
             R->t_head = R->t_step - R->t_layers;
             /* bytes: the N measured layers + head */
             const double E = s.n_experts, K = s.n_active;
@@ -442,12 +471,14 @@ int dsv4_cmd_bench(int argc, char **argv) {
         fprintf(jf, "\"decode\":[");
         for (int i = 0; i < nres; i++) {
             const dec_res *R = &res[i];
-            fprintf(jf, "%s{\"batch\":%d,\"context\":%d,\"step_ms\":%.3f,\"layers_ms\":%.3f,\"head_ms\":%.3f,"
+            fprintf(jf, "%s{\"batch\":%d,\"context\":%d,\"timing\":\"%s\",\"step_ms\":%.3f,\"layers_ms\":%.3f,\"head_ms\":%.3f,"
+                   "\"call_ms\":%.3f,"
                    "\"unique_experts\":%.1f,\"bytes\":%.0f,\"bytes_dense\":%.0f,\"bytes_experts\":%.0f,\"bytes_head\":%.0f,"
                    "\"bytes_kv\":%.0f,\"bytes_kv_engine_fp32\":%.0f,\"roofline_ms\":%.4f,\"ratio\":%.2f,"
                    "\"proj_step_ms\":%.3f,\"proj_bytes\":%.0f,\"proj_roofline_ms\":%.4f,\"proj_ratio\":%.2f,"
                    "\"proj_tokens_per_s\":%.1f}",
-                   i ? "," : "", R->batch, R->context, R->t_step * 1e3, R->t_layers * 1e3, R->t_head * 1e3, R->uniq,
+                   i ? "," : "", R->batch, R->context, R->graph ? "graph replay median" : "wall clock median",
+                   R->t_step * 1e3, R->t_layers * 1e3, R->t_head * 1e3, R->t_call * 1e3, R->uniq,
                    R->bytes, R->bytes_dense, R->bytes_experts, R->bytes_head, R->bytes_kv, R->kv_engine, R->roof * 1e3,
                    R->ratio, R->proj_step * 1e3, R->proj_bytes, R->proj_roof * 1e3, R->proj_ratio,
                    R->batch / R->proj_step);
@@ -470,16 +501,17 @@ int dsv4_cmd_bench(int argc, char **argv) {
                    "whole model (x %d/%d): %.0f tokens/s\n",
                    o.prompt, pf_t * 1e3, o.prompt / pf_t, pf_tflops, s.n_layers_full, N,
                    o.prompt / (pf_t / N * s.n_layers_full));
-        printf("\ndecode (median of %d steps each; bytes = the minimum a step reads; roofline = bytes / copy bandwidth)\n",
-               o.steps);
-        printf("%6s %7s | %9s %9s %8s | %7s %8s %8s %8s %8s | %9s %6s | %10s %9s %9s %6s %8s\n", "batch", "context",
-               "step ms", "layers ms", "head ms", "experts", "dense MB", "exp MB", "head MB", "kv MB", "roof ms",
+        printf("\ndecode (step / layers: %s; call: wall-clock median of %d dsv4_forward calls; bytes = the minimum a\n"
+               "step reads; roofline = bytes / copy bandwidth)\n",
+               nres && res[0].graph ? "median of the CUDA-graph replays" : "wall-clock median", o.steps);
+        printf("%6s %7s | %9s %9s %8s %8s | %7s %8s %8s %8s %8s | %9s %6s | %10s %9s %9s %6s %8s\n", "batch", "context",
+               "step ms", "layers ms", "head ms", "call ms", "experts", "dense MB", "exp MB", "head MB", "kv MB", "roof ms",
                "ratio", "full: ms", "GB", "roof ms", "ratio", "tok/s");
         for (int i = 0; i < nres; i++) {
             const dec_res *R = &res[i];
-            printf("%6d %7d | %9.3f %9.3f %8.3f | %7.1f %8.1f %8.1f %8.1f %8.2f | %9.4f %6.1f | %10.2f %9.2f %9.3f %6.1f "
+            printf("%6d %7d | %9.3f %9.3f %8.3f %8.3f | %7.1f %8.1f %8.1f %8.1f %8.2f | %9.4f %6.1f | %10.2f %9.2f %9.3f %6.1f "
                    "%8.1f\n",
-                   R->batch, R->context, R->t_step * 1e3, R->t_layers * 1e3, R->t_head * 1e3, R->uniq,
+                   R->batch, R->context, R->t_step * 1e3, R->t_layers * 1e3, R->t_head * 1e3, R->t_call * 1e3, R->uniq,
                    R->bytes_dense / 1e6, R->bytes_experts / 1e6, R->bytes_head / 1e6, R->bytes_kv / 1e6, R->roof * 1e3,
                    R->ratio, R->proj_step * 1e3, R->proj_bytes / 1e9, R->proj_roof * 1e3, R->proj_ratio,
                    R->batch / R->proj_step);

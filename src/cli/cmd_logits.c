@@ -9,9 +9,6 @@
 #include "cmds.h"
 #include "dsv4.h"
 #include "io/safetensors.h"
-#ifdef DSV4_CUDA
-#include "cuda/cuda_model.h"
-#endif
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -150,19 +147,12 @@ int dsv4_cmd_logits(int argc, char **argv) {
     if (info.n_mtp_tensors)
         fprintf(stderr, "dsv4 logits: note: skipping %d mtp.* tensors (multi-token prediction is not used yet)\n", info.n_mtp_tensors);
     int V = info.vocab_size, rc = 1;
-#ifdef DSV4_CUDA
-    dsv4_cuda_model *gm = NULL;
-    dsv4_cuda_seq **gseqs = NULL;
-    if (use_cuda) {
-        if (dsv4_cuda_model_new(m, 0, 1, &gm, err, sizeof err)) {
-            fprintf(stderr, "dsv4 logits: --device cuda: %s\n", err);
-            dsv4_free(m);
-            free(tok);
-            return 1;
-        }
-        gseqs = calloc((size_t)B, sizeof *gseqs);
+    if (use_cuda && dsv4_set_device(m, "cuda", err, sizeof err)) {
+        fprintf(stderr, "dsv4 logits: --device cuda: %s\n", err);
+        dsv4_free(m);
+        free(tok);
+        return 1;
     }
-#endif
     float *out = calloc((size_t)B * L * V, sizeof(float));
     float *lg = malloc(sizeof(float) * (size_t)B * (chunk > 1 ? chunk : 1) * V);
     dsv4_seq **seqs = calloc((size_t)B, sizeof *seqs);
@@ -178,17 +168,6 @@ int dsv4_cmd_logits(int argc, char **argv) {
             goto done;
         } else
             dsv4_seq_set_prefill(seqs[b], (int)prefill); /* chunks resolve indexer ties like one-shot */
-#ifdef DSV4_CUDA
-    if (use_cuda) {
-        for (int b = 0; b < B; b++) {
-            if (!gseqs || !(gseqs[b] = dsv4_cuda_seq_new(gm))) {
-                fprintf(stderr, "dsv4 logits: out of GPU memory\n");
-                goto done;
-            }
-            dsv4_cuda_seq_set_prefill(gseqs[b], (int)prefill);
-        }
-    }
-#endif
     t0 = dsv4_cli_now();
     for (int p = 0; p < L;) {
         int n = p < prefill ? (int)(prefill - p < chunk ? prefill - p : chunk) : 1;
@@ -196,13 +175,7 @@ int dsv4_cmd_logits(int argc, char **argv) {
             tp[b] = tok + (size_t)b * L + p;
             nt[b] = n;
         }
-        int frc;
-#ifdef DSV4_CUDA
-        if (use_cuda) frc = dsv4_cuda_forward(gm, B, gseqs, tp, nt, lg, DSV4_LOGITS_ALL, err, sizeof err);
-        else
-#endif
-            frc = dsv4_forward(m, B, seqs, tp, nt, lg, DSV4_LOGITS_ALL, err, sizeof err);
-        if (frc) {
+        if (dsv4_forward(m, B, seqs, tp, nt, lg, DSV4_LOGITS_ALL, err, sizeof err)) {
             fprintf(stderr, "dsv4 logits: %s: %s\n", tokpath, err);
             goto done;
         }
@@ -226,12 +199,6 @@ done:
     if (seqs)
         for (int b = 0; b < B; b++) dsv4_seq_free(seqs[b]);
     free(seqs), free(tp), free(nt), free(out), free(lg), free(tok);
-#ifdef DSV4_CUDA
-    if (gseqs)
-        for (int b = 0; b < B; b++) dsv4_cuda_seq_free(gseqs[b]);
-    free(gseqs);
-    dsv4_cuda_model_free(gm);
-#endif
     dsv4_free(m);
     return rc;
 }

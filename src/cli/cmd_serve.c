@@ -129,6 +129,13 @@ int dsv4_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "dsv4 serve: %s\n", err);
         return 1;
     }
+    /* --max-context is also the per-sequence capacity the GPU allocates (it defaults to 16384 there) */
+    const long maxpos = dsv4_model_info(S.model).max_context;
+    if (max_ctx > 0 && dsv4_set_max_context(S.model, (int)(max_ctx < maxpos ? max_ctx : maxpos), err, sizeof err)) {
+        fprintf(stderr, "dsv4 serve: --max-context: %s\n", err);
+        dsv4_free(S.model);
+        return 1;
+    }
     if (dsv4_set_device(S.model, device, err, sizeof err)) {
         fprintf(stderr, "dsv4 serve: --device %s: %s\n", device, err);
         dsv4_free(S.model);

@@ -93,6 +93,75 @@ int dsv4_cuda_stream_sync(void *stream) {
     return cuda_ok(cudaStreamSynchronize(DSV4_STREAM(stream)), "stream sync");
 }
 
+void *dsv4_cuda_host_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cuda_ok(cudaMallocHost(&p, bytes ? bytes : 1), "cudaMallocHost")) return NULL;
+    return p;
+}
+
+void dsv4_cuda_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+int dsv4_cuda_upload_async(void *dst, const void *src, size_t bytes, void *stream) {
+    if (!bytes) return 0;
+    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, DSV4_STREAM(stream)), "upload");
+}
+
+int dsv4_cuda_download_async(void *dst, const void *src, size_t bytes, void *stream) {
+    if (!bytes) return 0;
+    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, DSV4_STREAM(stream)), "download");
+}
+
+int dsv4_cuda_capture_begin(void *stream) {
+    return cuda_ok(cudaStreamBeginCapture(DSV4_STREAM(stream), cudaStreamCaptureModeRelaxed), "begin capture");
+}
+
+int dsv4_cuda_capture_end(void *stream, void **exec) {
+    cudaGraph_t gr = NULL;
+    cudaGraphExec_t ex = NULL;
+    *exec = NULL;
+    int rc = cuda_ok(cudaStreamEndCapture(DSV4_STREAM(stream), &gr), "end capture");
+    if (!rc) rc = cuda_ok(cudaGraphInstantiate(&ex, gr, 0), "graph instantiate");
+    if (gr) cudaGraphDestroy(gr);
+    if (rc) {
+        cudaGetLastError(); /* clear the (non-sticky) error, so that later launch checks do not report it */
+        return -1;
+    }
+    *exec = (void *)ex;
+    return 0;
+}
+
+int dsv4_cuda_graph_launch(void *exec, void *stream) {
+    return cuda_ok(cudaGraphLaunch((cudaGraphExec_t)exec, DSV4_STREAM(stream)), "graph launch");
+}
+
+void dsv4_cuda_graph_free(void *exec) {
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
+void *dsv4_cuda_event_new(void) {
+    cudaEvent_t e;
+    if (cuda_ok(cudaEventCreate(&e), "cudaEventCreate")) return NULL;
+    return (void *)e;
+}
+
+void dsv4_cuda_event_free(void *ev) {
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+
+int dsv4_cuda_event_record(void *ev, void *stream) {
+    return cuda_ok(cudaEventRecord((cudaEvent_t)ev, DSV4_STREAM(stream)), "event record");
+}
+
+double dsv4_cuda_event_ms(void *e0, void *e1) {
+    float ms = -1;
+    if (cuda_ok(cudaEventSynchronize((cudaEvent_t)e1), "event sync") ||
+        cuda_ok(cudaEventElapsedTime(&ms, (cudaEvent_t)e0, (cudaEvent_t)e1), "event time"))
+        return -1;
+    return ms;
+}
+
 /* Bytes of stored rows [0, nrows) of data, and of their scale rows. */
 static void weight_extent(const dsv4_weight *w, int64_t nrows, size_t *data_b, size_t *scale_b) {
     int64_t C = w->cols;

@@ -91,6 +91,16 @@ __device__ __forceinline__ float dev_round_e2m1(float x) {
     return copysignf(rintf(__fdiv_rn(a, step)) * step, x);
 }
 
+/* SwiGLU with clamps of one value (spec 11 step 4): silu(min(g, lim)) * clamp(u, -lim, lim) * w, lim 0 = no
+ * clamp; rounded step by step like the twin swiglu() of src/model/forward_moe.c. */
+__device__ __forceinline__ float dev_swiglu(float g, float u, float lim, float w) {
+    if (lim > 0) {
+        g = fminf(g, lim);
+        u = fminf(fmaxf(u, -lim), lim);
+    }
+    return __fmul_rn(__fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u), w);
+}
+
 /* ---- one weight element (generic paths) ---- */
 
 /* Decodes element (r, c) of the view (r relative to the view, like dsv4_weight_row). */

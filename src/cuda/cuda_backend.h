@@ -46,9 +46,31 @@ int dsv4_cuda_upload(void *dst, const void *src, size_t bytes);
 int dsv4_cuda_download(void *dst, const void *src, size_t bytes);
 int dsv4_cuda_memset(void *dst, int byte, size_t bytes, void *stream);
 
-void *dsv4_cuda_stream_new(void);      /* NULL on failure */
+void *dsv4_cuda_stream_new(void);      /* NULL on failure (a non-blocking stream: no implicit order with the legacy one) */
 void dsv4_cuda_stream_free(void *stream);
 int dsv4_cuda_stream_sync(void *stream);
+
+/* Pinned (page-locked) host memory, for copies that must really run asynchronously. */
+void *dsv4_cuda_host_alloc(size_t bytes);  /* NULL on failure */
+void dsv4_cuda_host_free(void *p);
+/* Copies ordered on `stream` (host memory pinned, or the copy waits for itself). */
+int dsv4_cuda_upload_async(void *dst, const void *src, size_t bytes, void *stream);
+int dsv4_cuda_download_async(void *dst, const void *src, size_t bytes, void *stream);
+
+/* ---- CUDA graphs and events ---- */
+
+/* Starts recording what is enqueued on `stream` (relaxed capture mode, so that ops may still set kernel
+ * attributes and query occupancy); capture_end stops it and instantiates the recording: *exec is an
+ * executable graph. On any error capture_end ends the capture, frees what it made and returns -1. */
+int dsv4_cuda_capture_begin(void *stream);
+int dsv4_cuda_capture_end(void *stream, void **exec);
+int dsv4_cuda_graph_launch(void *exec, void *stream);
+void dsv4_cuda_graph_free(void *exec);
+void *dsv4_cuda_event_new(void); /* NULL on failure */
+void dsv4_cuda_event_free(void *ev);
+int dsv4_cuda_event_record(void *ev, void *stream);
+/* Milliseconds between two recorded events (waits for the second); negative on error. */
+double dsv4_cuda_event_ms(void *e0, void *e1);
 
 /* ---- weights ---- */
 

@@ -1,15 +1,18 @@
-/* cuda_model.h - the whole DeepSeek-V4 forward on the GPU (forward_cuda.c), for `--device cuda`.
+/* cuda_model.h - the whole DeepSeek-V4 forward on the GPU, for `--device cuda`.
  *
  * Plain C. A dsv4_cuda_model is a loaded CPU model (dsv4_model, still owned by the caller and kept
- * alive while the GPU model exists) whose weights were copied to the device once; a dsv4_cuda_seq
- * is one sequence's state on the device, mirroring src/model/state.h (window ring, compressor
- * pending rows, compressed entries, indexer keys; all fp32 for now). dsv4_cuda_forward has the
- * semantics of dsv4_forward (include/dsv4.h), prefill hint included: the same batch of chunks in,
- * the same logits out (within fp32 reduction-order noise).
+ * alive while the GPU model exists) whose weights were copied to the device once (gpu_model.c); a
+ * dsv4_cuda_seq is one sequence's state on the device, allocated for the whole context capacity when
+ * the sequence is created (gpu_seq.c): per layer the window ring, the compressed entries, the indexer
+ * keys and the compressors' pending rows (fp32 for now). dsv4_cuda_forward (forward_cuda.c) has the
+ * semantics of dsv4_forward (include/dsv4.h), which validates the request before calling it.
  *
- * First version: synchronous (the host waits once per indexer layer for the top-k and once per MoE
- * layer for the expert lists), one stream, no CUDA graph; workspaces grow only when a call needs
- * more than any earlier one. */
+ * Everything runs on the model's own stream and is decided on the device: compressor emission from the
+ * positions, indexer top-k, attention index lists, MoE expert grouping. A decode step (at most one
+ * token per sequence, up to 256 sequences) is one CUDA graph per batch bucket 1, 2, 4, .. 256, captured
+ * on first use and replayed (decode_graph.c); per step the host uploads one small block (tokens,
+ * positions, sequence pointers) and downloads the logits. Longer chunks run as ordinary launches in
+ * passes of at most `tmax` tokens. */
 #ifndef DSV4_CUDA_MODEL_H
 #define DSV4_CUDA_MODEL_H
 
@@ -26,22 +29,68 @@ extern "C" {
 typedef struct dsv4_cuda_model dsv4_cuda_model;
 typedef struct dsv4_cuda_seq dsv4_cuda_seq;
 
-/* Selects device `dev`, uploads every weight of m (progress line on stderr when verbose). 0, or -1
- * with a message in err. */
-int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, dsv4_cuda_model **out, char *err, size_t errcap);
+/* Selects device `dev`, uploads every weight of m (progress line on stderr when verbose) and sets up
+ * the workspace for sequences of up to `capacity` positions. 0, or -1 with a message in err. */
+int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_cuda_model **out, char *err,
+                        size_t errcap);
 void dsv4_cuda_model_free(dsv4_cuda_model *g);
+/* Decode steps through CUDA graphs (1, the default unless DSV4_CUDA_GRAPHS=0) or the same launches
+ * one by one (0; the results are bitwise the same). */
+void dsv4_cuda_set_graphs(dsv4_cuda_model *g, int on);
+/* How many decode-step graphs (layers or head of a bucket) have been captured so far. */
+int dsv4_cuda_graphs_captured(const dsv4_cuda_model *g);
 
 dsv4_cuda_seq *dsv4_cuda_seq_new(dsv4_cuda_model *g); /* NULL when out of device memory */
 void dsv4_cuda_seq_free(dsv4_cuda_seq *s);
 int dsv4_cuda_seq_pos(const dsv4_cuda_seq *s);
-void dsv4_cuda_seq_set_prefill(dsv4_cuda_seq *s, int end); /* as dsv4_seq_set_prefill */
+/* As dsv4_seq_set_prefill (the indexer's top-k ranks the list the one-shot prefill would). */
+void dsv4_cuda_seq_set_prefill(dsv4_cuda_seq *s, int end);
+/* The sequence's length as the device has it (a synchronous read; for tests). */
+int dsv4_cuda_seq_device_len(const dsv4_cuda_seq *s);
 
-/* As dsv4_forward: logits (host memory) [sum(ntok), vocab] for DSV4_LOGITS_ALL, [nseq, vocab] for
- * DSV4_LOGITS_LAST. */
+/* As dsv4_forward, for a request dsv4_forward has validated: logits (host memory) [sum(ntok), vocab]
+ * for DSV4_LOGITS_ALL, [nseq with ntok > 0, vocab] for DSV4_LOGITS_LAST. */
 int dsv4_cuda_forward(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens,
                       const int *ntok, float *logits, int mode, char *err, size_t errcap);
 
-/* ---- device helpers used by the forward (forward_ops.cu, attn.cu); device pointers, enqueue only ---- */
+/* Benchmark: replays the graphs of the last decode step of `batch` sequences `iters` times (which
+ * rewrites that step's state: only for benchmarks) and gives the median milliseconds of the layers graph
+ * alone and of layers + head. -1 when graphs are off or no such step ran yet. */
+int dsv4_cuda_decode_replay_ms(dsv4_cuda_model *g, int batch, int iters, double *layers_ms, double *step_ms);
+
+/* ---- device-side sequence state and batches (shared by the host code and the kernels) ---- */
+
+/* One layer of one sequence (device pointers; NULL where the layer has no such part). The caches are
+ * rows of floats today; a later cache format (FP8 kv, FP4 indexer keys) changes the row layout here and
+ * in the kernels that read or write rows (seq_ops.cu, attn.cu, indexer scores in forward_ops.cu). */
+typedef struct dsv4_cuda_lstate {
+    float *abuf;      /* [W + capacity / ratio, head_dim]: window ring (position p in slot p mod W), then the
+                       * compressed entries (entry w in row W + w) */
+    float *ibuf;      /* [capacity / 4, index_head_dim]: indexer keys (ratio 4 layers) */
+    float *ckv, *csc; /* attention compressor's pending rows [c*m, c*d] (score -inf = empty) */
+    float *ikv, *isc; /* the indexer compressor's */
+} dsv4_cuda_lstate;
+
+/* One sequence on the device. */
+typedef struct dsv4_cuda_seqdev {
+    int len;              /* positions processed: the device's copy of the sequence length */
+    int capacity;
+    dsv4_cuda_lstate *L;  /* [n_layers] */
+} dsv4_cuda_seqdev;
+
+/* One pass of a forward call on the device: T token rows in slot order (slot s owns rows
+ * off[s] .. off[s] + n[s] - 1 at positions p0[s] ..), S slots. Idle rows (sid < 0) and idle slots
+ * (sq NULL, n 0) pad a decode step to its bucket: they compute nothing that is kept and touch no state. */
+typedef struct dsv4_cuda_batch {
+    int T, S;
+    const int *tok, *pos, *sid;       /* [T] token id, position, slot (-1: idle) */
+    const int *p0, *n, *off;          /* [S] */
+    const int *cend, *pe;             /* [S] end position of the sequence's tokens in this forward call, and its
+                                       * prefill hint (dsv4_seq_set_prefill): the indexer list length */
+    dsv4_cuda_seqdev *const *sq;      /* [S] */
+} dsv4_cuda_batch;
+
+/* ---- device helpers used by the forward; device pointers, enqueue only ---- */
 
 /* X[t, j, :] = embedding row tok[t] (any weight format) for the M streams. */
 int dsv4_cuda_embed(const dsv4_cuda_weight *w, const int *tok, int T, int M, float *X, void *stream);
@@ -51,26 +100,103 @@ int dsv4_cuda_add(float *out, const float *a, int64_t n, void *stream); /* out +
 int dsv4_cuda_copy(void *dst, const void *src, size_t bytes, void *stream);
 /* rows x n floats from src (row stride sld) to dst (row stride dld) */
 int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64_t sld, int rows, int n, void *stream);
-/* Feeds n tokens (projections kvp / scp [n, c*d]) at positions pos0.. through a compressor's
- * pending rows skv / ssc [c*m, c*d]; writes the raw emitted entries to ent[0..) (rows of d).
- * Twin: compress_tokens() of forward_attn.c up to (not including) the RMSNorm. */
-int dsv4_cuda_cmp_tokens(float *skv, float *ssc, float *ent, const float *kvp, const float *scp, const float *ape,
-                         int pos0, int n, int mr, int d, int overlap, void *stream);
 /* Indexer scores for T queries: qi [T, Hi, Di], wt [T, Hi]; keys[t] (device array of device
  * pointers) = the query's sequence's indexer keys [*, Di]; ncausal / nlist [T]. out [T, ld]:
- * entries w < nlist[t] are written (-inf from ncausal[t] on). Bit-identical to the CPU's loop. */
+ * entries w < nlist[t] are written (-inf from ncausal[t] on); blocks past nlist[t] do nothing.
+ * Bit-identical to the CPU's loop. */
 int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T, int Hi, int Di, const float *const *keys,
                              const int *ncausal, const int *nlist, int maxlist, int ld, float *out, void *stream);
-/* Window ring write: rows i in [max(0, n-W), n) of kv [n, Dh] go to ring slot (pos0 + i) mod W. */
-int dsv4_cuda_ring_write(float *ring, const float *kv, int pos0, int n, int W, int Dh, void *stream);
-int dsv4_cuda_gather_rows(float *dst, const float *src, const int *rows, int n, int D, void *stream);
-int dsv4_cuda_scatter_add_rows(float *dst, const float *src, const int *rows, int n, int D, void *stream);
 /* dsv4_cuda_sparse_attn with rows from two places: an index id >= 0 is row id of qbase[t] (a
  * device array of T device pointers: the query's sequence's state), id <= -2 is row -id-2 of kv2
  * (the chunk's own keys), -1 is no entry. */
 int dsv4_cuda_sparse_attn2(const float *q, int T, int H, int Dh, const float *const *qbase, const float *kv2,
                            int64_t kv_ld, const int *idx, int nidx, const float *sink, float scale, float *out,
                            void *stream);
+
+/* ---- sequence-state ops of a batch (seq_ops.cu) ---- */
+
+/* Per pass: keys[L * T + t] = the indexer keys (ibuf) of row t's sequence in layer L (NULL for idle rows
+ * and layers without an indexer); ncausal4[t] = (pos + 1) / 4 entries the query sees; nlist4[t] = the
+ * length of the list the reference's top-k ranks (as the CPU engine: max(cend / 4, pe / 4 if pos < pe),
+ * at most maxlist); both 0 for idle rows. */
+int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int maxlist, const float **keys, int *ncausal4,
+                        int *nlist4, void *stream);
+/* Compressor of layer L (which 0: attention's, 1: the indexer's): feeds every slot's tokens (projections
+ * kvp / scp [T, c*d], ape [m, c*d]) through its pending rows. A token whose position closes a window
+ * ((pos + 1) % m == 0) writes its raw entry (before RMSNorm) to ent row t ([T, d]) and rpos[t] = its RoPE
+ * position pos + 1 - m; other rows of ent keep whatever they held, their rpos is 0.
+ * Twin: compress_tokens() of src/model/forward_attn.c up to the RMSNorm. */
+int dsv4_cuda_cmp_batch(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
+                        const float *ape, int mr, int d, int overlap, float *ent, int *rpos, void *stream);
+/* The finished entries of the tokens that closed a window go to their sequence's cache: entry
+ * w = (pos + 1) / m - 1 to abuf row W + w (which 0) or ibuf row w (which 1). */
+int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, const float *ent, int mr, int d, int W,
+                        void *stream);
+/* Window ring: kv row t goes to slot pos mod W of its sequence's ring when pos is among the last W
+ * positions of the slot's chunk. */
+int dsv4_cuda_ring_store(const dsv4_cuda_batch *b, int L, const float *kv, int W, int Dh, void *stream);
+/* Attention index lists of layer L, idx [T, nidx]: the window (positions max(0, p-W+1) .. p in order:
+ * ring slot pp mod W for positions before the slot's chunk, -(row of the chunk's own kv) - 2 for the
+ * chunk's), then the compressed entries W + w: ratio 4: w = sel[t, i] for i < nsel[t] (sel [T, ksel]);
+ * other ratios > 0: every w < (pos + 1) / ratio; then -1 up to nidx. qbase[t] = the sequence's abuf
+ * (NULL for idle rows, whose lists are all -1). Twin: the list loop of dsv4_attention_fwd. */
+int dsv4_cuda_attn_index(const dsv4_cuda_batch *b, int L, int W, int ratio, const int *sel, const int *nsel, int ksel,
+                         int nidx, int *idx, const float **qbase, void *stream);
+/* The device lengths: len = p0 + n of every slot with tokens (idempotent, so a graph replay of the same
+ * step leaves the same length). */
+int dsv4_cuda_seq_advance(const dsv4_cuda_batch *b, void *stream);
+
+/* ---- indexer top-k (topk.cu) ---- */
+
+/* The CPU engine's indexer selection (indexer_topk of src/model/forward_attn.c) for each of T rows of
+ * scores (row stride ld): dsv4_topk_torch of the first nlist[t] values with k' = min(k, nlist[t]), then
+ * the picks >= ncausal[t] dropped, the order kept: sel [T, k] (the rest unwritten), nsel [T] = picks
+ * kept. A radix select where the values involved are distinct; rows with exact ties are redone by one
+ * thread with the CPU's algorithm on scratch (ld tk_elem = 8 bytes each per row). The result depends
+ * only on the row. k <= 2048, nlist[t] <= ld. */
+int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel, int *nsel,
+                   void *scratch, void *stream);
+
+/* ---- MoE on the device (moe_group.cu) ---- */
+
+/* A layer's routed experts for the grouped kernels: device arrays of the per-expert weights; formats
+ * uniform over the experts (checked by dsv4_cuda_experts_init). */
+typedef struct dsv4_cuda_experts {
+    dsv4_cuda_weight *w1, *w3, *w2; /* device [E] */
+    int E, D, I;                    /* experts, model dim (w1 / w3 columns, w2 rows), inter dim */
+    int fmt13, fmt2;                /* formats of w1 / w3 and of w2 */
+    int vec13, vec2;                /* 16-byte rows everywhere: the vector path; else element by element */
+} dsv4_cuda_experts;
+
+/* From host arrays [E] of device weights (dsv4_cuda_weight of each expert). 0, or -1 (message in
+ * dsv4_cuda_last_error) when the formats differ between experts or w1 / w3 disagree. */
+int dsv4_cuda_experts_init(dsv4_cuda_experts *x, const dsv4_cuda_weight *w1, const dsv4_cuda_weight *w3,
+                           const dsv4_cuda_weight *w2, int E);
+void dsv4_cuda_experts_free(dsv4_cuda_experts *x);
+
+/* Routing plan of up to T*K picks (device arrays). Active experts in increasing id: act_e / act_off /
+ * act_cnt [*nact]; their rows in slot order: rows[i] = token, rw[i] = routing weight (for each expert
+ * its tokens in increasing order, each token once: a repeated pick counts once, with its first weight);
+ * tslot [T, K] = each token's slots in increasing expert id, -1 after the last. */
+typedef struct dsv4_cuda_moe_plan {
+    int *nact, *act_e, *act_off, *act_cnt, *rows, *tslot;
+    float *rw;
+} dsv4_cuda_moe_plan;
+
+/* Builds the plan from the router's picks sel [T, K] (expert ids) and weights w [T, K]; rows t with
+ * sid[t] < 0 (idle) pick nothing. T <= 1024. */
+int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
+                        const dsv4_cuda_moe_plan *p, void *stream);
+/* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),
+ * y[i] = h[i] . w2^T ([T*K, D]). One launch each over (active expert, block of output rows) with a fixed
+ * shape for maxslots = min(E, T*K) experts; blocks past *nact return. Each output value is one warp's
+ * dot product in a fixed order, whatever else shares the expert. x [T, D]. */
+int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,
+                          float lim, float *h, float *y, void *stream);
+/* out[t] = sum of y[tslot[t, j]] in increasing expert id, then + shared[t] (shared may be NULL): the
+ * CPU's summation order. */
+int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, int K, int D, const float *shared, float *out,
+                          void *stream);
 
 #ifdef __cplusplus
 }

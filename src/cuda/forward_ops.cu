@@ -1,8 +1,6 @@
 /* forward_ops.cu - the small ops the GPU-resident forward (forward_cuda.c) needs besides the
- * per-op kernels: embedding gather, the compressor's per-token state machine (spec 8.2), indexer
- * scores (spec 9), the window-ring write, row gather / scatter-add for the MoE experts, fills and
- * device copies. Declared in cuda_model.h ("device helpers"). Like the other ops they only enqueue
- * work on the given stream. */
+ * per-op kernels: embedding gather, indexer scores (spec 9), fills, adds and device copies. Declared in
+ * cuda_model.h ("device helpers"). Like the other ops they only enqueue work on the given stream. */
 #include "common.cuh"
 #include "cuda_model.h"
 
@@ -63,74 +61,17 @@ extern "C" int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64
     return e == cudaSuccess ? 0 : dsv4_cuda_fail("copy2d: %s", cudaGetErrorString(e));
 }
 
-/* ---- compressor state machine (twin: compress_tokens() of src/model/forward_attn.c) ----
- * The state is separable by channel: channel ch only ever touches columns ch (and d+ch for the
- * overlap's B half) of the pending rows, so a thread owns a channel and runs the whole token loop
- * on its columns with no synchronization. Writes the raw (un-normalized) emitted entries to
- * ent[0..), one row of d per entry; the caller normalizes / ropes / rounds them. */
-__global__ void cmp_tokens_kernel(float *skv, float *ssc, float *ent, const float *kvp, const float *scp, const float *ape,
-                                  int pos0, int n, int mr, int d, int overlap) {
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= d) return;
-    const int cd = (overlap ? 2 : 1) * d, nslot = overlap ? 2 * mr : mr;
-    const int nc = overlap ? 2 : 1;
-    int ne = 0;
-    for (int i = 0; i < n; i++) {
-        const int p = pos0 + i, r = p % mr, row = overlap ? mr + r : r;
-        for (int h = 0; h < nc; h++) {
-            const int col = h * d + ch;
-            skv[(int64_t)row * cd + col] = kvp[(int64_t)i * cd + col];
-            ssc[(int64_t)row * cd + col] = __fadd_rn(scp[(int64_t)i * cd + col], ape[(int64_t)r * cd + col]);
-        }
-        if ((p + 1) % mr) continue;
-        float mx = -INFINITY;
-        for (int s = 0; s < nslot; s++) {
-            int col = overlap && s >= mr ? d + ch : ch;
-            mx = fmaxf(mx, ssc[(int64_t)s * cd + col]);
-        }
-        float den = 0;
-        for (int s = 0; s < nslot; s++) {
-            int col = overlap && s >= mr ? d + ch : ch;
-            float v = ssc[(int64_t)s * cd + col];
-            den = __fadd_rn(den, v == -INFINITY ? 0.0f : expf(__fsub_rn(v, mx)));
-        }
-        double acc = 0;
-        for (int s = 0; s < nslot; s++) {
-            int col = overlap && s >= mr ? d + ch : ch;
-            float v = ssc[(int64_t)s * cd + col];
-            float w = v == -INFINITY ? 0.0f : expf(__fsub_rn(v, mx));
-            acc += (double)__fdiv_rn(w, den) * skv[(int64_t)s * cd + col];
-        }
-        ent[(int64_t)ne * d + ch] = (float)acc;
-        ne++;
-        if (overlap)
-            for (int s = 0; s < mr; s++)
-                for (int h = 0; h < 2; h++) {
-                    const int col = h * d + ch;
-                    skv[(int64_t)s * cd + col] = skv[(int64_t)(mr + s) * cd + col];
-                    ssc[(int64_t)s * cd + col] = ssc[(int64_t)(mr + s) * cd + col];
-                }
-    }
-}
-
-extern "C" int dsv4_cuda_cmp_tokens(float *skv, float *ssc, float *ent, const float *kvp, const float *scp, const float *ape,
-                                    int pos0, int n, int mr, int d, int overlap, void *stream) {
-    if (n < 0 || mr <= 0 || d <= 0 || pos0 < 0) return dsv4_cuda_fail("cmp_tokens: bad arguments (n %d m %d d %d)", n, mr, d);
-    if (!n) return 0;
-    cmp_tokens_kernel<<<(d + 127) / 128, 128, 0, DSV4_STREAM(stream)>>>(skv, ssc, ent, kvp, scp, ape, pos0, n, mr, d, overlap);
-    return dsv4_cuda_check_launch("cmp_tokens");
-}
-
 /* ---- indexer scores (twin: the score loop of indexer_topk() in forward_attn.c) ----
  * score[t, w] = sum_h wt[t,h] * relu(qi[t,h] . k_w) for w < ncausal[t], -inf for ncausal[t] <= w
  * < nlist[t]. A thread per (query, entry) sums in the twin's order with separately rounded
- * products, so the scores are the CPU's bit for bit (given the same inputs) and exact ties
- * resolve the same way in the host top-k. */
+ * products, so the scores are the CPU's bit for bit (given the same inputs). The grid covers the
+ * longest possible list (a fixed launch shape for graphs); blocks past the query's list return at once. */
 __global__ void indexer_scores_kernel(const float *qi, const float *wt, int Hi, int Di, const float *const *keys,
                                       const int *ncausal, const int *nlist, int ld, float *out) {
     extern __shared__ float iss[];
     float *qs = iss, *ws = iss + Hi * Di;
     const int t = blockIdx.y;
+    if ((int64_t)blockIdx.x * blockDim.x >= nlist[t]) return; /* the whole block is past the list */
     for (int i = threadIdx.x; i < Hi * Di; i += blockDim.x) qs[i] = qi[(int64_t)t * Hi * Di + i];
     for (int i = threadIdx.x; i < Hi; i += blockDim.x) ws[i] = wt[(int64_t)t * Hi + i];
     __syncthreads();
@@ -161,52 +102,6 @@ extern "C" int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T,
     dim3 grid((maxlist + 127) / 128, T);
     indexer_scores_kernel<<<grid, 128, smem, DSV4_STREAM(stream)>>>(qi, wt, Hi, Di, keys, ncausal, nlist, ld, out);
     return dsv4_cuda_check_launch("indexer_scores");
-}
-
-/* ---- window ring: rows i in [max(0, n-W), n) of kv go to slot (pos0 + i) mod W ---- */
-
-__global__ void ring_write_kernel(float *ring, const float *kv, int pos0, int n, int W, int Dh) {
-    const int i0 = n > W ? n - W : 0;
-    const int i = i0 + blockIdx.x;
-    float *dst = ring + (int64_t)((pos0 + i) % W) * Dh;
-    const float *src = kv + (int64_t)i * Dh;
-    for (int c = threadIdx.x; c < Dh; c += blockDim.x) dst[c] = src[c];
-}
-
-extern "C" int dsv4_cuda_ring_write(float *ring, const float *kv, int pos0, int n, int W, int Dh, void *stream) {
-    if (n <= 0) return 0;
-    int rows = n > W ? W : n;
-    ring_write_kernel<<<rows, 128, 0, DSV4_STREAM(stream)>>>(ring, kv, pos0, n, W, Dh);
-    return dsv4_cuda_check_launch("ring_write");
-}
-
-/* ---- MoE rows: gather xe[i] = x[rows[i]], scatter-add out[rows[i]] += ye[i] ---- */
-
-__global__ void gather_rows_kernel(float *dst, const float *src, const int *rows, int D) {
-    const int i = blockIdx.y;
-    const float *s = src + (int64_t)rows[i] * D;
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) dst[(int64_t)i * D + c] = s[c];
-}
-
-__global__ void scatter_add_kernel(float *dst, const float *src, const int *rows, int D) {
-    const int i = blockIdx.y;
-    float *d = dst + (int64_t)rows[i] * D;
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x)
-        d[c] = __fadd_rn(d[c], src[(int64_t)i * D + c]);
-}
-
-extern "C" int dsv4_cuda_gather_rows(float *dst, const float *src, const int *rows, int n, int D, void *stream) {
-    if (n <= 0) return 0;
-    dim3 grid((D + 255) / 256, n);
-    gather_rows_kernel<<<grid, 256, 0, DSV4_STREAM(stream)>>>(dst, src, rows, D);
-    return dsv4_cuda_check_launch("gather_rows");
-}
-
-extern "C" int dsv4_cuda_scatter_add_rows(float *dst, const float *src, const int *rows, int n, int D, void *stream) {
-    if (n <= 0) return 0;
-    dim3 grid((D + 255) / 256, n);
-    scatter_add_kernel<<<grid, 256, 0, DSV4_STREAM(stream)>>>(dst, src, rows, D);
-    return dsv4_cuda_check_launch("scatter_add_rows");
 }
 
 /* out[i] += a[i] */

@@ -67,13 +67,7 @@ __global__ void swiglu_kernel(const float *g, const float *u, int64_t ld, int T,
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)T * I) return;
     int t = (int)(i / I), c = (int)(i - (int64_t)t * I);
-    float gi = g[(int64_t)t * ld + c], ui = u[(int64_t)t * ld + c];
-    if (lim > 0) {
-        gi = fminf(gi, lim);
-        ui = fminf(fmaxf(ui, -lim), lim);
-    }
-    float w = rw ? rw[t] : 1.0f;
-    out[i] = __fmul_rn(__fmul_rn(__fdiv_rn(gi, 1.0f + expf(-gi)), ui), w);
+    out[i] = dev_swiglu(g[(int64_t)t * ld + c], u[(int64_t)t * ld + c], lim, rw ? rw[t] : 1.0f);
 }
 
 extern "C" int dsv4_cuda_swiglu(const float *g, const float *u, int64_t ld, int T, int I, float lim, const float *rw, float *out,

@@ -38,8 +38,10 @@ int dsv4_set_device(dsv4_model *m, const char *device, char *err, size_t errcap)
 #ifdef DSV4_CUDA
     if (m->gpu) return 0;
     dsv4_cuda_model *g = NULL;
-    if (dsv4_cuda_model_new(m, 0, 1, &g, err, errcap)) return -1;
+    int cap = dsv4_model_gpu_capacity(m);
+    if (dsv4_cuda_model_new(m, 0, 1, cap, &g, err, errcap)) return -1;
     m->gpu = g;
+    m->max_context = cap;
     return 0;
 #else
     if (err && errcap) snprintf(err, errcap, "device 'cuda': this build has only the cpu backend (build with make CUDA=1)");
@@ -48,7 +50,7 @@ int dsv4_set_device(dsv4_model *m, const char *device, char *err, size_t errcap)
 }
 
 dsv4_info dsv4_model_info(const dsv4_model *m) {
-    dsv4_info i = {m->cfg.vocab_size, m->cfg.dim, m->cfg.n_layers, m->cfg.max_position_embeddings,
+    dsv4_info i = {m->cfg.vocab_size, m->cfg.dim, m->cfg.n_layers, dsv4_model_capacity(m),
                    m->cfg.bos_token_id, m->cfg.eos_token_id, m->n_mtp_skipped};
     return i;
 }
@@ -93,6 +95,8 @@ static int sub_block(const dsv4_model *m, int L, int ffn, const dsv4_batch *b, f
 
 int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
                  float *logits, int mode, char *err, size_t errcap) {
+    const long nt = dsv4_check_request(m, nseq, seqs, tokens, ntok, err, errcap); /* request.c */
+    if (nt < 0) return -1;
 #ifdef DSV4_CUDA
     if (m->gpu) { /* the same call on the GPU (src/cuda/forward_cuda.c) */
         dsv4_cuda_seq **gs = calloc((size_t)(nseq > 0 ? nseq : 1), sizeof *gs);
@@ -100,7 +104,7 @@ int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *
             if (err && errcap) snprintf(err, errcap, "forward: out of memory");
             return -1;
         }
-        for (int s = 0; s < nseq; s++) gs[s] = seqs[s] ? seqs[s]->gpu : NULL;
+        for (int s = 0; s < nseq; s++) gs[s] = seqs[s]->gpu;
         int grc = dsv4_cuda_forward(m->gpu, nseq, gs, tokens, ntok, logits, mode, err, errcap);
         if (!grc)
             for (int s = 0; s < nseq; s++) seqs[s]->pos += ntok[s];
@@ -109,25 +113,9 @@ int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *
     }
 #endif
     const dsv4_config *c = &m->cfg;
-    const int M = c->hc_mult, D = c->dim, V = c->vocab_size;
+    const int M = c->hc_mult, D = c->dim;
     dsv4_batch b = {0};
-    int rc = -1, T = 0;
-#define FAIL(...) do { if (err && errcap) snprintf(err, errcap, __VA_ARGS__); goto out; } while (0)
-    if (nseq < 0) FAIL("forward: negative batch size");
-    for (int s = 0; s < nseq; s++) {
-        if (!seqs[s]) FAIL("forward: sequence %d is NULL", s);
-        if (seqs[s]->m != m) FAIL("forward: sequence %d belongs to another model", s);
-        if (ntok[s] < 0) FAIL("forward: sequence %d: negative token count", s);
-        for (int r = 0; r < s; r++)
-            if (seqs[r] == seqs[s]) FAIL("forward: sequence %d appears twice in one batch", s);
-        for (int i = 0; i < ntok[s]; i++)
-            if (tokens[s][i] < 0 || tokens[s][i] >= V)
-                FAIL("forward: sequence %d, token %d: id %d is outside the vocabulary (0..%d)", s, i, tokens[s][i], V - 1);
-        if ((long long)seqs[s]->pos + ntok[s] > (long long)c->max_position_embeddings)
-            FAIL("forward: sequence %d would reach position %lld, past max_position_embeddings %d", s,
-                 (long long)seqs[s]->pos + ntok[s], c->max_position_embeddings);
-        T += ntok[s];
-    }
+    int rc = -1, T = (int)nt;
     b.T = T;
     b.nseq = nseq;
     b.seq = (dsv4_seq_state **)seqs;
@@ -184,5 +172,4 @@ int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *
 out:
     free(b.off), free(b.n), free(b.pos0), free(b.tok), free(b.pos), free(b.sid);
     return rc;
-#undef FAIL
 }

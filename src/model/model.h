@@ -62,6 +62,7 @@ typedef struct dsv4_model {
     void (*block_hook)(void *ctx, int layer, const float *X, int T);
     void *block_hook_ctx;
     void *gpu;                /* dsv4_cuda_model when the model runs on the GPU (dsv4_set_device) */
+    int max_context;          /* context capacity set by dsv4_set_max_context (0: the device's default) */
 } dsv4_model;
 
 /* Loads DIR (config.json + safetensors). Every error names the file, tensor or field. */
@@ -72,6 +73,9 @@ void dsv4_model_destroy(dsv4_model *m);
  * gate, experts), with the layer (-1 for global ones). */
 void dsv4_model_foreach_weight(const dsv4_model *m, void (*fn)(void *ctx, int layer, const dsv4_weight *w),
                                void *ctx);
+
+/* The context capacity in effect (dsv4_set_max_context; default per device). */
+int dsv4_model_capacity(const dsv4_model *m);
 
 /* YaRN / plain RoPE frequency table of spec section 6 for dim R (R/2 entries). */
 void dsv4_rope_freqs(const dsv4_config *c, int compressed, float *freq);

@@ -31,6 +31,14 @@ void dsv4_seq_state_free(dsv4_seq_state *s);
 /* Makes room for `n` more entries in a compressor state; -1 when out of memory. */
 int dsv4_cmp_state_reserve(dsv4_cmp_state *c, int d, int n);
 
+/* Every forward call passes this before it reaches a backend (request.c): the sequences (distinct, of
+ * this model), token ids, positions within the context capacity. The call's token count, or -1 with a
+ * message in err. */
+long dsv4_check_request(const dsv4_model *m, int nseq, dsv4_seq_state *const *seqs, const int32_t *const *tokens,
+                        const int *ntok, char *err, size_t errcap);
+/* The capacity a GPU model is set up for: the one set, else min(max_position_embeddings, 16384). */
+int dsv4_model_gpu_capacity(const dsv4_model *m);
+
 /* The tokens of one forward call: sequence s contributes tokens off[s] .. off[s]+n[s]-1 at
  * positions pos0[s] ... */
 typedef struct dsv4_batch {

@@ -1,0 +1,110 @@
+/* gpu_internal.h - what the host files of the GPU forward share (plain C): the uploaded model
+ * (gpu_model.c), sequences (gpu_seq.c), the workspace of one pass and the layer forward
+ * (forward_cuda.c), the decode-step graphs (decode_graph.c). */
+#ifndef DSV4_CUDA_GPU_INTERNAL_H
+#define DSV4_CUDA_GPU_INTERNAL_H
+
+#include "../model/model.h"
+#include "cuda_model.h"
+
+typedef struct gcomp {
+    dsv4_cuda_weight wkv, wgate;
+    float *ape, *norm;
+} gcomp;
+
+typedef struct glayer {
+    float *rope_freq;
+    dsv4_cuda_weight hc_attn_fn, hc_ffn_fn;
+    float *hc_attn_base, *hc_attn_scale, *hc_ffn_base, *hc_ffn_scale, *attn_norm, *ffn_norm;
+    dsv4_cuda_weight wq_a, wq_b, wkv, wo_a, wo_b;
+    float *q_norm, *kv_norm, *attn_sink;
+    gcomp cmp, idx_cmp;
+    dsv4_cuda_weight idx_wq_b, idx_wproj;
+    dsv4_cuda_weight gate;
+    float *gate_bias;
+    int *tid2eid;
+    dsv4_cuda_experts ex; /* routed experts (device descriptor arrays) */
+    dsv4_cuda_weight sw1, sw2, sw3;
+    int nidx;             /* attention list length: W + min(top-k, capacity/4) | W + capacity/ratio | W */
+} glayer;
+
+/* one uploaded stored tensor (views of fused tensors share it) */
+typedef struct urec {
+    const uint8_t *hdata, *hscale;
+    uint8_t *ddata, *dscale;
+    size_t dbytes, sbytes;
+} urec;
+
+/* The device workspace of one pass of T token rows, carved from the model's arena (the same offsets
+ * for the same T, so a captured graph keeps pointing at the right places). */
+typedef struct gws {
+    int T, qg, tg, hr; /* rows; indexer query group, MoE token group, head rows per pass of the head */
+    float *X, *x, *y, *post, *comb, *qr, *q, *kv, *o, *kvp, *scp, *ent, *qi, *wt, *scores, *og, *zg, *z;
+    float *lgE, *ew, *gg, *uu, *ye, *hs, *ys, *hy, *hrow, *logits;
+    int *rpos, *sel, *nsel, *idx, *rsel, *nc4, *nl4;
+    void *tkscratch; /* the top-k's tie path: qg rows of capacity / 4 (value, index) pairs */
+    const float **keys, **qbase;
+    dsv4_cuda_moe_plan plan;
+} gws;
+
+/* Where the arrays of a pass's step input (dsv4_cuda_batch) sit in the step buffer. */
+typedef struct gstepl {
+    size_t tok, pos, sid, p0, n, off, cend, pe, sq, bytes;
+} gstepl;
+
+#define GB_N 9     /* decode buckets 1, 2, 4, .. 256 */
+#define GB_MAX 256
+
+typedef struct gbucket {
+    void *layers, *head; /* executable graphs (NULL until first use) */
+    int failed;          /* captures of this bucket that failed */
+} gbucket;
+
+struct dsv4_cuda_model {
+    dsv4_model *m;
+    glayer *L;
+    dsv4_cuda_weight embed, head, hc_head_fn;
+    float *norm, *hc_head_base, *hc_head_scale;
+    void **bufs; /* every device allocation of the weights */
+    int nbufs, capbufs;
+    urec *ur;    /* hash table of uploaded tensors */
+    size_t nur;
+    void *stream;
+    int cap;     /* context capacity of every sequence */
+    int tmax;    /* most token rows of one pass */
+    int qgmax;   /* most queries per indexer score block */
+    uint8_t *arena;        /* workspace, sized for tmax rows */
+    uint8_t *dstep, *hstep; /* step input: device, pinned host mirror (tmax rows and slots) */
+    size_t step_bytes;
+    int graphs;            /* decode steps through CUDA graphs */
+    int capturing;
+    gbucket bk[GB_N];
+    int last_bucket;       /* bucket of the last decode step (-1: none) */
+};
+
+struct dsv4_cuda_seq {
+    dsv4_cuda_model *g;
+    int pos, prefill_end;
+    void *mem;             /* one device allocation: the seqdev, its layer states, every cache */
+    dsv4_cuda_seqdev *dev; /* at the start of mem */
+};
+
+/* forward_cuda.c */
+size_t gpu_ws_bytes(const dsv4_cuda_model *g, int T);
+void gpu_ws_carve(const dsv4_cuda_model *g, int T, gws *w);
+void gpu_step_layout(int T, int S, gstepl *l);
+dsv4_cuda_batch gpu_batch_at(const dsv4_cuda_model *g, int T, int S);
+/* embedding, every layer, device lengths: pure enqueue (capturable) */
+int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b);
+/* decode head: HcHead, final norm and head of all T rows of a pass -> w->logits (capturable) */
+int gpu_run_head(dsv4_cuda_model *g, const gws *w, int T);
+/* -1, with a message naming file and line (gpu_err); DSV4_CUDA_DEBUG=1 synchronizes after every op */
+int gpu_fail(const char *file, int line, const char *what);
+const char *gpu_err(void);
+void gpu_err_clear(void);
+
+/* decode_graph.c: a step of nseq sequences with one token each at most (count of tokens 1 .. GB_MAX) */
+int gpu_decode(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
+               float *logits, int mode);
+
+#endif

@@ -1,0 +1,325 @@
+/* gpu_model.c - the model on the GPU (cuda_model.h): every weight uploaded once (each stored tensor
+ * once: views of fused tensors share it), per-layer device descriptors (the routed experts' arrays for
+ * the grouped kernels, the attention list length), the model's stream, the workspace arena and the
+ * step-input buffers, all sized at set-up for the context capacity. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu_internal.h"
+
+/* ---- allocation helpers ---- */
+
+static int track(dsv4_cuda_model *g, void *p) {
+    if (g->nbufs == g->capbufs) {
+        int cap = g->capbufs ? g->capbufs * 2 : 256;
+        void **nb = realloc(g->bufs, sizeof(void *) * (size_t)cap);
+        if (!nb) return -1;
+        g->bufs = nb;
+        g->capbufs = cap;
+    }
+    g->bufs[g->nbufs++] = p;
+    return 0;
+}
+
+static void *dalloc(dsv4_cuda_model *g, size_t bytes) {
+    void *p = dsv4_cuda_alloc(bytes);
+    if (p && track(g, p)) {
+        dsv4_cuda_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static float *upf(dsv4_cuda_model *g, const float *h, size_t n, int *rc) {
+    if (*rc || !h) return NULL;
+    float *d = dalloc(g, n * sizeof(float));
+    if (!d || dsv4_cuda_upload(d, h, n * sizeof(float))) {
+        *rc = -1;
+        return NULL;
+    }
+    return d;
+}
+
+static int *upi(dsv4_cuda_model *g, const int32_t *h, size_t n, int *rc) {
+    if (*rc || !h) return NULL;
+    int *d = dalloc(g, n * sizeof(int));
+    if (!d || dsv4_cuda_upload(d, h, n * sizeof(int))) {
+        *rc = -1;
+        return NULL;
+    }
+    return d;
+}
+
+/* ---- weight upload (each stored tensor once, with the largest row extent any view needs) ---- */
+
+static void extent(const dsv4_weight *w, size_t *db, size_t *sb) {
+    int64_t R = (int64_t)w->row0 + w->rows, C = w->cols;
+    *sb = 0;
+    switch (w->fmt) {
+    case DSV4_WF_F32: *db = (size_t)(R * C * 4); break;
+    case DSV4_WF_BF16:
+    case DSV4_WF_F16: *db = (size_t)(R * C * 2); break;
+    case DSV4_WF_FP8:
+        *db = (size_t)(R * C);
+        *sb = (size_t)(((R + 127) / 128) * w->scale_stride * (w->scale_f32 ? 4 : 1));
+        break;
+    case DSV4_WF_MXFP4:
+    case DSV4_WF_NVFP4:
+        *db = (size_t)(R * (C / 2));
+        *sb = (size_t)(R * w->scale_stride);
+        break;
+    default: *db = 0;
+    }
+}
+
+static urec *ur_find(dsv4_cuda_model *g, const uint8_t *data, const uint8_t *scale, int insert) {
+    size_t h = ((uintptr_t)data >> 4) * 0x9E3779B97F4A7C15ull ^ ((uintptr_t)scale >> 4);
+    for (size_t i = h % g->nur;; i = (i + 1) % g->nur) {
+        urec *r = &g->ur[i];
+        if (!r->hdata) {
+            if (!insert) return NULL;
+            r->hdata = data;
+            r->hscale = scale;
+            return r;
+        }
+        if (r->hdata == data && r->hscale == scale) return r;
+    }
+}
+
+typedef struct upctx {
+    dsv4_cuda_model *g;
+    size_t nweights;
+    double total;
+} upctx;
+
+static void count_w(void *ctx, int layer, const dsv4_weight *w) {
+    upctx *u = ctx;
+    u->nweights++;
+}
+
+static void collect_w(void *ctx, int layer, const dsv4_weight *w) {
+    upctx *u = ctx;
+    urec *r = ur_find(u->g, w->data, w->scale, 1);
+    size_t db, sb;
+    extent(w, &db, &sb);
+    if (db > r->dbytes) r->dbytes = db;
+    if (sb > r->sbytes) r->sbytes = sb;
+}
+
+static dsv4_cuda_weight bindw(dsv4_cuda_model *g, const dsv4_weight *w) {
+    dsv4_cuda_weight d = {0};
+    urec *r = ur_find(g, w->data, w->scale, 0);
+    if (!r) return d;
+    d.fmt = w->fmt;
+    d.rows = w->rows;
+    d.cols = w->cols;
+    d.row0 = w->row0;
+    d.data = r->ddata;
+    d.scale = r->dscale;
+    d.scale_f32 = w->scale_f32;
+    d.scale_stride = w->scale_stride;
+    d.scale2 = w->scale2;
+    d.act_quant = w->act_quant;
+    return d;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int upload_weights(dsv4_cuda_model *g, int verbose) {
+    upctx u = {g, 0, 0};
+    dsv4_model_foreach_weight(g->m, count_w, &u);
+    g->nur = u.nweights * 2 + 16;
+    g->ur = calloc(g->nur, sizeof(urec));
+    if (!g->ur) return -1;
+    dsv4_model_foreach_weight(g->m, collect_w, &u);
+    for (size_t i = 0; i < g->nur; i++) u.total += (double)g->ur[i].dbytes + g->ur[i].sbytes;
+    double t0 = now_s(), last = t0, done = 0;
+    for (size_t i = 0; i < g->nur; i++) {
+        urec *r = &g->ur[i];
+        if (!r->hdata) continue;
+        r->ddata = dalloc(g, r->dbytes);
+        if (!r->ddata || dsv4_cuda_upload(r->ddata, r->hdata, r->dbytes)) return -1;
+        if (r->sbytes) {
+            r->dscale = dalloc(g, r->sbytes);
+            if (!r->dscale || dsv4_cuda_upload(r->dscale, r->hscale, r->sbytes)) return -1;
+        }
+        done += (double)r->dbytes + r->sbytes;
+        double t = now_s();
+        if (verbose && (t - last > 0.5 || done == u.total)) {
+            fprintf(stderr, "\rdsv4: uploading weights to the GPU: %.2f / %.2f GB (%.2f GB/s)", done / 1e9, u.total / 1e9,
+                    done / 1e9 / (t - t0 > 1e-9 ? t - t0 : 1e-9));
+            last = t;
+        }
+    }
+    if (verbose) {
+        double t = now_s();
+        fprintf(stderr, "\rdsv4: uploaded weights to the GPU: %.2f GB in %.2f s (%.2f GB/s)\n", u.total / 1e9, t - t0,
+                u.total / 1e9 / (t - t0 > 1e-9 ? t - t0 : 1e-9));
+    }
+    return 0;
+}
+
+static int bind_layer(dsv4_cuda_model *g, int L) {
+    const dsv4_model *m = g->m;
+    const dsv4_config *c = &m->cfg;
+    const dsv4_layer *l = &m->layers[L];
+    glayer *d = &g->L[L];
+    const int M = c->hc_mult, D = c->dim, hcr = (2 + M) * M;
+    int rc = 0;
+    d->rope_freq = upf(g, l->rope_freq, (size_t)c->rope_head_dim / 2, &rc);
+    d->hc_attn_fn = bindw(g, &l->hc_attn_fn);
+    d->hc_ffn_fn = bindw(g, &l->hc_ffn_fn);
+    d->hc_attn_base = upf(g, l->hc_attn_base, (size_t)hcr, &rc);
+    d->hc_attn_scale = upf(g, l->hc_attn_scale, 3, &rc);
+    d->hc_ffn_base = upf(g, l->hc_ffn_base, (size_t)hcr, &rc);
+    d->hc_ffn_scale = upf(g, l->hc_ffn_scale, 3, &rc);
+    d->attn_norm = upf(g, l->attn_norm, (size_t)D, &rc);
+    d->ffn_norm = upf(g, l->ffn_norm, (size_t)D, &rc);
+    d->wq_a = bindw(g, &l->wq_a);
+    d->wq_b = bindw(g, &l->wq_b);
+    d->wkv = bindw(g, &l->wkv);
+    d->wo_a = bindw(g, &l->wo_a);
+    d->wo_b = bindw(g, &l->wo_b);
+    d->q_norm = upf(g, l->q_norm, (size_t)c->q_lora_rank, &rc);
+    d->kv_norm = upf(g, l->kv_norm, (size_t)c->head_dim, &rc);
+    d->attn_sink = upf(g, l->attn_sink, (size_t)c->n_heads, &rc);
+    const dsv4_compressor *cms[2] = {&l->cmp, &l->idx_cmp};
+    gcomp *dcs[2] = {&d->cmp, &d->idx_cmp};
+    for (int k = 0; k < 2; k++) {
+        if (k == 0 ? l->ratio <= 0 : l->ratio != 4) continue;
+        const dsv4_compressor *cm = cms[k];
+        int cd = (cm->overlap ? 2 : 1) * cm->d;
+        dcs[k]->wkv = bindw(g, &cm->wkv);
+        dcs[k]->wgate = bindw(g, &cm->wgate);
+        dcs[k]->ape = upf(g, cm->ape, (size_t)cm->ratio * cd, &rc);
+        dcs[k]->norm = upf(g, cm->norm, (size_t)cm->d, &rc);
+    }
+    if (l->ratio == 4) {
+        d->idx_wq_b = bindw(g, &l->idx_wq_b);
+        d->idx_wproj = bindw(g, &l->idx_wproj);
+    }
+    const int W = c->window_size;
+    d->nidx = W;
+    if (l->ratio == 4) d->nidx += c->index_topk < g->cap / 4 ? c->index_topk : g->cap / 4;
+    else if (l->ratio > 0) d->nidx += g->cap / l->ratio;
+    d->gate = bindw(g, &l->gate);
+    const int E = c->n_routed_experts, K = c->n_activated_experts;
+    if (l->hash) d->tid2eid = upi(g, l->tid2eid, (size_t)c->vocab_size * K, &rc);
+    else d->gate_bias = upf(g, l->gate_bias, (size_t)E, &rc);
+    if (rc) return rc;
+    dsv4_cuda_weight *w = calloc((size_t)E * 3, sizeof(dsv4_cuda_weight));
+    if (!w) return -1;
+    for (int e = 0; e < E; e++) {
+        w[e] = bindw(g, &l->w1[e]);
+        w[E + e] = bindw(g, &l->w3[e]);
+        w[2 * E + e] = bindw(g, &l->w2[e]);
+    }
+    rc = dsv4_cuda_experts_init(&d->ex, w, w + E, w + 2 * E, E);
+    free(w);
+    if (rc) return -1;
+    if (l->has_shared) {
+        d->sw1 = bindw(g, &l->sw1);
+        d->sw2 = bindw(g, &l->sw2);
+        d->sw3 = bindw(g, &l->sw3);
+    }
+    return 0;
+}
+
+int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_cuda_model **out, char *err,
+                        size_t errcap) {
+    *out = NULL;
+    const dsv4_config *c = &m->cfg;
+    if (capacity < 1 || capacity > c->max_position_embeddings) {
+        snprintf(err, errcap, "GPU model: context capacity %d outside 1 .. max_position_embeddings %d", capacity,
+                 c->max_position_embeddings);
+        return -1;
+    }
+    if (c->n_activated_experts > 32 || c->index_topk > 2048) {
+        snprintf(err, errcap, "GPU model: %d experts per token (at most 32) or index top-k %d (at most 2048) not supported",
+                 c->n_activated_experts, c->index_topk);
+        return -1;
+    }
+    dsv4_cuda_info info;
+    if (dsv4_cuda_init(dev, &info, err, errcap)) return -1;
+    if (verbose)
+        fprintf(stderr, "dsv4: GPU %d: %s (sm_%d%d, %d SMs, %.1f GiB)\n", dev, info.name, info.cc_major, info.cc_minor,
+                info.sm_count, info.mem_total / 1073741824.0);
+    dsv4_cuda_model *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    g->m = m;
+    g->cap = capacity;
+    g->last_bucket = -1;
+    const char *ge = getenv("DSV4_CUDA_GRAPHS");
+    g->graphs = !(ge && !strcmp(ge, "0"));
+    /* passes of at most tmax rows; the indexer scores at most ~64 MB at a time */
+    g->tmax = 1024;
+    const int nl = capacity / 4 > 0 ? capacity / 4 : 1;
+    g->qgmax = (16 << 20) / nl;
+    if (g->qgmax < 1) g->qgmax = 1;
+    int rc = 0;
+    if (!(g->stream = dsv4_cuda_stream_new())) rc = -1;
+    if (!rc) rc = upload_weights(g, verbose);
+    if (!rc && !(g->L = calloc((size_t)c->n_layers, sizeof(glayer)))) rc = -1;
+    for (int L = 0; L < c->n_layers && !rc; L++) {
+        rc = bind_layer(g, L);
+        if (!rc && g->L[L].nidx > 4096) {
+            snprintf(err, errcap, "GPU model: layer %d needs %d attention entries per query at context capacity %d (at "
+                     "most 4096 supported; lower it with dsv4_set_max_context)", L, g->L[L].nidx, capacity);
+            dsv4_cuda_model_free(g);
+            return -1;
+        }
+    }
+    if (!rc) {
+        g->embed = bindw(g, &m->embed);
+        g->head = bindw(g, &m->head);
+        g->hc_head_fn = bindw(g, &m->hc_head_fn);
+        g->norm = upf(g, m->norm, (size_t)c->dim, &rc);
+        g->hc_head_base = upf(g, m->hc_head_base, (size_t)c->hc_mult, &rc);
+        g->hc_head_scale = upf(g, m->hc_head_scale, 1, &rc);
+    }
+    if (!rc) {
+        gstepl l;
+        gpu_step_layout(g->tmax, g->tmax, &l);
+        g->step_bytes = l.bytes;
+        if (!(g->arena = dalloc(g, gpu_ws_bytes(g, g->tmax))) || !(g->dstep = dalloc(g, g->step_bytes)) ||
+            !(g->hstep = dsv4_cuda_host_alloc(g->step_bytes)))
+            rc = -1;
+    }
+    if (rc) {
+        snprintf(err, errcap, "GPU model set-up: %s", dsv4_cuda_last_error()[0] ? dsv4_cuda_last_error() : "out of memory");
+        dsv4_cuda_model_free(g);
+        return -1;
+    }
+    if (verbose)
+        fprintf(stderr, "dsv4: GPU context capacity %d per sequence; workspace %.1f MB for %d rows; decode graphs %s\n",
+                capacity, gpu_ws_bytes(g, g->tmax) / 1e6, g->tmax, g->graphs ? "on" : "off (DSV4_CUDA_GRAPHS=0)");
+    *out = g;
+    return 0;
+}
+
+void dsv4_cuda_set_graphs(dsv4_cuda_model *g, int on) { g->graphs = on != 0; }
+
+void dsv4_cuda_model_free(dsv4_cuda_model *g) {
+    if (!g) return;
+    if (g->stream) dsv4_cuda_stream_sync(g->stream);
+    for (int i = 0; i < GB_N; i++) dsv4_cuda_graph_free(g->bk[i].layers), dsv4_cuda_graph_free(g->bk[i].head);
+    if (g->L)
+        for (int L = 0; L < g->m->cfg.n_layers; L++) dsv4_cuda_experts_free(&g->L[L].ex);
+    for (int i = 0; i < g->nbufs; i++) dsv4_cuda_free(g->bufs[i]);
+    dsv4_cuda_host_free(g->hstep);
+    dsv4_cuda_stream_free(g->stream);
+    free(g->L);
+    free(g->bufs);
+    free(g->ur);
+    free(g);
+}

@@ -1,0 +1,102 @@
+/* gpu_seq.c - one sequence's state on the GPU (cuda_model.h), allocated for the model's whole context
+ * capacity when the sequence is created, in one device allocation: the dsv4_cuda_seqdev (the device
+ * length), its per-layer dsv4_cuda_lstate array, then per layer the window ring + compressed entries
+ * (abuf), the indexer keys (ibuf) and the compressors' pending rows. Nothing grows later; a forward call
+ * past the capacity is rejected by dsv4_forward before it gets here. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_internal.h"
+
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* floats of a compressor's pending rows (kv or scores): [c*m, c*d] */
+static size_t pending(const dsv4_compressor *cm) {
+    size_t cc = cm->overlap ? 2 : 1;
+    return cc * (size_t)cm->ratio * cc * (size_t)cm->d;
+}
+
+/* Lays the state out from offset 0 (base NULL: only measures); returns the bytes. With a base, fills the
+ * host image of the seqdev + layer states (hdr) and the list of score regions to set to -inf. */
+static size_t layout(const dsv4_cuda_model *g, uint8_t *base, dsv4_cuda_seqdev *hdr, dsv4_cuda_lstate *ls,
+                     float **neg, size_t *nneg, int *nnegs) {
+    const dsv4_model *m = g->m;
+    const dsv4_config *c = &m->cfg;
+    const int NL = c->n_layers, W = c->window_size, cap = g->cap;
+    size_t o = al256(sizeof(dsv4_cuda_seqdev)) + al256(sizeof(dsv4_cuda_lstate) * (size_t)NL);
+#define TAKE(ptr, nfloats) do { size_t nb_ = sizeof(float) * (size_t)(nfloats); if (base) (ptr) = (float *)(base + o); o += al256(nb_); } while (0)
+    int k = 0;
+    for (int L = 0; L < NL; L++) {
+        const dsv4_layer *ly = &m->layers[L];
+        dsv4_cuda_lstate st = {0};
+        size_t rows = (size_t)W + (ly->ratio > 0 ? (size_t)cap / ly->ratio : 0);
+        TAKE(st.abuf, rows * c->head_dim);
+        if (ly->ratio == 4) TAKE(st.ibuf, (size_t)(cap / 4 > 0 ? cap / 4 : 1) * c->index_head_dim);
+        if (ly->ratio > 0) {
+            TAKE(st.ckv, pending(&ly->cmp));
+            TAKE(st.csc, pending(&ly->cmp));
+            if (base) neg[k] = st.csc, nneg[k++] = pending(&ly->cmp);
+        }
+        if (ly->ratio == 4) {
+            TAKE(st.ikv, pending(&ly->idx_cmp));
+            TAKE(st.isc, pending(&ly->idx_cmp));
+            if (base) neg[k] = st.isc, nneg[k++] = pending(&ly->idx_cmp);
+        }
+        if (base) ls[L] = st;
+    }
+#undef TAKE
+    if (base) {
+        hdr->len = 0;
+        hdr->capacity = cap;
+        hdr->L = (dsv4_cuda_lstate *)(base + al256(sizeof(dsv4_cuda_seqdev)));
+        *nnegs = k;
+    }
+    return o;
+}
+
+dsv4_cuda_seq *dsv4_cuda_seq_new(dsv4_cuda_model *g) {
+    const int NL = g->m->cfg.n_layers;
+    dsv4_cuda_seq *s = calloc(1, sizeof *s);
+    dsv4_cuda_lstate *ls = calloc((size_t)NL, sizeof *ls);
+    float **neg = calloc((size_t)NL * 2 + 1, sizeof *neg);
+    size_t *nneg = calloc((size_t)NL * 2 + 1, sizeof *nneg);
+    if (!s || !ls || !neg || !nneg) goto fail;
+    s->g = g;
+    size_t bytes = layout(g, NULL, NULL, NULL, NULL, NULL, NULL);
+    if (!(s->mem = dsv4_cuda_alloc(bytes))) goto fail;
+    dsv4_cuda_seqdev hdr;
+    int nn = 0;
+    layout(g, s->mem, &hdr, ls, neg, nneg, &nn);
+    s->dev = (dsv4_cuda_seqdev *)s->mem;
+    /* zeros everywhere (pending kv, caches), -inf in the pending scores, then the header and layer table */
+    if (dsv4_cuda_memset(s->mem, 0, bytes, g->stream)) goto fail;
+    for (int i = 0; i < nn; i++)
+        if (dsv4_cuda_fill(neg[i], (int64_t)nneg[i], -INFINITY, g->stream)) goto fail;
+    if (dsv4_cuda_upload_async(hdr.L, ls, sizeof *ls * (size_t)NL, g->stream) ||
+        dsv4_cuda_upload_async(s->dev, &hdr, sizeof hdr, g->stream) || dsv4_cuda_stream_sync(g->stream))
+        goto fail;
+    free(ls), free(neg), free(nneg);
+    return s;
+fail:
+    free(ls), free(neg), free(nneg);
+    dsv4_cuda_seq_free(s);
+    return NULL;
+}
+
+void dsv4_cuda_seq_free(dsv4_cuda_seq *s) {
+    if (!s) return;
+    /* a step in flight may still use the state */
+    if (s->mem) dsv4_cuda_stream_sync(s->g->stream);
+    dsv4_cuda_free(s->mem);
+    free(s);
+}
+
+int dsv4_cuda_seq_pos(const dsv4_cuda_seq *s) { return s->pos; }
+void dsv4_cuda_seq_set_prefill(dsv4_cuda_seq *s, int end) { s->prefill_end = end; }
+
+int dsv4_cuda_seq_device_len(const dsv4_cuda_seq *s) {
+    int len = -1;
+    if (dsv4_cuda_stream_sync(s->g->stream) || dsv4_cuda_download(&len, &s->dev->len, sizeof len)) return -1;
+    return len;
+}

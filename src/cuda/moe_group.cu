@@ -1,0 +1,398 @@
+/* moe_group.cu - the routed experts of a MoE layer on the device, with no host round trip (cuda_model.h,
+ * "MoE on the device"):
+ *   1. moe_group: the router's picks -> per-expert token lists (count, scan, scatter) in a deterministic
+ *      order (each expert's tokens in increasing order, the active experts in increasing id), and each
+ *      token's slots in increasing expert id;
+ *   2. moe_experts: two grouped GEMV launches over (active expert, block of output rows) with a fixed
+ *      launch shape: gate + up (w1, w3) with the SwiGLU and routing weight fused, then down (w2). A warp
+ *      streams two weight rows 16 bytes per lane (wvec.cuh) against up to 8 of the expert's token rows
+ *      staged in shared memory; every output value is one warp's dot product over the whole row in a fixed
+ *      order, so it does not depend on which other tokens share the expert (batch invariance);
+ *   3. moe_combine: each token's expert outputs summed in increasing expert id, then the shared expert:
+ *      the CPU's order (src/model/forward_moe.c), by one thread per output element, no atomics. */
+#include "cuda_model.h"
+#include "wvec.cuh"
+
+/* ---- 1. grouping: one block ---- */
+
+#define GROUP_THREADS 1024
+#define GROUP_MAXT 1024
+#define GROUP_MAXK 32
+
+/* Is pick k of token t used, and its expert: idle tokens pick nothing, an expert out of range is skipped,
+ * a repeated expert counts at its first pick only. */
+__device__ __forceinline__ int pick_used(const int *sel, const int *sid, int t, int k, int K, int E, int *e) {
+    if (sid[t] < 0) return 0;
+    const int *st = sel + (int64_t)t * K;
+    const int v = st[k];
+    if (v < 0 || v >= E) return 0;
+    for (int j = 0; j < k; j++)
+        if (st[j] == v) return 0;
+    *e = v;
+    return 1;
+}
+
+/* Exclusive block-wide scan of two counters at once (blockDim.x a multiple of 32, <= 1024). */
+__device__ void block_scan2(int a, int b, int *ea, int *eb, int *ta, int *tb) {
+    __shared__ int wa[32], wb[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int ia = a, ib = b;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int va = __shfl_up_sync(0xffffffffu, ia, o), vb = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) ia += va, ib += vb;
+    }
+    if (lane == 31) wa[warp] = ia, wb[warp] = ib;
+    __syncthreads();
+    if (warp == 0) {
+        int sa = lane < nw ? wa[lane] : 0, sb = lane < nw ? wb[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int va = __shfl_up_sync(0xffffffffu, sa, o), vb = __shfl_up_sync(0xffffffffu, sb, o);
+            if (lane >= o) sa += va, sb += vb;
+        }
+        if (lane < nw) wa[lane] = sa, wb[lane] = sb; /* inclusive over warps */
+    }
+    __syncthreads();
+    const int pa = warp ? wa[warp - 1] : 0, pb = warp ? wb[warp - 1] : 0;
+    *ea = pa + ia - a;
+    *eb = pb + ib - b;
+    *ta = wa[nw - 1];
+    *tb = wb[nw - 1];
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel, const float *ew, const int *sid, int T, int K,
+                                                                  int E, dsv4_cuda_moe_plan p) {
+    extern __shared__ uint32_t gsm[];
+    const int NW = (T + 31) / 32;
+    uint32_t *bm = gsm;                          /* [E][NW]: token bitmap of each expert */
+    int *base = (int *)(bm + (size_t)E * NW);    /* [E]: first slot of each expert */
+    const int tid = threadIdx.x, nth = blockDim.x;
+    for (int i = tid; i < E * NW; i += nth) bm[i] = 0;
+    __syncthreads();
+    for (int q = tid; q < T * K; q += nth) {
+        int t = q / K, e;
+        if (pick_used(sel, sid, t, q - t * K, K, E, &e)) atomicOr(&bm[e * NW + (t >> 5)], 1u << (t & 31));
+    }
+    __syncthreads();
+    /* counts per expert, scanned over the experts (a contiguous run of experts per thread) */
+    const int per = (E + nth - 1) / nth, e0 = tid * per, e1 = e0 + per < E ? e0 + per : E;
+    int cnt = 0, act = 0;
+    for (int e = e0; e < e1; e++) {
+        int c = 0;
+        for (int w = 0; w < NW; w++) c += __popc(bm[e * NW + w]);
+        base[e] = c;
+        cnt += c;
+        act += c > 0;
+    }
+    int ca, aa, tc, ta;
+    block_scan2(cnt, act, &ca, &aa, &tc, &ta);
+    for (int e = e0; e < e1; e++) {
+        const int c = base[e];
+        base[e] = ca;
+        if (c) {
+            p.act_e[aa] = e;
+            p.act_off[aa] = ca;
+            p.act_cnt[aa] = c;
+            aa++;
+        }
+        ca += c;
+    }
+    if (tid == 0) *p.nact = ta;
+    __syncthreads();
+    /* scatter: a token's rank in its expert's list = the tokens below it in the expert's bitmap */
+    for (int q = tid; q < T * K; q += nth) {
+        int t = q / K, e;
+        if (!pick_used(sel, sid, t, q - t * K, K, E, &e)) continue;
+        const uint32_t *row = bm + e * NW;
+        int rank = __popc(row[t >> 5] & ((1u << (t & 31)) - 1u));
+        for (int w = 0; w < (t >> 5); w++) rank += __popc(row[w]);
+        const int slot = base[e] + rank;
+        p.rows[slot] = t;
+        p.rw[slot] = ew[q];
+    }
+    /* each token's slots in increasing expert id (= increasing slot) */
+    for (int t = tid; t < T; t += nth) {
+        int sl[GROUP_MAXK], ns = 0;
+        for (int k = 0; k < K; k++) {
+            int e;
+            if (!pick_used(sel, sid, t, k, K, E, &e)) continue;
+            const uint32_t *row = bm + e * NW;
+            int rank = __popc(row[t >> 5] & ((1u << (t & 31)) - 1u));
+            for (int w = 0; w < (t >> 5); w++) rank += __popc(row[w]);
+            int v = base[e] + rank, i = ns++;
+            while (i > 0 && sl[i - 1] > v) sl[i] = sl[i - 1], i--;
+            sl[i] = v;
+        }
+        for (int k = 0; k < K; k++) p.tslot[(int64_t)t * K + k] = k < ns ? sl[k] : -1;
+    }
+}
+
+extern "C" int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
+                                   const dsv4_cuda_moe_plan *p, void *stream) {
+    if (T < 0 || T > GROUP_MAXT || K < 1 || K > GROUP_MAXK || E < 1)
+        return dsv4_cuda_fail("moe_group: bad arguments (T %d K %d E %d)", T, K, E);
+    if (!T) return dsv4_cuda_memset(p->nact, 0, sizeof(int), stream);
+    size_t smem = sizeof(uint32_t) * (size_t)E * ((T + 31) / 32) + sizeof(int) * (size_t)E;
+    if (smem > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("moe_group: %d experts x %d tokens do not fit", E, T);
+    if (smem > 48 * 1024 &&
+        cudaFuncSetAttribute((const void *)moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+        return dsv4_cuda_fail("moe_group: cannot raise shared memory to %zu bytes", smem);
+    moe_group_kernel<<<1, GROUP_THREADS, smem, DSV4_STREAM(stream)>>>(sel, w, sid, T, K, E, *p);
+    return dsv4_cuda_check_launch("moe_group");
+}
+
+/* ---- 2. grouped expert GEMV ---- */
+
+#define MX_WARPS 16
+#define MX_UNROLL 4
+#define MX_GENERIC DSV4_WF_COUNT /* element-by-element decode (dev_weight_at) for rows that are not 16-byte chunks */
+
+/* grid (row blocks, expert slots). GATEUP: out = h [slots, I], each warp one row j of w1 and of w3
+ * (x = the MoE input [T, D], gathered by rows[]); else out = y [slots, D], each warp rows j, j+1 of w2
+ * (x = h, the expert's slots are its rows). */
+template <int FMT, int TB, int GATEUP>
+__global__ void __launch_bounds__(MX_WARPS * 32)
+    moe_expert_kernel(const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, const float *x, dsv4_cuda_moe_plan p,
+                      float lim, int Cpad, float *out) {
+    constexpr bool VEC = FMT != MX_GENERIC;
+    constexpr int E = wv_elems<FMT>::E, NG = E / 4, STEP = GATEUP ? 1 : 2;
+    extern __shared__ float4 mx4[];
+    float *xs = (float *)mx4;
+    const int a = blockIdx.y;
+    if (a >= *p.nact) return;
+    const int ex = p.act_e[a], off = p.act_off[a], cnt = p.act_cnt[a];
+    const dsv4_cuda_weight w0 = WA[ex], w1 = GATEUP ? WB[ex] : w0;
+    const int C = w0.cols, R = w0.rows, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ngrp = Cpad / 128;
+    for (int c0 = 0; c0 < cnt; c0 += TB) {
+        const int nt = cnt - c0 < TB ? cnt - c0 : TB;
+        /* stage the chunk's rows (zeros past nt and past C), act-quantized per 128 values when asked */
+        for (int gi = warp; gi < TB * ngrp; gi += MX_WARPS) {
+            const int t = gi / ngrp, j0 = (gi - t * ngrp) * 128;
+            const float *src = NULL;
+            if (t < nt) src = x + (int64_t)(GATEUP ? p.rows[off + c0 + t] : off + c0 + t) * C;
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = j0 + i * 32 + lane;
+                v[i] = src && j < C ? src[j] : 0.0f;
+            }
+            if (w0.act_quant) wv_act_quant_fp8(v);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = j0 + i * 32 + lane;
+                xs[(size_t)t * Cpad + (VEC ? wv_stage_pos<E>(j) : j)] = v[i];
+            }
+        }
+        __syncthreads();
+        for (int r0 = (blockIdx.x * MX_WARPS + warp) * STEP; r0 < R; r0 += gridDim.x * MX_WARPS * STEP) {
+            const int r1 = GATEUP ? r0 : (r0 + 1 < R ? r0 + 1 : r0);
+            float acc[2][TB];
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int t = 0; t < TB; t++) acc[m][t] = 0.0f;
+            if constexpr (VEC) {
+                const int nch = C / E;
+                const int64_t rowbytes = (int64_t)C * 16 / E, R0 = (int64_t)w0.row0 + r0, R1 = (int64_t)w1.row0 + r1;
+                const uint4 *q0 = (const uint4 *)(w0.data + R0 * rowbytes), *q1 = (const uint4 *)(w1.data + R1 * rowbytes);
+                for (int b0 = 0; b0 < nch; b0 += 32 * MX_UNROLL) {
+                    uint4 q[2][MX_UNROLL];
+#pragma unroll
+                    for (int u = 0; u < MX_UNROLL; u++) {
+                        const int ch = b0 + u * 32 + lane;
+                        q[0][u] = ch < nch ? wv_load(q0 + ch) : make_uint4(0, 0, 0, 0);
+                        q[1][u] = ch < nch ? wv_load(q1 + ch) : make_uint4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                    for (int u = 0; u < MX_UNROLL; u++) {
+                        const int ch = b0 + u * 32 + lane;
+                        if (ch >= nch) break;
+                        float s0[2], s1[2];
+                        wv_scale<FMT>(w0, R0, ch, s0[0], s1[0]);
+                        wv_scale<FMT>(w1, R1, ch, s0[1], s1[1]);
+                        const float4 *xc = mx4 + (size_t)(ch >> 5) * NG * 32 + lane;
+                        float pa[2][TB], pb[2][TB];
+#pragma unroll
+                        for (int m = 0; m < 2; m++)
+#pragma unroll
+                            for (int t = 0; t < TB; t++) pa[m][t] = pb[m][t] = 0.0f;
+#pragma unroll
+                        for (int g = 0; g < NG; g++) {
+                            const float4 wv[2] = {wv_group<FMT>(q[0][u], g), wv_group<FMT>(q[1][u], g)};
+#pragma unroll
+                            for (int t = 0; t < TB; t++) {
+                                const float4 xv = xc[(size_t)t * (Cpad / 4) + g * 32];
+#pragma unroll
+                                for (int m = 0; m < 2; m++) {
+                                    float &s = (FMT == DSV4_WF_NVFP4 && g >= NG / 2) ? pb[m][t] : pa[m][t];
+                                    s = fmaf(wv[m].x, xv.x, s);
+                                    s = fmaf(wv[m].y, xv.y, s);
+                                    s = fmaf(wv[m].z, xv.z, s);
+                                    s = fmaf(wv[m].w, xv.w, s);
+                                }
+                            }
+                        }
+#pragma unroll
+                        for (int m = 0; m < 2; m++)
+#pragma unroll
+                            for (int t = 0; t < TB; t++) {
+                                if (FMT == DSV4_WF_NVFP4) acc[m][t] = fmaf(s1[m], pb[m][t], fmaf(s0[m], pa[m][t], acc[m][t]));
+                                else if (FMT == DSV4_WF_FP8 || FMT == DSV4_WF_MXFP4) acc[m][t] = fmaf(s0[m], pa[m][t], acc[m][t]);
+                                else acc[m][t] += pa[m][t];
+                            }
+                    }
+                }
+            } else {
+                for (int j = lane; j < C; j += 32) {
+                    const float a0 = dev_weight_at(w0, r0, j), a1 = dev_weight_at(w1, r1, j);
+#pragma unroll
+                    for (int t = 0; t < TB; t++) {
+                        const float xv = xs[(size_t)t * Cpad + j];
+                        acc[0][t] = fmaf(a0, xv, acc[0][t]);
+                        acc[1][t] = fmaf(a1, xv, acc[1][t]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < TB; t++) {
+                const float g = warp_sum(acc[0][t]), u = warp_sum(acc[1][t]);
+                if (lane == 0 && t < nt) {
+                    const int64_t slot = off + c0 + t;
+                    if (GATEUP) {
+                        out[slot * R + r0] = dev_swiglu(g, u, lim, p.rw[slot]);
+                    } else {
+                        out[slot * R + r0] = g;
+                        if (r1 != r0) out[slot * R + r1] = u;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+typedef void (*mx_fn)(const dsv4_cuda_weight *, const dsv4_cuda_weight *, const float *, dsv4_cuda_moe_plan, float, int,
+                      float *);
+
+template <int FMT, int GATEUP> static mx_fn mx_pick_tb(int tb) {
+    switch (tb) {
+    case 1: return moe_expert_kernel<FMT, 1, GATEUP>;
+    case 2: return moe_expert_kernel<FMT, 2, GATEUP>;
+    case 4: return moe_expert_kernel<FMT, 4, GATEUP>;
+    default: return moe_expert_kernel<FMT, 8, GATEUP>;
+    }
+}
+
+template <int GATEUP> static mx_fn mx_pick(int fmt, int vec, int tb) {
+    if (!vec) return mx_pick_tb<MX_GENERIC, GATEUP>(tb);
+    switch (fmt) {
+    case DSV4_WF_BF16: return mx_pick_tb<DSV4_WF_BF16, GATEUP>(tb);
+    case DSV4_WF_FP8: return mx_pick_tb<DSV4_WF_FP8, GATEUP>(tb);
+    case DSV4_WF_MXFP4: return mx_pick_tb<DSV4_WF_MXFP4, GATEUP>(tb);
+    default: return mx_pick_tb<DSV4_WF_NVFP4, GATEUP>(tb);
+    }
+}
+
+/* one grouped launch: R output rows per expert from C columns */
+static int mx_launch(int gateup, int fmt, int vec, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C,
+                     const float *x, int T, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out, cudaStream_t st) {
+    const int E = vec ? wv_elems_of(fmt) : 4;
+    const int cpad = vec ? (C + 32 * E - 1) / (32 * E) * (32 * E) : (C + 127) / 128 * 128;
+    int tb = T <= 1 ? 1 : T <= 2 ? 2 : T <= 4 ? 4 : 8; /* an expert gets at most T rows */
+    while (tb > 1 && (size_t)tb * cpad * sizeof(float) > (size_t)dsv4_cuda_dev.smem_optin) tb >>= 1;
+    const size_t smem = (size_t)tb * cpad * sizeof(float);
+    if (smem > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("moe_experts: a %d-column row does not fit in shared memory", C);
+    mx_fn fn = gateup ? mx_pick<1>(fmt, vec, tb) : mx_pick<0>(fmt, vec, tb);
+    if (smem > 48 * 1024 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+        return dsv4_cuda_fail("moe_experts: cannot raise shared memory to %zu bytes", smem);
+    /* enough row blocks per expert that the active experts fill the GPU about twice */
+    const int step = gateup ? 1 : 2, tiles = (R + MX_WARPS * step - 1) / (MX_WARPS * step);
+    int gx = (2 * dsv4_cuda_dev.sm_count + maxslots - 1) / maxslots;
+    if (gx > tiles) gx = tiles;
+    if (gx < 1) gx = 1;
+    fn<<<dim3(gx, maxslots), MX_WARPS * 32, smem, st>>>(WA, WB, x, *p, lim, cpad, out);
+    return dsv4_cuda_check_launch(gateup ? "moe_experts (gate/up)" : "moe_experts (down)");
+}
+
+extern "C" int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,
+                                     float lim, float *h, float *y, void *stream) {
+    if (T < 0 || K < 1 || !ex->w1) return dsv4_cuda_fail("moe_experts: bad arguments (T %d K %d)", T, K);
+    if (!T) return 0;
+    const int maxslots = ex->E < T * K ? ex->E : T * K;
+    cudaStream_t st = DSV4_STREAM(stream);
+    if (mx_launch(1, ex->fmt13, ex->vec13, ex->w1, ex->w3, ex->I, ex->D, x, T, maxslots, p, lim, h, st)) return -1;
+    return mx_launch(0, ex->fmt2, ex->vec2, ex->w2, NULL, ex->D, ex->I, h, T, maxslots, p, 0.0f, y, st);
+}
+
+/* ---- 3. combine ---- */
+
+__global__ void moe_combine_kernel(const float *y, const int *tslot, int K, int D, const float *shared, float *out) {
+    const int t = blockIdx.y;
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= D) return;
+    float acc = 0.0f;
+    for (int k = 0; k < K; k++) {
+        const int s = tslot[(int64_t)t * K + k];
+        if (s < 0) break;
+        acc = __fadd_rn(acc, y[(int64_t)s * D + d]);
+    }
+    if (shared) acc = __fadd_rn(acc, shared[(int64_t)t * D + d]);
+    out[(int64_t)t * D + d] = acc;
+}
+
+extern "C" int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, int K, int D, const float *shared, float *out,
+                                     void *stream) {
+    if (T < 0 || K < 1 || D < 1) return dsv4_cuda_fail("moe_combine: bad arguments (T %d K %d D %d)", T, K, D);
+    if (!T) return 0;
+    moe_combine_kernel<<<dim3((D + 255) / 256, T), 256, 0, DSV4_STREAM(stream)>>>(y, tslot, K, D, shared, out);
+    return dsv4_cuda_check_launch("moe_combine");
+}
+
+/* ---- the experts' descriptors ---- */
+
+static int vec_ok(const dsv4_cuda_weight *w) {
+    if (w->fmt != DSV4_WF_BF16 && w->fmt != DSV4_WF_FP8 && w->fmt != DSV4_WF_MXFP4 && w->fmt != DSV4_WF_NVFP4) return 0;
+    if (w->cols % wv_elems_of(w->fmt) || ((uintptr_t)w->data & 15)) return 0;
+    if (w->fmt == DSV4_WF_NVFP4 && ((w->scale_stride & 1) || ((uintptr_t)w->scale & 1))) return 0;
+    return 1;
+}
+
+extern "C" int dsv4_cuda_experts_init(dsv4_cuda_experts *x, const dsv4_cuda_weight *w1, const dsv4_cuda_weight *w3,
+                                      const dsv4_cuda_weight *w2, int E) {
+    memset(x, 0, sizeof *x);
+    if (E < 1) return dsv4_cuda_fail("experts: none");
+    x->E = E;
+    x->I = w1[0].rows;
+    x->D = w1[0].cols;
+    x->fmt13 = w1[0].fmt;
+    x->fmt2 = w2[0].fmt;
+    x->vec13 = x->vec2 = 1;
+    for (int e = 0; e < E; e++) {
+        if (!w1[e].data || !w3[e].data || !w2[e].data) return dsv4_cuda_fail("experts: expert %d has no weights on the device", e);
+        if ((int)w1[e].fmt != x->fmt13 || (int)w3[e].fmt != x->fmt13 || (int)w2[e].fmt != x->fmt2)
+            return dsv4_cuda_fail("experts: expert %d has another weight format than expert 0", e);
+        if (w1[e].rows != x->I || w3[e].rows != x->I || w1[e].cols != x->D || w3[e].cols != x->D || w2[e].rows != x->D ||
+            w2[e].cols != x->I)
+            return dsv4_cuda_fail("experts: expert %d has other shapes than expert 0", e);
+        if (w1[e].act_quant != w3[e].act_quant) return dsv4_cuda_fail("experts: expert %d: w1 and w3 differ in act quant", e);
+        x->vec13 &= vec_ok(&w1[e]) && vec_ok(&w3[e]);
+        x->vec2 &= vec_ok(&w2[e]);
+    }
+    const size_t b = sizeof(dsv4_cuda_weight) * (size_t)E;
+    x->w1 = (dsv4_cuda_weight *)dsv4_cuda_alloc(3 * b);
+    if (!x->w1) return -1;
+    x->w3 = x->w1 + E;
+    x->w2 = x->w3 + E;
+    if (dsv4_cuda_upload(x->w1, w1, b) || dsv4_cuda_upload(x->w3, w3, b) || dsv4_cuda_upload(x->w2, w2, b)) {
+        dsv4_cuda_experts_free(x);
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" void dsv4_cuda_experts_free(dsv4_cuda_experts *x) {
+    dsv4_cuda_free(x->w1);
+    memset(x, 0, sizeof *x);
+}

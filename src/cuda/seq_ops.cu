@@ -1,0 +1,202 @@
+/* seq_ops.cu - the ops that read or write the sequences' device state for a batch (cuda_model.h,
+ * "sequence-state ops"): per-pass tables, the compressor's token state machine (spec 8.2) with emission
+ * decided from the positions, storing finished entries and window rows into the caches, attention index
+ * lists (spec 10) and the device lengths. Everything a kernel needs comes from the dsv4_cuda_batch in
+ * device memory, so one launch shape serves every step of a decode bucket (CUDA graphs). */
+#include "common.cuh"
+#include "cuda_model.h"
+
+/* the layer state of row t, or NULL for an idle row */
+__device__ __forceinline__ const dsv4_cuda_lstate *row_state(const dsv4_cuda_batch &b, int t, int L) {
+    int s = b.sid[t];
+    if (s < 0 || !b.sq[s]) return NULL;
+    return &b.sq[s]->L[L];
+}
+
+/* ---- per-pass tables ---- */
+
+__global__ void step_meta_kernel(dsv4_cuda_batch b, int nlayers, int maxlist, const float **keys, int *nc4, int *nl4) {
+    int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (int64_t)nlayers * b.T) return;
+    int L = (int)(g / b.T), t = (int)(g - (int64_t)L * b.T);
+    const dsv4_cuda_lstate *ls = row_state(b, t, L);
+    keys[g] = ls ? ls->ibuf : NULL;
+    if (L == 0) {
+        const int s = b.sid[t], p = b.pos[t];
+        int nc = 0, nl = 0;
+        if (ls) {
+            nc = (p + 1) / 4;
+            nl = b.cend[s] / 4;
+            if (p < b.pe[s] && b.pe[s] / 4 > nl) nl = b.pe[s] / 4;
+            if (nl > maxlist) nl = maxlist;
+            if (nc > nl) nc = nl;
+        }
+        nc4[t] = nc;
+        nl4[t] = nl;
+    }
+}
+
+extern "C" int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int maxlist, const float **keys, int *ncausal4,
+                                   int *nlist4, void *stream) {
+    int64_t n = (int64_t)nlayers * b->T;
+    if (n <= 0) return 0;
+    step_meta_kernel<<<(unsigned)((n + 255) / 256), 256, 0, DSV4_STREAM(stream)>>>(*b, nlayers, maxlist, keys, ncausal4,
+                                                                                  nlist4);
+    return dsv4_cuda_check_launch("step_meta");
+}
+
+/* ---- compressor state machine (twin: compress_tokens() of src/model/forward_attn.c) ----
+ * The state is separable by channel: channel ch only ever touches columns ch (and d+ch for the
+ * overlap's B half) of the pending rows, so a thread owns a channel of one slot and runs the slot's
+ * whole token loop on its columns with no synchronization. grid (channel blocks, slots). */
+__global__ void cmp_batch_kernel(dsv4_cuda_batch b, int L, int which, const float *kvp, const float *scp, const float *ape,
+                                 int mr, int d, int overlap, float *ent, int *rpos) {
+    const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (!b.sq[s] || b.n[s] <= 0) return;
+    const dsv4_cuda_lstate *ls = &b.sq[s]->L[L];
+    float *skv = which ? ls->ikv : ls->ckv, *ssc = which ? ls->isc : ls->csc;
+    const int off = b.off[s], pos0 = b.p0[s], n = b.n[s];
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            int p = pos0 + i;
+            rpos[off + i] = (p + 1) % mr ? 0 : p + 1 - mr;
+        }
+    if (ch >= d) return;
+    const int cd = (overlap ? 2 : 1) * d, nslot = overlap ? 2 * mr : mr;
+    const int nc = overlap ? 2 : 1;
+    for (int i = 0; i < n; i++) {
+        const int p = pos0 + i, r = p % mr, row = overlap ? mr + r : r;
+        const int64_t ti = (int64_t)off + i;
+        for (int h = 0; h < nc; h++) {
+            const int col = h * d + ch;
+            skv[(int64_t)row * cd + col] = kvp[ti * cd + col];
+            ssc[(int64_t)row * cd + col] = __fadd_rn(scp[ti * cd + col], ape[(int64_t)r * cd + col]);
+        }
+        if ((p + 1) % mr) continue;
+        float mx = -INFINITY;
+        for (int k = 0; k < nslot; k++) {
+            int col = overlap && k >= mr ? d + ch : ch;
+            mx = fmaxf(mx, ssc[(int64_t)k * cd + col]);
+        }
+        float den = 0;
+        for (int k = 0; k < nslot; k++) {
+            int col = overlap && k >= mr ? d + ch : ch;
+            float v = ssc[(int64_t)k * cd + col];
+            den = __fadd_rn(den, v == -INFINITY ? 0.0f : expf(__fsub_rn(v, mx)));
+        }
+        double acc = 0;
+        for (int k = 0; k < nslot; k++) {
+            int col = overlap && k >= mr ? d + ch : ch;
+            float v = ssc[(int64_t)k * cd + col];
+            float w = v == -INFINITY ? 0.0f : expf(__fsub_rn(v, mx));
+            acc += (double)__fdiv_rn(w, den) * skv[(int64_t)k * cd + col];
+        }
+        ent[ti * d + ch] = (float)acc;
+        if (overlap)
+            for (int k = 0; k < mr; k++)
+                for (int h = 0; h < 2; h++) {
+                    const int col = h * d + ch;
+                    skv[(int64_t)k * cd + col] = skv[(int64_t)(mr + k) * cd + col];
+                    ssc[(int64_t)k * cd + col] = ssc[(int64_t)(mr + k) * cd + col];
+                }
+    }
+}
+
+extern "C" int dsv4_cuda_cmp_batch(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
+                                   const float *ape, int mr, int d, int overlap, float *ent, int *rpos, void *stream) {
+    if (mr <= 0 || d <= 0 || b->S < 0) return dsv4_cuda_fail("cmp_batch: bad arguments (m %d d %d)", mr, d);
+    if (!b->S) return 0;
+    dim3 grid((d + 127) / 128, b->S);
+    cmp_batch_kernel<<<grid, 128, 0, DSV4_STREAM(stream)>>>(*b, L, which, kvp, scp, ape, mr, d, overlap, ent, rpos);
+    return dsv4_cuda_check_launch("cmp_batch");
+}
+
+/* ---- row copies into the caches: one block per row ---- */
+
+__global__ void cmp_store_kernel(dsv4_cuda_batch b, int L, int which, const float *ent, int mr, int d, int W) {
+    const int t = blockIdx.x;
+    const dsv4_cuda_lstate *ls = row_state(b, t, L);
+    const int p = b.pos[t];
+    if (!ls || (p + 1) % mr) return;
+    const int w = (p + 1) / mr - 1;
+    float *dst = which ? ls->ibuf + (int64_t)w * d : ls->abuf + (int64_t)(W + w) * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = ent[(int64_t)t * d + c];
+}
+
+extern "C" int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, const float *ent, int mr, int d, int W,
+                                   void *stream) {
+    if (mr <= 0 || d <= 0) return dsv4_cuda_fail("cmp_store: bad arguments (m %d d %d)", mr, d);
+    if (b->T <= 0) return 0;
+    cmp_store_kernel<<<b->T, 128, 0, DSV4_STREAM(stream)>>>(*b, L, which, ent, mr, d, W);
+    return dsv4_cuda_check_launch("cmp_store");
+}
+
+__global__ void ring_store_kernel(dsv4_cuda_batch b, int L, const float *kv, int W, int Dh) {
+    const int t = blockIdx.x;
+    const dsv4_cuda_lstate *ls = row_state(b, t, L);
+    if (!ls) return;
+    const int s = b.sid[t], p = b.pos[t];
+    if (p < b.p0[s] + b.n[s] - W) return; /* a later row of the chunk takes this slot */
+    float *dst = ls->abuf + (int64_t)(p % W) * Dh;
+    for (int c = threadIdx.x; c < Dh; c += blockDim.x) dst[c] = kv[(int64_t)t * Dh + c];
+}
+
+extern "C" int dsv4_cuda_ring_store(const dsv4_cuda_batch *b, int L, const float *kv, int W, int Dh, void *stream) {
+    if (W <= 0 || Dh <= 0) return dsv4_cuda_fail("ring_store: bad arguments (W %d Dh %d)", W, Dh);
+    if (b->T <= 0) return 0;
+    ring_store_kernel<<<b->T, 128, 0, DSV4_STREAM(stream)>>>(*b, L, kv, W, Dh);
+    return dsv4_cuda_check_launch("ring_store");
+}
+
+/* ---- attention index lists: one block per query row, a thread per list position ---- */
+
+__global__ void attn_index_kernel(dsv4_cuda_batch b, int L, int W, int ratio, const int *sel, const int *nsel, int ksel,
+                                  int nidx, int *idx, const float **qbase) {
+    const int t = blockIdx.x;
+    const dsv4_cuda_lstate *ls = row_state(b, t, L);
+    int *it = idx + (int64_t)t * nidx;
+    if (!ls) {
+        for (int i = threadIdx.x; i < nidx; i += blockDim.x) it[i] = -1;
+        if (threadIdx.x == 0) qbase[t] = NULL;
+        return;
+    }
+    const int s = b.sid[t], p = b.pos[t], p0 = b.p0[s], row0 = b.off[s];
+    const int nw = p + 1 < W ? p + 1 : W, first = p - nw + 1;
+    int ne = 0;
+    if (ratio == 4 && sel) ne = nsel[t];
+    else if (ratio > 0) ne = (p + 1) / ratio;
+    if (nw + ne > nidx) ne = nidx - nw; /* the caller sizes nidx for the longest list; never taken */
+    for (int i = threadIdx.x; i < nidx; i += blockDim.x) {
+        int id = -1;
+        if (i < nw) {
+            int pp = first + i;
+            id = pp >= p0 ? -(row0 + pp - p0) - 2 : pp % W;
+        } else if (i < nw + ne) {
+            int w = i - nw;
+            id = W + (ratio == 4 && sel ? sel[(int64_t)t * ksel + w] : w);
+        }
+        it[i] = id;
+    }
+    if (threadIdx.x == 0) qbase[t] = ls->abuf;
+}
+
+extern "C" int dsv4_cuda_attn_index(const dsv4_cuda_batch *b, int L, int W, int ratio, const int *sel, const int *nsel,
+                                    int ksel, int nidx, int *idx, const float **qbase, void *stream) {
+    if (W <= 0 || nidx < W || ratio < 0) return dsv4_cuda_fail("attn_index: bad arguments (W %d nidx %d)", W, nidx);
+    if (b->T <= 0) return 0;
+    attn_index_kernel<<<b->T, 128, 0, DSV4_STREAM(stream)>>>(*b, L, W, ratio, sel, nsel, ksel, nidx, idx, qbase);
+    return dsv4_cuda_check_launch("attn_index");
+}
+
+/* ---- device lengths ---- */
+
+__global__ void seq_advance_kernel(dsv4_cuda_batch b) {
+    int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s < b.S && b.sq[s] && b.n[s] > 0) b.sq[s]->len = b.p0[s] + b.n[s];
+}
+
+extern "C" int dsv4_cuda_seq_advance(const dsv4_cuda_batch *b, void *stream) {
+    if (b->S <= 0) return 0;
+    seq_advance_kernel<<<(b->S + 127) / 128, 128, 0, DSV4_STREAM(stream)>>>(*b);
+    return dsv4_cuda_check_launch("seq_advance");
+}

@@ -1,0 +1,161 @@
+/* topk.cu - the indexer's top-k on the GPU (cuda_model.h): the CPU engine's selection (torch.topk's,
+ * exact ties included), one block per query row, depending only on the row.
+ *
+ * Fast path: each score becomes a unique 64-bit key (the float's bits mapped to an order-preserving
+ * unsigned integer, then the complement of the index); a radix select finds the k-th largest key 8 bits
+ * at a time from the top (a shared-memory histogram of the digit among the keys that match the digits
+ * chosen so far, then the bin holding the k-th; it stops as soon as that bin holds exactly the remaining
+ * count, typically after 3-4 of the 8 digits). The keys at or above the found prefix are exactly k; they
+ * are gathered and sorted (bitonic, in shared memory) into decreasing order, which is torch's order
+ * when the values are distinct.
+ * Ties: where torch's choice or order depends on its algorithm (two selected values equal, or the k-th
+ * value equal to an unselected one; -inf aside: those entries are masked and dropped), one thread redoes
+ * the row with the CPU's own algorithm (src/cpu/topk_algo.h) on a scratch copy. Rare with real scores,
+ * common in tiny test models (ReLU zeros). */
+#include "common.cuh"
+#include "cuda_model.h"
+
+#define DSV4_TK_FN __host__ __device__
+#include "../cpu/topk_algo.h"
+
+#define TOPK_THREADS 1024
+#define TOPK_MAXK 2048
+
+__device__ __forceinline__ uint64_t topk_key(float v, int i) {
+    uint32_t u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((uint64_t)u << 32) | (uint32_t)(0xffffffffu - (uint32_t)i);
+}
+__device__ __forceinline__ float key_value(uint64_t key) {
+    uint32_t m = (uint32_t)(key >> 32);
+    return __uint_as_float((m & 0x80000000u) ? (m & 0x7fffffffu) : ~m);
+}
+__device__ __forceinline__ int key_index(uint64_t key) { return (int)(0xffffffffu - (uint32_t)key); }
+
+__global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal,
+                                                            int k, int *sel, int *nsel, tk_elem *scratch) {
+    __shared__ int hist[256];
+    __shared__ uint64_t keys[TOPK_MAXK];
+    __shared__ int out[TOPK_MAXK];
+    __shared__ int pick_bin, pick_above, ngot, tie, neq, nsel_eq;
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const int n = nrow[t], kk0 = k < n ? k : n, nc = ncausal[t];
+    const float *row = scores + (int64_t)t * ld;
+    if (kk0 <= 0) {
+        if (tid == 0) nsel[t] = 0;
+        return;
+    }
+    uint64_t prefix = 0, mask = 0;
+    int kk = kk0;
+    for (int dg = 7; dg >= 0; dg--) {
+        const int sh = dg * 8;
+        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int i = tid; i < n; i += blockDim.x) {
+            uint64_t key = topk_key(row[i], i);
+            if ((key & mask) == prefix) atomicAdd(&hist[(int)((key >> sh) & 255)], 1);
+        }
+        __syncthreads();
+        if (tid < 32) {
+            /* lane l owns bins 255 - 8l .. 248 - 8l (top down): counts above each bin by a warp scan */
+            int c[8], sum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) sum += (c[j] = hist[255 - 8 * lane - j]);
+            int incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            int above = incl - sum;
+            if (above < kk && kk <= incl) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (above + c[j] >= kk) {
+                        pick_bin = 255 - 8 * lane - j;
+                        pick_above = above;
+                        break;
+                    }
+                    above += c[j];
+                }
+            }
+        }
+        __syncthreads();
+        const int bin = pick_bin;
+        kk -= pick_above;
+        prefix |= (uint64_t)bin << sh;
+        mask |= (uint64_t)255 << sh;
+        const int done = hist[bin] == kk;
+        __syncthreads(); /* everyone has read hist and pick_* before the next pass resets them */
+        if (done) break;
+    }
+    /* the selected keys: (key & mask) >= prefix, exactly kk0 of them */
+    if (tid == 0) ngot = 0;
+    int P = 1;
+    while (P < kk0) P <<= 1;
+    for (int i = tid; i < P; i += blockDim.x) keys[i] = 0; /* padding sorts last: every real key is > 0 */
+    __syncthreads();
+    for (int i = tid; i < n; i += blockDim.x) {
+        uint64_t key = topk_key(row[i], i);
+        if ((key & mask) >= prefix) keys[atomicAdd(&ngot, 1)] = key;
+    }
+    __syncthreads();
+    /* bitonic sort of P keys, decreasing */
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = tid; i < P; i += blockDim.x) {
+                int j = i ^ stride;
+                if (j > i) {
+                    uint64_t a = keys[i], bb = keys[j];
+                    int desc = (i & size) == 0;
+                    if (desc ? a < bb : a > bb) keys[i] = bb, keys[j] = a;
+                }
+            }
+            __syncthreads();
+        }
+    /* exact ties that torch's algorithm resolves its own way? */
+    if (tid == 0) tie = 0, neq = 0, nsel_eq = 0;
+    __syncthreads();
+    const float vk = key_value(keys[kk0 - 1]);
+    for (int i = tid; i + 1 < kk0; i += blockDim.x) {
+        float a = key_value(keys[i]);
+        if (a == key_value(keys[i + 1]) && a != -INFINITY) tie = 1;
+    }
+    if (vk != -INFINITY && kk0 < n) {
+        for (int i = tid; i < n; i += blockDim.x)
+            if (row[i] == vk) atomicAdd(&neq, 1);
+        for (int i = tid; i < kk0; i += blockDim.x)
+            if (key_value(keys[i]) == vk) atomicAdd(&nsel_eq, 1);
+    }
+    __syncthreads();
+    const int tied = tie || neq > nsel_eq;
+    if (tied) { /* torch's selection and order, by one thread */
+        if (tid == 0) {
+            tk_elem *q = scratch + (int64_t)t * ld;
+            for (int i = 0; i < n; i++) q[i].v = row[i], q[i].i = i;
+            tk_select_torch(q, n, kk0);
+            for (int i = 0; i < kk0; i++) out[i] = q[i].i;
+        }
+    } else {
+        for (int i = tid; i < kk0; i += blockDim.x) out[i] = key_index(keys[i]);
+    }
+    __syncthreads();
+    /* picks of masked entries (>= ncausal) are dropped, the order kept */
+    if (nc >= n) {
+        for (int i = tid; i < kk0; i += blockDim.x) sel[(int64_t)t * k + i] = out[i];
+        if (tid == 0) nsel[t] = kk0;
+    } else if (tid == 0) {
+        int kept = 0;
+        for (int i = 0; i < kk0; i++)
+            if (out[i] < nc) sel[(int64_t)t * k + kept++] = out[i];
+        nsel[t] = kept;
+    }
+}
+
+extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel,
+                              int *nsel, void *scratch, void *stream) {
+    if (T < 0 || k < 1 || k > TOPK_MAXK || ld < 1 || !scratch) return dsv4_cuda_fail("topk: bad arguments (T %d k %d)", T, k);
+    if (!T) return 0;
+    topk_kernel<<<T, TOPK_THREADS, 0, DSV4_STREAM(stream)>>>(scores, ld, nlist, ncausal, k, sel, nsel, (tk_elem *)scratch);
+    return dsv4_cuda_check_launch("topk");
+}

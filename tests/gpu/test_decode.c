@@ -1,0 +1,172 @@
+/* test_decode.c - the GPU decode step (src/cuda/decode_graph.c) on real model directories, through the
+ * public API (built and run by scripts/gpu_test.sh; no Criterion, so it builds on the GPU machine):
+ *   1. CUDA graph replay is bitwise the same as the same steps launched one by one (DSV4_CUDA_GRAPHS
+ *      off through dsv4_cuda_set_graphs), for batches of 1, 3, 5 and 8 sequences;
+ *   2. batch invariance: a sequence's logits are bitwise the same alone (bucket 1), in a batch of 3
+ *      (bucket 4, one idle slot), of 5 (bucket 8, three idle slots) and of 8, with the other sequences
+ *      at other positions;
+ *   3. the device's sequence lengths equal the host's; a request past the context capacity
+ *      (dsv4_set_max_context) is refused and leaves the sequence untouched.
+ * usage: test_decode MODEL_DIR...   exit 1 on any failure */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_model.h"
+#include "dsv4.h"
+#include "model/state.h"
+
+static int g_fail, g_checks;
+
+/* token of sequence `seed` at position p: the same whatever the batch */
+static int32_t tok_at(uint64_t seed, int p, int V) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + (uint64_t)p * 0xBF58476D1CE4E5B9ull + 1;
+    z ^= z >> 31, z *= 0x94D049BB133111EBull, z ^= z >> 29;
+    return (int32_t)(2 + z % (uint64_t)(V - 2));
+}
+
+static void report(int ok, const char *what) {
+    g_checks++;
+    if (!ok) g_fail++;
+    printf("%-4s %s\n", ok ? "ok" : "FAIL", what);
+}
+
+/* nb sequences, sequence i prefilled alone with len[i] tokens, then `steps` decode steps of all of them
+ * together (logits of the last token); out [steps, V] = the logits of sequence `watch`. */
+static int run(dsv4_model *m, int graphs, int nb, const int *len, const uint64_t *seed, int steps, int watch, float *out) {
+    const dsv4_info info = dsv4_model_info(m);
+    const int V = info.vocab_size;
+    char err[1024];
+    dsv4_cuda_set_graphs(m->gpu, graphs);
+    dsv4_seq **sq = calloc((size_t)nb, sizeof *sq);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(info.max_context + nb));
+    const int32_t **tp = malloc(sizeof *tp * (size_t)nb);
+    int *nt = malloc(sizeof(int) * (size_t)nb), rc = 0;
+    float *lg = malloc(sizeof(float) * (size_t)V * nb);
+    for (int i = 0; i < nb && !rc; i++) {
+        sq[i] = dsv4_seq_new(m);
+        for (int p = 0; p < len[i]; p++) tok[p] = tok_at(seed[i], p, V);
+        const int32_t *t0 = tok;
+        dsv4_seq_set_prefill(sq[i], len[i]);
+        if (!sq[i] || dsv4_forward(m, 1, &sq[i], &t0, &len[i], NULL, DSV4_LOGITS_NONE, err, sizeof err))
+            fprintf(stderr, "prefill: %s\n", err), rc = -1;
+    }
+    for (int k = 0; k < steps && !rc; k++) {
+        for (int i = 0; i < nb; i++) {
+            tok[info.max_context + i] = tok_at(seed[i], dsv4_seq_pos(sq[i]), V);
+            tp[i] = &tok[info.max_context + i];
+            nt[i] = 1;
+        }
+        if (dsv4_forward(m, nb, sq, tp, nt, lg, DSV4_LOGITS_LAST, err, sizeof err)) {
+            fprintf(stderr, "decode: %s\n", err);
+            rc = -1;
+        } else {
+            memcpy(out + (size_t)k * V, lg + (size_t)watch * V, sizeof(float) * (size_t)V);
+        }
+    }
+    for (int i = 0; i < nb && !rc; i++) {
+        dsv4_cuda_seq *gs = sq[i]->gpu;
+        int dl = dsv4_cuda_seq_device_len(gs);
+        if (dl != dsv4_seq_pos(sq[i])) {
+            fprintf(stderr, "sequence %d: device length %d, host %d\n", i, dl, dsv4_seq_pos(sq[i]));
+            rc = -1;
+        }
+    }
+    for (int i = 0; i < nb; i++) dsv4_seq_free(sq[i]);
+    free(sq), free(tok), free(tp), free(nt), free(lg);
+    return rc;
+}
+
+static void same(const char *fx, const char *what, const float *a, const float *b, size_t n) {
+    char line[640];
+    size_t i = 0;
+    while (i < n && !memcmp(a + i, b + i, sizeof(float))) i++;
+    if (i == n) snprintf(line, sizeof line, "%s: %s (bitwise, %zu values)", fx, what, n);
+    else snprintf(line, sizeof line, "%s: %s: first difference at %zu: %.9g vs %.9g", fx, what, i, a[i], b[i]);
+    report(i == n, line);
+}
+
+static int test_model(const char *dir) {
+    char err[1024];
+    const char *fx = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    dsv4_model *m = NULL;
+    if (dsv4_load(dir, &m, err, sizeof err) || dsv4_set_device(m, "cuda", err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", dir, err);
+        dsv4_free(m);
+        return -1;
+    }
+    const dsv4_info info = dsv4_model_info(m);
+    const int V = info.vocab_size, cap = info.max_context;
+    int steps = cap / 8 < 12 ? cap / 8 : 12;
+    const int P = cap / 2; /* the watched sequence: past the window, several compressed entries */
+    const uint64_t S0 = 77;
+    int len1[1] = {P}, len3[3] = {P, cap / 4 + 3, 5}, len5[5] = {9, cap / 3, P, 1, cap / 2 + 7};
+    int len8[8] = {3, cap / 3, 17, cap / 4, 40 < cap / 2 ? 40 : cap / 2, P, 2, cap / 2 + 5};
+    uint64_t s1[1] = {S0}, s3[3] = {S0, 5, 6}, s5[5] = {9, 10, S0, 11, 12}, s8[8] = {21, 22, 23, 24, 25, S0, 26, 27};
+    const size_t n = (size_t)steps * V;
+    float *a[2], *b3[2], *b5[2], *b8[2];
+    int rc = 0;
+    for (int gr = 1; gr >= 0 && !rc; gr--) {
+        a[gr] = malloc(sizeof(float) * n), b3[gr] = malloc(sizeof(float) * n);
+        b5[gr] = malloc(sizeof(float) * n), b8[gr] = malloc(sizeof(float) * n);
+        rc = run(m, gr, 1, len1, s1, steps, 0, a[gr]) || run(m, gr, 3, len3, s3, steps, 0, b3[gr]) ||
+             run(m, gr, 5, len5, s5, steps, 2, b5[gr]) || run(m, gr, 8, len8, s8, steps, 5, b8[gr]);
+    }
+    report(!rc, "decode runs (device lengths == host positions)");
+    {
+        char line[256];
+        int ng = dsv4_cuda_graphs_captured(m->gpu);
+        snprintf(line, sizeof line, "%s: %d decode graphs captured (buckets 1, 4, 8: layers + head)", fx, ng);
+        report(ng == 6, line);
+    }
+    if (!rc) {
+        char w[128];
+        snprintf(w, sizeof w, "%d steps from position %d: graph == no graph, batch 1", steps, P);
+        same(fx, w, a[1], a[0], n);
+        same(fx, "graph == no graph, batch 3", b3[1], b3[0], n);
+        same(fx, "graph == no graph, batch 5 (bucket 8)", b5[1], b5[0], n);
+        same(fx, "graph == no graph, batch 8", b8[1], b8[0], n);
+        same(fx, "batch invariance: alone == in a batch of 3", a[1], b3[1], n);
+        same(fx, "batch invariance: alone == in a batch of 5", a[1], b5[1], n);
+        same(fx, "batch invariance: alone == in a batch of 8", a[1], b8[1], n);
+        for (int gr = 0; gr < 2; gr++) free(a[gr]), free(b3[gr]), free(b5[gr]), free(b8[gr]);
+    }
+    dsv4_free(m);
+
+    /* the context capacity */
+    m = NULL;
+    if (dsv4_load(dir, &m, err, sizeof err)) return -1;
+    int c = cap / 2;
+    int ok = !dsv4_set_max_context(m, c, err, sizeof err) && !dsv4_set_device(m, "cuda", err, sizeof err) &&
+             dsv4_model_info(m).max_context == c;
+    dsv4_seq *s = ok ? dsv4_seq_new(m) : NULL;
+    int32_t *tok = calloc((size_t)c + 8, sizeof(int32_t));
+    const int32_t *tp = tok;
+    int nt = c - 4;
+    ok = ok && s && !dsv4_forward(m, 1, &s, &tp, &nt, NULL, DSV4_LOGITS_NONE, err, sizeof err);
+    nt = 5;
+    ok = ok && dsv4_forward(m, 1, &s, &tp, &nt, NULL, DSV4_LOGITS_NONE, err, sizeof err) && strstr(err, "capacity") &&
+         dsv4_seq_pos(s) == c - 4 && dsv4_cuda_seq_device_len(s->gpu) == c - 4;
+    nt = 4;
+    ok = ok && !dsv4_forward(m, 1, &s, &tp, &nt, NULL, DSV4_LOGITS_NONE, err, sizeof err) && dsv4_seq_pos(s) == c;
+    ok = ok && dsv4_set_max_context(m, c + 1, err, sizeof err) && strstr(err, "before dsv4_set_device");
+    char line[1400];
+    snprintf(line, sizeof line, "%s: context capacity %d: filled to it, a request past it refused (%s)", fx, c, ok ? "ok" : err);
+    report(ok, line);
+    free(tok);
+    dsv4_seq_free(s);
+    dsv4_free(m);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_decode MODEL_DIR...\n");
+        return 2;
+    }
+    for (int i = 1; i < argc; i++)
+        if (test_model(argv[i])) g_fail++;
+    printf("decode tests: %d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
