@@ -1,56 +1,58 @@
 /* linear.cu - y = x . W^T for every weight format (spec 14), the twin of dsv4_cpu_linear.
  *
- * Decode (T <= 16 rows of x): gemv_vec, one warp per two weight rows, each lane loading 16 bytes of
- * each row per step (a warp reads 512 contiguous bytes), decoding them in registers and multiplying with
- * up to 8 token rows of x staged in shared memory. The staged x is laid out so that the 4..32
- * values a lane needs for its 16 weight bytes sit where the warp's float4 reads of one step are
- * consecutive (no bank conflicts); the FP8 act_quant simulation is applied while staging, once per
- * block. Scaled formats accumulate a chunk (one scale group) unscaled, then add scale * partial.
- * gemv_any serves views whose rows are not 16-byte multiples (odd sizes), one element at a time.
- * Prefill (T > 16): gemm_tiled, 64 rows x 64 tokens x 128 columns per tile, weights dequantized
- * into shared memory, fp32 FMA; the 128-column tile is exactly one act_quant block. */
+ * Decode (T <= 16 rows of x): gemv_tc, a tensor-core GEMV (mma.sync m16n8k16, fp32 accumulate). A warp
+ * owns a tile of 16 weight rows (the mma's M) and a slice of the columns; the tokens are the mma's N (8 or
+ * 16), so the weight is read once for all T <= 16. Each lane streams 16-byte chunks of rows g and g+8 of
+ * its tile (a quad of lanes reads 64 contiguous bytes of a row) and decodes them exactly into f16 / bf16
+ * A fragments in registers (linear_tc.cuh); the K order inside a 128-column unit is permuted so that a
+ * lane's own bytes are its fragment, and x is staged in shared memory in the same permuted order, once per
+ * block, as 16-bit terms with one power-of-two scale per (token, 128 columns):
+ *   FP8 + act quant: the act-quant code (e4m3, exact in f16) and its scale; the other f16 formats
+ *   (FP8, MXFP4, NVFP4, F16): x / 2^e split into two f16 terms (22 bits); bf16 formats (BF16, F32 weight
+ *   split into three bf16 terms): x split into three bf16 terms (x already bf16: one term).
+ * Each 128-column unit is accumulated in fresh mma accumulators, then scaled by (weight scale x x scale)
+ * and added in fp32. The columns are cut into S slices (S fixed by the shape and format, never by T), a
+ * slice per warp; partial sums of the slices of a tile are added in slice order 0..S-1, in shared memory
+ * within a block and through distributed shared memory within a thread-block cluster (slices spread over
+ * up to 8 blocks). So a row's result is deterministic and independent of T and of the other rows of x.
+ * More than 16 rows of x: the same kernel, 16 rows per launch (so prefill equals decode bitwise). Launches carry
+ * the programmatic-dependent-launch attribute (the kernel waits in griddepcontrol.wait before reading x).
+ * Odd sizes (columns not a multiple of 128, unaligned views): gemv_any (T <= 16), one element at a time, and
+ * gemm_tiled (T > 16), 64 rows x 64 tokens x 128 columns per tile, weights dequantized into shared memory, fp32 FMA. */
+#include <cooperative_groups.h>
+#include <stdlib.h>
+
 #include "common.cuh"
+#include "linear_tc.cuh"
+
+namespace cg = cooperative_groups;
 
 #define GEMV_WARPS 16
-#define GEMV_UNROLL 4
-#define GEMV_ROWS 2
-
-/* elements per 16 stored bytes */
-template <int FMT> struct fmt_elems { static constexpr int E = 4; };
-template <> struct fmt_elems<DSV4_WF_BF16> { static constexpr int E = 8; };
-template <> struct fmt_elems<DSV4_WF_F16> { static constexpr int E = 8; };
-template <> struct fmt_elems<DSV4_WF_FP8> { static constexpr int E = 16; };
-template <> struct fmt_elems<DSV4_WF_MXFP4> { static constexpr int E = 32; };
-template <> struct fmt_elems<DSV4_WF_NVFP4> { static constexpr int E = 32; };
-
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 __device__ __forceinline__ float load_x(const void *x, int bf16, int64_t i) {
     return bf16 ? dev_bf16(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 }
 
 /* FP8 act_quant of one 128-block held by a warp, 4 values per lane (same result as
- * dsv4_act_quant_fp8 on the block; padding zeros do not change the block's amax). */
-__device__ __forceinline__ void warp_act_quant_fp8(float v[4]) {
+ * dsv4_act_quant_fp8 on the block; padding zeros do not change the block's amax). Returns the
+ * block's scale; v becomes the e4m3 codes (the quantized values are v * scale). */
+__device__ __forceinline__ float warp_act_quant_fp8_codes(float v[4]) {
     float a = 1e-4f;
 #pragma unroll
     for (int q = 0; q < 4; q++) a = fmaxf(a, fabsf(v[q]));
     a = warp_max(a);
     float s = dev_pow2_ceil(a * (1.0f / 448.0f));
 #pragma unroll
-    for (int q = 0; q < 4; q++) v[q] = dev_round_e4m3(fminf(fmaxf(__fdiv_rn(v[q], s), -448.0f), 448.0f)) * s;
+    for (int q = 0; q < 4; q++) v[q] = dev_round_e4m3(fminf(fmaxf(__fdiv_rn(v[q], s), -448.0f), 448.0f));
+    return s;
+}
+__device__ __forceinline__ void warp_act_quant_fp8(float v[4]) {
+    float s = warp_act_quant_fp8_codes(v);
+#pragma unroll
+    for (int q = 0; q < 4; q++) v[q] *= s;
 }
 
-/* Stages rows t0 .. t0+nt-1 of x [*, C] into xs [TB][Cpad] (zeros beyond), act-quantized when aq.
- * E > 0: the permuted layout of gemv_vec (element j of chunk ch = j / E sits in float4
- * ((ch / 32) * (E / 4) + (j % E) / 4) * 32 + ch % 32, lane (j % 4)); E == 0: natural order. */
-template <int E>
+/* Stages rows t0 .. t0+nt-1 of x [*, C] into xs [TB][Cpad] (zeros beyond), act-quantized when aq. */
 __device__ void stage_x(float *xs, const void *x, int xbf16, int t0, int nt, int TB, int C, int Cpad, int aq) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
     const int ng = Cpad / 128;
@@ -64,146 +66,408 @@ __device__ void stage_x(float *xs, const void *x, int xbf16, int t0, int nt, int
         }
         if (aq) warp_act_quant_fp8(v);
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            int j = j0 + q * 32 + lane, pos = j;
-            if (E > 0) {
-                constexpr int EE = E > 0 ? E : 4; /* (E == 0 never gets here) */
-                int i = j / (32 * EE), r = j - i * 32 * EE, l = r / EE, e = r - l * EE;
-                pos = ((i * (EE / 4) + (e >> 2)) * 32 + l) * 4 + (e & 3);
+        for (int q = 0; q < 4; q++) xs[(size_t)t * Cpad + j0 + q * 32 + lane] = v[q];
+    }
+}
+
+/* ---- tensor-core GEMV ---- */
+
+#define TC_WARPS 16
+#define TC_THREADS (TC_WARPS * 32)
+#define TC_CH 4 /* 16-byte chunks per row per pipeline step: 2 rows x 4 x 16 B = 128 B per lane in flight */
+
+/* Per format: V chunks of a lane per row per 128-column unit, E elements per 16-byte chunk, BF (bf16 mma, else
+ * f16), WT weight terms, PADB bytes of padding per staged token row (conflict-free fragment reads). */
+template <int FMT> struct tc_fmt {
+    static constexpr int V = 8, E = 4, BF = 1, WT = 3, PADB = 32; /* F32 */
+};
+template <> struct tc_fmt<DSV4_WF_BF16> { static constexpr int V = 4, E = 8, BF = 1, WT = 1, PADB = 64; };
+template <> struct tc_fmt<DSV4_WF_F16> { static constexpr int V = 4, E = 8, BF = 0, WT = 1, PADB = 64; };
+template <> struct tc_fmt<DSV4_WF_FP8> { static constexpr int V = 2, E = 16, BF = 0, WT = 1, PADB = 16; };
+template <> struct tc_fmt<DSV4_WF_MXFP4> { static constexpr int V = 1, E = 32, BF = 0, WT = 1, PADB = 32; };
+template <> struct tc_fmt<DSV4_WF_NVFP4> { static constexpr int V = 1, E = 32, BF = 0, WT = 1, PADB = 32; };
+
+struct tc_params {
+    dsv4_cuda_weight w;
+    const void *x;
+    float *y;
+    int xbf16, t0, nt; /* this launch's tokens t0 .. t0+nt-1 (nt <= 8 * NT) */
+    int S, KW, KG;     /* column slices (S = KW warps of a block x KG blocks of a cluster) */
+    int NU, NRT, NRG;  /* 128-column units, 16-row tiles, row groups (16 / KW tiles per block step) */
+    int nub, tok;      /* staged units per block (max over blocks), 16-bit slots per staged token row */
+    int pf;            /* also prefetch into L2 two steps ahead of the register loads (off: it measured slower) */
+};
+
+/* Slot of column i (0..127) of a unit in the staged x: chunk i / E is read by lane c = (i / E) % 4, and inside
+ * it the elements sit in the order the lane's decoded fragment holds them (FP4: tc_e2m1_perm, with the 16-byte
+ * halves of odd lane pairs swapped so that a quarter warp's reads hit distinct banks). */
+template <int FMT> __device__ __forceinline__ int tc_slot(int i) {
+    constexpr int E = tc_fmt<FMT>::E;
+    if (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) {
+        const int ch = i / E, e = i - ch * E;
+        const int q = (e & ~7) + tc_e2m1_slot(e & 7);
+        return ch * E + (((q >> 3) ^ ((ch >> 1) & 1)) << 3) + (q & 7);
+    }
+    return i;
+}
+
+/* Stages the block's x (tokens t0 .. t0+nt-1, units ub0 .. ub0+nub-1) as XT 16-bit terms at tc_slot order, term
+ * xt of token t at xs + (xt * nt + t) * tok, and one scale per (token, unit): x = scale * (sum of the terms).
+ * A warp takes (token, unit) items TC_SB at a time, their loads in flight together. The act-quant codes come from
+ * the hardware e4m3 conversion (round to nearest even, after the same clamp to +-448 and the same power-of-two
+ * scale as dsv4_act_quant_fp8; v * (1/s) == v / s exactly for s a power of two), bit-identical to dev_round_e4m3. */
+#define TC_SB 4
+template <int FMT, int XT>
+__device__ void tc_stage(const tc_params &p, uint16_t *xs, float *sx, int ub0, int nub) {
+    constexpr int BF = tc_fmt<FMT>::BF;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, C = p.w.cols, n = p.nt * nub;
+    const size_t tstride = (size_t)p.nt * p.tok;
+    for (int it0 = warp; it0 < n; it0 += TC_WARPS * TC_SB) {
+        float v[TC_SB][4];
+#pragma unroll
+        for (int b = 0; b < TC_SB; b++) {
+            const int it = it0 + b * TC_WARPS, t = it / nub, ul = it - t * nub;
+            const int64_t base = (int64_t)(p.t0 + t) * C + (int64_t)(ub0 + ul) * 128;
+#pragma unroll
+            for (int q = 0; q < 4; q++) v[b][q] = it < n ? load_x(p.x, p.xbf16, base + q * 32 + lane) : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < TC_SB; b++) {
+            const int it = it0 + b * TC_WARPS, t = it / nub, ul = it - t * nub;
+            if (it >= n) break;
+            float s = 1.0f, a = p.w.act_quant ? 1e-4f : 0.0f;
+            uint16_t term[4][3];
+            if (p.w.act_quant || !BF) {
+#pragma unroll
+                for (int q = 0; q < 4; q++) a = fmaxf(a, fabsf(v[b][q]));
+                a = warp_max(a);
             }
-            xs[(size_t)t * Cpad + pos] = v[q];
+            if (p.w.act_quant) {
+                s = dev_pow2_ceil(a * (1.0f / 448.0f));
+                const float inv = 1.0f / s; /* exact: s is a power of two */
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float y = fminf(fmaxf(v[b][q] * inv, -448.0f), 448.0f);
+                    const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3), __NV_E4M3);
+                    if (BF) term[q][0] = __bfloat16_as_ushort(__float2bfloat16_rn(__half2float(__half(h))));
+                    else term[q][0] = h.x;
+                    term[q][1] = term[q][2] = 0;
+                }
+            } else {
+                if (!BF) { /* a power of two that puts the unit's largest |x| in [2^14, 2^15) */
+                    int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 14;
+                    e = e < 1 ? 1 : e;
+                    s = __uint_as_float((uint32_t)e << 23);
+                    const float inv = __uint_as_float((uint32_t)(254 - e) << 23);
+#pragma unroll
+                    for (int q = 0; q < 4; q++) v[b][q] *= inv;
+                }
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    if (BF) {
+                        __nv_bfloat16 h = __float2bfloat16_rn(v[b][q]);
+                        float r = v[b][q] - __bfloat162float(h);
+                        __nv_bfloat16 m = __float2bfloat16_rn(r);
+                        __nv_bfloat16 l = __float2bfloat16_rn(r - __bfloat162float(m));
+                        term[q][0] = __bfloat16_as_ushort(h), term[q][1] = __bfloat16_as_ushort(m), term[q][2] = __bfloat16_as_ushort(l);
+                    } else {
+                        __half h = __float2half_rn(v[b][q]);
+                        __half l = __float2half_rn(v[b][q] - __half2float(h));
+                        term[q][0] = __half_as_ushort(h), term[q][1] = __half_as_ushort(l), term[q][2] = 0;
+                    }
+                }
+            }
+            uint16_t *dst = xs + (size_t)t * p.tok + ul * 128;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int pos = tc_slot<FMT>(q * 32 + lane);
+#pragma unroll
+                for (int xt = 0; xt < XT; xt++) dst[xt * tstride + pos] = term[q][xt];
+            }
+            if (lane == 0) sx[t * p.nub + ul] = s;
         }
     }
 }
 
-/* Decodes float4 group k (elements 4k..4k+3) of a 16-byte chunk. For FP4 the values are twice
- * the e2m1 values (the 1/2 is in the scale). */
+/* One pipeline step of a lane: CH chunks of rows g and g+8, and what their scales need, packed per row: FP8 the
+ * raw block scale of each unit ending in the step (slot (i + 1) / V - 1), MXFP4 the E8M0 byte of chunk i in byte
+ * i, NVFP4 the two e4m3 bytes of chunk i in half i % 2 of slot i / 2. */
+template <int CH> struct tc_buf {
+    uint4 q[CH][2];
+    uint32_t a[2][2];
+};
+
+template <int FMT, int CH>
+__device__ __forceinline__ void tc_load(const tc_params &p, tc_buf<CH> &b, int tile, int chs, int ch1, int g, int c) {
+    constexpr int E = tc_fmt<FMT>::E, V = tc_fmt<FMT>::V;
+    const bool act = tile < p.NRT;
+    const int R = p.w.rows;
+    int r0 = tile * 16 + g, r1 = r0 + 8;
+    r0 = r0 < R ? r0 : R - 1; /* rows past the end: re-read the last one, never stored */
+    r1 = r1 < R ? r1 : R - 1;
+    const int64_t Rs[2] = {(int64_t)p.w.row0 + r0, (int64_t)p.w.row0 + r1};
+    const int64_t rowq = p.w.cols / E; /* 16-byte chunks per stored row */
+#pragma unroll
+    for (int m = 0; m < 2; m++) b.a[m][0] = b.a[m][1] = 0;
+#pragma unroll
+    for (int i = 0; i < CH; i++) {
+        const int ch = chs + i;
+        const bool ok = act && ch < ch1;
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            b.q[i][m] = ok ? tc_ld_stream((const uint4 *)p.w.data + Rs[m] * rowq + ch * 4 + c) : make_uint4(0, 0, 0, 0);
+            if (!ok) continue;
+            if (FMT == DSV4_WF_FP8 && (i % V) == V - 1) {
+                const int64_t si = (Rs[m] / 128) * p.w.scale_stride + ch / V;
+                b.a[m][(i + 1) / V - 1] = p.w.scale_f32 ? __ldg((const uint32_t *)p.w.scale + si) : (uint32_t)__ldg(p.w.scale + si);
+            } else if (FMT == DSV4_WF_MXFP4) {
+                b.a[m][0] |= (uint32_t)__ldg(p.w.scale + Rs[m] * p.w.scale_stride + ch * 4 + c) << (8 * i);
+            } else if (FMT == DSV4_WF_NVFP4) {
+                b.a[m][i >> 1] |= (uint32_t)__ldg((const uint16_t *)(p.w.scale + Rs[m] * p.w.scale_stride + 2 * (ch * 4 + c)))
+                                  << (16 * (i & 1));
+            }
+        }
+    }
+}
+
+/* L2 prefetch of what tc_load would read (no data returned, so it may run before the grid dependency wait:
+ * it cannot observe stale data, L2 being the point of coherence). */
+template <int FMT, int CH>
+__device__ __forceinline__ void tc_prefetch(const tc_params &p, int tile, int chs, int ch1, int g, int c) {
+    constexpr int E = tc_fmt<FMT>::E;
+    if (tile >= p.NRT) return;
+    const int R = p.w.rows;
+    int r0 = tile * 16 + g, r1 = r0 + 8;
+    r0 = r0 < R ? r0 : R - 1;
+    r1 = r1 < R ? r1 : R - 1;
+    const int64_t rowq = p.w.cols / E;
+    const uint4 *q0 = (const uint4 *)p.w.data + ((int64_t)p.w.row0 + r0) * rowq + c;
+    const uint4 *q1 = (const uint4 *)p.w.data + ((int64_t)p.w.row0 + r1) * rowq + c;
+#pragma unroll
+    for (int i = 0; i < CH; i++)
+        if (chs + i < ch1) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(q0 + (chs + i) * 4));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(q1 + (chs + i) * 4));
+        }
+}
+
+/* A fragments of sub-step j (elements 8j .. 8j+7, or 0..3 for F32) of one chunk of one row, WT terms x 4 registers:
+ * registers 2i / 2i+1 feed k-step i's columns 2c, 2c+1 / 2c+8, 2c+9. f: FP4's f16x2 factor (MXFP4: 2^(e - emax + 6),
+ * NVFP4: its group's e4m3 scale times 2^6; the decoded e2m1 values carry 2^-6). */
 template <int FMT>
-__device__ __forceinline__ float4 decode4(const uint4 &q, int k) {
+__device__ __forceinline__ void tc_decode(const uint4 &q, int j, uint32_t f, uint32_t (&A)[tc_fmt<FMT>::WT][4]) {
     const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
-    if (FMT == DSV4_WF_F32) {
-        return make_float4(__uint_as_float(q.x), __uint_as_float(q.y), __uint_as_float(q.z), __uint_as_float(q.w));
-    } else if (FMT == DSV4_WF_BF16) {
-        uint32_t a = wd[2 * k], b = wd[2 * k + 1];
-        return make_float4(__uint_as_float(a << 16), __uint_as_float(a & 0xffff0000u), __uint_as_float(b << 16),
-                           __uint_as_float(b & 0xffff0000u));
-    } else if (FMT == DSV4_WF_F16) {
-        uint32_t a = wd[2 * k], b = wd[2 * k + 1];
-        float2 fa = __half22float2(*(const __half2 *)&a), fb = __half22float2(*(const __half2 *)&b);
-        return make_float4(fa.x, fa.y, fb.x, fb.y);
-    } else if (FMT == DSV4_WF_FP8) {
-        uint32_t a = wd[k];
-        float2 lo = dev_e4m3x2((uint16_t)(a & 0xffff)), hi = dev_e4m3x2((uint16_t)(a >> 16));
-        return make_float4(lo.x, lo.y, hi.x, hi.y);
-    } else { /* MXFP4 / NVFP4: group k = bytes 2k, 2k+1 */
-        uint32_t h = (wd[k >> 1] >> ((k & 1) * 16)) & 0xffff;
-        return make_float4(dev_e2m1_x2(h), dev_e2m1_x2(h >> 4), dev_e2m1_x2(h >> 8), dev_e2m1_x2(h >> 12));
-    }
-}
-
-/* Scale of chunk ch (E elements from column ch*E) of stored row R; NVFP4 has two (s0: groups
- * 0..3, s1: groups 4..7). */
-template <int FMT>
-__device__ __forceinline__ void chunk_scale(const dsv4_cuda_weight &w, int64_t R, int ch, float &s0, float &s1) {
-    constexpr int E = fmt_elems<FMT>::E;
-    s0 = s1 = 1.0f;
     if (FMT == DSV4_WF_FP8) {
-        int64_t si = (R / 128) * w.scale_stride + (ch * E) / 128;
-        s0 = w.scale_f32 ? __ldg((const float *)w.scale + si) : dev_e8m0(__ldg(w.scale + si));
-    } else if (FMT == DSV4_WF_MXFP4) {
-        s0 = 0.5f * dev_e8m0(__ldg(w.scale + R * w.scale_stride + ch));
-    } else if (FMT == DSV4_WF_NVFP4) {
-        uint16_t b2 = __ldg((const uint16_t *)(w.scale + R * w.scale_stride + 2 * ch));
-        float2 f = dev_e4m3x2(b2);
-        s0 = 0.5f * (f.x * w.scale2);
-        s1 = 0.5f * (f.y * w.scale2);
+        A[0][0] = tc_e4m3x2_f16x2(wd[2 * j]), A[0][1] = tc_e4m3x2_f16x2(wd[2 * j] >> 16);
+        A[0][2] = tc_e4m3x2_f16x2(wd[2 * j + 1]), A[0][3] = tc_e4m3x2_f16x2(wd[2 * j + 1] >> 16);
+    } else if (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) {
+        uint32_t r[4];
+        tc_e2m1x8_f16x2(wd[j], r);
+#pragma unroll
+        for (int i = 0; i < 4; i++) A[0][i] = tc_hmul2(r[i], f);
+    } else if (FMT == DSV4_WF_BF16 || FMT == DSV4_WF_F16) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) A[0][k] = wd[k];
+    } else { /* F32: three bf16 terms of the chunk's 4 values (one k-step) */
+        tc_f32x2_bf16x3(__uint_as_float(wd[0]), __uint_as_float(wd[1]), A[0][0], A[1][0], A[2][0]);
+        tc_f32x2_bf16x3(__uint_as_float(wd[2]), __uint_as_float(wd[3]), A[0][1], A[1][1], A[2][1]);
     }
 }
 
-template <int FMT, int TB>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_vec(dsv4_cuda_weight w, const void *x, int xbf16, int t0, int nt,
-                                                            int Cpad, float *y) {
-    constexpr int E = fmt_elems<FMT>::E, NK = E / 4;
-    extern __shared__ float4 xs4[];
-    float *xs = (float *)xs4;
-    const int C = w.cols, lane = threadIdx.x & 31;
-    stage_x<E>(xs, x, xbf16, t0, nt, TB, C, Cpad, w.act_quant);
+template <int FMT, int XT, int NT>
+__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__ tc_params p) {
+    using F = tc_fmt<FMT>;
+    constexpr int V = F::V, E = F::E, WT = F::WT, BF = F::BF;
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int KW = p.KW, KG = p.KG, RW = TC_WARPS / KW, S = p.S, NU = p.NU, nt = p.nt;
+    const int kw = warp % KW, rw = warp / KW;
+    const int kg = KG > 1 ? (int)cg::this_cluster().block_rank() : 0, cid = blockIdx.x / KG, ncl = gridDim.x / KG;
+    const int s = kg * KW + kw;
+    const int ub0 = kg * KW * NU / S, nub = (kg + 1) * KW * NU / S - ub0; /* the block's units */
+    const int ch0 = (s * NU / S) * V, ch1 = ((s + 1) * NU / S) * V;       /* the warp's chunks */
+    constexpr int CH = NT == 2 ? TC_CH / 2 : TC_CH; /* 16 tokens: fewer chunks in flight per lane (registers) */
+    /* steps per tile: the same for every warp (from the largest slice), so that all warps of the grid reach the
+     * per-tile barrier in the same iteration of the unrolled loop below */
+    const int nsteps = (((NU + S - 1) / S) * V + CH - 1) / CH;
+    const int iters = (p.NRG + ncl - 1) / ncl;
+    const int total = iters * nsteps;
+
+    uint16_t *xs = (uint16_t *)tc_sm;
+    float *sx = (float *)(tc_sm + (size_t)XT * nt * p.tok * 2);
+    float4 *part = (float4 *)(tc_sm + (((size_t)XT * nt * p.tok * 2 + (size_t)nt * p.nub * 4 + 15) & ~(size_t)15));
+
+    auto tile_of = [&](int it) { return (cid + it * ncl) * RW + rw; };
+    /* Programmatic dependent launch: let the next kernel of the stream start its launch now (it waits for this grid
+     * in its own griddepcontrol.wait), warm L2 with this warp's first weight chunks, then wait for the previous
+     * kernel's results (x) before reading anything. Both are no-ops without the launch attribute. */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (nsteps > 0) {
+        tc_prefetch<FMT, CH>(p, tile_of(0), ch0, ch1, g, c);
+        if (nsteps > 1) tc_prefetch<FMT, CH>(p, tile_of(0), ch0 + CH, ch1, g, c);
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    tc_buf<CH> b0, b1; /* two steps in flight while x is staged */
+    if (total > 0) tc_load<FMT, CH>(p, b0, tile_of(0), ch0, ch1, g, c);
+    if (total > 1) tc_load<FMT, CH>(p, b1, tile_of(1 / nsteps), ch0 + (1 % nsteps) * CH, ch1, g, c);
+    tc_stage<FMT, XT>(p, xs, sx, ub0, nub);
     __syncthreads();
-    const int nch = C / E;
-    const int64_t rowbytes = (int64_t)C * 16 / E; /* C is a multiple of E */
-    /* a warp takes GEMV_ROWS adjacent rows at once: each staged x value read from shared memory
-     * serves all of them, and twice the loads are in flight */
-    for (int r0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS; r0 < w.rows; r0 += gridDim.x * GEMV_WARPS * GEMV_ROWS) {
-        const uint4 *wrow[GEMV_ROWS];
-        int64_t R[GEMV_ROWS];
+
+    float acc[NT][4], cu[NT][4];
 #pragma unroll
-        for (int m = 0; m < GEMV_ROWS; m++) {
-            R[m] = (int64_t)w.row0 + (r0 + m < w.rows ? r0 + m : r0); /* past the end: recompute row r0 */
-            wrow[m] = (const uint4 *)(w.data + R[m] * rowbytes);
-        }
-        float acc[GEMV_ROWS][TB];
+    for (int n = 0; n < NT; n++)
 #pragma unroll
-        for (int m = 0; m < GEMV_ROWS; m++)
+        for (int i = 0; i < 4; i++) acc[n][i] = cu[n][i] = 0.0f;
+
+    auto step = [&](const tc_buf<CH> &b, int gs) {
+        const int it = gs / nsteps, st = gs - it * nsteps, tile = tile_of(it);
+        const bool act = tile < p.NRT;
+        if (act) {
 #pragma unroll
-            for (int t = 0; t < TB; t++) acc[m][t] = 0.0f;
-        for (int base = 0; base < nch; base += 32 * GEMV_UNROLL) {
-            uint4 q[GEMV_ROWS][GEMV_UNROLL];
+            for (int i = 0; i < CH; i++) {
+                const int ch = ch0 + st * CH + i;
+                if (ch >= ch1) break;
+                const int u = ch / V, v = V <= CH ? i % V : ch - u * V, ul = u - ub0;
+                uint32_t fq[2][2] = {{0, 0}, {0, 0}}; /* FP4 factors per row, per half chunk */
+                float sw[2] = {1.0f, 1.0f};
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                int ch = base + u * 32 + lane;
-#pragma unroll
-                for (int m = 0; m < GEMV_ROWS; m++) q[m][u] = ch < nch ? ld_stream(wrow[m] + ch) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                int ch = base + u * 32 + lane;
-                if (ch >= nch) break;
-                float s0[GEMV_ROWS], s1[GEMV_ROWS];
-#pragma unroll
-                for (int m = 0; m < GEMV_ROWS; m++) chunk_scale<FMT>(w, R[m], ch, s0[m], s1[m]);
-                const float4 *xc = xs4 + (size_t)(ch >> 5) * NK * 32 + lane;
-                float p0[GEMV_ROWS][TB], p1[GEMV_ROWS][TB];
-#pragma unroll
-                for (int m = 0; m < GEMV_ROWS; m++)
-#pragma unroll
-                    for (int t = 0; t < TB; t++) p0[m][t] = p1[m][t] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < NK; k++) {
-                    float4 wv[GEMV_ROWS];
-#pragma unroll
-                    for (int m = 0; m < GEMV_ROWS; m++) wv[m] = decode4<FMT>(q[m][u], k);
-#pragma unroll
-                    for (int t = 0; t < TB; t++) {
-                        float4 xv = xc[(size_t)t * (Cpad / 4) + k * 32];
-#pragma unroll
-                        for (int m = 0; m < GEMV_ROWS; m++) {
-                            float &p = (FMT == DSV4_WF_NVFP4 && k >= NK / 2) ? p1[m][t] : p0[m][t];
-                            p = fmaf(wv[m].x, xv.x, p);
-                            p = fmaf(wv[m].y, xv.y, p);
-                            p = fmaf(wv[m].z, xv.z, p);
-                            p = fmaf(wv[m].w, xv.w, p);
+                for (int m = 0; m < 2; m++) {
+                    if (FMT == DSV4_WF_MXFP4) {
+                        int e = (int)((b.a[m][0] >> (8 * i)) & 0xffu), em = e;
+                        em = max(em, __shfl_xor_sync(0xffffffffu, em, 1));
+                        em = max(em, __shfl_xor_sync(0xffffffffu, em, 2));
+                        fq[m][0] = fq[m][1] = tc_f16x2_pow2(e - em + 6);
+                        sw[m] = dev_e8m0((uint8_t)em);
+                    } else if (FMT == DSV4_WF_NVFP4) {
+                        const uint32_t f = tc_hmul2(tc_e4m3x2_f16x2(b.a[m][i >> 1] >> (16 * (i & 1))), 0x54005400u); /* x 64, exact */
+                        fq[m][0] = (f & 0xffffu) * 0x10001u;
+                        fq[m][1] = (f >> 16) * 0x10001u;
+                        sw[m] = p.w.scale2;
+                    } else if (FMT == DSV4_WF_FP8) {
+                        if ((i % V) == V - 1) {
+                            const uint32_t a = b.a[m][(i + 1) / V - 1];
+                            sw[m] = p.w.scale_f32 ? __uint_as_float(a) : dev_e8m0((uint8_t)a);
                         }
                     }
                 }
+                constexpr int NSUB = E >= 8 ? E / 8 : 1, KS = E >= 8 ? 2 : 1;
 #pragma unroll
-                for (int m = 0; m < GEMV_ROWS; m++)
+                for (int j = 0; j < NSUB; j++) {
+                    uint32_t A[2][WT][4];
+                    tc_decode<FMT>(b.q[i][0], j, fq[0][j >> 1], A[0]);
+                    tc_decode<FMT>(b.q[i][1], j, fq[1][j >> 1], A[1]);
+                    uint32_t B[XT][NT][4];
 #pragma unroll
-                    for (int t = 0; t < TB; t++) {
-                        if (FMT == DSV4_WF_NVFP4) acc[m][t] = fmaf(s1[m], p1[m][t], fmaf(s0[m], p0[m][t], acc[m][t]));
-                        else if (FMT == DSV4_WF_FP8 || FMT == DSV4_WF_MXFP4) acc[m][t] = fmaf(s0[m], p0[m][t], acc[m][t]);
-                        else acc[m][t] += p0[m][t];
+                    for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+                        for (int n = 0; n < NT; n++) {
+                            const int tok = g + 8 * n;
+                            const uint16_t *bp = xs + (size_t)(xt * nt + tok) * p.tok + ul * 128 + (v * 4 + c) * E;
+                            if (E >= 8) {
+                                const int js = (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) ? (j ^ ((c >> 1) & 1)) : j;
+                                const uint4 t = tok < nt ? *(const uint4 *)(bp + js * 8) : make_uint4(0, 0, 0, 0);
+                                B[xt][n][0] = t.x, B[xt][n][1] = t.y, B[xt][n][2] = t.z, B[xt][n][3] = t.w;
+                            } else {
+                                const uint2 t = tok < nt ? *(const uint2 *)bp : make_uint2(0, 0);
+                                B[xt][n][0] = t.x, B[xt][n][1] = t.y;
+                            }
+                        }
+#pragma unroll
+                    for (int k = 0; k < KS; k++)
+#pragma unroll
+                        for (int n = 0; n < NT; n++)
+#pragma unroll
+                            for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+                                for (int xt = 0; xt < XT; xt++)
+                                    if (wt + xt <= 2)
+                                        tc_mma<BF>(cu[n], A[0][wt][2 * k], A[1][wt][2 * k], A[0][wt][2 * k + 1], A[1][wt][2 * k + 1],
+                                                   B[xt][n][2 * k], B[xt][n][2 * k + 1]);
+                }
+                if (v == V - 1) { /* end of a unit: scale and add */
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        const int t0 = 2 * c + 8 * n;
+                        const float xa = t0 < nt ? sx[t0 * p.nub + ul] : 0.0f, xb = t0 + 1 < nt ? sx[(t0 + 1) * p.nub + ul] : 0.0f;
+                        acc[n][0] = fmaf(cu[n][0], sw[0] * xa, acc[n][0]);
+                        acc[n][1] = fmaf(cu[n][1], sw[0] * xb, acc[n][1]);
+                        acc[n][2] = fmaf(cu[n][2], sw[1] * xa, acc[n][2]);
+                        acc[n][3] = fmaf(cu[n][3], sw[1] * xb, acc[n][3]);
+#pragma unroll
+                        for (int k = 0; k < 4; k++) cu[n][k] = 0.0f;
                     }
+                }
+            }
+        }
+        if (st != nsteps - 1) return;
+        /* end of the tile's slice: store (S == 1) or add the S slices in order */
+        const int R = p.w.rows, r = tile * 16 + g;
+        auto store = [&](const float (&a)[NT][4]) {
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const int t = 2 * c + 8 * n;
+                float *y0 = p.y + (int64_t)(p.t0 + t) * R, *y1 = y0 + R;
+                if (r < R) {
+                    if (t < nt) y0[r] = a[n][0];
+                    if (t + 1 < nt) y1[r] = a[n][1];
+                }
+                if (r + 8 < R) {
+                    if (t < nt) y0[r + 8] = a[n][2];
+                    if (t + 1 < nt) y1[r + 8] = a[n][3];
+                }
+            }
+        };
+        if (S == 1) {
+            if (act) store(acc);
+        } else {
+            const int buf = it & 1;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                part[((buf * TC_WARPS + warp) * NT + n) * 32 + lane] = make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+            if (KG > 1) cg::this_cluster().sync();
+            else __syncthreads();
+            if (kg == 0 && kw == 0 && act) {
+                float sum[NT][4];
+#pragma unroll 4
+                for (int s2 = 0; s2 < S; s2++) {
+                    const int kg2 = s2 / KW, kw2 = s2 - kg2 * KW;
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        const float4 *src = part + ((buf * TC_WARPS + rw * KW + kw2) * NT + n) * 32 + lane;
+                        if (kg2 > 0) src = cg::this_cluster().map_shared_rank(src, kg2);
+                        const float4 vv = *src;
+                        if (s2 == 0) sum[n][0] = vv.x, sum[n][1] = vv.y, sum[n][2] = vv.z, sum[n][3] = vv.w;
+                        else sum[n][0] += vv.x, sum[n][1] += vv.y, sum[n][2] += vv.z, sum[n][3] += vv.w;
+                    }
+                }
+                store(sum);
             }
         }
 #pragma unroll
-        for (int m = 0; m < GEMV_ROWS; m++)
+        for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int t = 0; t < TB; t++) {
-                float v = warp_sum(acc[m][t]);
-                if (lane == 0 && t < nt && r0 + m < w.rows) y[(int64_t)(t0 + t) * w.rows + r0 + m] = v;
-            }
+            for (int k = 0; k < 4; k++) acc[n][k] = 0.0f;
+    };
+
+    /* step gs computes one buffer while the other (step gs + 1) is in flight, then refills it with step gs + 2 (and,
+     * with p.pf, asks L2 for step gs + 4: bytes in flight that cost no registers) */
+    auto prefetch = [&](int gs) {
+        if (p.pf && gs < total) tc_prefetch<FMT, CH>(p, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
+    };
+    prefetch(2), prefetch(3);
+    for (int gs = 0; gs < total; gs += 2) {
+        step(b0, gs);
+        if (gs + 2 < total) tc_load<FMT, CH>(p, b0, tile_of((gs + 2) / nsteps), ch0 + ((gs + 2) % nsteps) * CH, ch1, g, c);
+        prefetch(gs + 4);
+        if (gs + 1 >= total) break;
+        step(b1, gs + 1);
+        if (gs + 3 < total) tc_load<FMT, CH>(p, b1, tile_of((gs + 3) / nsteps), ch0 + ((gs + 3) % nsteps) * CH, ch1, g, c);
+        prefetch(gs + 5);
     }
+    if (S > 1 && KG > 1) cg::this_cluster().sync(); /* peers' partials stay until the leader has read them */
 }
+
+/* ---- element path and prefill GEMM ---- */
 
 template <int TB>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_any(dsv4_cuda_weight w, const void *x, int xbf16, int t0, int nt,
@@ -211,7 +475,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_any(dsv4_cuda_weight w, 
     extern __shared__ float4 xs4[];
     float *xs = (float *)xs4;
     const int C = w.cols, lane = threadIdx.x & 31;
-    stage_x<0>(xs, x, xbf16, t0, nt, TB, C, Cpad, w.act_quant);
+    stage_x(xs, x, xbf16, t0, nt, TB, C, Cpad, w.act_quant);
     __syncthreads();
     for (int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); r < w.rows; r += gridDim.x * GEMV_WARPS) {
         float acc[TB];
@@ -290,46 +554,178 @@ __global__ void __launch_bounds__(256) gemm_tiled(dsv4_cuda_weight w, const void
 
 typedef void (*gemv_fn)(dsv4_cuda_weight, const void *, int, int, int, int, float *);
 
-template <int FMT> static gemv_fn pick_vec(int tb) {
+static gemv_fn pick_any(int tb) {
     switch (tb) {
-    case 1: return gemv_vec<FMT, 1>;
-    case 2: return gemv_vec<FMT, 2>;
-    case 4: return gemv_vec<FMT, 4>;
-    default: return gemv_vec<FMT, 8>;
+    case 1: return gemv_any<1>;
+    case 2: return gemv_any<2>;
+    case 4: return gemv_any<4>;
+    default: return gemv_any<8>;
     }
 }
 
-static gemv_fn pick_gemv(int fmt, int vec, int tb) {
-    if (!vec) {
-        switch (tb) {
-        case 1: return gemv_any<1>;
-        case 2: return gemv_any<2>;
-        case 4: return gemv_any<4>;
-        default: return gemv_any<8>;
-        }
-    }
+typedef void (*tc_fn)(const tc_params);
+
+template <int FMT> static tc_fn pick_tc_fmt(int xt, int nt2) {
+    if (xt == 1) return nt2 ? gemv_tc<FMT, 1, 2> : gemv_tc<FMT, 1, 1>;
+    if constexpr (tc_fmt<FMT>::BF) return nt2 ? gemv_tc<FMT, 3, 2> : gemv_tc<FMT, 3, 1>;
+    else return nt2 ? gemv_tc<FMT, 2, 2> : gemv_tc<FMT, 2, 1>;
+}
+static tc_fn pick_tc(int fmt, int xt, int nt2) {
     switch (fmt) {
-    case DSV4_WF_F32: return pick_vec<DSV4_WF_F32>(tb);
-    case DSV4_WF_BF16: return pick_vec<DSV4_WF_BF16>(tb);
-    case DSV4_WF_F16: return pick_vec<DSV4_WF_F16>(tb);
-    case DSV4_WF_FP8: return pick_vec<DSV4_WF_FP8>(tb);
-    case DSV4_WF_MXFP4: return pick_vec<DSV4_WF_MXFP4>(tb);
-    default: return pick_vec<DSV4_WF_NVFP4>(tb);
+    case DSV4_WF_F32: return pick_tc_fmt<DSV4_WF_F32>(xt, nt2);
+    case DSV4_WF_BF16: return pick_tc_fmt<DSV4_WF_BF16>(xt, nt2);
+    case DSV4_WF_F16: return pick_tc_fmt<DSV4_WF_F16>(xt, nt2);
+    case DSV4_WF_FP8: return pick_tc_fmt<DSV4_WF_FP8>(xt, nt2);
+    case DSV4_WF_MXFP4: return pick_tc_fmt<DSV4_WF_MXFP4>(xt, nt2);
+    default: return pick_tc_fmt<DSV4_WF_NVFP4>(xt, nt2);
     }
 }
 
-static int elems16(int fmt) {
+static int tc_bf(int fmt) { return fmt == DSV4_WF_BF16 || fmt == DSV4_WF_F32; }
+static int tc_padb(int fmt) {
     switch (fmt) {
-    case DSV4_WF_F32: return 4;
-    case DSV4_WF_BF16:
-    case DSV4_WF_F16: return 8;
     case DSV4_WF_FP8: return 16;
+    case DSV4_WF_BF16:
+    case DSV4_WF_F16: return 64;
     default: return 32;
     }
 }
+/* x terms: one when x is exact in 16 bits (act-quant codes, bf16 input), else 2 (f16) / 3 (bf16). */
+static int tc_xt(int fmt, int aq, int xbf16) { return aq || xbf16 ? 1 : tc_bf(fmt) ? 3 : 2; }
+static int tc_tok(int fmt, int nub) { return nub * 128 + tc_padb(fmt) / 2; }
+/* Units staged by the block with the most (slices s = kg * KW + kw cover units [s*NU/S, (s+1)*NU/S)). */
+static int tc_nub(int NU, int S, int KG) {
+    int KW = S / KG, m = 0;
+    for (int kg = 0; kg < KG; kg++) {
+        int n = (kg + 1) * KW * NU / S - kg * KW * NU / S;
+        m = n > m ? n : m;
+    }
+    return m;
+}
+static size_t tc_smem(int fmt, int xt, int nt, int nub, int S) {
+    size_t b = (size_t)xt * nt * tc_tok(fmt, nub) * 2 + (size_t)nt * nub * 4;
+    b = (b + 15) & ~(size_t)15;
+    if (S > 1) b += (size_t)2 * TC_WARPS * (nt > 8 ? 2 : 1) * 32 * 16;
+    return b;
+}
+/* Column slices S: from the shape and format only (so a row's summation order never depends on T): enough
+ * (tile, slice) warps to cover the GPU (~1900 for 132 SMs x 16 warps), at most 16 (the warps of a block), or 64 for
+ * matrices of fewer than 16 tiles (clusters of up to 4 blocks); more when a block's staged x for one token would
+ * not fit in shared memory (up to 8 blocks of 16 warps per cluster). At least one 128-column unit per slice. More
+ * tokens than fit go in several launches (the weight is read once per launch); clusters are avoided otherwise
+ * because their barrier (with its GPU-scope fence) drains the loads in flight at every tile. */
+static int tc_kg(int S) { return S > 16 ? S / 16 : 1; }
+static int tc_slices(int fmt, int xt, int R, int C) {
+    const int NU = C / 128, NRT = (R + 15) / 16, cap = dsv4_cuda_dev.smem_optin, smax = NRT < 16 ? 64 : 16;
+    int S = 1;
+    while (S < smax && 2 * S <= NU && (int64_t)NRT * S < 1900) S *= 2;
+    while (S < 128 && 2 * S <= NU && tc_smem(fmt, xt, 1, tc_nub(NU, S, tc_kg(S)), S) > (size_t)cap) S *= 2;
+    return S;
+}
 
-/* Shared memory of one GEMV block (the staged x rows). */
-static size_t gemv_smem(int tb, int cpad) { return (size_t)tb * cpad * sizeof(float); }
+/* Resident clusters of KG blocks for a kernel and its shared memory (cached; the queries cost host time). */
+struct tc_occ {
+    const void *fn;
+    int kg;
+    size_t smem;
+    int n;
+};
+static tc_occ tc_occ_cache[256];
+static int tc_occ_n;
+static int tc_max_clusters(tc_fn fn, int KG, size_t smem) {
+    for (int i = 0; i < tc_occ_n; i++)
+        if (tc_occ_cache[i].fn == (const void *)fn && tc_occ_cache[i].kg == KG && tc_occ_cache[i].smem == smem) return tc_occ_cache[i].n;
+    cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dsv4_cuda_dev.smem_optin);
+    int n = 0;
+    if (KG == 1) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, (const void *)fn, TC_THREADS, smem);
+        n *= dsv4_cuda_dev.sm_count;
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = KG, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+        cfg.gridDim = dim3(KG);
+        cfg.blockDim = dim3(TC_THREADS);
+        cfg.dynamicSmemBytes = smem;
+        cfg.attrs = &at;
+        cfg.numAttrs = 1;
+        cudaOccupancyMaxActiveClusters(&n, (const void *)fn, &cfg);
+    }
+    cudaGetLastError();
+    if (n < 1) n = 1;
+    if (tc_occ_n < 256) tc_occ_cache[tc_occ_n++] = tc_occ{(const void *)fn, KG, smem, n};
+    return n;
+}
+
+/* 1: launch without the programmatic-dependent-launch attribute (refused once, or DSV4_LINEAR_NO_PDL=1); -1: not
+ * decided yet */
+static int tc_no_pdl = -1;
+static int tc_pf; /* DSV4_LINEAR_PF=1: L2 prefetch two steps ahead (measured slower: off by default) */
+
+/* 1 when launched, 0 when the shape does not fit the tensor-core GEMV (the caller takes the element path), -1 on
+ * a launch error. */
+static int tc_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, cudaStream_t st) {
+    const int fmt = w->fmt, C = w->cols;
+    if (C % 128 || ((uintptr_t)w->data & 15)) return 0;
+    if (fmt == DSV4_WF_FP8 && w->scale_f32 && ((uintptr_t)w->scale & 3)) return 0;
+    if (fmt == DSV4_WF_NVFP4 && (((uintptr_t)w->scale & 1) || (w->scale_stride & 1))) return 0;
+    if (tc_no_pdl < 0) {
+        const char *e = getenv("DSV4_LINEAR_NO_PDL");
+        tc_no_pdl = e && *e && *e != '0';
+        e = getenv("DSV4_LINEAR_PF");
+        tc_pf = e && *e && *e != '0';
+    }
+    const int xt = tc_xt(fmt, w->act_quant, x_bf16), S = tc_slices(fmt, xt, w->rows, C);
+    const int NU = C / 128, KG = tc_kg(S), KW = S / KG, nub = tc_nub(NU, S, KG);
+    const size_t cap = (size_t)dsv4_cuda_dev.smem_optin;
+    int TB = T < 16 ? T : 16; /* more rows: 16 per launch (the weight is read once per 16 rows) */
+    while (TB > 1 && tc_smem(fmt, xt, TB, nub, S) > cap) TB = (TB + 1) / 2;
+    if (tc_smem(fmt, xt, TB, nub, S) > cap) return 0;
+    tc_params prm;
+    prm.w = *w, prm.x = x, prm.y = y, prm.xbf16 = x_bf16;
+    prm.S = S, prm.KW = KW, prm.KG = KG;
+    prm.NU = NU, prm.NRT = (w->rows + 15) / 16, prm.NRG = (prm.NRT + TC_WARPS / KW - 1) / (TC_WARPS / KW);
+    prm.nub = nub, prm.tok = tc_tok(fmt, nub), prm.pf = tc_pf;
+    for (int t0 = 0; t0 < T; t0 += TB) {
+        prm.t0 = t0, prm.nt = T - t0 < TB ? T - t0 : TB;
+        tc_fn fn = pick_tc(fmt, xt, prm.nt > 8);
+        const size_t smem = tc_smem(fmt, xt, prm.nt, nub, S);
+        int ncl = tc_max_clusters(fn, KG, smem);
+        if (ncl > prm.NRG) ncl = prm.NRG;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[2];
+        int na = 0;
+        if (KG > 1) {
+            at[na].id = cudaLaunchAttributeClusterDimension;
+            at[na].val.clusterDim.x = KG, at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
+            na++;
+        }
+        if (!tc_no_pdl) {
+            at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[na].val.programmaticStreamSerializationAllowed = 1;
+            na++;
+        }
+        cfg.gridDim = dim3(ncl * KG);
+        cfg.blockDim = dim3(TC_THREADS);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = na;
+        cudaError_t e = cudaLaunchKernelEx(&cfg, fn, prm);
+        if (e != cudaSuccess && !tc_no_pdl) { /* no programmatic dependent launch here: plain stream order */
+            cudaGetLastError();
+            tc_no_pdl = 1;
+            cfg.numAttrs = KG > 1 ? 1 : 0;
+            e = cudaLaunchKernelEx(&cfg, fn, prm);
+        }
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return dsv4_cuda_fail("linear: tensor-core gemv launch: %s", cudaGetErrorString(e));
+        }
+    }
+    return dsv4_cuda_check_launch("linear (tensor-core gemv)") ? -1 : 1;
+}
 
 extern "C" int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream) {
     if (!w || !w->data || w->rows <= 0 || w->cols <= 0 || T < 0 || (unsigned)w->fmt >= DSV4_WF_COUNT)
@@ -338,30 +734,31 @@ extern "C" int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_
         return dsv4_cuda_fail("linear: FP4 weight with odd column count %d", w->cols);
     if (T == 0) return 0;
     cudaStream_t st = DSV4_STREAM(stream);
-    const int C = w->cols, E = elems16(w->fmt);
-    /* 16-byte loads need every stored row to start on a 16-byte boundary: C a multiple of E
-     * (cudaMalloc'd data is 256-byte aligned) */
-    int vec = C % E == 0 && ((uintptr_t)w->data & 15) == 0 &&
-              !(w->fmt == DSV4_WF_NVFP4 && ((w->scale_stride & 1) || ((uintptr_t)w->scale & 1)));
-    int cpad = vec ? (C + 32 * E - 1) / (32 * E) * (32 * E) : (C + 127) / 128 * 128;
-    int tb = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
-    while (tb > 1 && gemv_smem(tb, cpad) > (size_t)dsv4_cuda_dev.smem_optin) tb >>= 1;
-    int use_gemv = T <= 16 && gemv_smem(tb, cpad) <= (size_t)dsv4_cuda_dev.smem_optin;
-    if (use_gemv) {
-        gemv_fn fn = pick_gemv(w->fmt, vec, tb);
-        size_t smem = gemv_smem(tb, cpad);
-        if (smem > 48 * 1024 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
-            return dsv4_cuda_fail("linear: cannot raise shared memory to %zu bytes", smem);
-        int per_sm = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)fn, GEMV_WARPS * 32, smem);
-        if (per_sm < 1) per_sm = 1;
-        int grid = (w->rows + GEMV_WARPS * GEMV_ROWS - 1) / (GEMV_WARPS * GEMV_ROWS);
-        if (grid > per_sm * dsv4_cuda_dev.sm_count) grid = per_sm * dsv4_cuda_dev.sm_count;
-        for (int t0 = 0; t0 < T; t0 += tb) {
-            int nt = T - t0 < tb ? T - t0 : tb;
-            fn<<<grid, GEMV_WARPS * 32, smem, st>>>(*w, x, x_bf16, t0, nt, cpad, y);
+    const int C = w->cols;
+    /* tensor-core GEMV for every T (16 rows of x per launch): a row's result is the same whatever T is */
+    int r = tc_linear(w, x, x_bf16, T, y, st);
+    if (r) return r < 0 ? -1 : 0;
+    if (T <= 16) {
+        /* element path: x rows staged in shared memory, 8 tokens per pass */
+        int cpad = (C + 127) / 128 * 128;
+        int tb = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
+        while (tb > 1 && (size_t)tb * cpad * sizeof(float) > (size_t)dsv4_cuda_dev.smem_optin) tb >>= 1;
+        size_t smem = (size_t)tb * cpad * sizeof(float);
+        if (smem <= (size_t)dsv4_cuda_dev.smem_optin) {
+            gemv_fn fn = pick_any(tb);
+            if (smem > 48 * 1024 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+                return dsv4_cuda_fail("linear: cannot raise shared memory to %zu bytes", smem);
+            int per_sm = 0;
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)fn, GEMV_WARPS * 32, smem);
+            if (per_sm < 1) per_sm = 1;
+            int grid = (w->rows + GEMV_WARPS - 1) / GEMV_WARPS;
+            if (grid > per_sm * dsv4_cuda_dev.sm_count) grid = per_sm * dsv4_cuda_dev.sm_count;
+            for (int t0 = 0; t0 < T; t0 += tb) {
+                int nt = T - t0 < tb ? T - t0 : tb;
+                fn<<<grid, GEMV_WARPS * 32, smem, st>>>(*w, x, x_bf16, t0, nt, cpad, y);
+            }
+            return dsv4_cuda_check_launch("linear (gemv)");
         }
-        return dsv4_cuda_check_launch("linear (gemv)");
     }
     size_t smem = (size_t)(GM_BM + GM_BN) * GM_LD * sizeof(float);
     static int gemm_attr;

@@ -1,22 +1,26 @@
 /* test_kernels.c - every op of src/cuda/cuda_backend.h against its CPU twin (src/cpu, src/quant), on
  * random inputs at DeepSeek-V4-Flash shapes (dim 4096, 64 heads x 512, rope 64, q_lora 1024, expert
- * inter 2048, indexer 64 x 128) plus odd sizes, then timings (CUDA events; GEMV GB/s against the
- * H200's ~4.8 TB/s, weights rotated through > 256 MiB so that L2 does not serve them).
+ * inter 2048, indexer 64 x 128) plus odd sizes, then timings (CUDA events; GEMV GB/s against a
+ * device-to-device copy measured in the same run, weights rotated through > 256 MiB so that L2 does not serve them).
  *
  * One closeness rule: |got - ref| <= atol + rtol * |ref| per element; the worst element (largest
  * |got - ref| / (atol + rtol * |ref|)) is printed; any failure makes the exit status non-zero.
+ * The device-side pieces of the decode step (top-k, MoE grouping, grouped experts, attention index
+ * lists) are checked against twins written here from their definitions in src/cuda/cuda_model.h.
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] */
+ * Usage: test_kernels [--no-bench] [--only linear]   (--only linear: the linear checks and timings alone) */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu/ops.h"
 #include "cpu/topk.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_model.h"
 #include "quant/formats.h"
 #include "quant/weight.h"
 
@@ -188,8 +192,10 @@ static void free_hweight(hweight *h) {
 
 /* ---- linear ---- */
 
-static void test_linear(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int scale_f32, int aq, int xbf16) {
-    hweight h = make_weight(fmt, R, C, scale_f32, aq);
+/* row0 > 0: a view of rows row0 .. row0+R-1 of a stored [row0 + R, C] weight (slices of fused tensors) */
+static void test_linear_v(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int scale_f32, int aq, int xbf16, int row0) {
+    hweight h = make_weight(fmt, R + row0, C, scale_f32, aq);
+    h.w.row0 = row0, h.w.rows = R;
     dsv4_cuda_weight dw;
     op_ok(dsv4_cuda_weight_upload(&h.w, &dw), "weight upload");
     float *x = rand_wide((size_t)T * C);
@@ -206,12 +212,59 @@ static void test_linear(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int
     sync_ok();
     from_dev(got, dy, sizeof(float) * (size_t)T * R);
     char name[128];
-    snprintf(name, sizeof name, "linear %s %s%s %dx%d T=%d%s%s", tag, dsv4_wfmt_name(fmt), scale_f32 ? "(f32 s)" : "", R, C, T,
-             aq ? " aq" : "", xbf16 ? " x:bf16" : "");
+    snprintf(name, sizeof name, "linear %s %s%s %dx%d%s T=%d%s%s", tag, dsv4_wfmt_name(fmt), scale_f32 ? "(f32 s)" : "", R, C,
+             row0 ? "+view" : "", T, aq ? " aq" : "", xbf16 ? " x:bf16" : "");
     /* fp32 vs double accumulation: errors ~ eps * sqrt(C) * |terms|, far below 1e-4 * rms */
     check(name, got, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
     dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_weight_free(&dw);
     free(x), free(xb), free(ref), free(got), free_hweight(&h);
+}
+static void test_linear(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int scale_f32, int aq, int xbf16) {
+    test_linear_v(tag, fmt, R, C, T, scale_f32, aq, xbf16, 0);
+}
+
+/* Bitwise the same rows whatever T (1 .. 16, and 40: prefill) and the other rows of x are, and from run to run. */
+static void test_linear_invariant(const char *tag, dsv4_wfmt fmt, int R, int C, int aq) {
+    hweight h = make_weight(fmt, R, C, 0, aq);
+    dsv4_cuda_weight dw;
+    op_ok(dsv4_cuda_weight_upload(&h.w, &dw), "weight upload");
+    const int T = 16, Ts[7] = {1, 2, 3, 5, 8, 9, 13}, TL = 40;
+    float *x = rand_wide((size_t)TL * C);
+    float *dx = dup_to_dev(x, sizeof(float) * (size_t)TL * C), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * R),
+          *dy1 = dsv4_cuda_alloc(sizeof(float) * (size_t)TL * R);
+    float *y16 = malloc(sizeof(float) * (size_t)T * R), *y1 = malloc(sizeof(float) * (size_t)TL * R);
+    op_ok(dsv4_cuda_linear(&dw, dx, 0, T, dy, NULL), "linear");
+    sync_ok();
+    from_dev(y16, dy, sizeof(float) * (size_t)T * R);
+    int bad = 0, runs = 0;
+    for (int k = 0; k < 7; k++)
+        for (int side = 0; side < 2; side++) {
+            int Tk = Ts[k], t0 = side ? T - Tk : 0;
+            op_ok(dsv4_cuda_linear(&dw, dx + (size_t)t0 * C, 0, Tk, dy1, NULL), "linear");
+            sync_ok();
+            from_dev(y1, dy1, sizeof(float) * (size_t)Tk * R);
+            bad += memcmp(y1, y16 + (size_t)t0 * R, sizeof(float) * (size_t)Tk * R) != 0, runs++;
+        }
+    op_ok(dsv4_cuda_linear(&dw, dx, 0, T, dy1, NULL), "linear");
+    sync_ok();
+    from_dev(y1, dy1, sizeof(float) * (size_t)T * R);
+    bad += memcmp(y1, y16, sizeof(float) * (size_t)T * R) != 0, runs++;
+    op_ok(dsv4_cuda_linear(&dw, dx, 0, TL, dy1, NULL), "linear"); /* prefill: rows 0..15 again, row 37 below */
+    sync_ok();
+    from_dev(y1, dy1, sizeof(float) * (size_t)TL * R);
+    bad += memcmp(y1, y16, sizeof(float) * (size_t)T * R) != 0, runs++;
+    float *y37 = malloc(sizeof(float) * (size_t)R);
+    op_ok(dsv4_cuda_linear(&dw, dx + (size_t)37 * C, 0, 1, dy, NULL), "linear");
+    sync_ok();
+    from_dev(y37, dy, sizeof(float) * (size_t)R);
+    bad += memcmp(y37, y1 + (size_t)37 * R, sizeof(float) * (size_t)R) != 0, runs++;
+    free(y37);
+    g_checks++;
+    if (bad) g_fail++;
+    printf("%-4s linear %s %s %dx%d%s: rows bitwise equal for T = 1..16, 40 and a rerun (%d of %d calls differ)%s\n", bad ? "FAIL" : "ok",
+           tag, dsv4_wfmt_name(fmt), R, C, aq ? " aq" : "", bad, runs, bad ? " <<<" : "");
+    dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_free(dy1), dsv4_cuda_weight_free(&dw);
+    free(x), free(y16), free(y1), free_hweight(&h);
 }
 
 /* ---- norm, rope, quant ---- */
@@ -480,49 +533,405 @@ static void test_swiglu(int T, int I, int ld, float lim, int weighted) {
     free(g), free(u), free(rw), free(ref), free(got);
 }
 
+/* ---- device top-k (twin: the CPU engine's indexer selection: dsv4_topk_torch of the first nlist
+ * scores, k' = min(k, nlist), picks >= ncausal dropped) ---- */
+
+/* T rows of ld scores; row t ranks nlist[t] entries of which ncausal[t] are real (the rest -inf, as the
+ * masked prefill list); levels > 0: scores from that many values (many exact ties), else continuous */
+static void test_topk(int T, int ld, int k, int levels) {
+    float *sc = malloc(sizeof(float) * (size_t)T * ld);
+    int *nl = malloc(sizeof(int) * T), *nc = malloc(sizeof(int) * T), *tmp = malloc(sizeof(int) * (size_t)(k + ld));
+    for (int t = 0; t < T; t++) {
+        nl[t] = t == 0 ? ld : t == 1 ? 0 : t == 2 ? (k > 1 && k - 1 < ld ? k - 1 : ld) : 1 + (int)(rnd_u32() % (uint32_t)ld);
+        nc[t] = t % 3 == 2 ? (int)(rnd_u32() % (uint32_t)(nl[t] + 1)) : nl[t]; /* some rows with masked entries */
+        for (int i = 0; i < ld; i++) {
+            float v = levels > 0 ? (float)(int)(rnd_uni() * levels) - levels / 2 : rnd_n();
+            if (levels > 0 && rnd_uni() < 0.3f) v = 0.0f;
+            sc[(size_t)t * ld + i] = i < nc[t] ? v : -INFINITY;
+        }
+    }
+    size_t nout = (size_t)T * (k + 1);
+    float *ref = calloc(nout, sizeof(float)), *got = calloc(nout, sizeof(float));
+    for (int t = 0; t < T; t++) {
+        int kk = k < nl[t] ? k : nl[t], kept = 0;
+        if (kk > 0) dsv4_topk_torch(sc + (size_t)t * ld, nl[t], kk, tmp);
+        for (int i = 0; i < kk; i++)
+            if (tmp[i] < nc[t]) ref[(size_t)t * (k + 1) + 1 + kept++] = (float)tmp[i];
+        ref[(size_t)t * (k + 1)] = (float)kept;
+    }
+    float *dsc = dup_to_dev(sc, sizeof(float) * (size_t)T * ld);
+    int *dnl = dup_to_dev(nl, sizeof(int) * T), *dnc = dup_to_dev(nc, sizeof(int) * T);
+    int *dsel = dsv4_cuda_alloc(sizeof(int) * (size_t)T * k), *dnsel = dsv4_cuda_alloc(sizeof(int) * T);
+    void *scratch = dsv4_cuda_alloc((size_t)8 * T * ld);
+    op_ok(dsv4_cuda_topk(dsc, T, ld, dnl, dnc, k, dsel, dnsel, scratch, NULL), "topk");
+    sync_ok();
+    int *sel = malloc(sizeof(int) * (size_t)T * k), *nsel = malloc(sizeof(int) * T);
+    from_dev(sel, dsel, sizeof(int) * (size_t)T * k);
+    from_dev(nsel, dnsel, sizeof(int) * T);
+    for (int t = 0; t < T; t++) {
+        got[(size_t)t * (k + 1)] = (float)nsel[t];
+        for (int i = 0; i < nsel[t] && i < k; i++) got[(size_t)t * (k + 1) + 1 + i] = (float)sel[(size_t)t * k + i];
+    }
+    char name[128];
+    snprintf(name, sizeof name, "topk T=%d n<=%d k=%d %s (exact, torch order)", T, ld, k, levels ? "ties" : "distinct");
+    check(name, got, ref, nout, 0, 0);
+    dsv4_cuda_free(dsc), dsv4_cuda_free(dnl), dsv4_cuda_free(dnc), dsv4_cuda_free(dsel), dsv4_cuda_free(dnsel),
+        dsv4_cuda_free(scratch);
+    free(sc), free(nl), free(nc), free(tmp), free(ref), free(got), free(sel), free(nsel);
+}
+
+/* ---- MoE grouping (twin: the definition in cuda_model.h) ---- */
+
+typedef struct {
+    int nact, *act_e, *act_off, *act_cnt, *rows, *tslot;
+    float *rw;
+} hplan;
+
+static int pick_used_ref(const int *sel, const int *sid, int t, int k, int K, int E) {
+    if (sid[t] < 0) return -1;
+    int e = sel[t * K + k];
+    if (e < 0 || e >= E) return -1;
+    for (int j = 0; j < k; j++)
+        if (sel[t * K + j] == e) return -1;
+    return e;
+}
+
+static void group_ref(const int *sel, const float *w, const int *sid, int T, int K, int E, hplan *p) {
+    int *cnt = calloc((size_t)E, sizeof(int)), *base = calloc((size_t)E, sizeof(int)), *fill = calloc((size_t)E, sizeof(int));
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e = pick_used_ref(sel, sid, t, k, K, E);
+            if (e >= 0) cnt[e]++;
+        }
+    p->nact = 0;
+    for (int e = 0, o = 0; e < E; e++) {
+        base[e] = o;
+        if (cnt[e]) p->act_e[p->nact] = e, p->act_off[p->nact] = o, p->act_cnt[p->nact] = cnt[e], p->nact++;
+        o += cnt[e];
+    }
+    for (int t = 0; t < T; t++) {
+        int ns = 0, sl[64];
+        for (int k = 0; k < K; k++) {
+            int e = pick_used_ref(sel, sid, t, k, K, E);
+            if (e < 0) continue;
+            int slot = base[e] + fill[e]++;
+            p->rows[slot] = t, p->rw[slot] = w[t * K + k];
+            int i = ns++;
+            while (i > 0 && sl[i - 1] > slot) sl[i] = sl[i - 1], i--;
+            sl[i] = slot;
+        }
+        for (int k = 0; k < K; k++) p->tslot[t * K + k] = k < ns ? sl[k] : -1;
+    }
+    free(cnt), free(base), free(fill);
+}
+
+static hplan hplan_new(int T, int K, int E) {
+    hplan p = {0, calloc(E, sizeof(int)), calloc(E, sizeof(int)), calloc(E, sizeof(int)), calloc((size_t)T * K, sizeof(int)),
+               calloc((size_t)T * K, sizeof(int)), calloc((size_t)T * K, sizeof(float))};
+    return p;
+}
+static void hplan_free(hplan *p) { free(p->act_e), free(p->act_off), free(p->act_cnt), free(p->rows), free(p->tslot), free(p->rw); }
+
+static dsv4_cuda_moe_plan dplan_new(int T, int K, int E) {
+    dsv4_cuda_moe_plan p = {dsv4_cuda_alloc(sizeof(int)), dsv4_cuda_alloc(sizeof(int) * E), dsv4_cuda_alloc(sizeof(int) * E),
+                            dsv4_cuda_alloc(sizeof(int) * E), dsv4_cuda_alloc(sizeof(int) * (size_t)T * K),
+                            dsv4_cuda_alloc(sizeof(int) * (size_t)T * K), dsv4_cuda_alloc(sizeof(float) * (size_t)T * K)};
+    return p;
+}
+static void dplan_free(dsv4_cuda_moe_plan *p) {
+    dsv4_cuda_free(p->nact), dsv4_cuda_free(p->act_e), dsv4_cuda_free(p->act_off), dsv4_cuda_free(p->act_cnt);
+    dsv4_cuda_free(p->rows), dsv4_cuda_free(p->tslot), dsv4_cuda_free(p->rw);
+}
+
+/* random picks: some repeated within a token, some out of range, some tokens idle */
+static void rand_picks(int T, int K, int E, int *sel, float *w, int *sid) {
+    for (int t = 0; t < T; t++) {
+        sid[t] = rnd_uni() < 0.15f && T > 1 ? -1 : t;
+        for (int k = 0; k < K; k++) {
+            float u = rnd_uni();
+            sel[t * K + k] = u < 0.05f ? -1 : u < 0.12f && k ? sel[t * K + k - 1] : (int)(rnd_u32() % (uint32_t)E);
+            w[t * K + k] = 0.1f + rnd_uni();
+        }
+    }
+}
+
+static void test_moe_group(int T, int K, int E) {
+    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
+    float *w = malloc(sizeof(float) * (size_t)T * K);
+    rand_picks(T, K, E, sel, w, sid);
+    hplan r = hplan_new(T, K, E), g = hplan_new(T, K, E);
+    group_ref(sel, w, sid, T, K, E, &r);
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+    sync_ok();
+    from_dev(&g.nact, dp.nact, sizeof(int));
+    int na = g.nact >= 0 && g.nact <= E ? g.nact : 0, ns = 0;
+    from_dev(g.act_e, dp.act_e, sizeof(int) * na), from_dev(g.act_off, dp.act_off, sizeof(int) * na);
+    from_dev(g.act_cnt, dp.act_cnt, sizeof(int) * na), from_dev(g.tslot, dp.tslot, sizeof(int) * (size_t)T * K);
+    for (int a = 0; a < r.nact; a++) ns += r.act_cnt[a];
+    from_dev(g.rows, dp.rows, sizeof(int) * ns), from_dev(g.rw, dp.rw, sizeof(float) * ns);
+    /* everything as one float vector: nact, the active lists, rows, weights, tslot */
+    size_t n = 1 + 3 * (size_t)E + 2 * (size_t)ns + (size_t)T * K, o = 0;
+    float *vr = calloc(n, sizeof(float)), *vg = calloc(n, sizeof(float));
+    vr[o] = (float)r.nact, vg[o++] = (float)g.nact;
+    for (int a = 0; a < E; a++, o += 3) {
+        if (a < r.nact) vr[o] = (float)r.act_e[a], vr[o + 1] = (float)r.act_off[a], vr[o + 2] = (float)r.act_cnt[a];
+        if (a < na) vg[o] = (float)g.act_e[a], vg[o + 1] = (float)g.act_off[a], vg[o + 2] = (float)g.act_cnt[a];
+    }
+    for (int i = 0; i < ns; i++, o += 2) vr[o] = (float)r.rows[i], vr[o + 1] = r.rw[i], vg[o] = (float)g.rows[i], vg[o + 1] = g.rw[i];
+    for (int i = 0; i < T * K; i++, o++) vr[o] = (float)r.tslot[i], vg[o] = (float)g.tslot[i];
+    char name[128];
+    snprintf(name, sizeof name, "moe_group T=%d K=%d E=%d (%d active, exact)", T, K, E, r.nact);
+    check(name, vg, vr, n, 0, 0);
+    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dplan_free(&dp);
+    hplan_free(&r), hplan_free(&g), free(sel), free(sid), free(w), free(vr), free(vg);
+}
+
+/* ---- grouped experts + combine (twin: per token, its distinct experts in increasing id:
+ * SwiGLU(x w1, x w3) * weight, then w2, summed; then + shared) ---- */
+
+static void test_moe_experts(const char *tag, dsv4_wfmt f13, dsv4_wfmt f2, int aq, int T, int K, int E, int D, int I) {
+    const float lim = 10.0f;
+    hweight *h1 = malloc(sizeof(hweight) * E), *h3 = malloc(sizeof(hweight) * E), *h2 = malloc(sizeof(hweight) * E);
+    dsv4_cuda_weight *d1 = malloc(sizeof(dsv4_cuda_weight) * E), *d3 = malloc(sizeof(dsv4_cuda_weight) * E),
+                     *d2 = malloc(sizeof(dsv4_cuda_weight) * E);
+    for (int e = 0; e < E; e++) {
+        h1[e] = make_weight(f13, I, D, 0, aq), h3[e] = make_weight(f13, I, D, 0, aq), h2[e] = make_weight(f2, D, I, 0, aq);
+        op_ok(dsv4_cuda_weight_upload(&h1[e].w, &d1[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&h3[e].w, &d3[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&h2[e].w, &d2[e]), "upload");
+    }
+    dsv4_cuda_experts ex;
+    op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
+    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
+    float *w = malloc(sizeof(float) * (size_t)T * K), *x = randn((size_t)T * D, 1.0f), *sh = randn((size_t)T * D, 0.5f);
+    rand_picks(T, K, E, sel, w, sid);
+    /* reference */
+    float *ref = malloc(sizeof(float) * (size_t)T * D), *got = malloc(sizeof(float) * (size_t)T * D);
+    float *g = malloc(sizeof(float) * I), *u = malloc(sizeof(float) * I), *y = malloc(sizeof(float) * D);
+    for (int t = 0; t < T; t++) {
+        float *o = ref + (size_t)t * D;
+        memset(o, 0, sizeof(float) * D);
+        for (int e = 0; e < E; e++) {
+            int k = 0;
+            for (; k < K; k++)
+                if (pick_used_ref(sel, sid, t, k, K, E) == e) break;
+            if (k == K) continue;
+            dsv4_cpu_linear(&h1[e].w, x + (size_t)t * D, 1, g);
+            dsv4_cpu_linear(&h3[e].w, x + (size_t)t * D, 1, u);
+            swiglu_ref(g, u, I, lim, w[t * K + k]);
+            dsv4_cpu_linear(&h2[e].w, g, 1, y);
+            for (int d = 0; d < D; d++) o[d] += y[d];
+        }
+        for (int d = 0; d < D; d++) o[d] += sh[(size_t)t * D + d];
+    }
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K), *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D),
+          *dsh = dup_to_dev(sh, sizeof(float) * (size_t)T * D), *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I),
+          *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D), *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+    op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, dsh, dout, NULL), "moe_combine");
+    sync_ok();
+    from_dev(got, dout, sizeof(float) * (size_t)T * D);
+    char name[160];
+    snprintf(name, sizeof name, "moe_experts %s %s/%s%s T=%d K=%d E=%d D=%d I=%d (%s path)", tag, dsv4_wfmt_name(f13),
+             dsv4_wfmt_name(f2), aq ? " aq" : "", T, K, E, D, I, ex.vec13 && ex.vec2 ? "vector" : "element");
+    check(name, got, ref, (size_t)T * D, 2e-4 * rms(ref, (size_t)T * D), 2e-4);
+    dsv4_cuda_experts_free(&ex);
+    for (int e = 0; e < E; e++) {
+        dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
+        free_hweight(&h1[e]), free_hweight(&h3[e]), free_hweight(&h2[e]);
+    }
+    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dsh);
+    dsv4_cuda_free(dh), dsv4_cuda_free(dy), dsv4_cuda_free(dout), dplan_free(&dp);
+    free(h1), free(h3), free(h2), free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(sh);
+    free(ref), free(got), free(g), free(u), free(y);
+}
+
+/* ---- attention index lists (twin: the list loop of dsv4_attention_fwd) ---- */
+
+/* S slots (the last one idle) with chunks of n[s] tokens at p0[s]; one layer of ratio `ratio`. */
+static void test_attn_index(int S, int W, int ratio, int ksel, const int *p0, const int *n) {
+    const int L = 1; /* layer 1 of 2 */
+    int T = 0;
+    for (int s = 0; s < S; s++) T += n[s];
+    T += 2; /* two idle rows at the end */
+    int *tok = calloc(T, sizeof(int)), *pos = calloc(T, sizeof(int)), *sid = calloc(T, sizeof(int)), *off = calloc(S, sizeof(int));
+    int *sel = malloc(sizeof(int) * (size_t)T * ksel), *nsel = calloc(T, sizeof(int));
+    void **sq = calloc(S, sizeof(void *));
+    float *fake = dsv4_cuda_alloc(16); /* abuf values only travel into qbase */
+    for (int s = 0, t = 0; s < S; s++) {
+        off[s] = t;
+        for (int i = 0; i < n[s]; i++, t++) pos[t] = p0[s] + i, sid[t] = s;
+        if (n[s]) { /* a device seqdev with NL layer states */
+            dsv4_cuda_seqdev hd = {0, 1 << 20, NULL};
+            dsv4_cuda_lstate ls[2] = {{0}};
+            uint8_t *d = dsv4_cuda_alloc(256 + sizeof ls);
+            hd.L = (dsv4_cuda_lstate *)(d + 256);
+            ls[L].abuf = fake + s; /* distinct per slot */
+            dsv4_cuda_upload(d, &hd, sizeof hd), dsv4_cuda_upload(d + 256, ls, sizeof ls);
+            sq[s] = d;
+        }
+    }
+    for (int t = T - 2; t < T; t++) sid[t] = -1;
+    for (int t = 0; t < T; t++) {
+        int nc = (pos[t] + 1) / 4;
+        nsel[t] = nc < ksel ? nc : ksel;
+        for (int i = 0; i < ksel; i++) sel[(size_t)t * ksel + i] = nc ? (int)(rnd_u32() % (uint32_t)nc) : 0;
+    }
+    int maxc = 0;
+    for (int s = 0; s < S; s++) if (n[s] && (p0[s] + n[s]) / (ratio ? ratio : 1) > maxc) maxc = (p0[s] + n[s]) / (ratio ? ratio : 1);
+    const int nidx = W + (ratio == 4 ? ksel : ratio ? maxc : 0);
+    /* reference */
+    float *ref = malloc(sizeof(float) * ((size_t)T * nidx + T)), *got = malloc(sizeof(float) * ((size_t)T * nidx + T));
+    for (int t = 0; t < T; t++) {
+        float *it = ref + (size_t)t * nidx;
+        int k = 0;
+        ref[(size_t)T * nidx + t] = sid[t] < 0 ? -1.0f : (float)sid[t]; /* which slot's abuf qbase holds */
+        if (sid[t] >= 0) {
+            int s = sid[t], p = pos[t];
+            for (int pp = p - W + 1 < 0 ? 0 : p - W + 1; pp <= p; pp++) it[k++] = (float)(pp >= p0[s] ? -(off[s] + pp - p0[s]) - 2 : pp % W);
+            if (ratio == 4)
+                for (int i = 0; i < nsel[t]; i++) it[k++] = (float)(W + sel[(size_t)t * ksel + i]);
+            else if (ratio > 0)
+                for (int w = 0; w < (p + 1) / ratio; w++) it[k++] = (float)(W + w);
+        }
+        while (k < nidx) it[k++] = -1.0f;
+    }
+    int *dtok = dup_to_dev(tok, sizeof(int) * T), *dpos = dup_to_dev(pos, sizeof(int) * T), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    int *dp0 = dup_to_dev(p0, sizeof(int) * S), *dn = dup_to_dev(n, sizeof(int) * S), *doff = dup_to_dev(off, sizeof(int) * S);
+    void *dsq = dup_to_dev(sq, sizeof(void *) * S);
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * ksel), *dnsel = dup_to_dev(nsel, sizeof(int) * T);
+    int *didx = dsv4_cuda_alloc(sizeof(int) * (size_t)T * nidx);
+    const float **dqb = dsv4_cuda_alloc(sizeof(void *) * T);
+    dsv4_cuda_batch b = {.T = T, .S = S, .tok = dtok, .pos = dpos, .sid = dsid, .p0 = dp0, .n = dn, .off = doff, .sq = dsq};
+    op_ok(dsv4_cuda_attn_index(&b, L, W, ratio, ratio == 4 ? dsel : NULL, dnsel, ksel, nidx, didx, dqb, NULL), "attn_index");
+    sync_ok();
+    int *gi = malloc(sizeof(int) * (size_t)T * nidx);
+    const float **qb = malloc(sizeof(void *) * T);
+    from_dev(gi, didx, sizeof(int) * (size_t)T * nidx);
+    from_dev(qb, dqb, sizeof(void *) * T);
+    for (size_t i = 0; i < (size_t)T * nidx; i++) got[i] = (float)gi[i];
+    for (int t = 0; t < T; t++) got[(size_t)T * nidx + t] = qb[t] ? (float)(qb[t] - fake) : -1.0f;
+    char name[128];
+    snprintf(name, sizeof name, "attn_index S=%d T=%d W=%d ratio=%d nidx=%d (exact)", S, T, W, ratio, nidx);
+    check(name, got, ref, (size_t)T * nidx + T, 0, 0);
+    for (int s = 0; s < S; s++) dsv4_cuda_free(sq[s]);
+    dsv4_cuda_free(fake), dsv4_cuda_free(dtok), dsv4_cuda_free(dpos), dsv4_cuda_free(dsid), dsv4_cuda_free(dp0), dsv4_cuda_free(dn);
+    dsv4_cuda_free(doff), dsv4_cuda_free(dsq), dsv4_cuda_free(dsel), dsv4_cuda_free(dnsel), dsv4_cuda_free(didx), dsv4_cuda_free((void *)dqb);
+    free(tok), free(pos), free(sid), free(off), free(sel), free(nsel), free(sq), free(ref), free(got), free(gi), free(qb);
+}
+
 /* ---- GEMV / GEMM timing: NR copies of one weight (> 256 MiB in all), a different copy per call ---- */
 
-static void bench_linear(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int aq) {
-    hweight h = make_weight(fmt, R, C, 0, aq);
-    size_t per = h.data_b + h.scale_b;
-    int NR = (int)((256u << 20) / per) + 1;
-    if (NR > 64) NR = 64;
-    uint8_t *dd = dsv4_cuda_alloc(h.data_b * NR), *ds = h.scale_b ? dsv4_cuda_alloc(h.scale_b * NR) : NULL;
-    for (int k = 0; k < NR; k++) {
-        dsv4_cuda_upload(dd + h.data_b * k, h.data, h.data_b);
-        if (ds) dsv4_cuda_upload(ds + h.scale_b * k, h.scale, h.scale_b);
+static double g_copy_gbs; /* device-to-device cudaMemcpy, read + write, measured in this run */
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of 20 copies of 1 GiB, counted as bytes read + bytes written (as bench/RESULTS.md does). */
+static void bench_copy(void) {
+    const size_t n = (size_t)1 << 30;
+    void *a = dsv4_cuda_alloc(n), *b = dsv4_cuda_alloc(n);
+    if (!a || !b) {
+        fprintf(stderr, "copy bench: %s\n", dsv4_cuda_last_error());
+        exit(2);
     }
-    dsv4_cuda_weight w = {fmt, R, C, 0, dd, ds, 0, h.w.scale_stride, h.w.scale2, aq};
-    float *x = randn((size_t)T * C, 1.0f);
-    float *dx = dup_to_dev(x, sizeof(float) * (size_t)T * C), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * R);
-    const int it = T > 16 ? 10 : 100;
-    for (int i = 0; i < 3; i++) op_ok(dsv4_cuda_linear(&w, dx, 0, T, dy, NULL), "linear");
+    dsv4_cuda_memset(a, 1, n, NULL);
+    float ms[20];
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
-    cudaEventRecord(e0, 0);
-    for (int i = 0; i < it; i++) {
-        int k = i % NR;
-        w.data = dd + h.data_b * k;
-        w.scale = ds ? ds + h.scale_b * k : NULL;
-        dsv4_cuda_linear(&w, dx, 0, T, dy, NULL);
+    cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+    for (int i = 0; i < 20; i++) {
+        cudaEventRecord(e0, 0);
+        cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1, 0);
+        sync_ok();
+        cudaEventElapsedTime(&ms[i], e0, e1);
     }
-    cudaEventRecord(e1, 0);
-    sync_ok();
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    double us = 1000.0 * ms / it, bytes = (double)dsv4_weight_bytes(&h.w);
-    if (T <= 16)
-        printf("time linear %-22s %s %5dx%-5d T=%-3d%s: %8.1f us  %7.1f GB/s (%4.1f%% of 4.8 TB/s)\n", tag, dsv4_wfmt_name(fmt), R, C,
-               T, aq ? " aq" : "   ", us, bytes / us / 1e3, bytes / us / 1e3 / 48.0);
-    else
-        printf("time linear %-22s %s %5dx%-5d T=%-4d%s: %8.1f us  %7.2f TFLOP/s (fp32 FMA tiles)\n", tag, dsv4_wfmt_name(fmt), R, C,
-               T, aq ? " aq" : "   ", us, 2.0 * R * C * T / us / 1e6);
+    qsort(ms, 20, sizeof(float), cmp_float);
+    g_copy_gbs = 2.0 * n / (ms[10] * 1e-3) / 1e9;
+    printf("time copy d2d 1 GiB: %.1f us, %.1f GB/s (read + write, median of 20)\n", ms[10] * 1e3, g_copy_gbs);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
+    dsv4_cuda_free(a), dsv4_cuda_free(b);
+}
+
+/* Times y = x . W^T for each T of Ts. The host generates at most ~32 MiB of rows (a multiple of 128) and tiles
+ * them over the device copies; bytes = weight + scales + x + y, against the measured copy rate. */
+static void bench_linear(const char *tag, dsv4_wfmt fmt, int R, int C, const int *Ts, int nT, int aq) {
+    size_t rowb = fmt == DSV4_WF_F32 ? 4 * (size_t)C : fmt == DSV4_WF_BF16 || fmt == DSV4_WF_F16 ? 2 * (size_t)C
+                  : fmt == DSV4_WF_FP8 ? (size_t)C : (size_t)C / 2;
+    int Rg = (int)(((size_t)32 << 20) / rowb) / 128 * 128;
+    if (Rg < 128) Rg = 128;
+    if (Rg > R) Rg = R;
+    hweight h = make_weight(fmt, Rg, C, 0, aq);
+    dsv4_weight full = h.w;
+    full.rows = R;
+    const int fp8 = fmt == DSV4_WF_FP8;
+    const size_t srow = fp8 ? h.scale_b / ((Rg + 127) / 128) : h.scale_b / Rg; /* per 128 rows (FP8) or per row */
+    const size_t DB = rowb * R, SB = fp8 ? srow * ((R + 127) / 128) : srow * R, per = DB + SB;
+    int NR = (int)((256u << 20) / per) + 1;
+    if (NR > 64) NR = 64;
+    uint8_t *dd = dsv4_cuda_alloc(DB * NR), *ds = SB ? dsv4_cuda_alloc(SB * NR) : NULL;
+    if (!dd || (SB && !ds)) {
+        fprintf(stderr, "bench alloc: %s\n", dsv4_cuda_last_error());
+        exit(2);
+    }
+    for (int k = 0; k < NR; k++)
+        for (int r = 0; r < R; r += Rg) {
+            int n = R - r < Rg ? R - r : Rg;
+            dsv4_cuda_upload(dd + DB * k + rowb * r, h.data, rowb * n);
+            if (ds && fp8) dsv4_cuda_upload(ds + SB * k + srow * (r / 128), h.scale, srow * ((n + 127) / 128));
+            else if (ds) dsv4_cuda_upload(ds + SB * k + srow * r, h.scale, srow * n);
+        }
+    int Tmax = 0;
+    for (int i = 0; i < nT; i++) Tmax = Ts[i] > Tmax ? Ts[i] : Tmax;
+    float *x = randn((size_t)Tmax * C, 1.0f);
+    float *dx = dup_to_dev(x, sizeof(float) * (size_t)Tmax * C), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)Tmax * R);
+    dsv4_cuda_weight w = {fmt, R, C, 0, dd, ds, 0, h.w.scale_stride, h.w.scale2, aq};
+    for (int i = 0; i < nT; i++) {
+        const int T = Ts[i], it = T > 16 ? 10 : 100;
+        for (int k = 0; k < 3; k++) op_ok(dsv4_cuda_linear(&w, dx, 0, T, dy, NULL), "linear");
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        struct timespec h0, h1;
+        cudaEventRecord(e0, 0);
+        clock_gettime(CLOCK_MONOTONIC, &h0);
+        for (int k = 0; k < it; k++) {
+            w.data = dd + DB * (k % NR);
+            w.scale = ds ? ds + SB * (k % NR) : NULL;
+            dsv4_cuda_linear(&w, dx, 0, T, dy, NULL);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &h1);
+        cudaEventRecord(e1, 0);
+        sync_ok();
+        const double host_us = ((h1.tv_sec - h0.tv_sec) * 1e6 + (h1.tv_nsec - h0.tv_nsec) * 1e-3) / it;
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        double us = 1000.0 * ms / it, bytes = (double)dsv4_weight_bytes(&full) + 4.0 * T * ((double)C + R);
+        if (T <= 16)
+            printf("time linear %-24s %s %6dx%-5d T=%-3d%s: %8.2f us  %7.1f GB/s  %5.1f%% of copy  (host %.1f us/call)\n", tag,
+                   dsv4_wfmt_name(fmt), R, C, T, aq ? " aq" : "   ", us, bytes / us / 1e3, 100.0 * bytes / us / 1e3 / g_copy_gbs, host_us);
+        else
+            printf("time linear %-24s %s %6dx%-5d T=%-4d%s: %8.1f us  %7.2f TFLOP/s\n", tag, dsv4_wfmt_name(fmt), R, C, T,
+                   aq ? " aq" : "   ", us, 2.0 * R * C * T / us / 1e6);
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
     dsv4_cuda_free(dd), dsv4_cuda_free(ds), dsv4_cuda_free(dx), dsv4_cuda_free(dy), free(x), free_hweight(&h);
 }
 
 int main(int argc, char **argv) {
-    int bench = !(argc > 1 && !strcmp(argv[1], "--no-bench"));
+    int bench = 1, only_lin = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-bench")) bench = 0;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "linear")) only_lin = 1, i++;
+    }
     dsv4_cuda_info info;
     char err[256];
     if (dsv4_cuda_init(0, &info, err, sizeof err)) {
@@ -555,6 +964,40 @@ int main(int argc, char **argv) {
     test_linear("hc fn", DSV4_WF_F32, 24, 16384, 1, 0, 0, 0);
     test_linear("", DSV4_WF_F16, 256, 4096, 2, 0, 0, 0);
     test_linear("gemm", DSV4_WF_F16, 100, 300, 33, 0, 0, 0);
+    /* the tensor-core GEMV at the model's shapes: T = 1..16 (one and two 8-token mma tiles), column slices over
+     * warps and clusters (few rows), views, x in bf16, FP8 with and without act quant, FP4 with act quant */
+    test_linear("wq_a T=8", DSV4_WF_FP8, 1024, 4096, 8, 0, 1, 0);
+    test_linear("wq_a T=16", DSV4_WF_FP8, 1024, 4096, 16, 0, 1, 0);
+    test_linear("wkv", DSV4_WF_FP8, 512, 4096, 5, 0, 1, 0);
+    test_linear("wo_b", DSV4_WF_FP8, 4096, 8192, 3, 0, 1, 0);
+    test_linear("wq_b", DSV4_WF_FP8, 32768, 1024, 2, 0, 1, 0);
+    test_linear("shared w1 T=9", DSV4_WF_FP8, 2048, 4096, 9, 0, 1, 0);
+    test_linear("Pro wq_a", DSV4_WF_FP8, 1536, 7168, 2, 0, 1, 0);
+    test_linear("x:bf16", DSV4_WF_FP8, 1024, 4096, 3, 0, 1, 1);
+    test_linear("no aq", DSV4_WF_FP8, 1024, 2048, 4, 0, 0, 0);
+    test_linear("no aq T=12", DSV4_WF_FP8, 512, 1024, 12, 1, 0, 0);
+    test_linear_v("", DSV4_WF_FP8, 1000, 2048, 4, 0, 1, 0, 40);
+    test_linear_v("", DSV4_WF_FP8, 300, 1024, 2, 1, 1, 0, 129);
+    test_linear("expert w1 T=16", DSV4_WF_MXFP4, 2048, 4096, 16, 0, 0, 0);
+    test_linear("expert w2 T=3", DSV4_WF_MXFP4, 4096, 2048, 3, 0, 0, 0);
+    test_linear("aq", DSV4_WF_MXFP4, 2048, 2048, 4, 0, 1, 0);
+    test_linear_v("", DSV4_WF_MXFP4, 500, 1024, 2, 0, 0, 0, 3);
+    test_linear("T=12", DSV4_WF_NVFP4, 1024, 4096, 12, 0, 0, 0);
+    test_linear("expert w2", DSV4_WF_NVFP4, 4096, 2048, 8, 0, 0, 0);
+    test_linear("x:bf16", DSV4_WF_NVFP4, 2048, 4096, 2, 0, 0, 1);
+    test_linear("head-like", DSV4_WF_BF16, 4096, 4096, 3, 0, 0, 0);
+    test_linear("T=16", DSV4_WF_BF16, 512, 4096, 16, 0, 0, 0);
+    test_linear("x:bf16 T=9", DSV4_WF_BF16, 1024, 4096, 9, 0, 0, 1);
+    test_linear("T=11", DSV4_WF_F16, 256, 4096, 11, 0, 0, 0);
+    test_linear("hc fn T=4", DSV4_WF_F32, 24, 16384, 4, 0, 0, 0);
+    test_linear("hc fn x:bf16", DSV4_WF_F32, 24, 16384, 2, 0, 0, 1);
+    test_linear_invariant("wq_a", DSV4_WF_FP8, 1024, 4096, 1);
+    test_linear_invariant("wq_b", DSV4_WF_FP8, 32768, 1024, 1);
+    test_linear_invariant("expert", DSV4_WF_MXFP4, 2048, 4096, 0);
+    test_linear_invariant("expert", DSV4_WF_NVFP4, 4096, 2048, 0);
+    test_linear_invariant("", DSV4_WF_BF16, 4096, 4096, 0);
+    test_linear_invariant("hc fn", DSV4_WF_F32, 24, 16384, 0);
+    if (only_lin) goto checks_done;
 
     test_rmsnorm(4, 4096, 4096, 1);
     test_rmsnorm(3, 1024, 1024, 1);
@@ -598,24 +1041,68 @@ int main(int argc, char **argv) {
     test_swiglu(4, 2048, 2048, 10.0f, 1);
     test_swiglu(3, 1000, 1003, 0.0f, 0);
 
+    /* device-side decode step pieces: top-k, MoE grouping, grouped experts, attention index lists */
+    test_topk(6, 1024, 512, 0);      /* Flash: top-512 of context 4096's entries */
+    test_topk(5, 4096, 1024, 0);     /* Pro */
+    test_topk(7, 300, 16, 5);        /* exact ties (few levels, many zeros): torch's choice and order */
+    test_topk(9, 8, 4, 3);           /* tiny models: 8 entries, top-4, mostly ties */
+    test_topk(4, 40000, 64, 3);
+    test_topk(3, 50, 64, 0);         /* k > n: every entry, sorted */
+    test_topk(6, 3000, 40, 2);       /* k * 64 <= n: torch's partial_sort path, with ties */
+    test_moe_group(1, 6, 256);
+    test_moe_group(8, 6, 256);
+    test_moe_group(256, 6, 256);
+    test_moe_group(100, 8, 384);
+    test_moe_group(33, 2, 8);
+    test_moe_experts("flash", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 0, 3, 6, 8, 4096, 2048);
+    test_moe_experts("batch", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 0, 40, 2, 8, 512, 256); /* > 8 rows per expert */
+    test_moe_experts("", DSV4_WF_NVFP4, DSV4_WF_NVFP4, 0, 9, 3, 8, 512, 256);
+    test_moe_experts("", DSV4_WF_FP8, DSV4_WF_FP8, 1, 5, 2, 6, 512, 384);
+    test_moe_experts("", DSV4_WF_BF16, DSV4_WF_BF16, 0, 4, 2, 8, 64, 32);
+    test_moe_experts("odd", DSV4_WF_FP8, DSV4_WF_BF16, 1, 6, 2, 5, 200, 72);
+    test_moe_experts("T=1", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 0, 1, 6, 32, 1024, 512);
+    {
+        int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
+        test_attn_index(4, 8, 4, 16, p0a, na);
+        test_attn_index(4, 8, 128, 16, p0a, na);
+        test_attn_index(4, 8, 0, 16, p0a, na);
+        int p0b[3] = {10, 0, 0}, nb[3] = {40, 17, 0}; /* prefill chunks longer than the window */
+        test_attn_index(3, 16, 4, 32, p0b, nb);
+        test_attn_index(3, 16, 16, 32, p0b, nb);
+    }
+
+checks_done:
     printf("%d checks, %d failed\n", g_checks, g_fail);
 
     if (bench) {
-        bench_linear("wq_b (q_lora -> H*Dh)", DSV4_WF_FP8, 32768, 1024, 1, 1);
-        bench_linear("wq_b", DSV4_WF_FP8, 32768, 1024, 4, 1);
-        bench_linear("wq_b", DSV4_WF_FP8, 32768, 1024, 8, 1);
-        bench_linear("dim x 8192", DSV4_WF_FP8, 4096, 8192, 1, 1);
-        bench_linear("8 experts w1 stacked", DSV4_WF_MXFP4, 16384, 4096, 1, 0);
-        bench_linear("8 experts w1 stacked", DSV4_WF_MXFP4, 16384, 4096, 4, 0);
-        bench_linear("one expert w1", DSV4_WF_MXFP4, 2048, 4096, 1, 0);
-        bench_linear("8 experts w1 stacked", DSV4_WF_NVFP4, 16384, 4096, 1, 0);
-        bench_linear("4096^2", DSV4_WF_BF16, 4096, 4096, 1, 0);
-        bench_linear("4096^2", DSV4_WF_BF16, 4096, 4096, 8, 0);
-        bench_linear("prefill", DSV4_WF_FP8, 4096, 4096, 512, 1);
-        bench_linear("prefill", DSV4_WF_MXFP4, 2048, 4096, 512, 0);
-        int nv[1] = {640}, nv8[8] = {640, 640, 640, 640, 640, 640, 640, 640};
-        test_attn(1, 64, 512, 100000, 640, nv, 1);
-        test_attn(8, 64, 512, 100000, 640, nv8, 1);
+        /* Flash (dim 4096, q_lora 1024, 64 x 512 heads, expert 2048) and Pro (dim 7168, q_lora 1536, 128 heads,
+         * expert 3072) decode shapes; FP4 experts take 1..8 rows each */
+        static const int T16[6] = {1, 2, 4, 8, 12, 16}, T8[4] = {1, 2, 4, 8}, T1[2] = {1, 4};
+        bench_copy();
+        bench_linear("wq_b Flash", DSV4_WF_FP8, 32768, 1024, T16, 6, 1);
+        bench_linear("wq_a Flash", DSV4_WF_FP8, 1024, 4096, T16, 6, 1);
+        bench_linear("wkv Flash", DSV4_WF_FP8, 512, 4096, T8, 4, 1);
+        bench_linear("wo_b Flash", DSV4_WF_FP8, 4096, 8192, T16, 6, 1);
+        bench_linear("shared w1/w3 Flash", DSV4_WF_FP8, 2048, 4096, T8, 4, 1);
+        bench_linear("shared w2 Flash", DSV4_WF_FP8, 4096, 2048, T8, 4, 1);
+        bench_linear("wq_b Pro", DSV4_WF_FP8, 65536, 1536, T16, 6, 1);
+        bench_linear("wo_b Pro", DSV4_WF_FP8, 7168, 16384, T8, 4, 1);
+        bench_linear("expert w1 Flash", DSV4_WF_MXFP4, 2048, 4096, T8, 4, 0);
+        bench_linear("expert w2 Flash", DSV4_WF_MXFP4, 4096, 2048, T8, 4, 0);
+        bench_linear("expert w1 Flash", DSV4_WF_NVFP4, 2048, 4096, T8, 4, 0);
+        bench_linear("expert w1 Pro", DSV4_WF_MXFP4, 3072, 7168, T8, 4, 0);
+        bench_linear("8 experts w1 stacked", DSV4_WF_MXFP4, 16384, 4096, T8, 4, 0);
+        bench_linear("head Flash", DSV4_WF_BF16, 129280, 4096, T1, 2, 0);
+        bench_linear("hc fn Flash", DSV4_WF_F32, 24, 16384, T1, 1, 0);
+        static const int TP[2] = {512, 2048};
+        bench_linear("prefill", DSV4_WF_FP8, 4096, 4096, TP, 2, 1);
+        bench_linear("prefill wq_b Flash", DSV4_WF_FP8, 32768, 1024, TP + 1, 1, 1);
+        bench_linear("prefill", DSV4_WF_MXFP4, 2048, 4096, TP, 1, 0);
+        if (!only_lin) {
+            int nv[1] = {640}, nv8[8] = {640, 640, 640, 640, 640, 640, 640, 640};
+            test_attn(1, 64, 512, 100000, 640, nv, 1);
+            test_attn(8, 64, 512, 100000, 640, nv8, 1);
+        }
     }
     return g_fail ? 1 : 0;
 }
