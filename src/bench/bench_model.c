@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../cuda/kv_cache.h"
 #include "../io/safetensors.h"
 
 /* ---- shapes (spec 1.1) ------------------------------------------------------------------------ */
@@ -258,7 +259,8 @@ double dsv4_bench_kv_bytes(const dsv4_bench_shape *s, int l, long ctx, double *e
     } else if (r > 0) {
         ne += (double)(ctx / r);
     }
-    if (engine_bytes) *engine_bytes = ne * s->head_dim * 4.0 + nk * s->idx_dim * 4.0;
+    /* the engine's cache: attention rows in the stored format of kv_cache.h, indexer keys still fp32 */
+    if (engine_bytes) *engine_bytes = ne * (double)dsv4_kv_row_bytes(s->head_dim, s->rope_dim) + nk * s->idx_dim * 4.0;
     return ne * entry + nk * ikey;
 }
 

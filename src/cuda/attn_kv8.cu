@@ -8,8 +8,6 @@
  * by one thread per output dim. Splits of one query are merged by attn_kv8_combine in split order.
  * Every sum has a fixed order that depends only on the query's own list, so results are batch
  * invariant and repeatable. */
-#include <cuda_bf16.h>
-
 #include "common.cuh"
 #include "kv_cache.cuh"
 

@@ -60,12 +60,12 @@ int dsv4_cuda_decode_replay_ms(dsv4_cuda_model *g, int batch, int iters, double 
 
 /* ---- device-side sequence state and batches (shared by the host code and the kernels) ---- */
 
-/* One layer of one sequence (device pointers; NULL where the layer has no such part). The caches are
- * rows of floats today; a later cache format (FP8 kv, FP4 indexer keys) changes the row layout here and
- * in the kernels that read or write rows (seq_ops.cu, attn.cu, indexer scores in forward_ops.cu). */
+/* One layer of one sequence (device pointers; NULL where the layer has no such part). The attention cache
+ * holds rows in the stored format of kv_cache.h (FP8 non-rope dims + e8m0 scales, bf16 rope dims); the
+ * indexer keys are still fp32 rows (their FP4 format would change ibuf here and the indexer scores). */
 typedef struct dsv4_cuda_lstate {
-    float *abuf;      /* [W + capacity / ratio, head_dim]: window ring (position p in slot p mod W), then the
-                       * compressed entries (entry w in row W + w) */
+    uint8_t *abuf;    /* [W + capacity / ratio] rows of dsv4_kv_row_bytes(head_dim, rope_head_dim) bytes: window
+                       * ring (position p in slot p mod W), then the compressed entries (entry w in row W + w) */
     float *ibuf;      /* [capacity / 4, index_head_dim]: indexer keys (ratio 4 layers) */
     float *ckv, *csc; /* attention compressor's pending rows [c*m, c*d] (score -inf = empty) */
     float *ikv, *isc; /* the indexer compressor's */
@@ -129,19 +129,19 @@ int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int maxlist, cons
 int dsv4_cuda_cmp_batch(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
                         const float *ape, int mr, int d, int overlap, float *ent, int *rpos, void *stream);
 /* The finished entries of the tokens that closed a window go to their sequence's cache: entry
- * w = (pos + 1) / m - 1 to abuf row W + w (which 0) or ibuf row w (which 1). */
-int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, const float *ent, int mr, int d, int W,
+ * w = (pos + 1) / m - 1 to abuf row W + w, packed (which 0; R = the rope dims), or ibuf row w (which 1). */
+int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, const float *ent, int mr, int d, int R, int W,
                         void *stream);
-/* Window ring: kv row t goes to slot pos mod W of its sequence's ring when pos is among the last W
- * positions of the slot's chunk. */
-int dsv4_cuda_ring_store(const dsv4_cuda_batch *b, int L, const float *kv, int W, int Dh, void *stream);
+/* Window ring: kv row t (FP8-simulated non-rope dims) is packed into slot pos mod W of its sequence's ring
+ * when pos is among the last W positions of the slot's chunk. */
+int dsv4_cuda_ring_store(const dsv4_cuda_batch *b, int L, const float *kv, int W, int Dh, int R, void *stream);
 /* Attention index lists of layer L, idx [T, nidx]: the window (positions max(0, p-W+1) .. p in order:
  * ring slot pp mod W for positions before the slot's chunk, -(row of the chunk's own kv) - 2 for the
  * chunk's), then the compressed entries W + w: ratio 4: w = sel[t, i] for i < nsel[t] (sel [T, ksel]);
  * other ratios > 0: every w < (pos + 1) / ratio; then -1 up to nidx. qbase[t] = the sequence's abuf
  * (NULL for idle rows, whose lists are all -1). Twin: the list loop of dsv4_attention_fwd. */
 int dsv4_cuda_attn_index(const dsv4_cuda_batch *b, int L, int W, int ratio, const int *sel, const int *nsel, int ksel,
-                         int nidx, int *idx, const float **qbase, void *stream);
+                         int nidx, int *idx, const uint8_t **qbase, void *stream);
 /* The device lengths: len = p0 + n of every slot with tokens (idempotent, so a graph replay of the same
  * step leaves the same length). */
 int dsv4_cuda_seq_advance(const dsv4_cuda_batch *b, void *stream);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "gpu_internal.h"
+#include "kv_cache.h"
 
 /* ---- errors: they name the file and line; DSV4_CUDA_DEBUG=1 synchronizes after every op (outside
  * graph capture) so that an asynchronous fault is reported where it happened ---- */
@@ -85,6 +86,10 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     w->tkscratch = take(base, &o, 8 * (has_idx ? qg * nl : 1));
     w->keys = take(base, &o, sizeof(void *) * NL * t);
     w->qbase = take(base, &o, sizeof(void *) * t);
+    {
+        size_t na = dsv4_cuda_attn_kv8_scratch(t < GW_ATTN ? (int)t : GW_ATTN, H, Dh, (int)nidx);
+        w->ascr = take(base, &o, sizeof(float) * (na ? na : 1));
+    }
     w->plan.nact = take(base, &o, sizeof(int));
     w->plan.act_e = take(base, &o, sizeof(int) * E);
     w->plan.act_off = take(base, &o, sizeof(int) * E);
@@ -153,7 +158,7 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
     } else {
         CK(dsv4_cuda_act_quant_fp8(w->ent, T, d - R, d, 64, g->stream));
     }
-    CK(dsv4_cuda_cmp_store(b, L, which, w->ent, mr, d, c->window_size, g->stream));
+    CK(dsv4_cuda_cmp_store(b, L, which, w->ent, mr, d, R, c->window_size, g->stream));
     return 0;
 }
 
@@ -201,12 +206,17 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
 
     /* index lists (window, then entries), attention, inverse RoPE */
     CK(dsv4_cuda_attn_index(b, L, W, ly->ratio, ly->ratio == 4 ? w->sel : NULL, w->nsel, topk, gl->nidx, w->idx, w->qbase, st));
-    CK(dsv4_cuda_sparse_attn2(w->q, T, H, Dh, w->qbase, w->kv, Dh, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
-                              w->o, st));
+    /* over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per call bound the split partials
+     * (a row's result does not depend on the rows beside it) */
+    for (int t0 = 0; t0 < T; t0 += GW_ATTN) {
+        int tn = T - t0 < GW_ATTN ? T - t0 : GW_ATTN;
+        CK(dsv4_cuda_attn_kv8(w->q + (size_t)t0 * H * Dh, tn, H, Dh, R, w->qbase + t0, w->kv, w->idx + (size_t)t0 * gl->nidx,
+                              gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh), w->o + (size_t)t0 * H * Dh, w->ascr, st));
+    }
     CK(dsv4_cuda_rope(w->o, T, H, Dh, R / 2, gl->rope_freq, b->pos, 1, st));
 
     /* the pass's raw kv into each sequence's window ring (after attention read the older rows) */
-    CK(dsv4_cuda_ring_store(b, L, w->kv, W, Dh, st));
+    CK(dsv4_cuda_ring_store(b, L, w->kv, W, Dh, R, st));
 
     /* grouped output projection */
     const int gin = H / G * Dh;

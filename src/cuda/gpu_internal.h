@@ -43,7 +43,9 @@ typedef struct gws {
     float *lgE, *ew, *gg, *uu, *ye, *hs, *ys, *hy, *hrow, *logits;
     int *rpos, *sel, *nsel, *idx, *rsel, *nc4, *nl4;
     void *tkscratch; /* the top-k's tie path: qg rows of capacity / 4 (value, index) pairs */
-    const float **keys, **qbase;
+    const float **keys;
+    const uint8_t **qbase; /* [T] the attention cache (abuf) of each row's sequence */
+    float *ascr;           /* attention split partials (dsv4_cuda_attn_kv8) for up to GW_ATTN rows */
     dsv4_cuda_moe_plan plan;
 } gws;
 
@@ -51,6 +53,8 @@ typedef struct gws {
 typedef struct gstepl {
     size_t tok, pos, sid, p0, n, off, cend, pe, sq, bytes;
 } gstepl;
+
+#define GW_ATTN 64 /* attention rows per call (bounds ascr) */
 
 #define GB_N 9     /* decode buckets 1, 2, 4, .. 256 */
 #define GB_MAX 256

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "gpu_internal.h"
+#include "kv_cache.h"
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
@@ -26,12 +27,13 @@ static size_t layout(const dsv4_cuda_model *g, uint8_t *base, dsv4_cuda_seqdev *
     const int NL = c->n_layers, W = c->window_size, cap = g->cap;
     size_t o = al256(sizeof(dsv4_cuda_seqdev)) + al256(sizeof(dsv4_cuda_lstate) * (size_t)NL);
 #define TAKE(ptr, nfloats) do { size_t nb_ = sizeof(float) * (size_t)(nfloats); if (base) (ptr) = (float *)(base + o); o += al256(nb_); } while (0)
+#define TAKEB(ptr, nbytes) do { size_t nb_ = (size_t)(nbytes); if (base) (ptr) = base + o; o += al256(nb_); } while (0)
     int k = 0;
     for (int L = 0; L < NL; L++) {
         const dsv4_layer *ly = &m->layers[L];
         dsv4_cuda_lstate st = {0};
         size_t rows = (size_t)W + (ly->ratio > 0 ? (size_t)cap / ly->ratio : 0);
-        TAKE(st.abuf, rows * c->head_dim);
+        TAKEB(st.abuf, rows * (size_t)dsv4_kv_row_bytes(c->head_dim, c->rope_head_dim));
         if (ly->ratio == 4) TAKE(st.ibuf, (size_t)(cap / 4 > 0 ? cap / 4 : 1) * c->index_head_dim);
         if (ly->ratio > 0) {
             TAKE(st.ckv, pending(&ly->cmp));
@@ -46,6 +48,7 @@ static size_t layout(const dsv4_cuda_model *g, uint8_t *base, dsv4_cuda_seqdev *
         if (base) ls[L] = st;
     }
 #undef TAKE
+#undef TAKEB
     if (base) {
         hdr->len = 0;
         hdr->capacity = cap;

@@ -2,6 +2,8 @@
 #ifndef DSV4_CUDA_KV_CACHE_CUH
 #define DSV4_CUDA_KV_CACHE_CUH
 
+#include <cuda_bf16.h>
+
 #include "common.cuh"
 #include "kv_cache.h"
 

@@ -5,6 +5,7 @@
  * device memory, so one launch shape serves every step of a decode bucket (CUDA graphs). */
 #include "common.cuh"
 #include "cuda_model.h"
+#include "kv_cache.cuh"
 
 /* the layer state of row t, or NULL for an idle row */
 __device__ __forceinline__ const dsv4_cuda_lstate *row_state(const dsv4_cuda_batch &b, int t, int L) {
@@ -113,45 +114,50 @@ extern "C" int dsv4_cuda_cmp_batch(const dsv4_cuda_batch *b, int L, int which, c
 
 /* ---- row copies into the caches: one block per row ---- */
 
-__global__ void cmp_store_kernel(dsv4_cuda_batch b, int L, int which, const float *ent, int mr, int d, int W) {
+__global__ void cmp_store_kernel(dsv4_cuda_batch b, int L, int which, const float *ent, int mr, int d, int R, int W) {
     const int t = blockIdx.x;
     const dsv4_cuda_lstate *ls = row_state(b, t, L);
     const int p = b.pos[t];
     if (!ls || (p + 1) % mr) return;
     const int w = (p + 1) / mr - 1;
-    float *dst = which ? ls->ibuf + (int64_t)w * d : ls->abuf + (int64_t)(W + w) * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = ent[(int64_t)t * d + c];
+    if (which) {
+        float *dst = ls->ibuf + (int64_t)w * d;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = ent[(int64_t)t * d + c];
+    } else if (threadIdx.x < 32) {
+        dev_kv_pack_row_warp(ent + (int64_t)t * d, d, R, ls->abuf + (int64_t)(W + w) * dsv4_kv_row_bytes(d, R));
+    }
 }
 
-extern "C" int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, const float *ent, int mr, int d, int W,
-                                   void *stream) {
-    if (mr <= 0 || d <= 0) return dsv4_cuda_fail("cmp_store: bad arguments (m %d d %d)", mr, d);
+extern "C" int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, const float *ent, int mr, int d, int R,
+                                   int W, void *stream) {
+    if (mr <= 0 || d <= 0 || (!which && (d <= R || (d - R) % 64)))
+        return dsv4_cuda_fail("cmp_store: bad arguments (m %d d %d R %d)", mr, d, R);
     if (b->T <= 0) return 0;
-    cmp_store_kernel<<<b->T, 128, 0, DSV4_STREAM(stream)>>>(*b, L, which, ent, mr, d, W);
+    cmp_store_kernel<<<b->T, which ? 128 : 32, 0, DSV4_STREAM(stream)>>>(*b, L, which, ent, mr, d, R, W);
     return dsv4_cuda_check_launch("cmp_store");
 }
 
-__global__ void ring_store_kernel(dsv4_cuda_batch b, int L, const float *kv, int W, int Dh) {
+__global__ void ring_store_kernel(dsv4_cuda_batch b, int L, const float *kv, int W, int Dh, int R) {
     const int t = blockIdx.x;
     const dsv4_cuda_lstate *ls = row_state(b, t, L);
     if (!ls) return;
     const int s = b.sid[t], p = b.pos[t];
     if (p < b.p0[s] + b.n[s] - W) return; /* a later row of the chunk takes this slot */
-    float *dst = ls->abuf + (int64_t)(p % W) * Dh;
-    for (int c = threadIdx.x; c < Dh; c += blockDim.x) dst[c] = kv[(int64_t)t * Dh + c];
+    dev_kv_pack_row_warp(kv + (int64_t)t * Dh, Dh, R, ls->abuf + (int64_t)(p % W) * dsv4_kv_row_bytes(Dh, R));
 }
 
-extern "C" int dsv4_cuda_ring_store(const dsv4_cuda_batch *b, int L, const float *kv, int W, int Dh, void *stream) {
-    if (W <= 0 || Dh <= 0) return dsv4_cuda_fail("ring_store: bad arguments (W %d Dh %d)", W, Dh);
+extern "C" int dsv4_cuda_ring_store(const dsv4_cuda_batch *b, int L, const float *kv, int W, int Dh, int R,
+                                    void *stream) {
+    if (W <= 0 || Dh <= R || (Dh - R) % 64) return dsv4_cuda_fail("ring_store: bad arguments (W %d Dh %d R %d)", W, Dh, R);
     if (b->T <= 0) return 0;
-    ring_store_kernel<<<b->T, 128, 0, DSV4_STREAM(stream)>>>(*b, L, kv, W, Dh);
+    ring_store_kernel<<<b->T, 32, 0, DSV4_STREAM(stream)>>>(*b, L, kv, W, Dh, R);
     return dsv4_cuda_check_launch("ring_store");
 }
 
 /* ---- attention index lists: one block per query row, a thread per list position ---- */
 
 __global__ void attn_index_kernel(dsv4_cuda_batch b, int L, int W, int ratio, const int *sel, const int *nsel, int ksel,
-                                  int nidx, int *idx, const float **qbase) {
+                                  int nidx, int *idx, const uint8_t **qbase) {
     const int t = blockIdx.x;
     const dsv4_cuda_lstate *ls = row_state(b, t, L);
     int *it = idx + (int64_t)t * nidx;
@@ -181,7 +187,7 @@ __global__ void attn_index_kernel(dsv4_cuda_batch b, int L, int W, int ratio, co
 }
 
 extern "C" int dsv4_cuda_attn_index(const dsv4_cuda_batch *b, int L, int W, int ratio, const int *sel, const int *nsel,
-                                    int ksel, int nidx, int *idx, const float **qbase, void *stream) {
+                                    int ksel, int nidx, int *idx, const uint8_t **qbase, void *stream) {
     if (W <= 0 || nidx < W || ratio < 0) return dsv4_cuda_fail("attn_index: bad arguments (W %d nidx %d)", W, nidx);
     if (b->T <= 0) return 0;
     attn_index_kernel<<<b->T, 128, 0, DSV4_STREAM(stream)>>>(*b, L, W, ratio, sel, nsel, ksel, nidx, idx, qbase);

@@ -772,7 +772,7 @@ static void test_attn_index(int S, int W, int ratio, int ksel, const int *p0, co
             dsv4_cuda_lstate ls[2] = {{0}};
             uint8_t *d = dsv4_cuda_alloc(256 + sizeof ls);
             hd.L = (dsv4_cuda_lstate *)(d + 256);
-            ls[L].abuf = fake + s; /* distinct per slot */
+            ls[L].abuf = (uint8_t *)(fake + s); /* distinct per slot */
             dsv4_cuda_upload(d, &hd, sizeof hd), dsv4_cuda_upload(d + 256, ls, sizeof ls);
             sq[s] = d;
         }
@@ -807,16 +807,16 @@ static void test_attn_index(int S, int W, int ratio, int ksel, const int *p0, co
     void *dsq = dup_to_dev(sq, sizeof(void *) * S);
     int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * ksel), *dnsel = dup_to_dev(nsel, sizeof(int) * T);
     int *didx = dsv4_cuda_alloc(sizeof(int) * (size_t)T * nidx);
-    const float **dqb = dsv4_cuda_alloc(sizeof(void *) * T);
+    const uint8_t **dqb = dsv4_cuda_alloc(sizeof(void *) * T);
     dsv4_cuda_batch b = {.T = T, .S = S, .tok = dtok, .pos = dpos, .sid = dsid, .p0 = dp0, .n = dn, .off = doff, .sq = dsq};
     op_ok(dsv4_cuda_attn_index(&b, L, W, ratio, ratio == 4 ? dsel : NULL, dnsel, ksel, nidx, didx, dqb, NULL), "attn_index");
     sync_ok();
     int *gi = malloc(sizeof(int) * (size_t)T * nidx);
-    const float **qb = malloc(sizeof(void *) * T);
+    const uint8_t **qb = malloc(sizeof(void *) * T);
     from_dev(gi, didx, sizeof(int) * (size_t)T * nidx);
     from_dev(qb, dqb, sizeof(void *) * T);
     for (size_t i = 0; i < (size_t)T * nidx; i++) got[i] = (float)gi[i];
-    for (int t = 0; t < T; t++) got[(size_t)T * nidx + t] = qb[t] ? (float)(qb[t] - fake) : -1.0f;
+    for (int t = 0; t < T; t++) got[(size_t)T * nidx + t] = qb[t] ? (float)((const float *)(const void *)qb[t] - fake) : -1.0f;
     char name[128];
     snprintf(name, sizeof name, "attn_index S=%d T=%d W=%d ratio=%d nidx=%d (exact)", S, T, W, ratio, nidx);
     check(name, got, ref, (size_t)T * nidx + T, 0, 0);
