@@ -63,6 +63,26 @@ enum {
 int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
                  float *logits, int mode, char *err, size_t errcap);
 
+/* Sampling parameters of one sequence for dsv4_decode_sample: the engine's sampler without penalties
+ * (src/engine/sample.h: greedy below temperature 1e-5, else temperature, min_p, top_k, top_p and the
+ * Philox-4x32-10 draw of (seed, step), step = tokens generated so far). */
+typedef struct dsv4_device_sampling {
+    float temperature, top_p, min_p;
+    int top_k;
+    uint64_t seed, step;
+} dsv4_device_sampling;
+
+/* 1 when the model's backend samples on the device (set_device "cuda"), else 0. */
+int dsv4_can_decode_sample(const dsv4_model *m);
+
+/* A decode step that also samples on the device: sequence seqs[i] takes the one token tokens[i]; next[i]
+ * gets the token drawn with sp[i] from the first n_vocab logits of its row (ids >= n_vocab, e.g. padding
+ * rows past the tokenizer's vocabulary, are never drawn). The whole step, sampling included, replays the
+ * batch bucket's CUDA graphs; only the ids come back. -1 with a message when the backend cannot sample
+ * (CPU: use dsv4_forward and the host sampler), or a row's logits are NaN, +inf or all -inf. */
+int dsv4_decode_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *tokens,
+                       const dsv4_device_sampling *sp, int n_vocab, int32_t *next, char *err, size_t errcap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -323,6 +323,23 @@ static int engine_feed(engine *E, const int32_t *t, size_t n) {
     return 0;
 }
 
+/* Feeds the one token t and samples the next one on the device (dsv4_decode_sample: the step's CUDA graphs
+ * sample too, only the id comes back); the host sampler's step numbers the draw. */
+static int engine_step_sample(engine *E, int32_t t, const dsv4_sampling *sp, const dsv4_sampler *smp, int32_t *next) {
+    char err[1024];
+    const int V = E->info.vocab_size, nv = E->tok_vocab > 0 && E->tok_vocab < V ? E->tok_vocab : V;
+    dsv4_device_sampling ds = {sp->temperature, sp->top_p, sp->min_p, sp->top_k, sp->seed, dsv4_sampler_step(smp)};
+    if (dsv4_decode_sample(E->m, 1, &E->seq, &t, &ds, nv, next, err, sizeof err)) {
+        fprintf(stderr, "dsv4 %s: %s\n", E->o->cmd, err);
+        return -1;
+    }
+    if (fed_push(E, &t, 1)) {
+        fprintf(stderr, "dsv4 %s: out of memory\n", E->o->cmd);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- output: raw text to stdout, or through the chat parser ----------------------------------- */
 
 typedef struct {
@@ -439,10 +456,17 @@ static int generate(engine *E, const int32_t *ids, size_t n, const dsv4_sampling
 
     size_t safe = 0, prev = 0;
     int stopped = 0;
+    /* on the GPU, decode steps sample on the device when no penalty needs the host's token history */
+    const int on_device = dsv4_can_decode_sample(E->m) && sp->repetition_penalty == 1.0f &&
+                          sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f;
+    int32_t next = -1; /* the token the device sampled in the last step */
     for (long step = 0; step < budget; step++) {
-        if (E->tok_vocab < V) /* rows past the tokenizer's vocabulary are padding: never sample them */
-            for (int i = E->tok_vocab; i < V; i++) E->logits[i] = -INFINITY;
-        int32_t t = dsv4_sampler_sample(smp, E->logits, &e);
+        int32_t t = next;
+        if (t < 0) {
+            if (E->tok_vocab < V) /* rows past the tokenizer's vocabulary are padding: never sample them */
+                for (int i = E->tok_vocab; i < V; i++) E->logits[i] = -INFINITY;
+            t = dsv4_sampler_sample(smp, E->logits, &e);
+        }
         if (t < 0 || dsv4_sampler_accept(smp, t, &e)) {
             fprintf(stderr, "dsv4 %s: sampling: %s\n", o->cmd, e.msg);
             goto done;
@@ -476,7 +500,7 @@ static int generate(engine *E, const int32_t *ids, size_t n, const dsv4_sampling
         sink_emit(out, text.p + safe, r.safe - safe);
         safe = r.safe;
         if (step + 1 >= budget) break;
-        if (engine_feed(E, &t, 1)) goto done;
+        if (on_device ? engine_step_sample(E, t, sp, smp, &next) : engine_feed(E, &t, 1)) goto done;
     }
     if (!stopped) { /* what the detokenizer and the stop matcher held back */
         size_t len;

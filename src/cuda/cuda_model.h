@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "cuda_backend.h"
+#include "sample_cuda.h"
 #include "dsv4.h"
 
 #ifdef __cplusplus
@@ -52,6 +53,12 @@ int dsv4_cuda_seq_device_len(const dsv4_cuda_seq *s);
  * for DSV4_LOGITS_ALL, [nseq with ntok > 0, vocab] for DSV4_LOGITS_LAST. */
 int dsv4_cuda_forward(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens,
                       const int *ntok, float *logits, int mode, char *err, size_t errcap);
+/* As dsv4_decode_sample (include/dsv4.h): one token per sequence (1 .. 256 sequences), the step's logits
+ * sampled on the device (src/cuda/sample.cu) inside the bucket's graphs; next [nseq] (host). */
+int dsv4_cuda_decode_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *tokens,
+                            const dsv4_cuda_sample_params *sp, int n_vocab, int32_t *next, char *err, size_t errcap);
+/* (returns 0; -2 when the step ran but a row's logits could not be sampled (the tokens are consumed); -1 when
+ * it failed) */
 
 /* Benchmark: replays the graphs of the last decode step of `batch` sequences `iters` times (which
  * rewrites that step's state: only for benchmarks) and gives the median milliseconds of the layers graph

@@ -22,18 +22,29 @@ static int bucket_of(int T) {
     return k;
 }
 
-static int enqueue(dsv4_cuda_model *g, int head, const gws *w, const dsv4_cuda_batch *b) {
-    return head ? gpu_run_head(g, w, b->T) : gpu_run_layers(g, w, b);
+enum { PART_LAYERS, PART_HEAD, PART_SAMPLE };
+
+static int enqueue(dsv4_cuda_model *g, int part, const gws *w, const dsv4_cuda_batch *b, int nv) {
+    if (part == PART_SAMPLE)
+        return dsv4_cuda_sample(w->logits, g->m->cfg.vocab_size, b->T, nv, g->dsp, 0, g->dids, g->stream)
+                   ? FAIL_HERE(dsv4_cuda_last_error())
+                   : 0;
+    return part == PART_HEAD ? gpu_run_head(g, w, b->T) : gpu_run_layers(g, w, b);
 }
 
-/* The layers (head 0) or the head (head 1) of a bucket's step: through its graph (captured now if it
- * does not exist yet), or launch by launch. */
-static int run_part(dsv4_cuda_model *g, gbucket *bk, int head, const gws *w, const dsv4_cuda_batch *b) {
-    void **ex = head ? &bk->head : &bk->layers;
+/* One part of a bucket's step (the layers, the head, or the sampler over the first nv logits): through its
+ * graph (captured now if it does not exist yet), or launch by launch. */
+static int run_part(dsv4_cuda_model *g, gbucket *bk, int part, const gws *w, const dsv4_cuda_batch *b, int nv) {
+    void **ex = part == PART_SAMPLE ? &bk->samp : part == PART_HEAD ? &bk->head : &bk->layers;
+    if (part == PART_SAMPLE && *ex && bk->samp_nv != nv) { /* n_vocab is an argument baked into the graph */
+        dsv4_cuda_graph_free(*ex);
+        *ex = NULL;
+    }
+    if (part == PART_SAMPLE) bk->samp_nv = nv;
     if (g->graphs && !*ex) {
         if (dsv4_cuda_capture_begin(g->stream)) return FAIL_HERE(dsv4_cuda_last_error());
         g->capturing = 1;
-        int rc = enqueue(g, head, w, b);
+        int rc = enqueue(g, part, w, b, nv);
         g->capturing = 0;
         void *e = NULL;
         int rc2 = dsv4_cuda_capture_end(g->stream, &e);
@@ -46,21 +57,21 @@ static int run_part(dsv4_cuda_model *g, gbucket *bk, int head, const gws *w, con
             dsv4_cuda_graph_free(e);
             gpu_err_clear();
             if (bk->failed > 1) g->graphs = 0;
-            return enqueue(g, head, w, b);
+            return enqueue(g, part, w, b, nv);
         }
         *ex = e;
     }
     if (g->graphs && *ex) return dsv4_cuda_graph_launch(*ex, g->stream) ? FAIL_HERE(dsv4_cuda_last_error()) : 0;
-    return enqueue(g, head, w, b);
+    return enqueue(g, part, w, b, nv);
 }
 
-int gpu_decode(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
-               float *logits, int mode) {
-    const int V = g->m->cfg.vocab_size;
+/* Fills and uploads the step input of a decode step (tokens in call order, then idle rows / slots up to the
+ * bucket), carves the bucket's workspace; *T = the call's tokens, *k = the bucket. */
+static int step_begin(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens,
+                      const int *ntok, int *Tout, int *kout, gws *w, dsv4_cuda_batch *b) {
     int T = 0;
     for (int s = 0; s < nseq; s++) T += ntok[s] > 0;
     const int k = bucket_of(T), B = 1 << k;
-    /* the step input: the tokens in call order, then idle rows / slots */
     gstepl l;
     gpu_step_layout(B, B, &l);
     uint8_t *h = g->hstep;
@@ -78,13 +89,24 @@ int gpu_decode(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const i
     for (; t < B; t++) tok[t] = pos[t] = p0[t] = n[t] = cend[t] = pe[t] = 0, sid[t] = -1, off[t] = t, sq[t] = NULL;
     g->last_bucket = -1;
     if (dsv4_cuda_upload_async(g->dstep, h, l.bytes, g->stream)) return FAIL_HERE(dsv4_cuda_last_error());
-    const dsv4_cuda_batch b = gpu_batch_at(g, B, B);
+    *b = gpu_batch_at(g, B, B);
+    gpu_ws_carve(g, B, w);
+    *Tout = T;
+    *kout = k;
+    return 0;
+}
+
+int gpu_decode(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
+               float *logits, int mode) {
+    const int V = g->m->cfg.vocab_size;
+    int T, k;
     gws w;
-    gpu_ws_carve(g, B, &w);
+    dsv4_cuda_batch b;
+    if (step_begin(g, nseq, seqs, tokens, ntok, &T, &k, &w, &b)) return -1;
     gbucket *bk = &g->bk[k];
-    if (run_part(g, bk, 0, &w, &b)) return -1;
+    if (run_part(g, bk, PART_LAYERS, &w, &b, 0)) return -1;
     if (mode != DSV4_LOGITS_NONE && logits) {
-        if (run_part(g, bk, 1, &w, &b)) return -1;
+        if (run_part(g, bk, PART_HEAD, &w, &b, 0)) return -1;
         /* the rows of the call's tokens come first: [T, V] is the answer for both ALL and LAST */
         if (dsv4_cuda_download_async(logits, w.logits, sizeof(float) * (size_t)T * V, g->stream))
             return FAIL_HERE(dsv4_cuda_last_error());
@@ -94,9 +116,47 @@ int gpu_decode(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const i
     return 0;
 }
 
+int dsv4_cuda_decode_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *tokens,
+                            const dsv4_cuda_sample_params *sp, int n_vocab, int32_t *next, char *err, size_t errcap) {
+    const int V = g->m->cfg.vocab_size;
+#define SFAIL(...) do { if (err && errcap) snprintf(err, errcap, __VA_ARGS__); return -1; } while (0)
+    if (nseq < 1 || nseq > GB_MAX) SFAIL("decode_sample: %d sequences (1 .. %d)", nseq, GB_MAX);
+    if (n_vocab < 1 || n_vocab > V) SFAIL("decode_sample: n_vocab %d outside 1 .. %d", n_vocab, V);
+    const int32_t *tp[GB_MAX];
+    int nt[GB_MAX];
+    for (int s = 0; s < nseq; s++) tp[s] = &tokens[s], nt[s] = 1;
+    gpu_err_clear();
+    int T, k;
+    gws w;
+    dsv4_cuda_batch b;
+    if (step_begin(g, nseq, seqs, tp, nt, &T, &k, &w, &b)) SFAIL("decode_sample (GPU): %s", gpu_err());
+    /* the parameters of the call's rows, then greedy idle rows (their ids are not read) */
+    const int B = 1 << k;
+    for (int t = 0; t < B; t++) g->hsp[t] = t < T ? sp[t] : (dsv4_cuda_sample_params){0.0f, 1.0f, 0.0f, 0, 0, 0};
+    gbucket *bk = &g->bk[k];
+    if (dsv4_cuda_upload_async(g->dsp, g->hsp, sizeof *g->hsp * (size_t)B, g->stream) ||
+        run_part(g, bk, PART_LAYERS, &w, &b, 0) || run_part(g, bk, PART_HEAD, &w, &b, 0) ||
+        run_part(g, bk, PART_SAMPLE, &w, &b, n_vocab) ||
+        dsv4_cuda_download_async(g->hids, g->dids, sizeof(int32_t) * (size_t)T, g->stream) ||
+        dsv4_cuda_stream_sync(g->stream))
+        SFAIL("decode_sample (GPU): %s", gpu_err()[0] ? gpu_err() : dsv4_cuda_last_error());
+    g->last_bucket = k;
+    for (int s = 0; s < nseq; s++) seqs[s]->pos += 1;
+    for (int t = 0; t < T; t++) {
+        next[t] = g->hids[t];
+        if (next[t] < 0) { /* the step itself ran: the token is consumed */
+            if (err && errcap)
+                snprintf(err, errcap, "decode_sample: sequence %d: the logits are %s", t, next[t] == -1 ? "NaN or +inf" : "all -inf");
+            return -2;
+        }
+    }
+    return 0;
+#undef SFAIL
+}
+
 int dsv4_cuda_graphs_captured(const dsv4_cuda_model *g) {
     int n = 0;
-    for (int i = 0; i < GB_N; i++) n += (g->bk[i].layers != NULL) + (g->bk[i].head != NULL);
+    for (int i = 0; i < GB_N; i++) n += (g->bk[i].layers != NULL) + (g->bk[i].head != NULL) + (g->bk[i].samp != NULL);
     return n;
 }
 

@@ -61,6 +61,8 @@ typedef struct gstepl {
 
 typedef struct gbucket {
     void *layers, *head; /* executable graphs (NULL until first use) */
+    void *samp;          /* the device sampler over the head's logits (n_vocab is baked in: samp_nv) */
+    int samp_nv;
     int failed;          /* captures of this bucket that failed */
 } gbucket;
 
@@ -84,6 +86,8 @@ struct dsv4_cuda_model {
     int capturing;
     gbucket bk[GB_N];
     int last_bucket;       /* bucket of the last decode step (-1: none) */
+    dsv4_cuda_sample_params *dsp, *hsp; /* [GB_MAX] sampling parameters of a step: device, pinned host */
+    int32_t *dids, *hids;               /* [GB_MAX] sampled ids: device, pinned host */
 };
 
 struct dsv4_cuda_seq {

@@ -292,7 +292,10 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
         gpu_step_layout(g->tmax, g->tmax, &l);
         g->step_bytes = l.bytes;
         if (!(g->arena = dalloc(g, gpu_ws_bytes(g, g->tmax))) || !(g->dstep = dalloc(g, g->step_bytes)) ||
-            !(g->hstep = dsv4_cuda_host_alloc(g->step_bytes)))
+            !(g->hstep = dsv4_cuda_host_alloc(g->step_bytes)) ||
+            !(g->dsp = dalloc(g, sizeof(dsv4_cuda_sample_params) * GB_MAX)) ||
+            !(g->hsp = dsv4_cuda_host_alloc(sizeof(dsv4_cuda_sample_params) * GB_MAX)) ||
+            !(g->dids = dalloc(g, sizeof(int32_t) * GB_MAX)) || !(g->hids = dsv4_cuda_host_alloc(sizeof(int32_t) * GB_MAX)))
             rc = -1;
     }
     if (rc) {
@@ -312,11 +315,14 @@ void dsv4_cuda_set_graphs(dsv4_cuda_model *g, int on) { g->graphs = on != 0; }
 void dsv4_cuda_model_free(dsv4_cuda_model *g) {
     if (!g) return;
     if (g->stream) dsv4_cuda_stream_sync(g->stream);
-    for (int i = 0; i < GB_N; i++) dsv4_cuda_graph_free(g->bk[i].layers), dsv4_cuda_graph_free(g->bk[i].head);
+    for (int i = 0; i < GB_N; i++)
+        dsv4_cuda_graph_free(g->bk[i].layers), dsv4_cuda_graph_free(g->bk[i].head), dsv4_cuda_graph_free(g->bk[i].samp);
     if (g->L)
         for (int L = 0; L < g->m->cfg.n_layers; L++) dsv4_cuda_experts_free(&g->L[L].ex);
     for (int i = 0; i < g->nbufs; i++) dsv4_cuda_free(g->bufs[i]);
     dsv4_cuda_host_free(g->hstep);
+    dsv4_cuda_host_free(g->hsp);
+    dsv4_cuda_host_free(g->hids);
     dsv4_cuda_stream_free(g->stream);
     free(g->L);
     free(g->bufs);

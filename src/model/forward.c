@@ -173,3 +173,44 @@ out:
     free(b.off), free(b.n), free(b.pos0), free(b.tok), free(b.pos), free(b.sid);
     return rc;
 }
+
+int dsv4_can_decode_sample(const dsv4_model *m) {
+#ifdef DSV4_CUDA
+    return m && m->gpu != NULL;
+#else
+    (void)m;
+    return 0;
+#endif
+}
+
+int dsv4_decode_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *tokens,
+                       const dsv4_device_sampling *sp, int n_vocab, int32_t *next, char *err, size_t errcap) {
+#ifdef DSV4_CUDA
+    if (!m || !m->gpu) {
+        if (err && errcap) snprintf(err, errcap, "decode_sample: the model does not sample on a device (use dsv4_forward)");
+        return -1;
+    }
+    if (nseq < 1 || nseq > 256 || !tokens || !sp || !next) {
+        if (err && errcap) snprintf(err, errcap, "decode_sample: %d sequences (1 .. 256) with tokens, parameters and output", nseq);
+        return -1;
+    }
+    const int32_t *tp[256];
+    int nt[256];
+    dsv4_cuda_seq *gs[256];
+    dsv4_cuda_sample_params p[256];
+    for (int s = 0; s < nseq; s++) tp[s] = &tokens[s], nt[s] = 1;
+    if (dsv4_check_request(m, nseq, seqs, tp, nt, err, errcap) < 0) return -1;
+    for (int s = 0; s < nseq; s++) {
+        gs[s] = seqs[s]->gpu;
+        p[s] = (dsv4_cuda_sample_params){sp[s].temperature, sp[s].top_p, sp[s].min_p, sp[s].top_k, sp[s].seed, sp[s].step};
+    }
+    int rc = dsv4_cuda_decode_sample(m->gpu, nseq, gs, tokens, p, n_vocab, next, err, errcap);
+    if (rc == 0 || rc == -2)
+        for (int s = 0; s < nseq; s++) seqs[s]->pos += 1;
+    return rc == 0 ? 0 : -1;
+#else
+    (void)m, (void)nseq, (void)seqs, (void)tokens, (void)sp, (void)n_vocab, (void)next;
+    if (err && errcap) snprintf(err, errcap, "decode_sample: this build has only the cpu backend (use dsv4_forward)");
+    return -1;
+#endif
+}

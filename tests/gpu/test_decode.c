@@ -6,8 +6,12 @@
  *      (bucket 4, one idle slot), of 5 (bucket 8, three idle slots) and of 8, with the other sequences
  *      at other positions;
  *   3. the device's sequence lengths equal the host's; a request past the context capacity
- *      (dsv4_set_max_context) is refused and leaves the sequence untouched.
+ *      (dsv4_set_max_context) is refused and leaves the sequence untouched;
+ *   4. sampling inside the step (dsv4_decode_sample): the ids equal the CPU sampler (src/engine/sample.c)
+ *      on the logits of the same step of an identical sequence, greedy and seeded temperature / top-k /
+ *      top-p / min-p, with the last ids of the vocabulary masked, with graphs and without.
  * usage: test_decode MODEL_DIR...   exit 1 on any failure */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +19,7 @@
 
 #include "cuda/cuda_model.h"
 #include "dsv4.h"
+#include "engine/sample.h"
 #include "model/state.h"
 
 static int g_fail, g_checks;
@@ -87,6 +92,48 @@ static void same(const char *fx, const char *what, const float *a, const float *
     report(i == n, line);
 }
 
+/* Two identical sequences fed the same prompt; per step one goes through dsv4_forward + the CPU sampler,
+ * the other through dsv4_decode_sample; both then take the CPU's token. */
+static void test_sampling(dsv4_model *m, const char *fx, int graphs, const dsv4_sampling *sp, const char *what) {
+    char err[1024], line[512];
+    const dsv4_info info = dsv4_model_info(m);
+    const int V = info.vocab_size, nv = V - 3, P = info.max_context / 4, steps = 10;
+    dsv4_cuda_set_graphs(m->gpu, graphs);
+    dsv4_seq *a = dsv4_seq_new(m), *b = dsv4_seq_new(m);
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    dsv4_sampler *smp = NULL;
+    dsv4_err e = {{0}};
+    int ok = a && b && prompt && lg && !dsv4_sampler_init(&smp, sp, V, &e), diff = 0;
+    for (int i = 0; ok && i < P; i++) prompt[i] = tok_at(99, i, V);
+    const int32_t *tp = prompt;
+    int nt = P - 1;
+    ok = ok && !dsv4_forward(m, 1, &a, &tp, &nt, NULL, DSV4_LOGITS_NONE, err, sizeof err) &&
+         !dsv4_forward(m, 1, &b, &tp, &nt, NULL, DSV4_LOGITS_NONE, err, sizeof err);
+    int32_t t = prompt[P - 1];
+    for (int k = 0; ok && k < steps; k++) {
+        const int32_t *t1 = &t;
+        int one = 1;
+        dsv4_device_sampling ds = {sp->temperature, sp->top_p, sp->min_p, sp->top_k, sp->seed, dsv4_sampler_step(smp)};
+        int32_t gid = -1;
+        ok = !dsv4_forward(m, 1, &a, &t1, &one, lg, DSV4_LOGITS_LAST, err, sizeof err) &&
+             !dsv4_decode_sample(m, 1, &b, &t, &ds, nv, &gid, err, sizeof err);
+        if (!ok) break;
+        for (int i = nv; i < V; i++) lg[i] = -INFINITY;
+        int32_t cid = dsv4_sampler_sample(smp, lg, &e);
+        ok = cid >= 0 && !dsv4_sampler_accept(smp, cid, &e);
+        diff += gid != cid;
+        t = cid;
+    }
+    ok = ok && dsv4_seq_pos(a) == dsv4_seq_pos(b) && dsv4_cuda_seq_device_len(b->gpu) == dsv4_seq_pos(b);
+    snprintf(line, sizeof line, "%s: device sampling (%s, graphs %s): %d steps, %d ids differ from the CPU sampler%s%s", fx,
+             what, graphs ? "on" : "off", steps, diff, ok ? "" : ": ", ok ? "" : err[0] ? err : e.msg);
+    report(ok && diff == 0, line);
+    dsv4_sampler_free(smp);
+    dsv4_seq_free(a), dsv4_seq_free(b);
+    free(prompt), free(lg);
+}
+
 static int test_model(const char *dir) {
     char err[1024];
     const char *fx = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
@@ -119,6 +166,17 @@ static int test_model(const char *dir) {
         int ng = dsv4_cuda_graphs_captured(m->gpu);
         snprintf(line, sizeof line, "%s: %d decode graphs captured (buckets 1, 4, 8: layers + head)", fx, ng);
         report(ng == 6, line);
+    }
+    {
+        dsv4_sampling sp;
+        dsv4_sampling_defaults(&sp);
+        sp.temperature = 0;
+        test_sampling(m, fx, 1, &sp, "greedy");
+        sp.temperature = 0.8f, sp.top_p = 0.9f, sp.seed = 7;
+        test_sampling(m, fx, 1, &sp, "T 0.8 top_p 0.9");
+        sp.temperature = 1.0f, sp.top_p = 1.0f, sp.top_k = 20, sp.min_p = 0.05f, sp.seed = 12345;
+        test_sampling(m, fx, 1, &sp, "top_k 20 min_p 0.05");
+        test_sampling(m, fx, 0, &sp, "top_k 20 min_p 0.05");
     }
     if (!rc) {
         char w[128];
