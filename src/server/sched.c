@@ -10,7 +10,10 @@
  *      in the batch, so a request is computed the same way under any load;
  *   4. one dsv4_forward call (LOGITS_LAST), then each request that finished its prompt or decoded a
  *      token samples with its own sampler (seeded Philox: depends on seed + step only), detokenizes,
- *      scans stop strings and appends the text it may emit to its output queue.
+ *      scans stop strings and appends the text it may emit to its output queue. On the GPU, a step of
+ *      decoding requests only, none of which needs the host's logits (logprobs), token history
+ *      (penalties) or a forced tool-call opening, samples on the device instead (dsv4_decode_sample: the
+ *      same algorithm and draw, inside the step's CUDA graphs; only the ids come back).
  * Since a sequence's logits do not depend on the rest of the batch, a seeded request returns the same
  * text whatever runs beside it. */
 #include <math.h>
@@ -59,6 +62,8 @@ struct srv_sched {
     dsv4_seq **bseq;
     const int32_t **btok;
     int *bn, *bslot;
+    int32_t *dtok, *dids;      /* device-sampled steps: the tokens fed, the ids drawn */
+    dsv4_device_sampling *dsp; /* and the parameters of each sequence */
 };
 
 double srv_now(void) {
@@ -206,18 +211,20 @@ static void slot_end(srv_sched *S, int i, srv_finish f) {
     slot_release(S, i, f, stop_index, NULL);
 }
 
-/* Samples the next token of slot i from logits row; returns 1 when the slot was released. */
-static int slot_sample(srv_sched *S, int i, float *row) {
+/* Samples the next token of slot i from logits row (or takes dev_id >= 0, drawn on the device); returns 1
+ * when the slot was released. */
+static int slot_sample(srv_sched *S, int i, float *row, int32_t dev_id) {
     slot *s = &S->slots[i];
     srv_req *r = s->r;
     dsv4_err e = {{0}};
-    for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding rows: never sampled */
+    if (row)
+        for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding rows: never sampled */
     /* tool_choice: the answer opens a tool call; chat mode from the first token, thinking mode once
      * the reasoning has closed */
     if (r->n_force && !s->forcing && s->n_forced == 0 &&
         (r->mode != DSV4_CHAT_THINKING || (s->text.p && memmem(s->text.p, s->text.n, "</think>", 8))))
         s->forcing = 1;
-    int32_t t = s->forcing ? r->force[s->n_forced++] : dsv4_sampler_sample(s->smp, row, &e);
+    int32_t t = s->forcing ? r->force[s->n_forced++] : dev_id >= 0 ? dev_id : dsv4_sampler_sample(s->smp, row, &e);
     if (s->forcing && s->n_forced == r->n_force) s->forcing = 0;
     if (t < 0 || dsv4_sampler_accept(s->smp, t, &e)) {
         slot_release(S, i, SRV_FIN_ERROR, -1, e.msg);
@@ -338,7 +345,18 @@ static void *engine_main(void *arg) {
             prefills++;
         }
         for (int b = 0; b < nb; b++) ntok += S->bn[b];
-        if (dsv4_forward(S->m, nb, S->bseq, S->btok, S->bn, S->logits, DSV4_LOGITS_LAST, err, sizeof err)) {
+        /* sampling on the device: decoding requests only, none needing the host's logits or history */
+        int on_dev = !prefills && nb > 0 && nb <= 256 && dsv4_can_decode_sample(S->m);
+        for (int b = 0; b < nb && on_dev; b++) {
+            const slot *s = &S->slots[S->bslot[b]];
+            const dsv4_sampling *p = &s->r->sp;
+            on_dev = !s->r->logprobs && !s->r->n_force && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+                     p->frequency_penalty == 0.0f;
+            S->dtok[b] = s->last;
+            S->dsp[b] = (dsv4_device_sampling){p->temperature, p->top_p, p->min_p, p->top_k, p->seed, dsv4_sampler_step(s->smp)};
+        }
+        if (on_dev ? dsv4_decode_sample(S->m, nb, S->bseq, S->dtok, S->dsp, S->tok_vocab, S->dids, err, sizeof err)
+                   : dsv4_forward(S->m, nb, S->bseq, S->btok, S->bn, S->logits, DSV4_LOGITS_LAST, err, sizeof err)) {
             fprintf(stderr, "dsv4 serve: forward failed: %s\n", err);
             for (int b = nb - 1; b >= 0; b--) S->slots[S->bslot[b]].chunk = -1;
             for (int i = S->n_slots - 1; i >= 0; i--)
@@ -364,7 +382,7 @@ static void *engine_main(void *arg) {
                 if (s->n_fed < s->r->n_prompt) continue;
                 srv_metrics_tokens(s->r->n_prompt, 0);
             }
-            slot_sample(S, i, S->logits + (size_t)b * S->V);
+            slot_sample(S, i, on_dev ? NULL : S->logits + (size_t)b * S->V, on_dev ? S->dids[b] : -1);
         }
         for (int i = 0; i < S->n_slots; i++) used += dsv4_seq_pos(S->slots[i].seq);
         pthread_mutex_lock(&S->mu);
@@ -405,7 +423,11 @@ srv_sched *srv_sched_new(dsv4_model *m, const dsv4_tok *tok, const srv_config *c
     S->btok = calloc((size_t)n, sizeof *S->btok);
     S->bn = calloc((size_t)n, sizeof *S->bn);
     S->bslot = calloc((size_t)n, sizeof *S->bslot);
-    if (!S->wait || !S->slots || !S->logits || !S->bseq || !S->btok || !S->bn || !S->bslot) {
+    S->dtok = calloc((size_t)n, sizeof *S->dtok);
+    S->dids = calloc((size_t)n, sizeof *S->dids);
+    S->dsp = calloc((size_t)n, sizeof *S->dsp);
+    if (!S->wait || !S->slots || !S->logits || !S->bseq || !S->btok || !S->bn || !S->bslot || !S->dtok || !S->dids ||
+        !S->dsp) {
         snprintf(err, errcap, "out of memory");
         srv_sched_free(S);
         return NULL;
@@ -491,6 +513,9 @@ void srv_sched_free(srv_sched *S) {
     free(S->btok);
     free(S->bn);
     free(S->bslot);
+    free(S->dtok);
+    free(S->dids);
+    free(S->dsp);
     free(S);
 }
 
