@@ -259,8 +259,9 @@ double dsv4_bench_kv_bytes(const dsv4_bench_shape *s, int l, long ctx, double *e
     } else if (r > 0) {
         ne += (double)(ctx / r);
     }
-    /* the engine's cache: attention rows in the stored format of kv_cache.h, indexer keys still fp32 */
-    if (engine_bytes) *engine_bytes = ne * (double)dsv4_kv_row_bytes(s->head_dim, s->rope_dim) + nk * s->idx_dim * 4.0;
+    /* the engine's caches: attention entries and indexer keys in the stored formats of kv_cache.h (padded rows) */
+    if (engine_bytes)
+        *engine_bytes = ne * (double)dsv4_kv_row_bytes(s->head_dim, s->rope_dim) + nk * (double)dsv4_ikey_row_bytes(s->idx_dim);
     return ne * entry + nk * ikey;
 }
 

@@ -517,7 +517,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
                    R->batch / R->proj_step);
         }
         printf("(experts: expected distinct routed experts per layer, E(1-(1-6/E)^B); kv in the reference's cache\n"
-               " formats, the engine's fp32 caches read %.1fx that; full: (layers ms / %d) x %d + head ms)\n",
+               " formats, the engine's caches (kv_cache.h: padded rows) read %.2fx that; full: (layers ms / %d) x %d + head ms)\n",
                nres && res[0].bytes_kv > 0 ? res[0].kv_engine / res[0].bytes_kv : 0, N, s.n_layers_full);
     }
     dsv4_free(m);

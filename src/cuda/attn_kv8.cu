@@ -27,6 +27,21 @@ __global__ void kv_pack_kernel(const float *src, int64_t sld, int n, int Dh, int
     dev_kv_pack_row_warp(src + (int64_t)r * sld, Dh, R, dst + (int64_t)to * rb);
 }
 
+__global__ void ikey_pack_kernel(const float *src, int64_t sld, int n, int Di, uint8_t *dst, int64_t rb, const int *rows) {
+    int r = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (r >= n) return;
+    int to = rows ? rows[r] : r;
+    if (to < 0) return;
+    dev_ikey_pack_row_warp(src + (int64_t)r * sld, Di, dst + (int64_t)to * rb);
+}
+
+extern "C" int dsv4_cuda_ikey_pack(const float *src, int64_t sld, int n, int Di, uint8_t *dst, const int *rows, void *stream) {
+    if (n < 0 || Di <= 0 || Di % 32 || sld < Di) return dsv4_cuda_fail("ikey_pack: bad shape (n %d Di %d)", n, Di);
+    if (!n) return 0;
+    ikey_pack_kernel<<<(n + 7) / 8, 256, 0, DSV4_STREAM(stream)>>>(src, sld, n, Di, dst, dsv4_ikey_row_bytes(Di), rows);
+    return dsv4_cuda_check_launch("ikey_pack");
+}
+
 __global__ void kv_unpack_kernel(const uint8_t *src, int n, int Dh, int R, int64_t rb, float *dst, int64_t dld) {
     int r = blockIdx.x;
     for (int d = threadIdx.x; d < Dh; d += blockDim.x) dst[(int64_t)r * dld + d] = dev_kv_at(src + (int64_t)r * rb, Dh, R, d);

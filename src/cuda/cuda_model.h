@@ -69,11 +69,11 @@ int dsv4_cuda_decode_replay_ms(dsv4_cuda_model *g, int batch, int iters, double 
 
 /* One layer of one sequence (device pointers; NULL where the layer has no such part). The attention cache
  * holds rows in the stored format of kv_cache.h (FP8 non-rope dims + e8m0 scales, bf16 rope dims); the
- * indexer keys are still fp32 rows (their FP4 format would change ibuf here and the indexer scores). */
+ * indexer keys are rows of dsv4_ikey_row_bytes(index_head_dim) bytes (FP4 e2m1 + e8m0 per 32, kv_cache.h). */
 typedef struct dsv4_cuda_lstate {
     uint8_t *abuf;    /* [W + capacity / ratio] rows of dsv4_kv_row_bytes(head_dim, rope_head_dim) bytes: window
                        * ring (position p in slot p mod W), then the compressed entries (entry w in row W + w) */
-    float *ibuf;      /* [capacity / 4, index_head_dim]: indexer keys (ratio 4 layers) */
+    uint8_t *ibuf;    /* [capacity / 4] indexer-key rows (ratio 4 layers) */
     float *ckv, *csc; /* attention compressor's pending rows [c*m, c*d] (score -inf = empty) */
     float *ikv, *isc; /* the indexer compressor's */
 } dsv4_cuda_lstate;
@@ -108,10 +108,11 @@ int dsv4_cuda_copy(void *dst, const void *src, size_t bytes, void *stream);
 /* rows x n floats from src (row stride sld) to dst (row stride dld) */
 int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64_t sld, int rows, int n, void *stream);
 /* Indexer scores for T queries: qi [T, Hi, Di], wt [T, Hi]; keys[t] (device array of device
- * pointers) = the query's sequence's indexer keys [*, Di]; ncausal / nlist [T]. out [T, ld]:
+ * pointers) = the query's sequence's indexer keys: rows in the stored FP4 format (fp4 = 1,
+ * dsv4_ikey_row_bytes) or fp32 rows of Di (fp4 = 0); ncausal / nlist [T]. out [T, ld]:
  * entries w < nlist[t] are written (-inf from ncausal[t] on); blocks past nlist[t] do nothing.
  * Bit-identical to the CPU's loop. */
-int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T, int Hi, int Di, const float *const *keys,
+int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T, int Hi, int Di, const uint8_t *const *keys, int fp4,
                              const int *ncausal, const int *nlist, int maxlist, int ld, float *out, void *stream);
 /* dsv4_cuda_sparse_attn with rows from two places: an index id >= 0 is row id of qbase[t] (a
  * device array of T device pointers: the query's sequence's state), id <= -2 is row -id-2 of kv2
@@ -126,7 +127,7 @@ int dsv4_cuda_sparse_attn2(const float *q, int T, int H, int Dh, const float *co
  * and layers without an indexer); ncausal4[t] = (pos + 1) / 4 entries the query sees; nlist4[t] = the
  * length of the list the reference's top-k ranks (as the CPU engine: max(cend / 4, pe / 4 if pos < pe),
  * at most maxlist); both 0 for idle rows. */
-int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int maxlist, const float **keys, int *ncausal4,
+int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int maxlist, const uint8_t **keys, int *ncausal4,
                         int *nlist4, void *stream);
 /* Compressor of layer L (which 0: attention's, 1: the indexer's): feeds every slot's tokens (projections
  * kvp / scp [T, c*d], ape [m, c*d]) through its pending rows. A token whose position closes a window

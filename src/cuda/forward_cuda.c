@@ -16,6 +16,7 @@
 
 #include "gpu_internal.h"
 #include "kv_cache.h"
+#include "linear_gemm.h"
 
 /* ---- errors: they name the file and line; DSV4_CUDA_DEBUG=1 synchronizes after every op (outside
  * graph capture) so that an asynchronous fault is reported where it happened ---- */
@@ -45,6 +46,22 @@ static void *take(uint8_t *base, size_t *o, size_t bytes) {
     void *p = base ? base + *o : NULL;
     *o += (bytes + 255) & ~(size_t)255;
     return p;
+}
+
+/* the largest input / output features of the FP8 act-quant linears (the GEMM workspace's K and N) */
+static void gemm_dims(const dsv4_cuda_model *g, int *kmax, int *nmax) {
+    *kmax = *nmax = 0;
+    for (int L = 0; L < g->m->cfg.n_layers; L++) {
+        const glayer *gl = &g->L[L];
+        const dsv4_cuda_weight *ws[15] = {&gl->wq_a, &gl->wq_b, &gl->wkv, &gl->wo_a, &gl->wo_b, &gl->cmp.wkv, &gl->cmp.wgate,
+                                          &gl->idx_cmp.wkv, &gl->idx_cmp.wgate, &gl->idx_wq_b, &gl->idx_wproj, &gl->gate,
+                                          &gl->sw1, &gl->sw2, &gl->sw3};
+        for (int i = 0; i < 15; i++)
+            if (ws[i]->data && ws[i]->fmt == DSV4_WF_FP8 && ws[i]->act_quant) {
+                if (ws[i]->cols > *kmax) *kmax = ws[i]->cols;
+                if (ws[i]->rows > *nmax) *nmax = ws[i]->rows;
+            }
+    }
 }
 
 static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) {
@@ -97,6 +114,14 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     w->plan.rows = take(base, &o, sizeof(int) * tgk);
     w->plan.tslot = take(base, &o, sizeof(int) * tgk);
     w->plan.rw = take(base, &o, sizeof(float) * tgk);
+    if (T >= DSV4_LINEAR_GEMM_MIN_T && dsv4_cuda_linear_gemm_enabled()) {
+        int km, nm;
+        gemm_dims(g, &km, &nm);
+        if (km > 0) {
+            w->gemm_wsb = dsv4_cuda_linear_gemm_ws_bytes(T, km, nm);
+            w->gemm_ws = take(base, &o, w->gemm_wsb);
+        }
+    }
 #undef TF
 #undef TI
     return o;
@@ -139,6 +164,16 @@ dsv4_cuda_batch gpu_batch_at(const dsv4_cuda_model *g, int T, int S) {
 
 /* ---- the layers ---- */
 
+/* A linear of the pass: FP8 act-quant weights through the tensor-core GEMM in passes that allow it (w->gemm:
+ * not decode steps, T large enough), everything else (and whatever the GEMM declines) through the GEMV. */
+static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
+    if (w->gemm && w->gemm_ws) {
+        int r = dsv4_cuda_linear_gemm(wt, x, T, y, w->gemm_ws, w->gemm_wsb, g->stream);
+        if (r <= 0) return r;
+    }
+    return dsv4_cuda_linear(wt, x, 0, T, y, g->stream);
+}
+
 static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int which, const float *x) {
     const dsv4_config *c = &g->m->cfg;
     const dsv4_layer *ly = &g->m->layers[L];
@@ -146,8 +181,8 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
     const dsv4_compressor *cm = which ? &ly->idx_cmp : &ly->cmp;
     const gcomp *gc = which ? &gl->idx_cmp : &gl->cmp;
     const int T = b->T, mr = cm->ratio, d = cm->d, R = c->rope_head_dim;
-    CK(dsv4_cuda_linear(&gc->wkv, x, 0, T, w->kvp, g->stream));
-    CK(dsv4_cuda_linear(&gc->wgate, x, 0, T, w->scp, g->stream));
+    CK(lin(g, w, &gc->wkv, x, T, w->kvp));
+    CK(lin(g, w, &gc->wgate, x, T, w->scp));
     CK(dsv4_cuda_cmp_batch(b, L, which, w->kvp, w->scp, gc->ape, mr, d, cm->overlap, w->ent, w->rpos, g->stream));
     /* every row is finished (cheap); only the rows that closed a window are stored */
     CK(dsv4_cuda_rmsnorm(w->ent, T, d, d, gc->norm, c->norm_eps, g->stream));
@@ -172,10 +207,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const float eps = c->norm_eps;
     void *st = g->stream;
 
-    CK(dsv4_cuda_linear(&gl->wq_a, x, 0, T, w->qr, st));
+    CK(lin(g, w, &gl->wq_a, x, T, w->qr));
     CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
-    CK(dsv4_cuda_linear(&gl->wq_b, w->qr, 0, T, w->q, st));
-    CK(dsv4_cuda_linear(&gl->wkv, x, 0, T, w->kv, st));
+    CK(lin(g, w, &gl->wq_b, w->qr, T, w->q));
+    CK(lin(g, w, &gl->wkv, x, T, w->kv));
     CK(dsv4_cuda_rmsnorm(w->q, T * H, Dh, Dh, NULL, eps, st));
     CK(dsv4_cuda_rope(w->q, T, H, Dh, R / 2, gl->rope_freq, b->pos, 0, st));
     CK(dsv4_cuda_rmsnorm(w->kv, T, Dh, Dh, gl->kv_norm, eps, st));
@@ -186,8 +221,8 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     if (ly->ratio > 0) CK(run_compressor(g, w, b, L, 0, x));
     if (ly->ratio == 4) {
         CK(run_compressor(g, w, b, L, 1, x));
-        CK(dsv4_cuda_linear(&gl->idx_wq_b, w->qr, 0, T, w->qi, st));
-        CK(dsv4_cuda_linear(&gl->idx_wproj, x, 0, T, w->wt, st));
+        CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
+        CK(lin(g, w, &gl->idx_wproj, x, T, w->wt));
         CK(dsv4_cuda_rope(w->qi, T, Hi, Di, R / 2, gl->rope_freq, b->pos, 0, st));
         CK(dsv4_cuda_hadamard(w->qi, T * Hi, Di, Di, st));
         CK(dsv4_cuda_act_quant_fp4(w->qi, T * Hi, Di, Di, 32, st));
@@ -198,7 +233,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         for (int t0 = 0; t0 < T; t0 += w->qg) {
             int qn = T - t0 < w->qg ? T - t0 : w->qg;
             CK(dsv4_cuda_indexer_scores(w->qi + (size_t)t0 * Hi * Di, w->wt + (size_t)t0 * Hi, qn, Hi, Di,
-                                        w->keys + (size_t)L * T + t0, w->nc4 + t0, w->nl4 + t0, nl, nl, w->scores, st));
+                                        w->keys + (size_t)L * T + t0, 1, w->nc4 + t0, w->nl4 + t0, nl, nl, w->scores, st));
             CK(dsv4_cuda_topk(w->scores, qn, nl, w->nl4 + t0, w->nc4 + t0, topk, w->sel + (size_t)t0 * topk, w->nsel + t0,
                               w->tkscratch, st));
         }
@@ -221,18 +256,18 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* grouped output projection */
     const int gin = H / G * Dh;
     if (G == 1) {
-        CK(dsv4_cuda_linear(&gl->wo_a, w->o, 0, T, w->z, st));
+        CK(lin(g, w, &gl->wo_a, w->o, T, w->z));
     } else {
         for (int gi = 0; gi < G; gi++) {
             dsv4_cuda_weight wg = gl->wo_a;
             wg.row0 += gi * Ro;
             wg.rows = Ro;
             CK(dsv4_cuda_copy2d(w->og, gin, w->o + (size_t)gi * gin, (int64_t)H * Dh, T, gin, st));
-            CK(dsv4_cuda_linear(&wg, w->og, 0, T, w->zg, st));
+            CK(lin(g, w, &wg, w->og, T, w->zg));
             CK(dsv4_cuda_copy2d(w->z + (size_t)gi * Ro, (int64_t)G * Ro, w->zg, Ro, T, Ro, st));
         }
     }
-    CK(dsv4_cuda_linear(&gl->wo_b, w->z, 0, T, out, st));
+    CK(lin(g, w, &gl->wo_b, w->z, T, out));
     return 0;
 }
 
@@ -242,14 +277,14 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     const glayer *gl = &g->L[L];
     const int T = b->T, D = c->dim, E = c->n_routed_experts, K = c->n_activated_experts, I = c->moe_inter_dim;
     void *st = g->stream;
-    CK(dsv4_cuda_linear(&gl->gate, x, 0, T, w->lgE, st));
+    CK(lin(g, w, &gl->gate, x, T, w->lgE));
     CK(dsv4_cuda_router(w->lgE, T, E, K, ly->hash ? NULL : gl->gate_bias, ly->hash ? gl->tid2eid : NULL, b->tok,
                         c->route_scale, w->rsel, w->ew, st));
     if (ly->has_shared) {
-        CK(dsv4_cuda_linear(&gl->sw1, x, 0, T, w->gg, st));
-        CK(dsv4_cuda_linear(&gl->sw3, x, 0, T, w->uu, st));
+        CK(lin(g, w, &gl->sw1, x, T, w->gg));
+        CK(lin(g, w, &gl->sw3, x, T, w->uu));
         CK(dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, st));
-        CK(dsv4_cuda_linear(&gl->sw2, w->gg, 0, T, w->ye, st));
+        CK(lin(g, w, &gl->sw2, w->gg, T, w->ye));
     }
     /* routed experts, in groups of at most w->tg tokens (each token's result does not depend on its group) */
     for (int g0 = 0; g0 < T; g0 += w->tg) {
@@ -328,6 +363,7 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
     dsv4_cuda_batch b = gpu_batch_at(g, T, S);
     gws w;
     gpu_ws_carve(g, T, &w);
+    w.gemm = w.gemm_ws != NULL; /* not a decode step: the FP8 linears may take the tensor-core GEMM */
     CK(gpu_run_layers(g, &w, &b));
     if (mode != DSV4_LOGITS_NONE && logits) {
         CK(dsv4_cuda_hc_head(w.X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, w.hy,

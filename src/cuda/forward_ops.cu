@@ -2,6 +2,7 @@
  * per-op kernels: embedding gather, indexer scores (spec 9), fills, adds and device copies. Declared in
  * cuda_model.h ("device helpers"). Like the other ops they only enqueue work on the given stream. */
 #include "common.cuh"
+#include "kv_cache.cuh"
 #include "cuda_model.h"
 
 /* ---- embedding: X[t, j, :] = row tok[t] of the embedding, for the M streams ---- */
@@ -66,8 +67,8 @@ extern "C" int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64
  * < nlist[t]. A thread per (query, entry) sums in the twin's order with separately rounded
  * products, so the scores are the CPU's bit for bit (given the same inputs). The grid covers the
  * longest possible list (a fixed launch shape for graphs); blocks past the query's list return at once. */
-__global__ void indexer_scores_kernel(const float *qi, const float *wt, int Hi, int Di, const float *const *keys,
-                                      const int *ncausal, const int *nlist, int ld, float *out) {
+__global__ void indexer_scores_kernel(const float *qi, const float *wt, int Hi, int Di, const uint8_t *const *keys,
+                                      int fp4, const int *ncausal, const int *nlist, int ld, float *out) {
     extern __shared__ float iss[];
     float *qs = iss, *ws = iss + Hi * Di;
     const int t = blockIdx.y;
@@ -81,26 +82,36 @@ __global__ void indexer_scores_kernel(const float *qi, const float *wt, int Hi, 
         out[(int64_t)t * ld + w] = -INFINITY;
         return;
     }
-    const float *k = keys[t] + (int64_t)w * Di;
     float s = 0;
-    for (int h = 0; h < Hi; h++) {
-        float dot = 0;
-        for (int j = 0; j < Di; j++) dot = __fadd_rn(dot, __fmul_rn(qs[h * Di + j], k[j]));
-        s = __fadd_rn(s, __fmul_rn(ws[h], dot > 0 ? dot : 0));
+    if (fp4) { /* the stored format decodes to the same values exactly */
+        const uint8_t *k = keys[t] + (int64_t)w * dsv4_ikey_row_bytes(Di);
+        for (int h = 0; h < Hi; h++) {
+            float dot = 0;
+            for (int j = 0; j < Di; j++) dot = __fadd_rn(dot, __fmul_rn(qs[h * Di + j], dev_ikey_at(k, Di, j)));
+            s = __fadd_rn(s, __fmul_rn(ws[h], dot > 0 ? dot : 0));
+        }
+    } else {
+        const float *k = (const float *)keys[t] + (int64_t)w * Di;
+        for (int h = 0; h < Hi; h++) {
+            float dot = 0;
+            for (int j = 0; j < Di; j++) dot = __fadd_rn(dot, __fmul_rn(qs[h * Di + j], k[j]));
+            s = __fadd_rn(s, __fmul_rn(ws[h], dot > 0 ? dot : 0));
+        }
     }
     out[(int64_t)t * ld + w] = s;
 }
 
-extern "C" int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T, int Hi, int Di, const float *const *keys,
+extern "C" int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T, int Hi, int Di, const uint8_t *const *keys, int fp4,
                                         const int *ncausal, const int *nlist, int maxlist, int ld, float *out, void *stream) {
-    if (T < 0 || Hi <= 0 || Di <= 0 || maxlist < 0 || ld < maxlist) return dsv4_cuda_fail("indexer_scores: bad shape");
+    if (T < 0 || Hi <= 0 || Di <= 0 || maxlist < 0 || ld < maxlist || (fp4 && Di % 32))
+        return dsv4_cuda_fail("indexer_scores: bad shape");
     if (!T || !maxlist) return 0;
     size_t smem = sizeof(float) * ((size_t)Hi * Di + Hi);
     if (smem > 48 * 1024 &&
         cudaFuncSetAttribute((const void *)indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
         return dsv4_cuda_fail("indexer_scores: %zu bytes of shared memory", smem);
     dim3 grid((maxlist + 127) / 128, T);
-    indexer_scores_kernel<<<grid, 128, smem, DSV4_STREAM(stream)>>>(qi, wt, Hi, Di, keys, ncausal, nlist, ld, out);
+    indexer_scores_kernel<<<grid, 128, smem, DSV4_STREAM(stream)>>>(qi, wt, Hi, Di, keys, fp4, ncausal, nlist, ld, out);
     return dsv4_cuda_check_launch("indexer_scores");
 }
 

@@ -43,10 +43,13 @@ typedef struct gws {
     float *lgE, *ew, *gg, *uu, *ye, *hs, *ys, *hy, *hrow, *logits;
     int *rpos, *sel, *nsel, *idx, *rsel, *nc4, *nl4;
     void *tkscratch; /* the top-k's tie path: qg rows of capacity / 4 (value, index) pairs */
-    const float **keys;
+    const uint8_t **keys;
     const uint8_t **qbase; /* [T] the attention cache (abuf) of each row's sequence */
     float *ascr;           /* attention split partials (dsv4_cuda_attn_kv8) for up to GW_ATTN rows */
     dsv4_cuda_moe_plan plan;
+    void *gemm_ws;   /* FP8 prefill GEMM workspace (linear_gemm.h; NULL when off or T < its minimum) */
+    size_t gemm_wsb;
+    int gemm;        /* route FP8 act-quant linears through the GEMM: set only for passes that are not decode steps */
 } gws;
 
 /* Where the arrays of a pass's step input (dsv4_cuda_batch) sit in the step buffer. */

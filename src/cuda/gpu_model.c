@@ -241,6 +241,11 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
                  c->max_position_embeddings);
         return -1;
     }
+    if ((c->head_dim - c->rope_head_dim) % 64 || c->index_head_dim % 32) {
+        snprintf(err, errcap, "GPU model: the cache formats need head_dim - qk_rope_head_dim a multiple of 64 (got %d) and "
+                 "index_head_dim a multiple of 32 (got %d)", c->head_dim - c->rope_head_dim, c->index_head_dim);
+        return -1;
+    }
     if (c->n_activated_experts > 32 || c->index_topk > 2048) {
         snprintf(err, errcap, "GPU model: %d experts per token (at most 32) or index top-k %d (at most 2048) not supported",
                  c->n_activated_experts, c->index_topk);

@@ -34,7 +34,7 @@ static size_t layout(const dsv4_cuda_model *g, uint8_t *base, dsv4_cuda_seqdev *
         dsv4_cuda_lstate st = {0};
         size_t rows = (size_t)W + (ly->ratio > 0 ? (size_t)cap / ly->ratio : 0);
         TAKEB(st.abuf, rows * (size_t)dsv4_kv_row_bytes(c->head_dim, c->rope_head_dim));
-        if (ly->ratio == 4) TAKE(st.ibuf, (size_t)(cap / 4 > 0 ? cap / 4 : 1) * c->index_head_dim);
+        if (ly->ratio == 4) TAKEB(st.ibuf, (size_t)(cap / 4 > 0 ? cap / 4 : 1) * (size_t)dsv4_ikey_row_bytes(c->index_head_dim));
         if (ly->ratio > 0) {
             TAKE(st.ckv, pending(&ly->cmp));
             TAKE(st.csc, pending(&ly->cmp));

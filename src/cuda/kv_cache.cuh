@@ -32,6 +32,35 @@ __device__ __forceinline__ void dev_kv_pack_row_warp(const float *src, int Dh, i
     for (int j = lane; j < R; j += 32) rp[j] = __bfloat16_as_ushort(__float2bfloat16_rn(src[nope + j]));
 }
 
+/* e2m1 code of a value that is exactly an e2m1 value (magnitude 0, .5, 1, 1.5, 2, 3, 4 or 6) */
+__device__ __forceinline__ uint32_t dev_e2m1_code(float x) {
+    int m2 = (int)(fabsf(x) * 2.0f); /* 0 1 2 3 4 6 8 12 */
+    uint32_t c = m2 <= 4 ? (uint32_t)m2 : m2 == 6 ? 5u : m2 == 8 ? 6u : 7u;
+    return x < 0 ? c | 8u : c;
+}
+
+/* One warp packs one FP4-simulated fp32 row of Di values into an indexer-key row. The scale of each block
+ * of 32 is recomputed from the rounded values as the simulation computes it (max(amax, 6 * 2^-126) / 6 up
+ * to a power of two); every rounded value is a code times it exactly (a rounded block maximum of 3 halves
+ * the scale, and twice every e2m1 value up to 3 is an e2m1 value). */
+__device__ __forceinline__ void dev_ikey_pack_row_warp(const float *src, int Di, uint8_t *dst) {
+    const int lane = threadIdx.x & 31;
+    for (int blk = 0; blk < Di / 32; blk++) {
+        float v = src[blk * 32 + lane];
+        float a = warp_max(fabsf(v));
+        float s = dev_pow2_ceil(fmaxf(a, 6.0f * 1.1754943508222875e-38f) * (1.0f / 6.0f));
+        uint32_t c = dev_e2m1_code(v / s), hi = __shfl_down_sync(0xffffffffu, c, 1);
+        if (!(lane & 1)) dst[(blk * 32 + lane) / 2] = (uint8_t)(c | (hi << 4));
+        if (lane == 0) dst[Di / 2 + blk] = dev_e8m0_code(s);
+    }
+}
+
+/* Element j of an indexer-key row, as float (exact). */
+__device__ __forceinline__ float dev_ikey_at(const uint8_t *row, int Di, int j) {
+    uint32_t code = (row[j >> 1] >> ((j & 1) * 4)) & 15u;
+    return dev_e2m1_x2(code) * 0.5f * dev_e8m0(row[Di / 2 + j / 32]);
+}
+
 /* Element d of a cache row, as float. */
 __device__ __forceinline__ float dev_kv_at(const uint8_t *row, int Dh, int R, int d) {
     const int nope = Dh - R;

@@ -31,6 +31,16 @@ extern "C" {
 static inline DSV4_KV_HD int dsv4_kv_rope_off(int Dh, int R) { return ((Dh - R) + (Dh - R) / 64 + 15) & ~15; }
 static inline DSV4_KV_HD int64_t dsv4_kv_row_bytes(int Dh, int R) { return (dsv4_kv_rope_off(Dh, R) + 2 * R + 15) & ~15; }
 
+/* An indexer key (index_head_dim Di, a multiple of 32) in its stored format: Di/2 bytes of e2m1 codes
+ * (element 2k in the low nibble of byte k, 2k+1 in the high one), then one e8m0 scale per 32, padded to 16
+ * bytes: 80 bytes for Di 128 instead of 512. The keys went through the Hadamard rotation and the FP4
+ * act_quant simulation, so the codes and scales hold them exactly. */
+static inline DSV4_KV_HD int64_t dsv4_ikey_row_bytes(int Di) { return (Di / 2 + Di / 32 + 15) & ~15; }
+
+/* Packs n fp32 rows (row stride sld; FP4-simulated) into indexer-key rows: row i to dst + rows[i] * bytes
+ * (rows NULL = row i). Fails when Di is not a multiple of 32. */
+int dsv4_cuda_ikey_pack(const float *src, int64_t sld, int n, int Di, uint8_t *dst, const int *rows, void *stream);
+
 /* Packs n fp32 rows (row stride sld floats; non-rope dims already FP8-simulated) into cache rows:
  * row i goes to dst + rows[i] * row_bytes (rows: device ints; NULL = row i). Fails when (Dh - R) is
  * not a multiple of 64. */

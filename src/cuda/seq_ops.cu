@@ -16,7 +16,7 @@ __device__ __forceinline__ const dsv4_cuda_lstate *row_state(const dsv4_cuda_bat
 
 /* ---- per-pass tables ---- */
 
-__global__ void step_meta_kernel(dsv4_cuda_batch b, int nlayers, int maxlist, const float **keys, int *nc4, int *nl4) {
+__global__ void step_meta_kernel(dsv4_cuda_batch b, int nlayers, int maxlist, const uint8_t **keys, int *nc4, int *nl4) {
     int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (int64_t)nlayers * b.T) return;
     int L = (int)(g / b.T), t = (int)(g - (int64_t)L * b.T);
@@ -37,7 +37,7 @@ __global__ void step_meta_kernel(dsv4_cuda_batch b, int nlayers, int maxlist, co
     }
 }
 
-extern "C" int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int maxlist, const float **keys, int *ncausal4,
+extern "C" int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int maxlist, const uint8_t **keys, int *ncausal4,
                                    int *nlist4, void *stream) {
     int64_t n = (int64_t)nlayers * b->T;
     if (n <= 0) return 0;
@@ -120,20 +120,20 @@ __global__ void cmp_store_kernel(dsv4_cuda_batch b, int L, int which, const floa
     const int p = b.pos[t];
     if (!ls || (p + 1) % mr) return;
     const int w = (p + 1) / mr - 1;
+    if (threadIdx.x >= 32) return;
     if (which) {
-        float *dst = ls->ibuf + (int64_t)w * d;
-        for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = ent[(int64_t)t * d + c];
-    } else if (threadIdx.x < 32) {
+        dev_ikey_pack_row_warp(ent + (int64_t)t * d, d, ls->ibuf + (int64_t)w * dsv4_ikey_row_bytes(d));
+    } else {
         dev_kv_pack_row_warp(ent + (int64_t)t * d, d, R, ls->abuf + (int64_t)(W + w) * dsv4_kv_row_bytes(d, R));
     }
 }
 
 extern "C" int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, const float *ent, int mr, int d, int R,
                                    int W, void *stream) {
-    if (mr <= 0 || d <= 0 || (!which && (d <= R || (d - R) % 64)))
+    if (mr <= 0 || d <= 0 || (which ? d % 32 : d <= R || (d - R) % 64))
         return dsv4_cuda_fail("cmp_store: bad arguments (m %d d %d R %d)", mr, d, R);
     if (b->T <= 0) return 0;
-    cmp_store_kernel<<<b->T, which ? 128 : 32, 0, DSV4_STREAM(stream)>>>(*b, L, which, ent, mr, d, R, W);
+    cmp_store_kernel<<<b->T, 32, 0, DSV4_STREAM(stream)>>>(*b, L, which, ent, mr, d, R, W);
     return dsv4_cuda_check_launch("cmp_store");
 }
 

@@ -4,7 +4,8 @@
  *      sequences' caches, -1 padding, a prefill chunk's own fp32 rows, lists of 1 .. 5000 entries, a
  *      query with no entry), |got - ref| <= 1e-5 rms(ref) + 1e-4 |ref|;
  *   3. the same query alone and inside a batch: bitwise equal (batch invariance), and a second run
- *      bitwise equal to the first.
+ *      bitwise equal to the first;
+ *   4. indexer scores over keys packed in their FP4 format bitwise equal to the scores over the fp32 keys.
  * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8      (scripts/gpu_test.sh runs it) */
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 
 #include "../../src/cpu/ops.h"
 #include "../../src/cuda/cuda_backend.h"
+#include "../../src/cuda/cuda_model.h"
 #include "../../src/cuda/kv_cache.h"
 #include "../../src/quant/formats.h"
 
@@ -165,6 +167,43 @@ static void test_attn(int T, int H, int Dh, int R, int nidx, int C, int with_kv2
     dsv4_cuda_free(dout), dsv4_cuda_free(dscr);
 }
 
+/* indexer scores over FP4-packed keys == over the same keys in fp32, bit for bit */
+static void test_ikeys(int T, int Hi, int Di, int n) {
+    float *k = malloc(sizeof(float) * (size_t)n * Di), *q = malloc(sizeof(float) * (size_t)T * Hi * Di);
+    float *wt = malloc(sizeof(float) * (size_t)T * Hi);
+    for (int i = 0; i < n; i++) {
+        float *r = k + (size_t)i * Di;
+        for (int d = 0; d < Di; d++) r[d] = (float)pow(2.0, (int)(urand() * 6) - 3) * nrand();
+        if (i % 5 == 2) memset(r, 0, sizeof(float) * 32);
+        dsv4_act_quant_fp4(r, (size_t)Di, 32);
+    }
+    for (size_t i = 0; i < (size_t)T * Hi * Di; i++) q[i] = nrand();
+    for (int i = 0; i < T * Hi; i++) wt[i] = nrand();
+    int *nc = malloc(sizeof(int) * T), *nl = malloc(sizeof(int) * T);
+    for (int t = 0; t < T; t++) nl[t] = n, nc[t] = n - t % 3;
+    const int64_t rb = dsv4_ikey_row_bytes(Di);
+    float *dk = dup_dev(k, sizeof(float) * (size_t)n * Di), *dq = dup_dev(q, sizeof(float) * (size_t)T * Hi * Di);
+    float *dw = dup_dev(wt, sizeof(float) * (size_t)T * Hi);
+    uint8_t *dpk = dsv4_cuda_alloc((size_t)(rb * n));
+    int *dnc = dup_dev(nc, sizeof(int) * T), *dnl = dup_dev(nl, sizeof(int) * T);
+    const uint8_t **bf = malloc(sizeof(void *) * T), **bp = malloc(sizeof(void *) * T);
+    for (int t = 0; t < T; t++) bf[t] = (const uint8_t *)dk, bp[t] = dpk;
+    const uint8_t **dbf = dup_dev(bf, sizeof(void *) * T), **dbp = dup_dev(bp, sizeof(void *) * T);
+    float *o1 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * n), *o2 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * n);
+    float *h1 = malloc(sizeof(float) * (size_t)T * n), *h2 = malloc(sizeof(float) * (size_t)T * n);
+    int rc = dsv4_cuda_ikey_pack(dk, Di, n, Di, dpk, NULL, NULL) ||
+             dsv4_cuda_indexer_scores(dq, dw, T, Hi, Di, dbf, 0, dnc, dnl, n, n, o1, NULL) ||
+             dsv4_cuda_indexer_scores(dq, dw, T, Hi, Di, dbp, 1, dnc, dnl, n, n, o2, NULL) ||
+             dsv4_cuda_download(h1, o1, sizeof(float) * (size_t)T * n) || dsv4_cuda_download(h2, o2, sizeof(float) * (size_t)T * n);
+    int same = !rc && !memcmp(h1, h2, sizeof(float) * (size_t)T * n);
+    printf("%s indexer scores, FP4-packed keys (%lld bytes a row) == fp32 keys bitwise: T %d Hi %d Di %d, %d keys%s%s\n",
+           same ? "ok  " : "FAIL", (long long)rb, T, Hi, Di, n, rc ? ": " : "", rc ? dsv4_cuda_last_error() : "");
+    fails += !same;
+    free(k), free(q), free(wt), free(nc), free(nl), free(bf), free(bp), free(h1), free(h2);
+    dsv4_cuda_free(dk), dsv4_cuda_free(dq), dsv4_cuda_free(dw), dsv4_cuda_free(dpk), dsv4_cuda_free(dnc), dsv4_cuda_free(dnl);
+    dsv4_cuda_free((void *)dbf), dsv4_cuda_free((void *)dbp), dsv4_cuda_free(o1), dsv4_cuda_free(o2);
+}
+
 int main(void) {
     char err[256];
     if (dsv4_cuda_init(0, NULL, err, sizeof err)) {
@@ -181,6 +220,8 @@ int main(void) {
     test_attn(5, 16, 192, 64, 257, 600, 1);
     test_attn(3, 1, 128, 64, 1, 10, 0);
     test_attn(2, 10, 128, 64, 64, 100, 0);
+    test_ikeys(3, 64, 128, 1000);
+    test_ikeys(2, 4, 64, 37);
     printf("test_attn_kv8: %s\n", fails ? "FAILED" : "all passed");
     return fails != 0;
 }

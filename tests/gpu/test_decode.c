@@ -95,7 +95,7 @@ static void same(const char *fx, const char *what, const float *a, const float *
 /* Two identical sequences fed the same prompt; per step one goes through dsv4_forward + the CPU sampler,
  * the other through dsv4_decode_sample; both then take the CPU's token. */
 static void test_sampling(dsv4_model *m, const char *fx, int graphs, const dsv4_sampling *sp, const char *what) {
-    char err[1024], line[512];
+    char err[1024], line[1600];
     const dsv4_info info = dsv4_model_info(m);
     const int V = info.vocab_size, nv = V - 3, P = info.max_context / 4, steps = 10;
     dsv4_cuda_set_graphs(m->gpu, graphs);

@@ -1,0 +1,329 @@
+/* linear_gemm.cu - prefill linears on the FP8 tensor cores through cuBLASLt (linear_gemm.h).
+ *
+ * Operands in cuBLASLt's column-major terms ("TN", the layout FP8 needs on Hopper), m = N (weight rows),
+ * n = T4 (tokens, a multiple of 4), k = K:
+ *   A = the weight as stored, K x N with lda = K, op T; scales CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F:
+ *       K-major, L4 x ceil(N/128) (L = K/128 rounded up to a multiple of 4, zeros beyond L), element (p, b) at
+ *       p * L4 + b, from the stored E8M0 (or F32) block scales of the view's rows;
+ *   B = the act-quant codes, K x T4 with ldb = K (x's rows, one e4m3 byte per value); scales
+ *       CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: N-major, T4 x L, element (t, b) at b * T4 + t;
+ *   D = C = y, N x T4 fp32 with ldd = N (y[t, n] row-major), beta = 0.
+ * (cuBLAS documentation, "128-element 1D and 128x128 2D Block Scaling For FP8 Data Types" and its "Scaling
+ * factors layouts": scale tensors 16-byte aligned, M and N multiples of 4.) */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+
+#include "common.cuh"
+#include "linear_gemm.h"
+
+/* the forward's default (DSV4_LINEAR_GEMM=1 / 0 overrides): off. Measured 2026-12-01 on an H200 (bench/NOTES.md,
+ * "Prefill on FP8 tensor cores"): 15-63x the GEMV path, but relative L2 ~1.9e-4 against the double-accumulating twin
+ * (worst element 11-18x the linear checks' tolerance), the FP8 tensor cores' in-block accumulation; the lead decides. */
+#ifndef DSV4_LINEAR_GEMM_DEFAULT
+#define DSV4_LINEAR_GEMM_DEFAULT 0
+#endif
+
+#define LG_LT_WS ((size_t)32 << 20) /* cuBLASLt workspace */
+#define LG_PLANS 128
+#define LG_ALGOS 8
+
+/* ---- act quant of x into codes + scales, weight block scales to fp32 ---- */
+
+/* Warp (t, b) of the first T4 * L: the 128 values of token t, block b -> e4m3 codes (4 contiguous per lane) and
+ * the block's power-of-two scale, as dsv4_act_quant_fp8 (amax from 1e-4, s = 2^ceil(log2(amax / 448)), codes =
+ * round-to-nearest-even e4m3 of clamp(x / s, +-448); x * (1/s) == x / s exactly, s being a power of two). Thread i
+ * of the first NB * L4: fp32 weight scale (p, b) = i / L4, i % L4 (zero beyond L). */
+__global__ void __launch_bounds__(256) lg_prep(const float *__restrict__ x, int T4, int K, int L, uint8_t *__restrict__ q,
+                                               float *__restrict__ xs, const uint8_t *__restrict__ wscale, int scale_f32,
+                                               int64_t sstride, int rb0, int NB, int L4, float *__restrict__ wsc) {
+    const int64_t gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, gw = gid >> 5;
+    const int lane = threadIdx.x & 31;
+    if (gid < (int64_t)NB * L4) {
+        const int p = (int)(gid / L4), b = (int)(gid - (int64_t)p * L4);
+        float v = 0.0f;
+        if (b < L) {
+            const int64_t si = (int64_t)(rb0 + p) * sstride + b;
+            v = scale_f32 ? __ldg((const float *)wscale + si) : dev_e8m0(__ldg(wscale + si));
+        }
+        wsc[gid] = v;
+    }
+    if (gw < (int64_t)T4 * L) { /* warp-uniform */
+        const int t = (int)(gw / L), b = (int)(gw - (int64_t)t * L);
+        const int64_t o = (int64_t)t * K + (int64_t)b * 128 + lane * 4;
+        const float4 v = __ldg((const float4 *)(x + o));
+        float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        a = warp_max(fmaxf(a, 1e-4f));
+        const float s = dev_pow2_ceil(a * (1.0f / 448.0f)), inv = 1.0f / s;
+        const float e[4] = {v.x, v.y, v.z, v.w};
+        uint32_t c = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float y = fminf(fmaxf(e[i] * inv, -448.0f), 448.0f);
+            c |= (uint32_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3) << (8 * i);
+        }
+        *(uint32_t *)(q + o) = c;
+        if (lane == 0) xs[(int64_t)b * T4 + t] = s;
+    }
+}
+
+/* ---- cuBLASLt, opened at run time ---- */
+
+static decltype(&cublasLtCreate) f_create;
+static decltype(&cublasLtMatmulDescCreate) f_desc_create;
+static decltype(&cublasLtMatmulDescDestroy) f_desc_destroy;
+static decltype(&cublasLtMatmulDescSetAttribute) f_desc_set;
+static decltype(&cublasLtMatrixLayoutCreate) f_layout_create;
+static decltype(&cublasLtMatrixLayoutDestroy) f_layout_destroy;
+static decltype(&cublasLtMatmulPreferenceCreate) f_pref_create;
+static decltype(&cublasLtMatmulPreferenceDestroy) f_pref_destroy;
+static decltype(&cublasLtMatmulPreferenceSetAttribute) f_pref_set;
+static decltype(&cublasLtMatmulAlgoGetHeuristic) f_heuristic;
+static decltype(&cublasLtMatmul) f_matmul;
+
+static pthread_mutex_t lg_mu = PTHREAD_MUTEX_INITIALIZER;
+static int lg_state;             /* 0 untried, 1 ready, -1 unavailable */
+static cublasLtHandle_t lg_handle;
+
+static void lg_warn_once(const char *why) {
+    static int said;
+    if (said) return;
+    said = 1;
+    fprintf(stderr, "dsv4: FP8 prefill GEMM unavailable (%s); prefill linears use the GEMV path\n", why);
+}
+
+/* under lg_mu */
+static int lg_open(void) {
+    if (lg_state) return lg_state > 0 ? 0 : -1;
+    lg_state = -1;
+    const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+    void *h = NULL;
+    for (int i = 0; i < 3 && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    char why[320];
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(why, sizeof why, "cannot open libcublasLt: %s", e ? e : "not found");
+        lg_warn_once(why);
+        return -1;
+    }
+#define LG_SYM(p_, f_)                                                                                     \
+    if (!(p_ = (decltype(p_))dlsym(h, #f_))) {                                                             \
+        snprintf(why, sizeof why, "libcublasLt has no %s", #f_);                                          \
+        lg_warn_once(why);                                                                                 \
+        return -1;                                                                                         \
+    }
+    LG_SYM(f_create, cublasLtCreate)
+    LG_SYM(f_desc_create, cublasLtMatmulDescCreate)
+    LG_SYM(f_desc_destroy, cublasLtMatmulDescDestroy)
+    LG_SYM(f_desc_set, cublasLtMatmulDescSetAttribute)
+    LG_SYM(f_layout_create, cublasLtMatrixLayoutCreate)
+    LG_SYM(f_layout_destroy, cublasLtMatrixLayoutDestroy)
+    LG_SYM(f_pref_create, cublasLtMatmulPreferenceCreate)
+    LG_SYM(f_pref_destroy, cublasLtMatmulPreferenceDestroy)
+    LG_SYM(f_pref_set, cublasLtMatmulPreferenceSetAttribute)
+    LG_SYM(f_heuristic, cublasLtMatmulAlgoGetHeuristic)
+    LG_SYM(f_matmul, cublasLtMatmul)
+#undef LG_SYM
+    cublasStatus_t s = f_create(&lg_handle);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        snprintf(why, sizeof why, "cublasLtCreate: status %d", (int)s);
+        lg_warn_once(why);
+        return -1;
+    }
+    lg_state = 1;
+    return 0;
+}
+
+/* One shape's plan: descriptors and the heuristic's algorithms (the first that runs is kept). */
+typedef struct lg_plan {
+    int N, K, T4, ala, ald; /* key (ala / ald: alignment of A and D in bytes, <= 256) */
+    int state;              /* 1 ready, -1 cuBLASLt has no algorithm for it */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulHeuristicResult_t res[LG_ALGOS];
+    int nres, pick; /* pick: index into res that ran (-1: not run yet) */
+} lg_plan;
+
+static lg_plan lg_plans[LG_PLANS];
+static int lg_nplans, lg_next;
+
+static void lg_plan_free(lg_plan *p) {
+    if (p->op) f_desc_destroy(p->op);
+    if (p->la) f_layout_destroy(p->la);
+    if (p->lb) f_layout_destroy(p->lb);
+    if (p->ld) f_layout_destroy(p->ld);
+    memset(p, 0, sizeof *p);
+}
+
+static int lg_align(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    int a = 1;
+    while (a < 256 && !(u & (uintptr_t)a)) a <<= 1;
+    return a;
+}
+
+/* under lg_mu: the plan of a shape (made on first use); NULL when cuBLASLt cannot make one (p->state < 0 kept).
+ * sa / sb: this call's scale tensors (the heuristic refuses block scaling modes without scale pointers, status 7;
+ * each call sets its own before the matmul). */
+static lg_plan *lg_plan_get(int N, int K, int T4, int ala, int ald, const void *sa, const void *sb) {
+    for (int i = 0; i < lg_nplans; i++) {
+        lg_plan *p = &lg_plans[i];
+        if (p->N == N && p->K == K && p->T4 == T4 && p->ala == ala && p->ald == ald) return p->state > 0 ? p : NULL;
+    }
+    lg_plan *p;
+    if (lg_nplans < LG_PLANS) p = &lg_plans[lg_nplans++];
+    else {
+        p = &lg_plans[lg_next];
+        lg_next = (lg_next + 1) % LG_PLANS;
+        lg_plan_free(p);
+    }
+    memset(p, 0, sizeof *p);
+    p->N = N, p->K = K, p->T4 = T4, p->ala = ala, p->ald = ald, p->state = -1, p->pick = -1;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const int32_t sma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, smb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    cublasLtMatmulPreference_t pref = NULL;
+    const size_t wsz = LG_LT_WS;
+    const uint32_t a_a = (uint32_t)ala, a_b = 256, a_d = (uint32_t)ald;
+    int ok = f_desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
+             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
+             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sma, sizeof sma) == CUBLAS_STATUS_SUCCESS &&
+             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &smb, sizeof smb) == CUBLAS_STATUS_SUCCESS &&
+             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa) == CUBLAS_STATUS_SUCCESS &&
+             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb) == CUBLAS_STATUS_SUCCESS &&
+             f_layout_create(&p->la, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)N, (int64_t)K) == CUBLAS_STATUS_SUCCESS &&
+             f_layout_create(&p->lb, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)T4, (int64_t)K) == CUBLAS_STATUS_SUCCESS &&
+             f_layout_create(&p->ld, CUDA_R_32F, (uint64_t)N, (uint64_t)T4, (int64_t)N) == CUBLAS_STATUS_SUCCESS &&
+             f_pref_create(&pref) == CUBLAS_STATUS_SUCCESS &&
+             f_pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz) == CUBLAS_STATUS_SUCCESS &&
+             f_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_a, sizeof a_a) == CUBLAS_STATUS_SUCCESS &&
+             f_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &a_b, sizeof a_b) == CUBLAS_STATUS_SUCCESS &&
+             f_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &a_d, sizeof a_d) == CUBLAS_STATUS_SUCCESS &&
+             f_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &a_d, sizeof a_d) == CUBLAS_STATUS_SUCCESS;
+    if (ok) {
+        cublasStatus_t s = f_heuristic(lg_handle, p->op, p->la, p->lb, p->ld, p->ld, pref, LG_ALGOS, p->res, &p->nres);
+        ok = s == CUBLAS_STATUS_SUCCESS && p->nres > 0;
+        if (!ok) {
+            char why[160];
+            snprintf(why, sizeof why, "cuBLASLt has no block-scaled FP8 algorithm for %d x %d x %d (status %d)", N, T4, K, (int)s);
+            lg_warn_once(why);
+        }
+    }
+    if (pref) f_pref_destroy(pref);
+    if (!ok) { /* keep the key with state -1 so that the shape is not retried */
+        cublasLtMatmulDesc_t op = p->op;
+        cublasLtMatrixLayout_t la = p->la, lb = p->lb, ld = p->ld;
+        if (op) f_desc_destroy(op);
+        if (la) f_layout_destroy(la);
+        if (lb) f_layout_destroy(lb);
+        if (ld) f_layout_destroy(ld);
+        p->op = NULL, p->la = p->lb = p->ld = NULL;
+        return NULL;
+    }
+    p->state = 1;
+    return p;
+}
+
+/* ---- workspace ---- */
+
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* offsets of codes, x scales, weight scales, cuBLASLt workspace; returns the total */
+static size_t lg_layout(int T4, int K, int N, size_t *o_q, size_t *o_xs, size_t *o_ws, size_t *o_lt) {
+    const size_t L = ((size_t)K + 127) / 128, L4 = (L + 3) / 4 * 4, NB = ((size_t)N + 127) / 128;
+    size_t o = 0;
+    *o_q = o, o += al256((size_t)T4 * K);
+    *o_xs = o, o += al256(4 * L * (size_t)T4);
+    *o_ws = o, o += al256(4 * NB * L4);
+    *o_lt = o, o += LG_LT_WS;
+    return o;
+}
+
+/* ---- entry points ---- */
+
+extern "C" int dsv4_cuda_linear_gemm_enabled(void) {
+    const char *e = getenv("DSV4_LINEAR_GEMM");
+    if (e && *e) return *e != '0';
+    return DSV4_LINEAR_GEMM_DEFAULT;
+}
+
+extern "C" size_t dsv4_cuda_linear_gemm_ws_bytes(int T, int K, int N) {
+    size_t a, b, c, d;
+    if (T < 0 || K < 0 || N < 0) return 0;
+    return lg_layout(T & ~3, K, N, &a, &b, &c, &d);
+}
+
+extern "C" int dsv4_cuda_linear_gemm_fits(const dsv4_cuda_weight *w, int T) {
+    return w && w->data && w->scale && w->fmt == DSV4_WF_FP8 && w->act_quant && T >= DSV4_LINEAR_GEMM_MIN_T && w->cols > 0 &&
+           w->rows > 0 && w->cols % 128 == 0 && w->rows % 128 == 0 && w->row0 % 128 == 0 &&
+           !(((uintptr_t)w->data + (uintptr_t)w->row0 * (uintptr_t)w->cols) & 15) && !(w->scale_f32 && ((uintptr_t)w->scale & 3));
+}
+
+extern "C" int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, int T, float *y, void *ws, size_t ws_bytes,
+                                     void *stream) {
+    if (!dsv4_cuda_linear_gemm_fits(w, T)) return 1;
+    if (!x || !y || ((uintptr_t)x & 15) || ((uintptr_t)y & 15)) return 1;
+    const int K = w->cols, N = w->rows, T4 = T & ~3, L = K / 128, L4 = (L + 3) / 4 * 4, NB = N / 128;
+    size_t oq, oxs, ows, olt;
+    const size_t need = lg_layout(T4, K, N, &oq, &oxs, &ows, &olt);
+    if (!ws || ((uintptr_t)ws & 255) || ws_bytes < need)
+        return dsv4_cuda_fail("linear gemm: workspace %zu bytes at %p, %zu needed (256-byte aligned) for T %d K %d N %d", ws_bytes,
+                              ws, need, T, K, N);
+    uint8_t *base = (uint8_t *)ws;
+    uint8_t *q = base + oq;
+    float *xs = (float *)(base + oxs), *wsc = (float *)(base + ows);
+    const uint8_t *A = w->data + (size_t)w->row0 * K;
+    cudaStream_t st = DSV4_STREAM(stream);
+
+    const void *sa = wsc, *sb = xs;
+    pthread_mutex_lock(&lg_mu);
+    lg_plan *p = lg_open() ? NULL : lg_plan_get(N, K, T4, lg_align(A), lg_align(y), sa, sb);
+    if (!p) {
+        pthread_mutex_unlock(&lg_mu);
+        return 1;
+    }
+    const int64_t nthr = (int64_t)T4 * L * 32 > (int64_t)NB * L4 ? (int64_t)T4 * L * 32 : (int64_t)NB * L4;
+    lg_prep<<<(unsigned)((nthr + 255) / 256), 256, 0, st>>>(x, T4, K, L, q, xs, w->scale, w->scale_f32, w->scale_stride,
+                                                            w->row0 / 128, NB, L4, wsc);
+    if (dsv4_cuda_check_launch("linear gemm (act quant)")) {
+        pthread_mutex_unlock(&lg_mu);
+        return -1;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t s = f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+    if (s == CUBLAS_STATUS_SUCCESS) s = f_desc_set(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        if (p->pick >= 0) {
+            s = f_matmul(lg_handle, p->op, &alpha, A, p->la, q, p->lb, &beta, y, p->ld, y, p->ld, &p->res[p->pick].algo,
+                         base + olt, LG_LT_WS, st);
+        } else { /* first use: the heuristic's algorithms in order, the first that runs is kept */
+            for (int i = 0; i < p->nres; i++) {
+                s = f_matmul(lg_handle, p->op, &alpha, A, p->la, q, p->lb, &beta, y, p->ld, y, p->ld, &p->res[i].algo,
+                             base + olt, LG_LT_WS, st);
+                if (s == CUBLAS_STATUS_SUCCESS) {
+                    p->pick = i;
+                    break;
+                }
+            }
+            if (s != CUBLAS_STATUS_SUCCESS) { /* none runs: the shape stays on the GEMV (only codes were written) */
+                char why[160];
+                snprintf(why, sizeof why, "no cuBLASLt algorithm ran for %d x %d x %d (status %d)", N, T4, K, (int)s);
+                lg_warn_once(why);
+                p->state = -1;
+                pthread_mutex_unlock(&lg_mu);
+                return 1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&lg_mu);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return dsv4_cuda_fail("linear gemm: cublasLtMatmul %d x %d x %d: status %d", N, T4, K, (int)s);
+    if (dsv4_cuda_check_launch("linear gemm (cublasLtMatmul)")) return -1;
+    /* the last T % 4 rows: the GEMV */
+    if (T > T4 && dsv4_cuda_linear(w, x + (size_t)T4 * K, 0, T - T4, y + (size_t)T4 * N, stream)) return -1;
+    return 0;
+}

@@ -1,0 +1,56 @@
+/* linear_gemm.h - prefill linears on the FP8 tensor cores (linear_gemm.cu), plain C.
+ *
+ * y[T, N] (fp32) = act_quant(x)[T, K] . W^T for an FP8 e4m3 weight with 128x128 block scales and the FP8
+ * act-quant recipe (the release's dense linears), as one cuBLASLt matmul with DeepSeek's scaling modes on
+ * Hopper: the weight is A (op T, CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F), the act-quant codes are B
+ * (op N, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: one fp32 scale per (token, 128 columns)), D is fp32.
+ * A kernel first writes the e4m3 codes and power-of-two scales of x exactly as dsv4_act_quant_fp8 (block 128)
+ * computes them, and the weight's block scales as fp32 in the layout cuBLASLt wants (a few KB; converted per
+ * call in the same launch, so no cache can go stale). Rows beyond the largest multiple of 4 (cuBLASLt's
+ * scale layouts need N % 4 == 0) go through dsv4_cuda_linear. The result is dsv4_cpu_linear's up to the
+ * tensor cores' accumulation of each 128-column block (on Hopper FP8 products are summed with ~14 significant
+ * bits before the block's scales are applied in fp32): relative L2 ~1.9e-4 from the twin. It is deterministic
+ * (a rerun gives the same bits) but NOT bitwise the decode GEMV's, so the forward uses it only for passes that
+ * are not decode steps.
+ *
+ * cuBLASLt is opened with dlopen (libcublasLt.so.13 / .so.12) on first use; when it is missing, or finds no
+ * algorithm for a shape, the call answers "not applicable" (and says why once on stderr). No device memory
+ * is allocated: the caller passes a workspace of dsv4_cuda_linear_gemm_ws_bytes(). Host-side plans
+ * (descriptors, chosen algorithm) are cached per shape; calls from several threads are serialized. */
+#ifndef DSV4_CUDA_LINEAR_GEMM_H
+#define DSV4_CUDA_LINEAR_GEMM_H
+
+#include <stddef.h>
+
+#include "cuda_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Fewest rows of x that take the GEMM (fewer: the GEMV is as fast and stays T-invariant). */
+#define DSV4_LINEAR_GEMM_MIN_T 64
+
+/* Whether the forward routes prefill linears here: DSV4_LINEAR_GEMM=0 / 1 in the environment, else the
+ * built-in default (off: the result is ~1.9e-4 relative L2 from the twin, outside the linear checks' tolerance;
+ * see linear_gemm.cu). */
+int dsv4_cuda_linear_gemm_enabled(void);
+
+/* Workspace bytes for up to T rows, K columns (input features) and N rows of the weight (output features):
+ * codes, scales and cuBLASLt's own workspace. */
+size_t dsv4_cuda_linear_gemm_ws_bytes(int T, int K, int N);
+
+/* 1 when the GEMM path takes this weight and T (FP8 + act quant, T >= DSV4_LINEAR_GEMM_MIN_T, K % 128 == 0,
+ * N % 128 == 0, a view starting at a multiple of 128 rows, 16-byte aligned data); 0 otherwise. */
+int dsv4_cuda_linear_gemm_fits(const dsv4_cuda_weight *w, int T);
+
+/* y = x . W^T (x fp32 [T, K], y fp32 [T, N], device). Returns 0 when done, 1 when not applicable (the caller
+ * runs dsv4_cuda_linear instead; nothing was enqueued), -1 on error (dsv4_cuda_last_error says why).
+ * ws: device workspace of ws_bytes >= dsv4_cuda_linear_gemm_ws_bytes(T, K, N), 256-byte aligned. */
+int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, int T, float *y, void *ws, size_t ws_bytes,
+                          void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
