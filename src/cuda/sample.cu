@@ -5,6 +5,7 @@
  * each one deterministic block reduction, instead of a sort. */
 #include "common.cuh"
 #include "sample_cuda.h"
+#include "../engine/sample_minp.h"
 
 #define SAMPLE_THREADS 512
 #define NWARP (SAMPLE_THREADS / 32)
@@ -121,21 +122,6 @@ struct row_view {
 
 __device__ __forceinline__ float zat(const row_view &r, int i) { return r.scaled ? r.l[i] / r.T : r.l[i]; }
 
-/* The smallest float z with exp((double)z - m) >= min_p; as minp_threshold() in sample.c. */
-__device__ static float minp_threshold(float mz, float min_p) {
-    if (!(min_p > 0.0f)) return -INFINITY;
-    const double m = mz, p = min_p;
-    float z = (float)(m + log(p));
-    if (!(z <= mz)) z = mz;
-    while (z < mz && exp((double)z - m) < p) z = nextafterf(z, INFINITY);
-    for (;;) {
-        float d = nextafterf(z, -INFINITY);
-        if (d == -INFINITY || exp((double)d - m) < p) break;
-        z = d;
-    }
-    return z;
-}
-
 __global__ void __launch_bounds__(SAMPLE_THREADS) k_sample(const float *logits, int64_t ld, int V,
                                                           dsv4_cuda_sample_params *params, int advance,
                                                           int32_t *out) {
@@ -185,7 +171,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) k_sample(const float *logits, 
     }
     const double m = mz;
 
-    if (threadIdx.x == 0) s_zlo = minp_threshold(mz, P.min_p);
+    if (threadIdx.x == 0) s_zlo = dsv4_minp_threshold(mz, P.min_p);
     __syncthreads();
     float zlo = s_zlo;
 

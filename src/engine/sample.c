@@ -1,5 +1,6 @@
 /* sample.c - see sample.h for the specification. */
 #include "sample.h"
+#include "sample_minp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -357,22 +358,6 @@ static inline int bucket_of(float z, double m) {
     return d >= HIST_BUCKETS - 1 ? HIST_BUCKETS - 1 : (int)d;
 }
 
-/* The smallest float z with exp((double)z - (double)mz) >= min_p (-inf when min_p is off), so
- * that the min_p test is a comparison of logits. */
-static float minp_threshold(float mz, float min_p) {
-    if (!(min_p > 0.0f)) return -INFINITY;
-    const double m = mz, p = min_p;
-    float z = (float)(m + log(p));
-    if (!(z <= mz)) z = mz;
-    while (z < mz && exp((double)z - m) < p) z = nextafterf(z, INFINITY);
-    for (;;) {
-        float d = nextafterf(z, -INFINITY);
-        if (d == -INFINITY || exp((double)d - m) < p) break;
-        z = d;
-    }
-    return z;
-}
-
 /* The k-th largest finite z, counted with multiplicity (-inf when there are at most k finite
  * logits). Small k: a min-heap of the k largest values in one pass; large k: quickselect. */
 #define TOPK_HEAP_MAX 1024
@@ -449,7 +434,7 @@ int32_t dsv4_sampler_sample(dsv4_sampler *s, const float *logits, dsv4_err *err)
 
     /* The filters as thresholds on (z, id): keep i iff z_i > -inf, z_i >= zlo and
      * (z_i, i) is not worse than (zc, idc). */
-    float zlo = minp_threshold(mz, s->p.min_p); /* min_p: w_i >= min_p <=> z_i >= zlo */
+    float zlo = dsv4_minp_threshold(mz, s->p.min_p); /* min_p: w_i >= min_p <=> z_i >= zlo */
     if (s->p.top_k > 0 && s->p.top_k < V) {
         /* min_p and top_k both keep a prefix of the (z desc) order, so they commute: the k-th
          * largest z over all finite tokens is the top_k threshold. */

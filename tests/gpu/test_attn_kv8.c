@@ -18,15 +18,7 @@
 #include "../../src/cuda/kv_cache.h"
 #include "../../src/quant/formats.h"
 
-static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static double urand(void) {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (double)(rs >> 11) / 9007199254740992.0;
-}
-static float nrand(void) {
-    double a = urand(), b = urand();
-    return (float)(sqrt(-2 * log(a + 1e-300)) * cos(6.283185307179586 * b));
-}
+#include "gpu_rand.h"
 
 static int fails = 0;
 
@@ -205,6 +197,7 @@ static void test_ikeys(int T, int Hi, int Di, int n) {
 }
 
 int main(void) {
+    rs = 0x9E3779B97F4A7C15ull;
     char err[256];
     if (dsv4_cuda_init(0, NULL, err, sizeof err)) {
         fprintf(stderr, "test_attn_kv8: %s\n", err);

@@ -14,15 +14,7 @@
 #include "../../src/cuda/sample_cuda.h"
 #include "../../src/engine/sample.h"
 
-static uint64_t rs = 88172645463325252ull;
-static double urand(void) {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (double)(rs >> 11) / 9007199254740992.0;
-}
-static float nrand(void) {
-    double a = urand(), b = urand();
-    return (float)(sqrt(-2 * log(a + 1e-300)) * cos(6.283185307179586 * b));
-}
+#include "gpu_rand.h"
 
 /* one of several logit shapes */
 static void make_logits(float *l, int V, int kind) {
@@ -40,6 +32,7 @@ static void make_logits(float *l, int V, int kind) {
 }
 
 int main(void) {
+    rs = 88172645463325252ull;
     char err[256];
     if (dsv4_cuda_init(0, NULL, err, sizeof err)) {
         fprintf(stderr, "test_sample: %s\n", err);
