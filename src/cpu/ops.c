@@ -1,5 +1,6 @@
 /* ops.c - see ops.h. */
 #include "ops.h"
+#include "hc_split.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -64,7 +65,6 @@ void dsv4_cpu_rope(float *x, int n, int npairs, const float *freq, int pos, int 
     }
 }
 
-static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* r * (fn . xf) for the rows of fn, with r = 1/sqrt(mean(xf^2) + eps). */
 static void hc_mix(const float *X, int MD, const dsv4_weight *fn, float norm_eps, float *mix) {
@@ -86,32 +86,8 @@ void dsv4_cpu_hc_pre(const float *X, int M, int D, const dsv4_weight *fn, const 
     float mix[(2 + 16) * 16];
     float pre[16];
     hc_mix(X, M * D, fn, norm_eps, mix);
-    for (int j = 0; j < M; j++) {
-        pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
-        post[j] = 2.0f * sigmoidf(mix[M + j] * scale[1] + base[M + j]);
-    }
-    float *C = comb;
-    for (int j = 0; j < M; j++)
-        for (int k = 0; k < M; k++) C[j * M + k] = mix[2 * M + j * M + k] * scale[2] + base[2 * M + j * M + k];
-    for (int j = 0; j < M; j++) { /* row softmax + eps */
-        float mx = -INFINITY, s = 0;
-        for (int k = 0; k < M; k++) mx = fmaxf(mx, C[j * M + k]);
-        for (int k = 0; k < M; k++) s += (C[j * M + k] = expf(C[j * M + k] - mx));
-        for (int k = 0; k < M; k++) C[j * M + k] = C[j * M + k] / s + hc_eps;
-    }
-    for (int it = 0; it < iters; it++) {
-        if (it > 0)
-            for (int j = 0; j < M; j++) {
-                float s = 0;
-                for (int k = 0; k < M; k++) s += C[j * M + k];
-                for (int k = 0; k < M; k++) C[j * M + k] /= (s + hc_eps);
-            }
-        for (int k = 0; k < M; k++) {
-            float s = 0;
-            for (int j = 0; j < M; j++) s += C[j * M + k];
-            for (int j = 0; j < M; j++) C[j * M + k] /= (s + hc_eps);
-        }
-    }
+    dsv4_hc_pre_weights(mix, M, scale[0], base, hc_eps, pre);
+    dsv4_hc_post_comb(mix, M, scale, base, iters, hc_eps, post, comb);
     for (int d = 0; d < D; d++) {
         float acc = 0;
         for (int j = 0; j < M; j++) acc += pre[j] * X[j * D + d];
@@ -135,7 +111,7 @@ void dsv4_cpu_hc_head(const float *X, int M, int D, const dsv4_weight *fn, const
                       float norm_eps, float hc_eps, float *y) {
     float mix[16], pre[16];
     hc_mix(X, M * D, fn, norm_eps, mix);
-    for (int j = 0; j < M; j++) pre[j] = sigmoidf(mix[j] * scale[0] + base[j]) + hc_eps;
+    dsv4_hc_pre_weights(mix, M, scale[0], base, hc_eps, pre);
     for (int d = 0; d < D; d++) {
         float acc = 0;
         for (int j = 0; j < M; j++) acc += pre[j] * X[j * D + d];

@@ -2,12 +2,11 @@
  * normalized combination, weighted sum of the M streams), post (recombination), head. Twins:
  * dsv4_cpu_hc_pre / _post / _head. One block per token for pre / head: the (2+M)*M mixing rows
  * are dot products over the token's M*D stream values (a warp per row), the tiny M x M Sinkhorn runs
- * on one thread exactly as the twin writes it. */
+ * on one thread, the same code as the twin (src/cpu/hc_split.h). */
 #include "common.cuh"
+#include "../cpu/hc_split.h"
 
 #define HC_MAXM 16
-
-__device__ __forceinline__ float dev_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* HEAD = 0: pre (x, post, comb); HEAD = 1: head (y = x). */
 template <int HEAD>
@@ -45,32 +44,8 @@ __global__ void __launch_bounds__(256) hc_pre_kernel(const float *X, int M, int 
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int j = 0; j < M; j++) pre[j] = dev_sigmoid(mix[j] * scale[0] + base[j]) + hc_eps;
-        if (!HEAD) {
-            float *pt = post + (int64_t)t * M, *C = comb + (int64_t)t * M * M;
-            for (int j = 0; j < M; j++) pt[j] = 2.0f * dev_sigmoid(mix[M + j] * scale[1] + base[M + j]);
-            for (int j = 0; j < M; j++)
-                for (int k = 0; k < M; k++) C[j * M + k] = mix[2 * M + j * M + k] * scale[2] + base[2 * M + j * M + k];
-            for (int j = 0; j < M; j++) {
-                float mx = -INFINITY, s = 0;
-                for (int k = 0; k < M; k++) mx = fmaxf(mx, C[j * M + k]);
-                for (int k = 0; k < M; k++) s += (C[j * M + k] = expf(C[j * M + k] - mx));
-                for (int k = 0; k < M; k++) C[j * M + k] = C[j * M + k] / s + hc_eps;
-            }
-            for (int it = 0; it < iters; it++) {
-                if (it > 0)
-                    for (int j = 0; j < M; j++) {
-                        float s = 0;
-                        for (int k = 0; k < M; k++) s += C[j * M + k];
-                        for (int k = 0; k < M; k++) C[j * M + k] /= (s + hc_eps);
-                    }
-                for (int k = 0; k < M; k++) {
-                    float s = 0;
-                    for (int j = 0; j < M; j++) s += C[j * M + k];
-                    for (int j = 0; j < M; j++) C[j * M + k] /= (s + hc_eps);
-                }
-            }
-        }
+        dsv4_hc_pre_weights(mix, M, scale[0], base, hc_eps, pre);
+        if (!HEAD) dsv4_hc_post_comb(mix, M, scale, base, iters, hc_eps, post + (int64_t)t * M, comb + (int64_t)t * M * M);
     }
     __syncthreads();
     float *xt = x + (int64_t)t * D;
