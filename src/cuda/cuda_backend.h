@@ -95,8 +95,9 @@ void dsv4_cuda_weight_free(dsv4_cuda_weight *w);
 
 /* y[T, w.rows] (fp32) = x[T, w.cols] . w^T, x fp32 (x_bf16 = 0) or bf16 (x_bf16 = 1, uint16 bits).
  * With w->act_quant each x row is first rounded by the FP8 act_quant simulation (block 128).
- * Twin: dsv4_cpu_linear. Few rows (T <= 16): a GEMV (a warp per two weight rows, 8 tokens per pass)
- * that streams the weight with 16-byte loads, dequantized in registers; more rows: a tiled GEMM. */
+ * Twin: dsv4_cpu_linear. A tensor-core GEMV (linear.cu, mma.sync m16n8k16: a warp per 16 weight rows, the
+ * tokens as the mma columns) reads the weight once per 16 rows of x, dequantized exactly in registers; a
+ * row's result is bitwise the same for any T (batch invariant). Odd sizes take an element-wise path. */
 int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream);
 
 /* In place, for each of `rows` rows of n values (row stride ld): x = w * x / sqrt(mean(x^2) + eps);
