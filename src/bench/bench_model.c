@@ -14,6 +14,7 @@
 
 #include "../cuda/kv_cache.h"
 #include "../io/safetensors.h"
+#include "../model/ckpt_tensors.h"
 
 /* ---- shapes (spec 1.1) ------------------------------------------------------------------------ */
 
@@ -54,12 +55,12 @@ int dsv4_bench_shape_get(const char *name, dsv4_bench_shape *o) {
     return 0;
 }
 
-/* ---- tensor specs ------------------------------------------------------------------------------- */
+/* ---- tensor specs: the stored tensors of model/ckpt_tensors.h, each with how to fill it ---------- */
 
 enum { K_F32, K_BF16, K_FP8W, K_CONST8, K_FP4, K_F32C, K_TID };
 
 typedef struct {
-    char name[80];
+    char name[DSV4_CKPT_NAME];
     dsv4_dtype dt;
     int ndim;
     int64_t shape[2];
@@ -72,10 +73,11 @@ typedef struct {
 typedef struct {
     tspec *t;
     size_t n, cap;
+    int nvfp4;
     int oom;
 } slist;
 
-static tspec *add(slist *L, const char *name, dsv4_dtype dt, int64_t d0, int64_t d1, int kind) {
+static tspec *add(slist *L, const dsv4_ckpt_part *p, int kind) {
     if (L->oom) return NULL;
     if (L->n == L->cap) {
         size_t cap = L->cap ? 2 * L->cap : 1024;
@@ -88,23 +90,13 @@ static tspec *add(slist *L, const char *name, dsv4_dtype dt, int64_t d0, int64_t
     }
     tspec *t = &L->t[L->n++];
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dt = dt;
-    t->ndim = d1 ? 2 : 1;
-    t->shape[0] = d0, t->shape[1] = d1;
-    t->nbytes = (uint64_t)d0 * (uint64_t)(d1 ? d1 : 1) * dsv4_dtype_size(dt);
+    memcpy(t->name, p->name, sizeof t->name);
+    t->dt = p->dtype;
+    t->ndim = p->ndim;
+    t->shape[0] = p->shape[0], t->shape[1] = p->ndim == 2 ? p->shape[1] : 0;
+    t->nbytes = (uint64_t)t->shape[0] * (uint64_t)(t->ndim == 2 ? t->shape[1] : 1) * dsv4_dtype_size(t->dt);
     t->kind = kind;
     return t;
-}
-
-static void f32(slist *L, const char *name, int64_t d0, int64_t d1, float off, float amp) {
-    tspec *t = add(L, name, DSV4_DT_F32, d0, d1, K_F32);
-    if (t) t->a = off, t->b = amp;
-}
-
-static void bf16(slist *L, const char *name, int64_t rows, int64_t cols, float std) {
-    tspec *t = add(L, name, DSV4_DT_BF16, rows, cols, K_BF16);
-    if (t) t->a = std;
 }
 
 /* power-of-two exponent k with amax / 2^k <= qmax */
@@ -114,119 +106,60 @@ static int pow2_exp(double amax, double qmax) {
     return k;
 }
 
-static void fp8(slist *L, const char *base, int64_t rows, int64_t cols) {
-    char n[128];
-    float std = 1.0f / sqrtf((float)cols);
-    snprintf(n, sizeof n, "%s.weight", base);
-    tspec *t = add(L, n, DSV4_DT_F8_E4M3, rows, cols, K_FP8W);
-    if (t) t->a = std;
-    snprintf(n, sizeof n, "%s.scale", base);
-    t = add(L, n, DSV4_DT_F8_E8M0, (rows + 127) / 128, (cols + 127) / 128, K_CONST8);
-    if (t) t->code = 127 + pow2_exp(std * sqrt(3.0), 448.0);
-}
-
 /* rms of a uniformly random e2m1 code: sqrt(mean of {0, .5, 1, 1.5, 2, 3, 4, 6}^2) */
 #define FP4_RMS 2.9262f
 
-static void fp4(slist *L, const char *base, int64_t rows, int64_t cols, int nvfp4) {
-    char n[128];
-    double sc = 1.0 / sqrt((double)cols) / FP4_RMS;
-    snprintf(n, sizeof n, "%s.weight", base);
-    add(L, n, DSV4_DT_I8, rows, cols / 2, K_FP4);
+static void add_tensor(void *ctx, const dsv4_ckpt_tensor *c) {
+    slist *L = ctx;
+    dsv4_ckpt_part p[3];
+    dsv4_ckpt_parts(c, L->nvfp4, p);
     tspec *t;
-    if (nvfp4) {
-        snprintf(n, sizeof n, "%s.weight_scale", base);
-        t = add(L, n, DSV4_DT_F8_E4M3, rows, cols / 16, K_CONST8);
-        if (t) t->code = 0x38; /* 1.0 */
-        snprintf(n, sizeof n, "%s.weight_scale_2", base);
-        t = add(L, n, DSV4_DT_F32, 1, 0, K_F32C);
-        if (t) t->a = (float)sc;
-    } else {
-        snprintf(n, sizeof n, "%s.scale", base);
-        t = add(L, n, DSV4_DT_F8_E8M0, rows, cols / 32, K_CONST8);
-        if (t) t->code = 127 + (int)lround(log2(sc));
-    }
-}
-
-static void compressor(slist *L, const char *pre, int64_t D, int ratio, int64_t d) {
-    char n[128];
-    int64_t cd = (ratio == 4 ? 2 : 1) * d;
-    snprintf(n, sizeof n, "%s.wkv.weight", pre);
-    bf16(L, n, cd, D, 1.0f / sqrtf((float)D));
-    snprintf(n, sizeof n, "%s.wgate.weight", pre);
-    bf16(L, n, cd, D, 1.0f / sqrtf((float)D));
-    snprintf(n, sizeof n, "%s.ape", pre);
-    f32(L, n, ratio, cd, 0.0f, 0.85f);
-    snprintf(n, sizeof n, "%s.norm.weight", pre);
-    f32(L, n, d, 0, 1.0f, 0.3f);
-}
-
-static void global_specs(slist *L, const dsv4_bench_shape *s) {
-    const int64_t V = s->vocab, D = s->dim, M = 4;
-    bf16(L, "embed.weight", V, D, 1.0f);
-    bf16(L, "head.weight", V, D, 1.0f / sqrtf((float)D));
-    f32(L, "norm.weight", D, 0, 1.0f, 0.3f);
-    f32(L, "hc_head_fn", M, M * D, 0.0f, sqrtf(3.0f / (float)(M * D)));
-    f32(L, "hc_head_base", M, 0, 0.0f, 0.7f);
-    f32(L, "hc_head_scale", 1, 0, 0.95f, 0.3f);
-}
-
-static void layer_specs(slist *L, const dsv4_bench_shape *s, int l, int nvfp4) {
-    const int64_t D = s->dim, M = 4, H = s->n_heads, Dh = s->head_dim, G = s->o_groups, Lq = s->q_lora;
-    const int64_t Ro = s->o_lora, I = s->moe_inter, E = s->n_experts, hcr = (2 + M) * M;
-    const int ratio = s->ratio[l];
-    char n[128];
-#define N(fmt_) (snprintf(n, sizeof n, "layers.%d." fmt_, l), n)
-    f32(L, N("attn_norm.weight"), D, 0, 1.0f, 0.3f);
-    f32(L, N("ffn_norm.weight"), D, 0, 1.0f, 0.3f);
-    f32(L, N("hc_attn_fn"), hcr, M * D, 0.0f, sqrtf(3.0f / (float)(M * D)));
-    f32(L, N("hc_attn_base"), hcr, 0, 0.0f, 0.7f);
-    f32(L, N("hc_attn_scale"), 3, 0, 0.95f, 0.3f);
-    f32(L, N("hc_ffn_fn"), hcr, M * D, 0.0f, sqrtf(3.0f / (float)(M * D)));
-    f32(L, N("hc_ffn_base"), hcr, 0, 0.0f, 0.7f);
-    f32(L, N("hc_ffn_scale"), 3, 0, 0.95f, 0.3f);
-    f32(L, N("attn.attn_sink"), H, 0, 0.5f, 1.0f);
-    f32(L, N("attn.q_norm.weight"), Lq, 0, 1.0f, 0.3f);
-    f32(L, N("attn.kv_norm.weight"), Dh, 0, 1.0f, 0.3f);
-    fp8(L, N("attn.wq_a"), Lq, D);
-    fp8(L, N("attn.wq_b"), H * Dh, Lq);
-    fp8(L, N("attn.wkv"), Dh, D);
-    bf16(L, N("attn.wo_a.weight"), G * Ro, H / G * Dh, 1.0f / sqrtf((float)(H / G * Dh)));
-    fp8(L, N("attn.wo_b"), D, G * Ro);
-    if (ratio > 0) {
-        compressor(L, N("attn.compressor"), D, ratio, Dh);
-        if (ratio == 4) {
-            fp8(L, N("attn.indexer.wq_b"), (int64_t)s->idx_heads * s->idx_dim, Lq);
-            bf16(L, N("attn.indexer.weights_proj.weight"), s->idx_heads, D, 1.0f / sqrtf((float)D));
-            compressor(L, N("attn.indexer.compressor"), D, 4, s->idx_dim);
+    switch (c->kind) {
+    case DSV4_CKPT_F32:
+        if ((t = add(L, &p[0], K_F32))) t->a = c->off, t->b = c->amp;
+        break;
+    case DSV4_CKPT_BF16:
+        if ((t = add(L, &p[0], K_BF16))) t->a = c->std;
+        break;
+    case DSV4_CKPT_TID2EID:
+        if ((t = add(L, &p[0], K_TID))) t->code = c->n_experts;
+        break;
+    case DSV4_CKPT_FP8: /* scale: the block scale of U[-a, a), a = std * sqrt(3) */
+        if ((t = add(L, &p[0], K_FP8W))) t->a = c->std;
+        if ((t = add(L, &p[1], K_CONST8))) t->code = 127 + pow2_exp(c->std * sqrt(3.0), 448.0);
+        break;
+    case DSV4_CKPT_FP4: { /* random codes; scales making the std 1/sqrt(cols) */
+        double sc = 1.0 / sqrt((double)c->shape[1]) / FP4_RMS;
+        add(L, &p[0], K_FP4);
+        if (!L->nvfp4) {
+            if ((t = add(L, &p[1], K_CONST8))) t->code = 127 + (int)lround(log2(sc));
+        } else {
+            if ((t = add(L, &p[1], K_CONST8))) t->code = 0x38; /* 1.0 */
+            if ((t = add(L, &p[2], K_F32C))) t->a = (float)sc;
         }
+        break;
     }
-    bf16(L, N("ffn.gate.weight"), E, D, 1.0f / sqrtf((float)D));
-    if (l < s->n_hash_layers) {
-        tspec *t = add(L, N("ffn.gate.tid2eid"), DSV4_DT_I64, s->vocab, s->n_active, K_TID);
-        if (t) t->code = (int)E;
-    } else {
-        f32(L, N("ffn.gate.bias"), E, 0, -0.1f, 0.3f);
     }
-    for (int e = 0; e < E; e++) {
-        snprintf(n, sizeof n, "layers.%d.ffn.experts.%d.w1", l, e);
-        fp4(L, n, I, D, nvfp4);
-        snprintf(n, sizeof n, "layers.%d.ffn.experts.%d.w2", l, e);
-        fp4(L, n, D, I, nvfp4);
-        snprintf(n, sizeof n, "layers.%d.ffn.experts.%d.w3", l, e);
-        fp4(L, n, I, D, nvfp4);
-    }
-    fp8(L, N("ffn.shared_experts.w1"), I, D);
-    fp8(L, N("ffn.shared_experts.w2"), D, I);
-    fp8(L, N("ffn.shared_experts.w3"), I, D);
-#undef N
+}
+
+/* the config fields dsv4_ckpt_tensors reads, for the first n_layers layers of s */
+static void ckpt_config(const dsv4_bench_shape *s, int n_layers, int n_hash_layers, dsv4_config *c) {
+    memset(c, 0, sizeof *c);
+    c->vocab_size = s->vocab, c->dim = s->dim, c->moe_inter_dim = s->moe_inter, c->n_layers = n_layers;
+    c->n_hash_layers = n_hash_layers, c->n_heads = s->n_heads, c->head_dim = s->head_dim;
+    c->q_lora_rank = s->q_lora, c->o_groups = s->o_groups, c->o_lora_rank = s->o_lora;
+    c->n_routed_experts = s->n_experts, c->n_shared_experts = 1, c->n_activated_experts = s->n_active;
+    c->hc_mult = 4, c->index_n_heads = s->idx_heads, c->index_head_dim = s->idx_dim;
+    for (int l = 0; l < s->n_layers_full; l++) c->compress_ratios[l] = s->ratio[l];
 }
 
 void dsv4_bench_layer_bytes(const dsv4_bench_shape *s, int l, int nvfp4, dsv4_bench_bytes *out) {
     memset(out, 0, sizeof *out);
-    slist L = {0};
-    layer_specs(&L, s, l, nvfp4);
-    global_specs(&L, s);
+    slist L = {.nvfp4 = nvfp4};
+    dsv4_config c;
+    ckpt_config(s, s->n_layers_full, s->n_hash_layers, &c);
+    dsv4_ckpt_layer_tensors(&c, l, add_tensor, &L);
+    dsv4_ckpt_global_tensors(&c, add_tensor, &L);
     double experts = 0, emacs = 0;
     for (size_t i = 0; i < L.n; i++) {
         const tspec *t = &L.t[i];
@@ -431,11 +364,10 @@ int dsv4_bench_write(const char *dir, const dsv4_bench_shape *s, int n_layers, i
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (write_config(path, s, n_layers, nvfp4, seed, err)) return -1;
-    dsv4_bench_shape sh = *s;
-    if (sh.n_hash_layers > n_layers) sh.n_hash_layers = n_layers;
-    slist L = {0};
-    global_specs(&L, &sh);
-    for (int l = 0; l < n_layers; l++) layer_specs(&L, &sh, l, nvfp4);
+    dsv4_config c;
+    ckpt_config(s, n_layers, s->n_hash_layers < n_layers ? s->n_hash_layers : n_layers, &c);
+    slist L = {.nvfp4 = nvfp4};
+    dsv4_ckpt_tensors(&c, add_tensor, &L);
     sbuf h = {0};
     int rc = -1, fd = -1;
     uint8_t *map = MAP_FAILED;

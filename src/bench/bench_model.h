@@ -9,8 +9,9 @@
  * through a shared mapping by all OpenMP threads; every value comes from a counter-based hash of
  * (seed, tensor name, element index), so the result is the same for any thread count. Values are
  * random codes scaled like a freshly initialized model (std ~ 1/sqrt(fan_in)); routing is whatever
- * the random gate gives. It is not `dsv4 synth` (src/model/synth.c encodes every value from floats,
- * single-threaded, in memory: too slow for 3-12 GiB of experts per layer). */
+ * the random gate gives. The tensor list is model/ckpt_tensors.h's, as for `dsv4 synth`; only the
+ * values differ (src/model/synth.c encodes every value from floats, single-threaded, in memory: too
+ * slow for 3-12 GiB of experts per layer). */
 #ifndef DSV4_BENCH_MODEL_H
 #define DSV4_BENCH_MODEL_H
 

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "../io/safetensors.h"
+#include "ckpt_tensors.h"
 
 void dsv4_synth_defaults(dsv4_synth_opts *o) {
     memset(o, 0, sizeof *o);
@@ -191,24 +192,23 @@ static void add_bf16(tlist *L, const char *name, int64_t rows, int64_t cols, flo
     for (int64_t i = 0; i < rows * cols; i++) p[i] = f32_to_bf16(a * rng_sym(&r));
 }
 
-/* FP8 e4m3 linear BASE.weight [rows, cols] + BASE.scale F8_E8M0 [ceil(rows/128), ceil(cols/128)],
- * weights uniform with std 1/sqrt(cols) */
-static void add_fp8(tlist *L, const char *base, int64_t rows, int64_t cols) {
-    char name[256];
+/* FP8 e4m3 linear: weight [rows, cols] uniform with std 1/sqrt(cols), quantized per 128x128 block
+ * with power-of-two F8_E8M0 scales */
+static void add_fp8(tlist *L, const dsv4_ckpt_tensor *t) {
+    dsv4_ckpt_part p[3];
+    dsv4_ckpt_parts(t, 0, p);
+    const int64_t rows = t->shape[0], cols = t->shape[1];
     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
     if (!w) {
         L->oom = 1;
         return;
     }
-    snprintf(name, sizeof name, "%s.weight", base);
-    rng r = rng_for(L->seed, name);
+    rng r = rng_for(L->seed, p[0].name);
     float a = sqrtf(3.0f / (float)cols);
     for (int64_t i = 0; i < rows * cols; i++) w[i] = a * rng_sym(&r);
-    int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
-    int64_t sh[2] = {rows, cols}, ssh[2] = {sr, sc};
-    uint8_t *q = tl_add(L, name, DSV4_DT_F8_E4M3, 2, sh);
-    snprintf(name, sizeof name, "%s.scale", base);
-    uint8_t *s = tl_add(L, name, DSV4_DT_F8_E8M0, 2, ssh);
+    int64_t sr = p[1].shape[0], sc = p[1].shape[1];
+    uint8_t *q = tl_add(L, p[0].name, p[0].dtype, 2, p[0].shape);
+    uint8_t *s = tl_add(L, p[1].name, p[1].dtype, 2, p[1].shape);
     if (q && s)
         for (int64_t bi = 0; bi < sr; bi++)
             for (int64_t bj = 0; bj < sc; bj++) {
@@ -224,16 +224,14 @@ static void add_fp8(tlist *L, const char *base, int64_t rows, int64_t cols) {
     free(w);
 }
 
-/* MXFP4 expert BASE.weight I8 [rows, cols/2] (low nibble = even element) + BASE.scale F8_E8M0
- * [rows, cols/32]; weights uniform with std 1/sqrt(cols) */
-static void add_fp4(tlist *L, const char *base, int64_t rows, int64_t cols) {
-    char name[256];
-    snprintf(name, sizeof name, "%s.weight", base);
-    rng r = rng_for(L->seed, name);
-    int64_t sh[2] = {rows, cols / 2}, ssh[2] = {rows, cols / 32};
-    uint8_t *q = tl_add(L, name, DSV4_DT_I8, 2, sh);
-    snprintf(name, sizeof name, "%s.scale", base);
-    uint8_t *s = tl_add(L, name, DSV4_DT_F8_E8M0, 2, ssh);
+/* MXFP4 expert: weight uniform with std 1/sqrt(cols), e2m1 codes with a power-of-two scale per 32 */
+static void add_fp4(tlist *L, const dsv4_ckpt_tensor *t) {
+    dsv4_ckpt_part p[3];
+    dsv4_ckpt_parts(t, 0, p);
+    const int64_t rows = t->shape[0], cols = t->shape[1];
+    rng r = rng_for(L->seed, p[0].name);
+    uint8_t *q = tl_add(L, p[0].name, p[0].dtype, 2, p[0].shape);
+    uint8_t *s = tl_add(L, p[1].name, p[1].dtype, 2, p[1].shape);
     if (!q || !s) return;
     float a = sqrtf(3.0f / (float)cols), blk[32];
     for (int64_t i = 0; i < rows; i++)
@@ -253,93 +251,49 @@ static void add_fp4(tlist *L, const char *base, int64_t rows, int64_t cols) {
 }
 
 /* tid2eid I64 [V, K]: K distinct experts per token */
-static void add_tid2eid(tlist *L, const char *name, int64_t V, int K, int E) {
-    int64_t sh[2] = {V, K};
-    int64_t *p = tl_add(L, name, DSV4_DT_I64, 2, sh);
+static void add_tid2eid(tlist *L, const dsv4_ckpt_tensor *t) {
+    const int64_t V = t->shape[0];
+    const int K = (int)t->shape[1], E = t->n_experts;
+    int64_t *p = tl_add(L, t->name, DSV4_DT_I64, 2, t->shape);
     if (!p) return;
-    rng r = rng_for(L->seed, name);
+    rng r = rng_for(L->seed, t->name);
     int perm[1024];
     for (int64_t v = 0; v < V; v++) {
         for (int e = 0; e < E; e++) perm[e] = e;
         for (int k = 0; k < K; k++) { /* partial Fisher-Yates */
             int j = k + (int)(rng_next(&r) % (uint64_t)(E - k));
-            int t = perm[k];
+            int tmp = perm[k];
             perm[k] = perm[j];
-            perm[j] = t;
+            perm[j] = tmp;
             p[v * K + k] = perm[k];
         }
     }
 }
 
-static int ratio_of(const dsv4_synth_opts *o, int L) { return L == 0 ? 0 : (L % 2 ? 4 : o->hca_ratio); }
-
-static void add_compressor(tlist *L, const char *pre, int D, int ratio, int d) {
-    char name[256];
-    int cd = (ratio == 4 ? 2 : 1) * d;
-    snprintf(name, sizeof name, "%s.wkv.weight", pre);
-    add_bf16(L, name, cd, D, 1.0f / sqrtf((float)D));
-    snprintf(name, sizeof name, "%s.wgate.weight", pre);
-    add_bf16(L, name, cd, D, 1.0f / sqrtf((float)D));
-    snprintf(name, sizeof name, "%s.ape", pre);
-    add_f32(L, name, 2, ratio, cd, 0.0f, 0.85f);
-    snprintf(name, sizeof name, "%s.norm.weight", pre);
-    add_f32(L, name, 1, d, 0, 1.0f, 0.3f);
+static void add_tensor(void *ctx, const dsv4_ckpt_tensor *t) {
+    tlist *L = ctx;
+    if (L->oom) return;
+    switch (t->kind) {
+    case DSV4_CKPT_F32: add_f32(L, t->name, t->ndim, t->shape[0], t->shape[1], t->off, t->amp); break;
+    case DSV4_CKPT_BF16: add_bf16(L, t->name, t->shape[0], t->shape[1], t->std); break;
+    case DSV4_CKPT_FP8: add_fp8(L, t); break;
+    case DSV4_CKPT_FP4: add_fp4(L, t); break;
+    case DSV4_CKPT_TID2EID: add_tid2eid(L, t); break;
+    }
 }
 
+static int ratio_of(const dsv4_synth_opts *o, int L) { return L == 0 ? 0 : (L % 2 ? 4 : o->hca_ratio); }
+
 static void build(tlist *L, const dsv4_synth_opts *o) {
-    const int64_t V = o->vocab_size, D = o->dim, M = 4, H = o->n_heads, Dh = o->head_dim, G = o->o_groups;
-    const int64_t Lq = o->q_lora_rank, Ro = o->o_lora_rank, I = o->moe_inter_dim, E = o->n_routed_experts;
-    const int64_t hcr = (2 + M) * M;
-    char n[256];
-    add_bf16(L, "embed.weight", V, D, 1.0f);
-    add_bf16(L, "head.weight", V, D, 1.0f / sqrtf((float)D));
-    add_f32(L, "norm.weight", 1, D, 0, 1.0f, 0.3f);
-    add_f32(L, "hc_head_fn", 2, M, M * D, 0.0f, sqrtf(3.0f / (float)(M * D)));
-    add_f32(L, "hc_head_base", 1, M, 0, 0.0f, 0.7f);
-    add_f32(L, "hc_head_scale", 1, 1, 0, 0.95f, 0.3f);
-    for (int l = 0; l < o->n_layers && !L->oom; l++) {
-        int ratio = ratio_of(o, l);
-#define N(fmt_) (snprintf(n, sizeof n, "layers.%d." fmt_, l), n)
-        add_f32(L, N("attn_norm.weight"), 1, D, 0, 1.0f, 0.3f);
-        add_f32(L, N("ffn_norm.weight"), 1, D, 0, 1.0f, 0.3f);
-        add_f32(L, N("hc_attn_fn"), 2, hcr, M * D, 0.0f, sqrtf(3.0f / (float)(M * D)));
-        add_f32(L, N("hc_attn_base"), 1, hcr, 0, 0.0f, 0.7f);
-        add_f32(L, N("hc_attn_scale"), 1, 3, 0, 0.95f, 0.3f);
-        add_f32(L, N("hc_ffn_fn"), 2, hcr, M * D, 0.0f, sqrtf(3.0f / (float)(M * D)));
-        add_f32(L, N("hc_ffn_base"), 1, hcr, 0, 0.0f, 0.7f);
-        add_f32(L, N("hc_ffn_scale"), 1, 3, 0, 0.95f, 0.3f);
-        add_f32(L, N("attn.attn_sink"), 1, H, 0, 0.5f, 1.0f);
-        add_f32(L, N("attn.q_norm.weight"), 1, Lq, 0, 1.0f, 0.3f);
-        add_f32(L, N("attn.kv_norm.weight"), 1, Dh, 0, 1.0f, 0.3f);
-        add_fp8(L, N("attn.wq_a"), Lq, D);
-        add_fp8(L, N("attn.wq_b"), H * Dh, Lq);
-        add_fp8(L, N("attn.wkv"), Dh, D);
-        add_bf16(L, N("attn.wo_a.weight"), G * Ro, H / G * Dh, 1.0f / sqrtf((float)(H / G * Dh)));
-        add_fp8(L, N("attn.wo_b"), D, G * Ro);
-        if (ratio > 0) {
-            add_compressor(L, N("attn.compressor"), (int)D, ratio, (int)Dh);
-            if (ratio == 4) {
-                add_fp8(L, N("attn.indexer.wq_b"), (int64_t)o->index_n_heads * o->index_head_dim, Lq);
-                add_bf16(L, N("attn.indexer.weights_proj.weight"), o->index_n_heads, D, 1.0f / sqrtf((float)D));
-                add_compressor(L, N("attn.indexer.compressor"), (int)D, 4, o->index_head_dim);
-            }
-        }
-        add_bf16(L, N("ffn.gate.weight"), E, D, 1.0f / sqrtf((float)D));
-        if (l < o->n_hash_layers) add_tid2eid(L, N("ffn.gate.tid2eid"), V, o->n_activated_experts, (int)E);
-        else add_f32(L, N("ffn.gate.bias"), 1, E, 0, -0.1f, 0.3f);
-        for (int e = 0; e < E; e++) {
-            snprintf(n, sizeof n, "layers.%d.ffn.experts.%d.w1", l, e);
-            add_fp4(L, n, I, D);
-            snprintf(n, sizeof n, "layers.%d.ffn.experts.%d.w2", l, e);
-            add_fp4(L, n, D, I);
-            snprintf(n, sizeof n, "layers.%d.ffn.experts.%d.w3", l, e);
-            add_fp4(L, n, I, D);
-        }
-        add_fp8(L, N("ffn.shared_experts.w1"), I, D);
-        add_fp8(L, N("ffn.shared_experts.w2"), D, I);
-        add_fp8(L, N("ffn.shared_experts.w3"), I, D);
-#undef N
-    }
+    dsv4_config c = {
+        .vocab_size = o->vocab_size, .dim = o->dim, .moe_inter_dim = o->moe_inter_dim, .n_layers = o->n_layers,
+        .n_hash_layers = o->n_hash_layers, .n_heads = o->n_heads, .head_dim = o->head_dim,
+        .q_lora_rank = o->q_lora_rank, .o_groups = o->o_groups, .o_lora_rank = o->o_lora_rank,
+        .n_routed_experts = o->n_routed_experts, .n_shared_experts = 1, .n_activated_experts = o->n_activated_experts,
+        .hc_mult = 4, .index_n_heads = o->index_n_heads, .index_head_dim = o->index_head_dim,
+    };
+    for (int l = 0; l < o->n_layers; l++) c.compress_ratios[l] = ratio_of(o, l);
+    dsv4_ckpt_tensors(&c, add_tensor, L);
 }
 
 /* ---- files ----------------------------------------------------------------------------------- */

@@ -4,7 +4,7 @@
  * (FP8 e4m3 linears + F8_E8M0 128x128 block scales, MXFP4 routed experts packed in I8 + F8_E8M0 per-32
  * scales, BF16 embed / head / gate / compressors / indexer weights_proj / wo_a, F32 norms / mHC / ape /
  * sinks / gate bias, I64 tid2eid), the tokenizer files copied from a tokenizer directory, and a README
- * saying the weights are random.
+ * saying the weights are random. The tensor list is ckpt_tensors.h's.
  *
  * The weights are deterministic pseudo-random numbers from the seed (each tensor has its own stream,
  * derived from the seed and the tensor's name), scaled like a freshly initialized model (linears
