@@ -38,7 +38,7 @@
 
 typedef struct {
     const char *synthetic, *experts, *dir, *device, *json_file;
-    int layers, prompt, steps, chunk, json, keep, reps, replays;
+    int layers, prompt, steps, chunk, json, keep, reps, replays, profile;
     int batch[MAXL], nbatch, context[MAXL], ncontext;
     unsigned long long seed;
 } opts;
@@ -70,7 +70,9 @@ static void usage(FILE *f) {
             "  --keep             keep the checkpoint afterwards (default: removed)\n"
             "  --device DEV       cuda (default) or cpu (the float32 reference; only sensible with tiny)\n"
             "  --json             one JSON object on stdout instead of the tables\n"
-            "  --json-file FILE   the tables on stdout and the JSON object into FILE\n");
+            "  --json-file FILE   the tables on stdout and the JSON object into FILE\n"
+            "  --profile          GPU: also a table per op of one prefill and of each decode step (run without\n"
+            "                     graphs, an event after every op; stdout, stderr with --json)\n");
 }
 
 static int parse_list(const char *s, int *out, int *n) {
@@ -217,6 +219,8 @@ int dsv4_cmd_bench(int argc, char **argv) {
             o.keep = 1;
         } else if (!strcmp(a, "--json")) {
             o.json = 1;
+        } else if (!strcmp(a, "--profile")) {
+            o.profile = 1;
         } else {
             fprintf(stderr, "dsv4 bench: unknown option '%s' (dsv4 bench --help)\n", a);
             return 2;
@@ -343,7 +347,11 @@ int dsv4_cmd_bench(int argc, char **argv) {
             fprintf(stderr, "dsv4 bench: out of memory\n");
             return 1;
         }
-        for (int r = 0; r <= nr; r++) { /* r = 0: warm-up (workspaces grow) */
+        int nrun = nr;
+#ifdef DSV4_CUDA
+        if (cuda && o.profile) nrun++; /* one more run, profiled, not timed */
+#endif
+        for (int r = 0; r <= nrun; r++) { /* r = 0: warm-up (workspaces grow) */
             dsv4_seq *sq = dsv4_seq_new(m);
             if (!sq) {
                 fprintf(stderr, "dsv4 bench: out of memory (sequence)\n");
@@ -353,12 +361,22 @@ int dsv4_cmd_bench(int argc, char **argv) {
             for (int i = 0; i < o.prompt; i++) tok[i] = rand_tok(V);
             const int32_t *tp = tok;
             int n = o.prompt;
+#ifdef DSV4_CUDA
+            if (r > nr) dsv4_cuda_profile_open(m->gpu);
+#endif
             double a = now();
             if (dsv4_forward(m, 1, &sq, &tp, &n, lg, DSV4_LOGITS_LAST, err, sizeof err)) {
                 fprintf(stderr, "dsv4 bench: prefill: %s\n", err);
                 return 1;
             }
-            if (r) ts[r - 1] = now() - a;
+            if (r && r <= nr) ts[r - 1] = now() - a;
+#ifdef DSV4_CUDA
+            if (r > nr) {
+                char title[64];
+                snprintf(title, sizeof title, "prefill of %d tokens", o.prompt);
+                dsv4_cuda_profile_close(m->gpu, o.json ? stderr : stdout, title);
+            }
+#endif
             dsv4_seq_free(sq);
         }
         free(tok);
@@ -428,6 +446,8 @@ int dsv4_cmd_bench(int argc, char **argv) {
                 R->t_step = rs * 1e-3;
                 R->graph = 1;
             }
+            if (cuda && o.profile && dsv4_cuda_decode_profile(m->gpu, B, 5, o.json ? stderr : stdout))
+                fprintf(stderr, "dsv4 bench: the decode profile failed\n");
 #endif
             R->t_head = R->t_step - R->t_layers;
             /* bytes: the N measured layers + head */

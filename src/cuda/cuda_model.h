@@ -17,6 +17,7 @@
 #define DSV4_CUDA_MODEL_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "cuda_backend.h"
@@ -64,6 +65,13 @@ int dsv4_cuda_decode_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *
  * rewrites that step's state: only for benchmarks) and gives the median milliseconds of the layers graph
  * alone and of layers + head. -1 when graphs are off or no such step ran yet. */
 int dsv4_cuda_decode_replay_ms(dsv4_cuda_model *g, int batch, int iters, double *layers_ms, double *step_ms);
+/* Benchmark: where the time of the last decode step of `batch` sequences goes: its launches run `iters` times
+ * without graphs with an event after every op (op_profile.c); a table per op to `out`. -1 when no such step
+ * ran last. */
+int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out);
+/* The same for passes that are not decode steps (prefill): forwards between open and close are profiled. */
+int dsv4_cuda_profile_open(dsv4_cuda_model *g);
+void dsv4_cuda_profile_close(dsv4_cuda_model *g, FILE *out, const char *title);
 
 /* ---- device-side sequence state and batches (shared by the host code and the kernels) ---- */
 
@@ -198,7 +206,8 @@ int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, i
 /* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),
  * y[i] = h[i] . w2^T ([T*K, D]). One launch each over (active expert, block of output rows) with a fixed
  * shape for maxslots = min(E, T*K) experts; blocks past *nact return. Each output value is one warp's
- * dot product in a fixed order, whatever else shares the expert. x [T, D]. */
+ * dot product in a fixed order, whatever else shares the expert. x [T, D]. The inputs of each product (x, h)
+ * are act-quantized as the weights' act_quant asks, else rounded to bf16 when they have act_bf16. */
 int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,
                           float lim, float *h, float *y, void *stream);
 /* out[t] = sum of y[tslot[t, j]] in increasing expert id, then + shared[t] (shared may be NULL): the

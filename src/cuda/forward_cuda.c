@@ -38,7 +38,8 @@ static int ck_debug(const dsv4_cuda_model *g, int line) {
     return gpu_fail("forward_cuda.c", line, dsv4_cuda_last_error());
 }
 
-#define CK(call) do { if ((call)) return gpu_fail("forward_cuda.c", __LINE__, dsv4_cuda_last_error()); if (ck_debug(g, __LINE__)) return -1; } while (0)
+#define CK(call) do { if ((call)) return gpu_fail("forward_cuda.c", __LINE__, dsv4_cuda_last_error()); if (ck_debug(g, __LINE__)) return -1; \
+                         if (g->prof) gprof_mark(g, #call, __LINE__); } while (0)
 
 /* ---- the workspace of a pass and the step input ---- */
 
@@ -301,6 +302,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const dsv4_config *c = &g->m->cfg;
     const glayer *gl = &g->L[L];
     const int T = b->T, M = c->hc_mult, D = c->dim;
+    gprof_layer(g, g->m->layers[L].ratio);
     CK(dsv4_cuda_hc_pre(w->X, T, M, D, ffn ? &gl->hc_ffn_fn : &gl->hc_attn_fn, ffn ? gl->hc_ffn_scale : gl->hc_attn_scale,
                         ffn ? gl->hc_ffn_base : gl->hc_attn_base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps, w->x,
                         w->post, w->comb, g->stream));
@@ -318,6 +320,7 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
         CK(sub_block(g, w, b, L, 0));
         CK(sub_block(g, w, b, L, 1));
     }
+    gprof_layer(g, -1);
     CK(dsv4_cuda_seq_advance(b, g->stream));
     return 0;
 }
@@ -360,6 +363,7 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
         for (int i = 0; i < sl[s].n; i++, t++) tok[t] = sl[s].tok[i], pos[t] = sl[s].p0 + i, sid[t] = s;
     }
     CK(dsv4_cuda_upload_async(g->dstep, h, l.bytes, g->stream));
+    gprof_run_begin(g);
     dsv4_cuda_batch b = gpu_batch_at(g, T, S);
     gws w;
     gpu_ws_carve(g, T, &w);

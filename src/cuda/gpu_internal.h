@@ -4,6 +4,8 @@
 #ifndef DSV4_CUDA_GPU_INTERNAL_H
 #define DSV4_CUDA_GPU_INTERNAL_H
 
+#include <stdio.h>
+
 #include "../model/model.h"
 #include "cuda_model.h"
 
@@ -91,6 +93,7 @@ struct dsv4_cuda_model {
     int last_bucket;       /* bucket of the last decode step (-1: none) */
     dsv4_cuda_sample_params *dsp, *hsp; /* [GB_MAX] sampling parameters of a step: device, pinned host */
     int32_t *dids, *hids;               /* [GB_MAX] sampled ids: device, pinned host */
+    struct gprof *prof;                 /* an open op profile (op_profile.c), else NULL */
 };
 
 struct dsv4_cuda_seq {
@@ -117,5 +120,12 @@ void gpu_err_clear(void);
 /* decode_graph.c: a step of nseq sequences with one token each at most (count of tokens 1 .. GB_MAX) */
 int gpu_decode(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
                float *logits, int mode);
+
+/* op_profile.c: per-op times of forwards run without graphs while a profile is open */
+int gprof_open(dsv4_cuda_model *g);
+void gprof_run_begin(dsv4_cuda_model *g);            /* a new run (forward) starts */
+void gprof_layer(dsv4_cuda_model *g, int ltype);     /* the ops that follow belong to a layer of this ratio (-1: none) */
+void gprof_mark(dsv4_cuda_model *g, const char *call, int line); /* after each op */
+void gprof_close(dsv4_cuda_model *g, FILE *out, const char *title); /* prints the table, frees */
 
 #endif
