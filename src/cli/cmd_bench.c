@@ -131,6 +131,8 @@ typedef struct {
     double bytes, bytes_dense, bytes_experts, bytes_head, bytes_kv, kv_engine, uniq;
     double roof, ratio;
     double proj_step, proj_bytes, proj_roof, proj_ratio;
+    int ntypes, type_ratio[8];        /* per layer type (compress ratio): time of one such layer, seconds */
+    double t_type[8];                 /* (the replay's layers time split as the op profile splits it) */
 } dec_res;
 
 /* multiply-adds of attention (QK + PV) and of the indexer scores for one query at position p */
@@ -337,7 +339,11 @@ int dsv4_cmd_bench(int argc, char **argv) {
     const double head_bytes = lb[0].head;
 
     /* 3. prefill */
-    double pf_t = 0, pf_tflops = 0, pf_macs = 0;
+    double pf_t = 0, pf_tflops = 0, pf_macs = 0, pf_proj = 0; /* pf_proj: whole-model prefill seconds */
+    const char *pf_how = "measured layers' average";
+#ifdef DSV4_CUDA
+    dsv4_cuda_prof_split pf_split = {0};
+#endif
     if (o.prompt > 0) {
         double ts[8];
         int nr = o.reps;
@@ -349,7 +355,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
         }
         int nrun = nr;
 #ifdef DSV4_CUDA
-        if (cuda && o.profile) nrun++; /* one more run, profiled, not timed */
+        if (cuda) nrun++; /* one more run, profiled (the split by layer type; the table with --profile), not timed */
 #endif
         for (int r = 0; r <= nrun; r++) { /* r = 0: warm-up (workspaces grow) */
             dsv4_seq *sq = dsv4_seq_new(m);
@@ -374,7 +380,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
             if (r > nr) {
                 char title[64];
                 snprintf(title, sizeof title, "prefill of %d tokens", o.prompt);
-                dsv4_cuda_profile_close(m->gpu, o.json ? stderr : stdout, title);
+                dsv4_cuda_profile_close(m->gpu, o.profile ? (o.json ? stderr : stdout) : NULL, title, &pf_split);
             }
 #endif
             dsv4_seq_free(sq);
@@ -388,6 +394,22 @@ int dsv4_cmd_bench(int argc, char **argv) {
         }
         pf_macs += lb[0].head_macs; /* one row of logits */
         pf_tflops = 2 * pf_macs / pf_t / 1e12;
+        pf_proj = pf_t / N * s.n_layers_full;
+#ifdef DSV4_CUDA
+        double lay = pf_split.other_ms;
+        for (int k = 0; k < pf_split.n; k++) lay += pf_split.ms[k];
+        if (lay > 0) { /* per layer type, as for decode below; the head's share (one row) stays in "other" */
+            const double f = pf_t / lay;
+            pf_proj = f * pf_split.other_ms;
+            pf_how = "by layer type";
+            for (int L = 0; L < s.n_layers_full; L++) {
+                int cnt = 0, k = 0;
+                while (k < pf_split.n && pf_split.ratio[k] != s.ratio[L]) k++;
+                for (int j = 0; j < N && k < pf_split.n; j++) cnt += s.ratio[j] == s.ratio[L];
+                pf_proj += cnt ? f * pf_split.ms[k] / cnt : f * (lay - pf_split.other_ms) / N;
+            }
+        }
+#endif
         if (!o.json)
             fprintf(stderr, "dsv4 bench: prefill %d tokens: %.1f ms\n", o.prompt, pf_t * 1e3);
     }
@@ -446,8 +468,15 @@ int dsv4_cmd_bench(int argc, char **argv) {
                 R->t_step = rs * 1e-3;
                 R->graph = 1;
             }
-            if (cuda && o.profile && dsv4_cuda_decode_profile(m->gpu, B, 5, o.json ? stderr : stdout))
-                fprintf(stderr, "dsv4 bench: the decode profile failed\n");
+            /* the op profile splits the layers' time by layer type for the whole-model projection (its table: --profile) */
+            dsv4_cuda_prof_split sp;
+            int have_split = 0;
+            if (cuda) {
+                if (dsv4_cuda_decode_profile(m->gpu, B, o.profile ? 5 : 3, o.profile ? (o.json ? stderr : stdout) : NULL, &sp))
+                    fprintf(stderr, "dsv4 bench: the decode profile failed (projection by layer average)\n");
+                else
+                    have_split = 1;
+            }
 #endif
             R->t_head = R->t_step - R->t_layers;
             /* bytes: the N measured layers + head */
@@ -465,6 +494,30 @@ int dsv4_cmd_bench(int argc, char **argv) {
             R->bytes = R->bytes_dense + R->bytes_experts + R->bytes_kv + head_bytes;
             R->proj_bytes += head_bytes;
             R->proj_step = R->t_layers / N * s.n_layers_full + R->t_head;
+#ifdef DSV4_CUDA
+            double prof_layers = 0;
+            if (have_split) {
+                prof_layers = sp.other_ms;
+                for (int k = 0; k < sp.n; k++) prof_layers += sp.ms[k];
+            }
+            if (prof_layers > 0) { /* per-layer time by type x the whole model's layer counts */
+                const double f = R->t_layers / prof_layers, avg = (R->t_layers - f * sp.other_ms) / N;
+                int cnt[DSV4_PROF_MAXTYPES] = {0};
+                for (int L = 0; L < N; L++)
+                    for (int k = 0; k < sp.n; k++) cnt[k] += sp.ratio[k] == s.ratio[L];
+                R->ntypes = sp.n < 8 ? sp.n : 8;
+                for (int k = 0; k < R->ntypes; k++)
+                    R->type_ratio[k] = sp.ratio[k], R->t_type[k] = cnt[k] ? f * sp.ms[k] / cnt[k] : avg;
+                double proj = f * sp.other_ms;
+                for (int L = 0; L < s.n_layers_full; L++) {
+                    double t = avg;
+                    for (int k = 0; k < R->ntypes; k++)
+                        if (sp.ratio[k] == s.ratio[L] && cnt[k]) t = R->t_type[k];
+                    proj += t;
+                }
+                R->proj_step = proj + R->t_head;
+            }
+#endif
             if (bw > 0) {
                 R->roof = R->bytes / (bw * 1e9);
                 R->ratio = R->t_step / R->roof;
@@ -487,7 +540,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
         fprintf(jf, "\"fp8_gemm\":{\"m\":%d,\"n\":%d,\"k\":%d,\"us\":%.2f,\"tflops\":%.1f},", gm, gn, gk, gemm_us, gemm_tflops);
         fprintf(jf, "\"prefill\":{\"tokens\":%d,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"tflops\":%.2f,\"proj_tokens_per_s\":%.1f},",
                o.prompt, pf_t * 1e3, pf_t > 0 ? o.prompt / pf_t : 0, pf_tflops,
-               pf_t > 0 ? o.prompt / (pf_t / N * s.n_layers_full) : 0);
+               pf_proj > 0 ? o.prompt / pf_proj : 0);
         fprintf(jf, "\"decode\":[");
         for (int i = 0; i < nres; i++) {
             const dec_res *R = &res[i];
@@ -496,12 +549,14 @@ int dsv4_cmd_bench(int argc, char **argv) {
                    "\"unique_experts\":%.1f,\"bytes\":%.0f,\"bytes_dense\":%.0f,\"bytes_experts\":%.0f,\"bytes_head\":%.0f,"
                    "\"bytes_kv\":%.0f,\"bytes_kv_engine_fp32\":%.0f,\"roofline_ms\":%.4f,\"ratio\":%.2f,"
                    "\"proj_step_ms\":%.3f,\"proj_bytes\":%.0f,\"proj_roofline_ms\":%.4f,\"proj_ratio\":%.2f,"
-                   "\"proj_tokens_per_s\":%.1f}",
+                   "\"proj_tokens_per_s\":%.1f,\"layer_ms_by_ratio\":{",
                    i ? "," : "", R->batch, R->context, R->graph ? "graph replay median" : "wall clock median",
                    R->t_step * 1e3, R->t_layers * 1e3, R->t_head * 1e3, R->t_call * 1e3, R->uniq,
                    R->bytes, R->bytes_dense, R->bytes_experts, R->bytes_head, R->bytes_kv, R->kv_engine, R->roof * 1e3,
                    R->ratio, R->proj_step * 1e3, R->proj_bytes, R->proj_roof * 1e3, R->proj_ratio,
                    R->batch / R->proj_step);
+            for (int k = 0; k < R->ntypes; k++) fprintf(jf, "%s\"%d\":%.4f", k ? "," : "", R->type_ratio[k], R->t_type[k] * 1e3);
+            fprintf(jf, "}}");
         }
         fprintf(jf, "]}\n");
         if (jf != stdout) fclose(jf);
@@ -518,9 +573,8 @@ int dsv4_cmd_bench(int argc, char **argv) {
                    gemm_us, gemm_tflops);
         if (o.prompt > 0)
             printf("prefill %d tokens: %.1f ms = %.0f tokens/s, %.2f TFLOP/s (matrices + attention); "
-                   "whole model (x %d/%d): %.0f tokens/s\n",
-                   o.prompt, pf_t * 1e3, o.prompt / pf_t, pf_tflops, s.n_layers_full, N,
-                   o.prompt / (pf_t / N * s.n_layers_full));
+                   "whole model (%d layers, %s): %.0f tokens/s\n",
+                   o.prompt, pf_t * 1e3, o.prompt / pf_t, pf_tflops, s.n_layers_full, pf_how, o.prompt / pf_proj);
         printf("\ndecode (step / layers: %s; call: wall-clock median of %d dsv4_forward calls; bytes = the minimum a\n"
                "step reads; roofline = bytes / copy bandwidth)\n",
                nres && res[0].graph ? "median of the CUDA-graph replays" : "wall-clock median", o.steps);
@@ -536,9 +590,20 @@ int dsv4_cmd_bench(int argc, char **argv) {
                    R->ratio, R->proj_step * 1e3, R->proj_bytes / 1e9, R->proj_roof * 1e3, R->proj_ratio,
                    R->batch / R->proj_step);
         }
+        for (int i = 0; i < nres; i++) {
+            const dec_res *R = &res[i];
+            if (!R->ntypes) continue;
+            printf("%s batch %d context %d, ms per layer:", i ? "" : "\nper layer type (the layers' replay time split as the op profile splits it):\n",
+                   R->batch, R->context);
+            for (int k = 0; k < R->ntypes; k++)
+                if (R->type_ratio[k]) printf("  ratio %d: %.3f", R->type_ratio[k], R->t_type[k] * 1e3);
+                else printf("  sliding window: %.3f", R->t_type[k] * 1e3);
+            printf("\n");
+        }
         printf("(experts: expected distinct routed experts per layer, E(1-(1-6/E)^B); kv in the reference's cache\n"
-               " formats, the engine's caches (kv_cache.h: padded rows) read %.2fx that; full: (layers ms / %d) x %d + head ms)\n",
-               nres && res[0].bytes_kv > 0 ? res[0].kv_engine / res[0].bytes_kv : 0, N, s.n_layers_full);
+               " formats, the engine's caches (kv_cache.h: padded rows) read %.2fx that; full: %s + head ms)\n",
+               nres && res[0].bytes_kv > 0 ? res[0].kv_engine / res[0].bytes_kv : 0,
+               nres && res[0].ntypes ? "per-layer-type times x the whole model's layer counts" : "(layers ms / measured) x all layers");
     }
     dsv4_free(m);
     if (!o.keep && !o.dir) rm_dir(dir);

@@ -65,13 +65,20 @@ int dsv4_cuda_decode_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *
  * rewrites that step's state: only for benchmarks) and gives the median milliseconds of the layers graph
  * alone and of layers + head. -1 when graphs are off or no such step ran yet. */
 int dsv4_cuda_decode_replay_ms(dsv4_cuda_model *g, int batch, int iters, double *layers_ms, double *step_ms);
+/* A profile's time per run split by layer type (compress ratio; 0 = sliding window only), the rest of the layers
+ * part (embedding, step bookkeeping) and the head, in ms. */
+#define DSV4_PROF_MAXTYPES 8
+typedef struct dsv4_cuda_prof_split {
+    int n, ratio[DSV4_PROF_MAXTYPES];
+    double ms[DSV4_PROF_MAXTYPES], other_ms, head_ms;
+} dsv4_cuda_prof_split;
 /* Benchmark: where the time of the last decode step of `batch` sequences goes: its launches run `iters` times
- * without graphs with an event after every op (op_profile.c); a table per op to `out`. -1 when no such step
- * ran last. */
-int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out);
+ * without graphs with an event after every op (op_profile.c); a table per op to `out` (NULL: none), the split by
+ * layer type to `sp` (NULL: none). -1 when no such step ran last. */
+int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out, dsv4_cuda_prof_split *sp);
 /* The same for passes that are not decode steps (prefill): forwards between open and close are profiled. */
 int dsv4_cuda_profile_open(dsv4_cuda_model *g);
-void dsv4_cuda_profile_close(dsv4_cuda_model *g, FILE *out, const char *title);
+void dsv4_cuda_profile_close(dsv4_cuda_model *g, FILE *out, const char *title, dsv4_cuda_prof_split *sp);
 
 /* ---- device-side sequence state and batches (shared by the host code and the kernels) ---- */
 

@@ -194,7 +194,7 @@ int dsv4_cuda_decode_replay_ms(dsv4_cuda_model *g, int batch, int iters, double 
     return rc ? -1 : 0;
 }
 
-int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out) {
+int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out, dsv4_cuda_prof_split *sp) {
     if (batch < 1 || batch > GB_MAX || iters < 1) return -1;
     const int k = bucket_of(batch), B = 1 << k;
     if (g->last_bucket != k || gprof_open(g)) return -1;
@@ -204,13 +204,17 @@ int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out
     int rc = 0;
     for (int i = 0; i < iters && !rc; i++) { /* the step's state is rewritten the same way by every run */
         gprof_run_begin(g);
-        rc = gpu_run_layers(g, &w, &b) || gpu_run_head(g, &w, B);
+        rc = gpu_run_layers(g, &w, &b);
+        gprof_layer(g, -2);
+        rc = rc || gpu_run_head(g, &w, B);
     }
     char title[64];
     snprintf(title, sizeof title, "decode step, batch bucket %d", B);
-    gprof_close(g, out, title);
+    gprof_close(g, out, title, sp);
     return rc ? -1 : 0;
 }
 
 int dsv4_cuda_profile_open(dsv4_cuda_model *g) { return gprof_open(g); }
-void dsv4_cuda_profile_close(dsv4_cuda_model *g, FILE *out, const char *title) { gprof_close(g, out, title); }
+void dsv4_cuda_profile_close(dsv4_cuda_model *g, FILE *out, const char *title, dsv4_cuda_prof_split *sp) {
+    gprof_close(g, out, title, sp);
+}

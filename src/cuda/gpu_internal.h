@@ -124,8 +124,9 @@ int gpu_decode(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const i
 /* op_profile.c: per-op times of forwards run without graphs while a profile is open */
 int gprof_open(dsv4_cuda_model *g);
 void gprof_run_begin(dsv4_cuda_model *g);            /* a new run (forward) starts */
-void gprof_layer(dsv4_cuda_model *g, int ltype);     /* the ops that follow belong to a layer of this ratio (-1: none) */
+void gprof_layer(dsv4_cuda_model *g, int ltype);     /* the ops that follow belong to a layer of this ratio (-1: none, -2: head) */
 void gprof_mark(dsv4_cuda_model *g, const char *call, int line); /* after each op */
-void gprof_close(dsv4_cuda_model *g, FILE *out, const char *title); /* prints the table, frees */
+/* the table to out (if not NULL), the per-run split to sp (if not NULL); frees */
+void gprof_close(dsv4_cuda_model *g, FILE *out, const char *title, dsv4_cuda_prof_split *sp);
 
 #endif

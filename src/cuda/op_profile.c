@@ -3,7 +3,7 @@
  * While a profile is open (gprof_open), every op of forward_cuda.c that is not being captured into a graph
  * records a CUDA event after it is enqueued (gprof_mark, called by forward_cuda.c's CK); an op's time is
  * the distance from the event before it. Times are summed per (source line, layer type) over the runs of the
- * profile and printed as a table: per run, the op's share and its calls. Events between the kernels keep
+ * profile, split per layer type for `dsv4 bench`'s whole-model projection, and printed as a table: per run, the op's share and its calls. Events between the kernels keep
  * programmatic dependent launch from overlapping them and add a little time per op, so the sum is somewhat
  * above the graph replay's time; the ranking is what it is for. */
 #include <stdio.h>
@@ -130,15 +130,29 @@ static int composite(const char *call) {
     return 0;
 }
 
-void gprof_close(dsv4_cuda_model *g, FILE *out, const char *title) {
+void gprof_close(dsv4_cuda_model *g, FILE *out, const char *title, dsv4_cuda_prof_split *sp) {
     struct gprof *p = g->prof;
     if (!p) return;
     flush(p);
     const int runs = p->runs > 0 ? p->runs : 1;
     double total = 0;
     int kernels = 0;
-    for (int i = 0; i < p->nacc; i++)
-        if (!composite(p->acc[i].call)) total += p->acc[i].ms, kernels += p->acc[i].calls;
+    if (sp) memset(sp, 0, sizeof *sp);
+    for (int i = 0; i < p->nacc; i++) {
+        const gacc *a = &p->acc[i];
+        if (composite(a->call)) continue;
+        total += a->ms, kernels += a->calls;
+        if (!sp) continue;
+        if (a->ltype == -2) sp->head_ms += a->ms / runs;
+        else if (a->ltype < 0) sp->other_ms += a->ms / runs;
+        else {
+            int k = 0;
+            while (k < sp->n && sp->ratio[k] != a->ltype) k++;
+            if (k == sp->n && k < DSV4_PROF_MAXTYPES) sp->ratio[sp->n++] = a->ltype;
+            if (k < sp->n) sp->ms[k] += a->ms / runs;
+        }
+    }
+    if (!out) goto done;
     qsort(p->acc, (size_t)p->nacc, sizeof *p->acc, by_ms);
     fprintf(out, "profile: %s: %d run(s); per run %.3f ms in %d ops (events after each op; PDL off)\n", title, p->runs,
             total / runs, kernels / runs);
@@ -148,12 +162,14 @@ void gprof_close(dsv4_cuda_model *g, FILE *out, const char *title) {
         if (composite(a->call) || a->ms <= 0) continue;
         char lb[64], lt[16];
         label(a->call, lb, sizeof lb);
-        if (a->ltype < 0) snprintf(lt, sizeof lt, "-");
+        if (a->ltype == -2) snprintf(lt, sizeof lt, "head");
+        else if (a->ltype < 0) snprintf(lt, sizeof lt, "-");
         else if (a->ltype == 0) snprintf(lt, sizeof lt, "swa");
         else snprintf(lt, sizeof lt, "c%d", a->ltype);
         fprintf(out, "  %-28s %-6s %6.1f %10.1f %5.1f%% %7.2f   (line %d)\n", lb, lt, (double)a->calls / runs,
                 a->ms * 1e3 / runs, total > 0 ? 100 * a->ms / total : 0, a->ms * 1e3 / a->calls, a->line);
     }
+done:
     for (int i = 0; i < p->nev; i++) dsv4_cuda_event_free(p->evs[i]);
     free(p->evs), free(p->mk), free(p->acc), free(p);
     g->prof = NULL;
