@@ -4,6 +4,7 @@
 #ifndef DSV4_CUDA_COMMON_CUH
 #define DSV4_CUDA_COMMON_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -49,6 +50,8 @@ __device__ __forceinline__ float warp_max(float v) {
 
 __device__ __forceinline__ float dev_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ float dev_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+/* x rounded to bf16 (round to nearest even: dsv4_f32_to_bf16, torch's .to(torch.bfloat16)), as a float */
+__device__ __forceinline__ float dev_round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ float dev_e8m0(uint8_t b) {
     if (b == 0xff) return __int_as_float(0x7fc00000);
     if (b == 0) return __uint_as_float(0x00400000u);

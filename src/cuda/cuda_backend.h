@@ -75,7 +75,12 @@ double dsv4_cuda_event_ms(void *e0, void *e1);
 /* ---- weights ---- */
 
 /* A linear layer's weight on the device: the fields of dsv4_weight with data / scale pointing to
- * device memory. A view (row0, rows) of a fused tensor is expressed by row0, as on the CPU. */
+ * device memory. A view (row0, rows) of a fused tensor is expressed by row0, as on the CPU.
+ * act_bf16 (GPU only, no dsv4_weight field): the linear takes BF16 activations: each x value is rounded to
+ * bf16 (round to nearest even, torch's .to(torch.bfloat16)) before the product. Set by gpu_model.c on every
+ * linear of a model without the FP8 recipe (BF16 / F16 / NVFP4-only checkpoints: no act quant), whose
+ * official runs feed bf16 rows to every linear; ignored when act_quant is set (the FP8 act quant takes the
+ * fp32 row). dsv4_cuda_weight_upload sets it 0. */
 typedef struct dsv4_cuda_weight {
     dsv4_wfmt fmt;
     int rows, cols, row0;
@@ -84,6 +89,7 @@ typedef struct dsv4_cuda_weight {
     int64_t scale_stride;
     float scale2;
     int act_quant;
+    int act_bf16;
 } dsv4_cuda_weight;
 
 /* Copies the stored rows [0, row0 + rows) of a host weight (and its scales) to new device buffers;
@@ -94,10 +100,11 @@ void dsv4_cuda_weight_free(dsv4_cuda_weight *w);
 /* ---- ops ---- */
 
 /* y[T, w.rows] (fp32) = x[T, w.cols] . w^T, x fp32 (x_bf16 = 0) or bf16 (x_bf16 = 1, uint16 bits).
- * With w->act_quant each x row is first rounded by the FP8 act_quant simulation (block 128).
- * Twin: dsv4_cpu_linear. A tensor-core GEMV (linear.cu, mma.sync m16n8k16: a warp per 16 weight rows, the
- * tokens as the mma columns) reads the weight once per 16 rows of x, dequantized exactly in registers; a
- * row's result is bitwise the same for any T (batch invariant). Odd sizes take an element-wise path. */
+ * With w->act_quant each x row is first rounded by the FP8 act_quant simulation (block 128); else with
+ * w->act_bf16 each x value is rounded to bf16. Twin: dsv4_cpu_linear (on x rounded to bf16 for act_bf16).
+ * A tensor-core GEMV (linear.cu, mma.sync m16n8k16: a warp per 16 weight rows, the tokens as the mma
+ * columns) reads the weight once per 16 rows of x, dequantized exactly in registers; a row's result is
+ * bitwise the same for any T (batch invariant). Odd sizes take an element-wise path. */
 int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream);
 
 /* In place, for each of `rows` rows of n values (row stride ld): x = w * x / sqrt(mean(x^2) + eps);

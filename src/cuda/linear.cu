@@ -9,7 +9,12 @@
  * block, as 16-bit terms with one power-of-two scale per (token, 128 columns):
  *   FP8 + act quant: the act-quant code (e4m3, exact in f16) and its scale; the other f16 formats
  *   (FP8, MXFP4, NVFP4, F16): x / 2^e split into two f16 terms (22 bits); bf16 formats (BF16, F32 weight
- *   split into three bf16 terms): x split into three bf16 terms (x already bf16: one term).
+ *   split into three bf16 terms): x split into three bf16 terms. x already bf16 (x_bf16) or rounded to bf16
+ *   at staging (w.act_bf16: BF16 activations): one term, bf16 as it is, or for the f16 formats the bf16 value
+ *   times the same 2^-e (the unit's largest |x| lands in [2^14, 2^15): no overflow). A bf16 value has 8
+ *   significant bits, so v * 2^-e is exact in f16 (normal or subnormal, lsb 2^-24) unless it is more than 2^31
+ *   below the unit's largest |x|; such a value rounds to the f16 grid, an error under 2^-39 of the unit's
+ *   largest |x| (the same limit as the two-term split).
  * Each 128-column unit is accumulated in fresh mma accumulators, then scaled by (weight scale x x scale)
  * and added in fp32. The columns are cut into S slices (S fixed by the shape and format, never by T), a
  * slice per warp; partial sums of the slices of a tile are added in slice order 0..S-1, in shared memory
@@ -32,6 +37,13 @@ namespace cg = cooperative_groups;
 __device__ __forceinline__ float load_x(const void *x, int bf16, int64_t i) {
     return bf16 ? dev_bf16(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 }
+/* x element i as the linear takes it: rnd (act_bf16 without act quant) rounds an fp32 x to bf16 */
+__device__ __forceinline__ float load_xr(const void *x, int bf16, int rnd, int64_t i) {
+    const float v = load_x(x, bf16, i);
+    return rnd ? dev_round_bf16(v) : v;
+}
+/* act_bf16 applies: BF16 activations, not overridden by the act quant */
+__host__ __device__ __forceinline__ int x_round_bf16(const dsv4_cuda_weight &w) { return w.act_bf16 && !w.act_quant; }
 
 /* FP8 act_quant of one 128-block held by a warp, 4 values per lane (same result as
  * dsv4_act_quant_fp8 on the block; padding zeros do not change the block's amax). Returns the
@@ -52,8 +64,9 @@ __device__ __forceinline__ void warp_act_quant_fp8(float v[4]) {
     for (int q = 0; q < 4; q++) v[q] *= s;
 }
 
-/* Stages rows t0 .. t0+nt-1 of x [*, C] into xs [TB][Cpad] (zeros beyond), act-quantized when aq. */
-__device__ void stage_x(float *xs, const void *x, int xbf16, int t0, int nt, int TB, int C, int Cpad, int aq) {
+/* Stages rows t0 .. t0+nt-1 of x [*, C] into xs [TB][Cpad] (zeros beyond), act-quantized when aq, rounded to bf16
+ * when rnd. */
+__device__ void stage_x(float *xs, const void *x, int xbf16, int rnd, int t0, int nt, int TB, int C, int Cpad, int aq) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
     const int ng = Cpad / 128;
     for (int g = warp; g < TB * ng; g += nwarp) {
@@ -62,7 +75,7 @@ __device__ void stage_x(float *xs, const void *x, int xbf16, int t0, int nt, int
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             int j = j0 + q * 32 + lane;
-            v[q] = (t < nt && j < C) ? load_x(x, xbf16, (int64_t)(t0 + t) * C + j) : 0.0f;
+            v[q] = (t < nt && j < C) ? load_xr(x, xbf16, rnd, (int64_t)(t0 + t) * C + j) : 0.0f;
         }
         if (aq) warp_act_quant_fp8(v);
 #pragma unroll
@@ -159,9 +172,12 @@ __device__ void tc_stage(const tc_params &p, uint16_t *xs, float *sx, int ub0, i
                     e = e < 1 ? 1 : e;
                     s = __uint_as_float((uint32_t)e << 23);
                     const float inv = __uint_as_float((uint32_t)(254 - e) << 23);
+                    /* act_bf16 (one x term; a no-op on bf16 input): bf16(x) * 2^-e, the scale from the unrounded
+                     * largest |x| (if that rounds up a binade it lands on 2^15, still exact in f16) */
 #pragma unroll
-                    for (int q = 0; q < 4; q++) v[b][q] *= inv;
+                    for (int q = 0; q < 4; q++) v[b][q] = (XT == 1 && p.w.act_bf16 ? dev_round_bf16(v[b][q]) : v[b][q]) * inv;
                 }
+                /* bf16 formats with one x term (x_bf16 or act_bf16): the first term, bf16_rn(x), is the rounding */
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     if (BF) {
@@ -475,7 +491,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_any(dsv4_cuda_weight w, 
     extern __shared__ float4 xs4[];
     float *xs = (float *)xs4;
     const int C = w.cols, lane = threadIdx.x & 31;
-    stage_x(xs, x, xbf16, t0, nt, TB, C, Cpad, w.act_quant);
+    stage_x(xs, x, xbf16, x_round_bf16(w), t0, nt, TB, C, Cpad, w.act_quant);
     __syncthreads();
     for (int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); r < w.rows; r += gridDim.x * GEMV_WARPS) {
         float acc[TB];
@@ -504,13 +520,13 @@ __global__ void __launch_bounds__(256) gemm_tiled(dsv4_cuda_weight w, const void
     extern __shared__ float gsm[];
     float *Ws = gsm, *Xs = gsm + GM_BM * GM_LD;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lane = tid & 31, warp = tid >> 5;
-    const int m0 = blockIdx.x * GM_BM, n0 = blockIdx.y * GM_BN, R = w.rows, C = w.cols;
+    const int m0 = blockIdx.x * GM_BM, n0 = blockIdx.y * GM_BN, R = w.rows, C = w.cols, rnd = x_round_bf16(w);
     float acc[4][4] = {};
     for (int k0 = 0; k0 < C; k0 += GM_BK) {
         for (int e = tid; e < GM_BM * GM_BK; e += 256) {
             int m = e >> 7, k = e & 127;
             Ws[m * GM_LD + k] = (m0 + m < R && k0 + k < C) ? dev_weight_at(w, m0 + m, k0 + k) : 0.0f;
-            Xs[m * GM_LD + k] = (n0 + m < T && k0 + k < C) ? load_x(x, xbf16, (int64_t)(n0 + m) * C + k0 + k) : 0.0f;
+            Xs[m * GM_LD + k] = (n0 + m < T && k0 + k < C) ? load_xr(x, xbf16, rnd, (int64_t)(n0 + m) * C + k0 + k) : 0.0f;
         }
         __syncthreads();
         if (w.act_quant) {
@@ -590,7 +606,7 @@ static int tc_padb(int fmt) {
     default: return 32;
     }
 }
-/* x terms: one when x is exact in 16 bits (act-quant codes, bf16 input), else 2 (f16) / 3 (bf16). */
+/* x terms: one when x is exact in 16 bits (act-quant codes, bf16 input or x rounded to bf16), else 2 (f16) / 3 (bf16). */
 static int tc_xt(int fmt, int aq, int xbf16) { return aq || xbf16 ? 1 : tc_bf(fmt) ? 3 : 2; }
 static int tc_tok(int fmt, int nub) { return nub * 128 + tc_padb(fmt) / 2; }
 /* Units staged by the block with the most (slices s = kg * KW + kw cover units [s*NU/S, (s+1)*NU/S)). */
@@ -676,7 +692,7 @@ static int tc_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T
         e = getenv("DSV4_LINEAR_PF");
         tc_pf = e && *e && *e != '0';
     }
-    const int xt = tc_xt(fmt, w->act_quant, x_bf16), S = tc_slices(fmt, xt, w->rows, C);
+    const int xt = tc_xt(fmt, w->act_quant, x_bf16 || x_round_bf16(*w)), S = tc_slices(fmt, xt, w->rows, C);
     const int NU = C / 128, KG = tc_kg(S), KW = S / KG, nub = tc_nub(NU, S, KG);
     const size_t cap = (size_t)dsv4_cuda_dev.smem_optin;
     int TB = T < 16 ? T : 16; /* more rows: 16 per launch (the weight is read once per 16 rows) */

@@ -21,11 +21,14 @@
 #include "common.cuh"
 #include "linear_gemm.h"
 
-/* the forward's default (DSV4_LINEAR_GEMM=1 / 0 overrides): off. Measured 2026-12-01 on an H200 (bench/NOTES.md,
- * "Prefill on FP8 tensor cores"): 15-63x the GEMV path, but relative L2 ~1.9e-4 against the double-accumulating twin
- * (worst element 11-18x the linear checks' tolerance), the FP8 tensor cores' in-block accumulation; the lead decides. */
+/* the forward's default (DSV4_LINEAR_GEMM=0 / 1 overrides): on. Measured 2026-12-01 on an H200 (bench/NOTES.md,
+ * "Prefill on FP8 tensor cores"): 15-63x the GEMV path; relative L2 ~1.9e-4 against the double-accumulating twin,
+ * the FP8 tensor cores' in-block accumulation (DeepSeek's own FP8 GEMMs promote at the same 128-column interval),
+ * well inside the bf16 rounding DeepSeek's FP8 GEMMs apply to their output (test_kernels' gemm checks hold it to
+ * that). Prefill passes of >= DSV4_LINEAR_GEMM_MIN_T rows then differ in the last bits from the GEMV (chunked vs
+ * one-shot prefill is not bitwise equal on the GPU); decode steps never take it. */
 #ifndef DSV4_LINEAR_GEMM_DEFAULT
-#define DSV4_LINEAR_GEMM_DEFAULT 0
+#define DSV4_LINEAR_GEMM_DEFAULT 1
 #endif
 
 #define LG_LT_WS ((size_t)32 << 20) /* cuBLASLt workspace */
@@ -245,10 +248,14 @@ static size_t lg_layout(int T4, int K, int N, size_t *o_q, size_t *o_xs, size_t 
 
 /* ---- entry points ---- */
 
+/* Read once per process: the forward sizes its workspace with it, so it must not change under a loaded model. */
 extern "C" int dsv4_cuda_linear_gemm_enabled(void) {
-    const char *e = getenv("DSV4_LINEAR_GEMM");
-    if (e && *e) return *e != '0';
-    return DSV4_LINEAR_GEMM_DEFAULT;
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DSV4_LINEAR_GEMM");
+        on = e && *e ? *e != '0' : DSV4_LINEAR_GEMM_DEFAULT;
+    }
+    return on;
 }
 
 extern "C" size_t dsv4_cuda_linear_gemm_ws_bytes(int T, int K, int N) {

@@ -9,9 +9,10 @@
  * call in the same launch, so no cache can go stale). Rows beyond the largest multiple of 4 (cuBLASLt's
  * scale layouts need N % 4 == 0) go through dsv4_cuda_linear. The result is dsv4_cpu_linear's up to the
  * tensor cores' accumulation of each 128-column block (on Hopper FP8 products are summed with ~14 significant
- * bits before the block's scales are applied in fp32): relative L2 ~1.9e-4 from the twin. It is deterministic
- * (a rerun gives the same bits) but NOT bitwise the decode GEMV's, so the forward uses it only for passes that
- * are not decode steps.
+ * bits before the block's scales are applied in fp32): relative L2 ~1.9e-4 from the twin, every element within
+ * 2^-8 (|ref| + rms(ref)), the bf16 output rounding of DeepSeek's FP8 GEMMs (tests/gpu/test_kernels.c). It is
+ * deterministic (a rerun gives the same bits) but NOT bitwise the decode GEMV's, so the forward uses it only for
+ * passes that are not decode steps.
  *
  * cuBLASLt is opened with dlopen (libcublasLt.so.13 / .so.12) on first use; when it is missing, or finds no
  * algorithm for a shape, the call answers "not applicable" (and says why once on stderr). No device memory
@@ -32,8 +33,8 @@ extern "C" {
 #define DSV4_LINEAR_GEMM_MIN_T 64
 
 /* Whether the forward routes prefill linears here: DSV4_LINEAR_GEMM=0 / 1 in the environment, else the
- * built-in default (off: the result is ~1.9e-4 relative L2 from the twin, outside the linear checks' tolerance;
- * see linear_gemm.cu). */
+ * built-in default (on: the result is ~1.9e-4 relative L2 from the twin, inside bf16 output rounding; see
+ * linear_gemm.cu). Set it before the model goes to the GPU (the workspace is sized then). */
 int dsv4_cuda_linear_gemm_enabled(void);
 
 /* Workspace bytes for up to T rows, K columns (input features) and N rows of the weight (output features):

@@ -165,9 +165,11 @@ __global__ void __launch_bounds__(MX_WARPS * 32)
     const int ex = p.act_e[a], off = p.act_off[a], cnt = p.act_cnt[a];
     const dsv4_cuda_weight w0 = WA[ex], w1 = GATEUP ? WB[ex] : w0;
     const int C = w0.cols, R = w0.rows, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ngrp = Cpad / 128;
+    const bool rb = !w0.act_quant && w0.act_bf16; /* BF16 activations */
     for (int c0 = 0; c0 < cnt; c0 += TB) {
         const int nt = cnt - c0 < TB ? cnt - c0 : TB;
-        /* stage the chunk's rows (zeros past nt and past C), act-quantized per 128 values when asked */
+        /* stage the chunk's rows (zeros past nt and past C), act-quantized per 128 values when asked, else rounded to
+         * bf16 for BF16 activations (act_bf16; w1 / w3 agree on both, checked by dsv4_cuda_experts_init) */
         for (int gi = warp; gi < TB * ngrp; gi += MX_WARPS) {
             const int t = gi / ngrp, j0 = (gi - t * ngrp) * 128;
             const float *src = NULL;
@@ -179,6 +181,9 @@ __global__ void __launch_bounds__(MX_WARPS * 32)
                 v[i] = src && j < C ? src[j] : 0.0f;
             }
             if (w0.act_quant) wv_act_quant_fp8(v);
+            if (rb)
+#pragma unroll
+                for (int i = 0; i < 4; i++) v[i] = dev_round_bf16(v[i]);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int j = j0 + i * 32 + lane;
@@ -376,7 +381,8 @@ extern "C" int dsv4_cuda_experts_init(dsv4_cuda_experts *x, const dsv4_cuda_weig
         if (w1[e].rows != x->I || w3[e].rows != x->I || w1[e].cols != x->D || w3[e].cols != x->D || w2[e].rows != x->D ||
             w2[e].cols != x->I)
             return dsv4_cuda_fail("experts: expert %d has other shapes than expert 0", e);
-        if (w1[e].act_quant != w3[e].act_quant) return dsv4_cuda_fail("experts: expert %d: w1 and w3 differ in act quant", e);
+        if (w1[e].act_quant != w3[e].act_quant || w1[e].act_bf16 != w3[e].act_bf16)
+            return dsv4_cuda_fail("experts: expert %d: w1 and w3 differ in act quant or bf16 activations", e);
         x->vec13 &= vec_ok(&w1[e]) && vec_ok(&w3[e]);
         x->vec2 &= vec_ok(&w2[e]);
     }
