@@ -48,7 +48,7 @@ $(BUILD)/tests/gpu/test_kernels: tests/gpu/test_kernels.c $(GPU_TEST_OBJ)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $^ -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
 # the KV cache format and the attention that reads it, against dsv4_cpu_sparse_attn
 all: $(BUILD)/tests/gpu/test_attn_kv8
-$(BUILD)/tests/gpu/test_attn_kv8: tests/gpu/test_attn_kv8.c $(GPU_TEST_OBJ)
+$(BUILD)/tests/gpu/test_attn_kv8: tests/gpu/test_attn_kv8.c $(GPU_TEST_OBJ) $(BUILD)/tests/gpu/legacy_kv8.cu.o
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $^ -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
 # the GPU sampler against the CPU sampler (src/engine/sample.c)

@@ -127,17 +127,27 @@ int dsv4_cuda_act_quant_fp4(float *x, int rows, int n, int64_t ld, int block, vo
 int dsv4_cuda_hadamard(float *x, int rows, int n, int64_t ld, void *stream);
 
 /* mHC pre (spec 4) for T tokens: X [T, M, D]; fn: weight [(2+M)*M, M*D]; scale [3], base [(2+M)*M]
- * (device). Out: x [T, D], post [T, M], comb [T, M, M]. Twin: dsv4_cpu_hc_pre. M <= 16. */
+ * (device). Out: x [T, D], post [T, M], comb [T, M, M]. Twin: dsv4_cpu_hc_pre. M <= 16.
+ * norm_w [D] or NULL: with it, x = RMSNorm_w(x) (eps norm_eps) follows in the same call, bitwise the same as
+ * dsv4_cuda_rmsnorm(x, T, D, D, norm_w, norm_eps) after. scratch: dsv4_cuda_hc_scratch_bytes(T, M, D) bytes of
+ * device memory (16-byte aligned). A token's results do not depend on T. */
+size_t dsv4_cuda_hc_scratch_bytes(int T, int M, int D);
+/* Test hooks of hc_pre / hc_head (0 in normal use): 1 the reference Sinkhorn and pre weights (dsv4_hc_post_comb,
+ * dsv4_hc_pre_weights on one thread; same bits), 2 no programmatic dependent launch, 4 skip the finishing kernel,
+ * 8 skip the mixing kernel (4 and 8 for timings only). */
+extern int dsv4_cuda_hc_test_flags;
 int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
-                     const float *base, int iters, float norm_eps, float hc_eps, float *x, float *post, float *comb,
-                     void *stream);
+                     const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w, float *x,
+                     float *post, float *comb, void *scratch, void *stream);
 /* mHC post, in place: X[t] (k, d) = post[t,k] * f[t,d] + sum_j comb[t,j,k] * X[t](j, d).
  * f [T, D]. Twin: dsv4_cpu_hc_post. */
 int dsv4_cuda_hc_post(const float *f, float *X, int T, int M, int D, const float *post, const float *comb,
                       void *stream);
-/* mHC head: y [T, D] from X [T, M, D]; fn [M, M*D], scale [1+], base [M]. Twin: dsv4_cpu_hc_head. */
+/* mHC head: y [T, D] from X [T, M, D]; fn [M, M*D], scale [1+], base [M]. Twin: dsv4_cpu_hc_head.
+ * norm_w and scratch as for dsv4_cuda_hc_pre. */
 int dsv4_cuda_hc_head(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
-                      const float *base, float norm_eps, float hc_eps, float *y, void *stream);
+                      const float *base, float norm_eps, float hc_eps, const float *norm_w, float *y, void *scratch,
+                      void *stream);
 
 /* Sparse attention with a sink (spec 7.1) for T queries: q [T, H, Dh]; keys = values are rows of
  * kv (row stride kv_ld floats) chosen by idx [T, nidx] (entries < 0 are skipped, so lists of

@@ -125,8 +125,9 @@ int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64_t sld, int
 /* Indexer scores for T queries: qi [T, Hi, Di], wt [T, Hi]; keys[t] (device array of device
  * pointers) = the query's sequence's indexer keys: rows in the stored FP4 format (fp4 = 1,
  * dsv4_ikey_row_bytes) or fp32 rows of Di (fp4 = 0); ncausal / nlist [T]. out [T, ld]:
- * entries w < nlist[t] are written (-inf from ncausal[t] on); blocks past nlist[t] do nothing.
- * Bit-identical to the CPU's loop. */
+ * entries w < nlist[t] are written (-inf from ncausal[t] on); nothing past nlist[t] is touched.
+ * Bit-identical to the CPU's loop (whatever T). Parallel over (entry, head) dots for Di 64 / 128, Hi <= 128 and
+ * 16-byte aligned rows (fp32 key rows included); a thread per entry otherwise. */
 int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T, int Hi, int Di, const uint8_t *const *keys, int fp4,
                              const int *ncausal, const int *nlist, int maxlist, int ld, float *out, void *stream);
 /* dsv4_cuda_sparse_attn with rows from two places: an index id >= 0 is row id of qbase[t] (a

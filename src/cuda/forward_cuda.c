@@ -108,6 +108,7 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
         size_t na = dsv4_cuda_attn_kv8_scratch(t < GW_ATTN ? (int)t : GW_ATTN, H, Dh, (int)nidx);
         w->ascr = take(base, &o, sizeof(float) * (na ? na : 1));
     }
+    w->hcs = take(base, &o, dsv4_cuda_hc_scratch_bytes(T, (int)M, (int)D));
     w->plan.nact = take(base, &o, sizeof(int));
     w->plan.act_e = take(base, &o, sizeof(int) * E);
     w->plan.act_off = take(base, &o, sizeof(int) * E);
@@ -304,9 +305,8 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const int T = b->T, M = c->hc_mult, D = c->dim;
     gprof_layer(g, g->m->layers[L].ratio);
     CK(dsv4_cuda_hc_pre(w->X, T, M, D, ffn ? &gl->hc_ffn_fn : &gl->hc_attn_fn, ffn ? gl->hc_ffn_scale : gl->hc_attn_scale,
-                        ffn ? gl->hc_ffn_base : gl->hc_attn_base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps, w->x,
-                        w->post, w->comb, g->stream));
-    CK(dsv4_cuda_rmsnorm(w->x, T, D, D, ffn ? gl->ffn_norm : gl->attn_norm, c->norm_eps, g->stream));
+                        ffn ? gl->hc_ffn_base : gl->hc_attn_base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps,
+                        ffn ? gl->ffn_norm : gl->attn_norm, w->x, w->post, w->comb, w->hcs, g->stream)); /* + RMSNorm */
     CK(ffn ? moe(g, w, b, L, w->x, w->y) : attention(g, w, b, L, w->x, w->y));
     CK(dsv4_cuda_hc_post(w->y, w->X, T, M, D, w->post, w->comb, g->stream));
     return 0;
@@ -328,9 +328,8 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
 int gpu_run_head(dsv4_cuda_model *g, const gws *w, int T) {
     const dsv4_config *c = &g->m->cfg;
     const int M = c->hc_mult, D = c->dim;
-    CK(dsv4_cuda_hc_head(w->X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, w->hy,
-                         g->stream));
-    CK(dsv4_cuda_rmsnorm(w->hy, T, D, D, g->norm, c->norm_eps, g->stream));
+    CK(dsv4_cuda_hc_head(w->X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, g->norm,
+                         w->hy, w->hcs, g->stream)); /* + the final RMSNorm */
     CK(dsv4_cuda_linear(&g->head, w->hy, 0, T, w->logits, g->stream));
     return 0;
 }
@@ -370,8 +369,8 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
     w.gemm = w.gemm_ws != NULL; /* not a decode step: the FP8 linears may take the tensor-core GEMM */
     CK(gpu_run_layers(g, &w, &b));
     if (mode != DSV4_LOGITS_NONE && logits) {
-        CK(dsv4_cuda_hc_head(w.X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, w.hy,
-                             g->stream));
+        CK(dsv4_cuda_hc_head(w.X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, g->norm,
+                             w.hy, w.hcs, g->stream)); /* + the final RMSNorm, per row */
         int nout = 0;
         for (int s = 0; s < S; s++) nout += mode == DSV4_LOGITS_ALL ? sl[s].n : sl[s].last;
         for (int r0 = 0, s = 0, t = 0; r0 < nout; r0 += w.hr) {
@@ -384,7 +383,6 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
                     if (sl[s].last) CK(dsv4_cuda_copy(w.hrow + (size_t)i++ * D, w.hy + (size_t)(t - 1) * D, sizeof(float) * D, g->stream));
                 }
             }
-            CK(dsv4_cuda_rmsnorm(rows, k, D, D, g->norm, c->norm_eps, g->stream));
             CK(dsv4_cuda_linear(&g->head, rows, 0, k, w.logits, g->stream));
             CK(dsv4_cuda_download_async(logits + (*row + (size_t)r0) * V, w.logits, sizeof(float) * (size_t)k * V, g->stream));
         }

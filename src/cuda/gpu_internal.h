@@ -48,6 +48,7 @@ typedef struct gws {
     const uint8_t **keys;
     const uint8_t **qbase; /* [T] the attention cache (abuf) of each row's sequence */
     float *ascr;           /* attention split partials (dsv4_cuda_attn_kv8) for up to GW_ATTN rows */
+    void *hcs;             /* mHC pre / head partials (dsv4_cuda_hc_scratch_bytes) */
     dsv4_cuda_moe_plan plan;
     void *gemm_ws;   /* FP8 prefill GEMM workspace (linear_gemm.h; NULL when off or T < its minimum) */
     size_t gemm_wsb;

@@ -49,19 +49,25 @@ int dsv4_cuda_kv_pack(const float *src, int64_t sld, int n, int Dh, int R, uint8
 /* The inverse, for tests: cache rows 0..n-1 -> fp32 rows (stride dld). */
 int dsv4_cuda_kv_unpack(const uint8_t *src, int n, int Dh, int R, float *dst, int64_t dld, void *stream);
 
-/* Sparse attention with a sink (spec 7.1) over cache entries, for T queries q [T, H, Dh] (fp32):
+/* Sparse attention with a sink (spec 7.1) over cache entries, for T queries q [T, H, Dh] (fp32, Dh <= 512):
  * entry id >= 0 of query t is cache row id of base[t] (a device array of T device pointers: the
  * query's sequence's cache), id <= -2 is fp32 row -id-2 of kv2 (row stride Dh: a prefill chunk's own
  * keys, not stored yet), -1 is no entry. idx [T, nidx], any nidx >= 0. out [T, H, Dh]. A query with
- * no valid entry gets zeros. Entries are taken in chunks of 64 with an online softmax, and lists
- * longer than 256 are split in pieces of 256 combined in a fixed order (scratch: see
- * dsv4_cuda_attn_kv8_scratch), so a query's result depends only on its own entries, never on T
- * (batch invariant) and is the same run to run. Twin: dsv4_cpu_sparse_attn on the unpacked rows. */
+ * no valid entry gets zeros. The list is taken in sub-splits of 32 entries (a softmax each), folded in
+ * order into at most 32 spans and the spans in order into the result (attn_kv8.cu); every sum has an order
+ * fixed by the query's own list, so the result never depends on T or on the launch shape (batch invariant)
+ * and is the same run to run. Small T runs a block per span, with the span states in scratch (see
+ * dsv4_cuda_attn_kv8_scratch, 16-byte aligned). Twin: dsv4_cpu_sparse_attn on the unpacked rows. */
 int dsv4_cuda_attn_kv8(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                        const int *idx, int nidx, const float *sink, float scale, float *out, float *scratch,
                        void *stream);
-/* Floats of scratch dsv4_cuda_attn_kv8 needs for T queries, H heads, nidx entries (0 when nidx <= 256). */
+/* Floats of scratch dsv4_cuda_attn_kv8 needs for T queries, H heads, nidx entries (0 when nidx <= 32; never
+ * more than for T = 32). */
 size_t dsv4_cuda_attn_kv8_scratch(int T, int H, int Dh, int nidx);
+/* Tests only: force dsv4_cuda_attn_kv8's launch shape (cfg 0..4: 4 x 8, 4 x 4, 2 x 4, 1 x 4, 1 x 2 heads per warp
+ * x warps per block; mode 1: one block per query and head group, 0: one per span when T <= 32), -1 = automatic. The result
+ * must not change. */
+void dsv4_cuda_attn_kv8_force(int cfg, int mode);
 
 #ifdef __cplusplus
 }

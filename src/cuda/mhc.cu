@@ -1,82 +1,493 @@
 /* mhc.cu - manifold-constrained hyper-connections (spec 4): pre (mix, sigmoid gates, Sinkhorn-
  * normalized combination, weighted sum of the M streams), post (recombination), head. Twins:
- * dsv4_cpu_hc_pre / _post / _head. One block per token for pre / head: the (2+M)*M mixing rows
- * are dot products over the token's M*D stream values (a warp per row), the tiny M x M Sinkhorn runs
- * on one thread, the same code as the twin (src/cpu/hc_split.h). */
+ * dsv4_cpu_hc_pre / _post / _head.
+ *
+ * pre / head run in two kernels over a caller's scratch (dsv4_cuda_hc_scratch_bytes):
+ *  1. the mixes: each token's K = M*D stream values are cut in super-chunks of HC_SC = HC_G chunks of
+ *     HC_CH columns; per (token, row, super-chunk) a partial dot product (and per (token, super-chunk)
+ *     a partial sum of squares, in double) goes to the scratch. The arithmetic of a partial is fixed:
+ *     per chunk one fmaf chain over its columns in order from 0 (the squares: fmaf(x, x, a), float), the
+ *     chunk sums added in order from 0 (the squares' in double).
+ *     Few tokens (hc_mix_small): a block per (super-chunk, token), a thread per (row, chunk), the fn
+ *     slice read straight from memory. Many tokens (hc_mix_big): a block per (super-chunk, 128 tokens),
+ *     fn and token chunks staged in shared memory (cp.async, two stages), each lane 2 tokens x RPL rows
+ *     with the same chains. Both give the same bits, so a token's result does not depend on T.
+ *  2. hc_finish_kernel, a block per token: the super-chunk partials summed in order, r, the mixes; a
+ *     fifth warp runs the M x M Sinkhorn while four warps form x = sum_j pre[j] X[j] and, with a norm
+ *     weight, the RMSNorm that follows it in the same steps as dsv4_cuda_rmsnorm (bitwise the same as
+ *     running it after). The Sinkhorn (M <= 5): a lane per entry of C, each entry through the same float
+ *     operations in the same order as dsv4_hc_post_comb (src/cpu/hc_split.h, the twin's code), row and
+ *     column sums gathered by shuffles and added in index order, so the bits equal that code's on one
+ *     thread (checked in test_kernels with dsv4_cuda_hc_test_flags). Likewise pre, a thread per stream.
+ * Launches carry the programmatic-dependent-launch attribute: each kernel lets the next one launch at once,
+ * loads what does not depend on earlier kernels (the fn chunk), then waits in griddepcontrol.wait. */
 #include "common.cuh"
 #include "../cpu/hc_split.h"
 
 #define HC_MAXM 16
+#define HC_MAXR ((2 + HC_MAXM) * HC_MAXM)
+#define HC_CH 64              /* columns per chunk (one fmaf chain) */
+#define HC_G 4                /* chunks per super-chunk */
+#define HC_SC (HC_CH * HC_G)  /* columns per super-chunk (one scratch partial) */
+#define HC_BIG_T 32           /* from this many tokens on, hc_mix_big (when the shapes allow it) */
+#define HC_TT 128             /* hc_mix_big: tokens per block */
+#define HC_LD (HC_CH + 4)     /* hc_mix_big: shared row stride (floats) */
+#define HC_BR 24              /* hc_mix_big: rows staged (4 row groups x RPL <= 24) */
+#define HC_STAGE ((HC_TT + HC_BR) * HC_LD)
+#define HC_TGROUP 32768       /* tokens per launch pair */
 
-/* HEAD = 0: pre (x, post, comb); HEAD = 1: head (y = x). */
-template <int HEAD>
-__global__ void __launch_bounds__(256) hc_pre_kernel(const float *X, int M, int D, dsv4_cuda_weight fn, const float *scale,
-                                                     const float *base, int iters, float norm_eps, float hc_eps,
-                                                     float *x, float *post, float *comb) {
-    __shared__ float mix[(2 + HC_MAXM) * HC_MAXM];
-    __shared__ float pre[HC_MAXM];
-    __shared__ double part[8];
-    const int t = blockIdx.x, MD = M * D, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float *Xt = X + (int64_t)t * MD;
-    double ss = 0;
-    for (int i = threadIdx.x; i < MD; i += 256) ss += (double)Xt[i] * Xt[i];
-    ss = warp_sum_d(ss);
-    if (lane == 0) part[warp] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0;
-        for (int w = 0; w < 8; w++) s += part[w];
-        part[0] = s;
+static inline int hc_nsc(int K) { return (K + HC_SC - 1) / HC_SC; }
+
+extern "C" {
+int dsv4_cuda_hc_test_flags; /* cuda_backend.h: test hooks */
+}
+
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+extern "C" size_t dsv4_cuda_hc_scratch_bytes(int T, int M, int D) {
+    if (T <= 0 || M <= 0 || D <= 0) return 0;
+    const size_t n = (size_t)T * hc_nsc(M * D), nr = (size_t)(2 + M) * M;
+    return ((n * nr * sizeof(float) + 15) & ~(size_t)15) + n * sizeof(double);
+}
+
+/* ---- 1. partial mixes ---- */
+
+/* one chunk's chain: fmaf(w[k], x[k], a) for k = 0 .. HC_CH - 1, from a = 0 */
+__device__ __forceinline__ float hc_chain(const float4 *wv, const float *x) {
+    float a = 0;
+#pragma unroll
+    for (int q = 0; q < HC_CH / 4; q++) {
+        a = fmaf(wv[q].x, x[4 * q + 0], a);
+        a = fmaf(wv[q].y, x[4 * q + 1], a);
+        a = fmaf(wv[q].z, x[4 * q + 2], a);
+        a = fmaf(wv[q].w, x[4 * q + 3], a);
     }
-    __syncthreads();
-    const float r = 1.0f / sqrtf((float)(part[0] / MD) + norm_eps);
-    const int nr = HEAD ? M : (2 + M) * M;
-    for (int row = warp; row < nr; row += 8) {
-        float acc = 0;
-        if (fn.fmt == DSV4_WF_F32) {
-            const float *wr = (const float *)fn.data + ((int64_t)fn.row0 + row) * fn.cols;
-            for (int c = lane; c < MD; c += 32) acc = fmaf(wr[c], Xt[c], acc);
-        } else {
-            for (int c = lane; c < MD; c += 32) acc = fmaf(dev_weight_at(fn, row, c), Xt[c], acc);
+    return a;
+}
+
+/* grid (nsc, T), 128 threads: task (chunk g, row r) for r < nr, (g, nr) the chunk's sum of squares. Fast path
+ * (F32 fn, a full super-chunk, (nr + 1) * HC_G <= 128): a task per thread, its fn chunk loaded before the token's. */
+__global__ void __launch_bounds__(128) hc_mix_small(const float *__restrict__ X, int K, dsv4_cuda_weight fn, int nr,
+                                                    int nsc, float *__restrict__ part, double *__restrict__ ssp) {
+    __shared__ __align__(16) float xs[HC_SC];
+    __shared__ float ps[HC_G][HC_MAXR];
+    __shared__ float pss[HC_G];
+    const int sc = blockIdx.x, t = blockIdx.y, c0 = sc * HC_SC, n = K - c0 < HC_SC ? K - c0 : HC_SC, tid = threadIdx.x;
+    const float *Xt = X + (int64_t)t * K;
+    const int fast = fn.fmt == DSV4_WF_F32 && (fn.cols & 3) == 0 && ((uintptr_t)fn.data & 15) == 0 && n == HC_SC &&
+                     (nr + 1) * HC_G <= 128 && ((uintptr_t)Xt & 15) == 0;
+    pdl_trigger();
+    if (fast) {
+        const int g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
+        float4 wv[HC_CH / 4];
+        if (g < HC_G && r < nr) {
+            const float4 *w4 = (const float4 *)((const float *)fn.data + ((int64_t)fn.row0 + r) * fn.cols + c0 + cb);
+#pragma unroll
+            for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
         }
-        acc = warp_sum(acc);
-        if (lane == 0) mix[row] = acc * r;
+        pdl_wait(); /* X is the previous kernel's */
+        if (tid < HC_SC / 4) ((float4 *)xs)[tid] = ((const float4 *)(Xt + c0))[tid];
+        __syncthreads();
+        if (g < HC_G && r < nr) ps[g][r] = hc_chain(wv, xs + cb);
+        else if (g < HC_G) {
+            float a = 0;
+#pragma unroll 16
+            for (int k = 0; k < HC_CH; k++) a = fmaf(xs[cb + k], xs[cb + k], a);
+            pss[g] = a;
+        }
+    } else {
+        pdl_wait();
+        for (int i = tid; i < HC_SC; i += 128) xs[i] = i < n ? Xt[c0 + i] : 0.0f;
+        __syncthreads();
+        for (int task = tid; task < (nr + 1) * HC_G; task += 128) {
+            const int g = task / (nr + 1), r = task % (nr + 1), cb = g * HC_CH;
+            const int len = n - cb < 0 ? 0 : n - cb < HC_CH ? n - cb : HC_CH;
+            if (r == nr) {
+                float a = 0;
+                for (int k = 0; k < len; k++) a = fmaf(xs[cb + k], xs[cb + k], a);
+                pss[g] = a;
+                continue;
+            }
+            float a = 0;
+            for (int k = 0; k < len; k++) a = fmaf(dev_weight_at(fn, r, c0 + cb + k), xs[cb + k], a);
+            ps[g][r] = a;
+        }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        dsv4_hc_pre_weights(mix, M, scale[0], base, hc_eps, pre);
-        if (!HEAD) dsv4_hc_post_comb(mix, M, scale, base, iters, hc_eps, post + (int64_t)t * M, comb + (int64_t)t * M * M);
-    }
-    __syncthreads();
-    float *xt = x + (int64_t)t * D;
-    for (int d = threadIdx.x; d < D; d += 256) {
-        float acc = 0;
-        for (int j = 0; j < M; j++) acc = fmaf(pre[j], Xt[(int64_t)j * D + d], acc);
-        xt[d] = acc;
+    for (int r = tid; r <= nr; r += 128) {
+        if (r < nr) {
+            float s = 0;
+            for (int g = 0; g < HC_G; g++) s += ps[g][r];
+            part[((int64_t)t * nsc + sc) * nr + r] = s;
+        } else {
+            double s = 0;
+            for (int g = 0; g < HC_G; g++) s += (double)pss[g];
+            ssp[(int64_t)t * nsc + sc] = s;
+        }
     }
 }
 
-static int hc_check(const char *op, int T, int M, int D, const dsv4_cuda_weight *fn, int nr) {
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* grid (nsc, ceil(T / HC_TT)), 256 threads; F32 fn, K % HC_SC == 0, nr <= 4 * RPL, 16-byte aligned rows.
+ * Warp w: tokens 16w .. 16w + 15 of the block; lane (tg = lane / 4, rg = lane % 4): tokens tg, tg + 8 (of the
+ * warp's), rows rg * RPL .. + RPL - 1; the sums of squares on rg 0 (token tg) and rg 1 (token tg + 8). */
+template <int RPL>
+__global__ void __launch_bounds__(256, 2) hc_mix_big(const float *__restrict__ X, int T, int K, const float *__restrict__ W,
+                                                     int nr, int nsc, float *__restrict__ part, double *__restrict__ ssp) {
+    extern __shared__ float4 hc_sm4[];
+    float *sm = (float *)hc_sm4;
+    const int sc = blockIdx.x, t0 = blockIdx.y * HC_TT, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, tg = lane >> 2, rg = lane & 3;
+    pdl_trigger();
+    pdl_wait();
+    auto load = [&](int g, int st) {
+        float *xs = sm + st * HC_STAGE, *ws = xs + HC_TT * HC_LD;
+        const int64_t c = (int64_t)sc * HC_SC + g * HC_CH;
+        for (int f = tid; f < HC_TT * (HC_CH / 4); f += 256) {
+            const int tk = f / (HC_CH / 4), q = f % (HC_CH / 4);
+            float *dst = xs + tk * HC_LD + 4 * q;
+            if (t0 + tk < T) cp_async16(dst, X + (int64_t)(t0 + tk) * K + c + 4 * q);
+            else *(float4 *)dst = make_float4(0, 0, 0, 0);
+        }
+        for (int f = tid; f < HC_BR * (HC_CH / 4); f += 256) {
+            const int r = f / (HC_CH / 4), q = f % (HC_CH / 4);
+            float *dst = ws + r * HC_LD + 4 * q;
+            if (r < nr) cp_async16(dst, W + (int64_t)r * K + c + 4 * q);
+            else *(float4 *)dst = make_float4(0, 0, 0, 0);
+        }
+        cp_async_commit();
+    };
+    float s[2][RPL];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int i = 0; i < RPL; i++) s[j][i] = 0;
+    double sss = 0;
+    load(0, 0);
+    for (int g = 0; g < HC_G; g++) {
+        if (g + 1 < HC_G) {
+            load(g + 1, (g + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const float *xs = sm + (g & 1) * HC_STAGE, *ws = xs + HC_TT * HC_LD;
+        const float *xa = xs + (warp * 16 + tg) * HC_LD, *xb = xa + 8 * HC_LD, *wr = ws + rg * RPL * HC_LD;
+        float acc[2][RPL];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < RPL; i++) acc[j][i] = 0;
+        float ssa = 0;
+#pragma unroll 4
+        for (int q = 0; q < HC_CH / 4; q++) {
+            const float4 x0 = *(const float4 *)(xa + 4 * q), x1 = *(const float4 *)(xb + 4 * q);
+            float4 wv[RPL];
+#pragma unroll
+            for (int i = 0; i < RPL; i++) wv[i] = *(const float4 *)(wr + i * HC_LD + 4 * q);
+#pragma unroll
+            for (int i = 0; i < RPL; i++) {
+                acc[0][i] = fmaf(wv[i].x, x0.x, acc[0][i]);
+                acc[1][i] = fmaf(wv[i].x, x1.x, acc[1][i]);
+                acc[0][i] = fmaf(wv[i].y, x0.y, acc[0][i]);
+                acc[1][i] = fmaf(wv[i].y, x1.y, acc[1][i]);
+                acc[0][i] = fmaf(wv[i].z, x0.z, acc[0][i]);
+                acc[1][i] = fmaf(wv[i].z, x1.z, acc[1][i]);
+                acc[0][i] = fmaf(wv[i].w, x0.w, acc[0][i]);
+                acc[1][i] = fmaf(wv[i].w, x1.w, acc[1][i]);
+            }
+            const float4 v = rg ? x1 : x0; /* the squares: rg 0 token tg, rg 1 token tg + 8 (rg 2, 3 unused) */
+            ssa = fmaf(v.x, v.x, ssa);
+            ssa = fmaf(v.y, v.y, ssa);
+            ssa = fmaf(v.z, v.z, ssa);
+            ssa = fmaf(v.w, v.w, ssa);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < RPL; i++) s[j][i] += acc[j][i];
+        sss += (double)ssa;
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int t = t0 + warp * 16 + tg + 8 * j;
+        if (t >= T) continue;
+#pragma unroll
+        for (int i = 0; i < RPL; i++)
+            if (rg * RPL + i < nr) part[((int64_t)t * nsc + sc) * nr + rg * RPL + i] = s[j][i];
+        if (rg == j) ssp[(int64_t)t * nsc + sc] = sss;
+    }
+}
+
+/* ---- 2. finish: a block per token, warps 0-3 the weighted sum (+ RMSNorm), warp 4 the Sinkhorn ---- */
+
+__device__ __forceinline__ void bar_x() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
+template <int MM>
+__device__ __forceinline__ void hc_post_comb_out(const float *mix, int M, const float *scale, const float *base, int iters,
+                                                 float hc_eps, float *post, float *comb) {
+    float p[MM], C[MM * MM];
+    dsv4_hc_post_comb(mix, M, scale, base, iters, hc_eps, p, C);
+    for (int j = 0; j < M; j++) post[j] = p[j];
+    for (int j = 0; j < M * M; j++) comb[j] = C[j];
+}
+
+/* dsv4_hc_post_comb for M = MM <= 5 on one warp, lane e = j * MM + k holding C[j][k]: the same operations per
+ * entry, sums in index order (lanes past MM * MM shadow entry 0) */
+template <int MM>
+__device__ __forceinline__ void hc_post_comb_warp(const float *mix, const float *scale, const float *base, int iters,
+                                                  float hc_eps, float *post, float *comb, int lane) {
+    const int e = lane < MM * MM ? lane : 0, j = e / MM, k = e % MM;
+    if (lane < MM) post[lane] = 2.0f * dsv4_hc_sigmoid(mix[MM + lane] * scale[1] + base[MM + lane]);
+    float c = mix[2 * MM + e] * scale[2] + base[2 * MM + e];
+    float v[MM];
+#pragma unroll
+    for (int q = 0; q < MM; q++) v[q] = __shfl_sync(0xffffffffu, c, j * MM + q);
+    float mx = -INFINITY, s = 0;
+#pragma unroll
+    for (int q = 0; q < MM; q++) mx = fmaxf(mx, v[q]);
+#pragma unroll
+    for (int q = 0; q < MM; q++) s += (v[q] = expf(v[q] - mx));
+    c = expf(c - mx) / s + hc_eps;
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+#pragma unroll
+            for (int q = 0; q < MM; q++) v[q] = __shfl_sync(0xffffffffu, c, j * MM + q);
+            s = 0;
+#pragma unroll
+            for (int q = 0; q < MM; q++) s += v[q];
+            c /= (s + hc_eps);
+        }
+#pragma unroll
+        for (int q = 0; q < MM; q++) v[q] = __shfl_sync(0xffffffffu, c, q * MM + k);
+        s = 0;
+#pragma unroll
+        for (int q = 0; q < MM; q++) s += v[q];
+        c /= (s + hc_eps);
+    }
+    if (lane < MM * MM) comb[lane] = c;
+}
+
+template <int HEAD>
+__global__ void __launch_bounds__(160) hc_finish_kernel(const float *__restrict__ X, int M, int D, int nr, int nsc,
+                                                        const float *__restrict__ part, const double *__restrict__ ssp,
+                                                        const float *scale, const float *base, int iters, float norm_eps,
+                                                        float hc_eps, const float *__restrict__ nw, int stage,
+                                                        int serial, float *__restrict__ x, float *post, float *comb) {
+    extern __shared__ float4 hc_xs4[]; /* [nsc] double, [nsc * nr] float (when staged), then x [D] (with nw) */
+    __shared__ float mix[HC_MAXR];
+    __shared__ float pre[HC_MAXM];
+    __shared__ double ssum, red[4];
+    const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, MD = M * D, np = nsc * nr;
+    const float *pt = part + (int64_t)t * np;
+    const double *st = ssp + (int64_t)t * nsc;
+    double *sd = (double *)hc_xs4;
+    float *sp = (float *)(sd + nsc), *xs = (float *)hc_xs4 + (stage ? ((nsc * (2 + nr) + 3) & ~3) : 0);
+    pdl_trigger();
+    pdl_wait(); /* the partials are the previous kernel's */
+    if (stage) { /* every load in flight at once, then the fixed-order sums from shared memory */
+        for (int i0 = tid; i0 < np; i0 += 160 * 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = i0 + 160 * u < np ? pt[i0 + 160 * u] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (i0 + 160 * u < np) sp[i0 + 160 * u] = v[u];
+        }
+        for (int i = tid; i < nsc; i += 160) sd[i] = st[i];
+        __syncthreads();
+        pt = sp, st = sd;
+    }
+    for (int r = tid; r <= nr; r += 160) {
+        if (r < nr) {
+            float s = 0;
+#pragma unroll 8
+            for (int k = 0; k < nsc; k++) s += pt[k * nr + r];
+            mix[r] = s;
+        } else {
+            double s = 0;
+#pragma unroll 8
+            for (int k = 0; k < nsc; k++) s += st[k];
+            ssum = s;
+        }
+    }
+    __syncthreads();
+    const float rs = 1.0f / sqrtf((float)(ssum / MD) + norm_eps);
+    for (int r = tid; r < nr; r += 160) mix[r] = mix[r] * rs;
+    __syncthreads();
+    if (warp == 4) {
+        if (HEAD) return;
+        float *pt_ = post + (int64_t)t * M, *ct = comb + (int64_t)t * M * M;
+        if (!serial && M == 4) hc_post_comb_warp<4>(mix, scale, base, iters, hc_eps, pt_, ct, lane);
+        else if (!serial && M == 3) hc_post_comb_warp<3>(mix, scale, base, iters, hc_eps, pt_, ct, lane);
+        else if (!serial && M == 2) hc_post_comb_warp<2>(mix, scale, base, iters, hc_eps, pt_, ct, lane);
+        else if (lane == 0 && M == 4) hc_post_comb_out<4>(mix, 4, scale, base, iters, hc_eps, pt_, ct);
+        else if (lane == 0) hc_post_comb_out<HC_MAXM>(mix, M, scale, base, iters, hc_eps, pt_, ct);
+        return;
+    }
+    if (serial) {
+        if (tid == 0) dsv4_hc_pre_weights(mix, M, scale[0], base, hc_eps, pre);
+    } else if (tid < M) { /* dsv4_hc_pre_weights, a thread per stream */
+        const float scale0 = scale[0];
+        pre[tid] = dsv4_hc_sigmoid(mix[tid] * scale0 + base[tid]) + hc_eps;
+    }
+    bar_x();
+    const float *Xt = X + (int64_t)t * MD;
+    float *xt = x + (int64_t)t * D;
+    float *dst = nw ? xs : xt;
+    const int vec = (D & 3) == 0 && ((uintptr_t)X & 15) == 0 && ((uintptr_t)x & 15) == 0 && (!nw || ((uintptr_t)nw & 15) == 0);
+    if (vec) {
+        const int D4 = D >> 2;
+        const float4 *X4 = (const float4 *)Xt;
+#pragma unroll 4
+        for (int q = tid; q < D4; q += 128) {
+            float4 a = make_float4(0, 0, 0, 0);
+            for (int j = 0; j < M; j++) {
+                const float4 v = X4[(int64_t)j * D4 + q];
+                const float p = pre[j];
+                a.x = fmaf(p, v.x, a.x), a.y = fmaf(p, v.y, a.y), a.z = fmaf(p, v.z, a.z), a.w = fmaf(p, v.w, a.w);
+            }
+            ((float4 *)dst)[q] = a;
+        }
+    } else {
+        for (int d = tid; d < D; d += 128) {
+            float a = 0;
+            for (int j = 0; j < M; j++) a = fmaf(pre[j], Xt[(int64_t)j * D + d], a);
+            dst[d] = a;
+        }
+    }
+    if (!nw) return;
+    /* RMSNorm: the steps of rmsnorm_kernel (norm_rope_quant.cu), 128 threads */
+    bar_x();
+    double ss = 0;
+    for (int i = tid; i < D; i += 128) ss += (double)xs[i] * xs[i];
+    ss = warp_sum_d(ss);
+    if (lane == 0) red[warp] = ss;
+    bar_x();
+    ss = (red[0] + red[1]) + (red[2] + red[3]);
+    const float rn = 1.0f / sqrtf((float)(ss / D) + norm_eps);
+    if (vec) {
+        const int D4 = D >> 2;
+        for (int q = tid; q < D4; q += 128) {
+            const float4 v = ((const float4 *)xs)[q], w = ((const float4 *)nw)[q];
+            float4 o;
+            o.x = __fmul_rn(w.x, __fmul_rn(v.x, rn)), o.y = __fmul_rn(w.y, __fmul_rn(v.y, rn));
+            o.z = __fmul_rn(w.z, __fmul_rn(v.z, rn)), o.w = __fmul_rn(w.w, __fmul_rn(v.w, rn));
+            ((float4 *)xt)[q] = o;
+        }
+    } else {
+        for (int i = tid; i < D; i += 128) xt[i] = __fmul_rn(nw[i], __fmul_rn(xs[i], rn));
+    }
+}
+
+static int hc_check(const char *op, int T, int M, int D, const dsv4_cuda_weight *fn, int nr, const void *scratch) {
     if (T < 0 || M <= 0 || M > HC_MAXM || D <= 0 || !fn || fn->rows != nr || fn->cols != M * D)
         return dsv4_cuda_fail("%s: bad shape (T %d M %d D %d, fn %dx%d)", op, T, M, D, fn ? fn->rows : 0, fn ? fn->cols : 0);
+    if (T && !scratch) return dsv4_cuda_fail("%s: no scratch", op);
+    return 0;
+}
+
+/* 1: launch without the programmatic-dependent-launch attribute (refused once); flags & 2 (test hook) likewise */
+static int hc_no_pdl;
+
+template <typename... KArgs, typename... Args>
+static int hc_launch(const char *op, void (*kern)(KArgs...), dim3 grid, int threads, size_t smem, cudaStream_t st,
+                     int flags, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid, cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = hc_no_pdl || (flags & 2) ? 0 : 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+    if (e != cudaSuccess && cfg.numAttrs) { /* no programmatic dependent launch here: plain stream order */
+        cudaGetLastError();
+        hc_no_pdl = 1;
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return dsv4_cuda_fail("%s: launch: %s", op, cudaGetErrorString(e));
+    }
+    return dsv4_cuda_check_launch(op);
+}
+
+/* the two kernels for tokens [0, T) of X; nrs: the scratch's row count ((2 + M) * M) */
+template <int HEAD>
+static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, int nrs,
+                  const float *scale, const float *base, int iters, float norm_eps, float hc_eps, const float *nw,
+                  float *x, float *post, float *comb, void *scratch, cudaStream_t st) {
+    const int K = M * D, nr = HEAD ? M : (2 + M) * M, nsc = hc_nsc(K);
+    const size_t pbytes = ((size_t)T * nsc * nrs * sizeof(float) + 15) & ~(size_t)15;
+    float *part = (float *)scratch;
+    double *ssp = (double *)((char *)scratch + pbytes);
+    const float *W = (const float *)fn->data + (int64_t)fn->row0 * fn->cols;
+    const int big_ok = fn->fmt == DSV4_WF_F32 && K % HC_SC == 0 && nr <= HC_BR && ((uintptr_t)X & 15) == 0 &&
+                       ((uintptr_t)W & 15) == 0;
+    /* the finish kernel's shared memory: the token's partials (when they fit), x (with nw, when it fits) */
+    const size_t psm = (size_t)nsc * (sizeof(double) + (size_t)nr * sizeof(float)), xsm = (size_t)D * sizeof(float);
+    const int stage = psm <= 24 * 1024;
+    const size_t psa = stage ? (psm + 15) & ~(size_t)15 : 0;
+    const int fuse = nw && psa + xsm <= 48 * 1024;
+    const size_t fsm = psa + (fuse ? xsm : 0);
+    static int big_attr[2];
+    const int flags = dsv4_cuda_hc_test_flags;
+    for (int t0 = 0; t0 < T; t0 += HC_TGROUP) {
+        const int n = T - t0 < HC_TGROUP ? T - t0 : HC_TGROUP;
+        const float *Xg = X + (int64_t)t0 * K;
+        if (big_ok && n >= HC_BIG_T) {
+            const size_t smem = 2 * HC_STAGE * sizeof(float);
+            const int k = nr <= 4 ? 0 : 1;
+            const void *fnp = k ? (const void *)hc_mix_big<6> : (const void *)hc_mix_big<1>;
+            if (!big_attr[k]) {
+                if (cudaFuncSetAttribute(fnp, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+                    return dsv4_cuda_fail("%s: shared memory attribute", op);
+                big_attr[k] = 1;
+            }
+            dim3 grid(nsc, (n + HC_TT - 1) / HC_TT);
+            if (!(flags & 8) && hc_launch(op, k ? hc_mix_big<6> : hc_mix_big<1>, grid, 256, smem, st, flags, Xg, n, K, W, nr,
+                                          nsc, part, ssp))
+                return -1;
+        } else if (!(flags & 8) && hc_launch(op, hc_mix_small, dim3(nsc, n), 128, 0, st, flags, Xg, K, *fn, nr, nsc, part, ssp)) {
+            return -1;
+        }
+        if (!(flags & 4) &&
+            hc_launch(op, hc_finish_kernel<HEAD>, dim3(n), 160, fsm, st, flags, Xg, M, D, nr, nsc, (const float *)part,
+                      (const double *)ssp, scale, base, iters, norm_eps, hc_eps, fuse ? nw : (const float *)NULL, stage,
+                      flags & 1, x + (int64_t)t0 * D, HEAD ? (float *)NULL : post + (int64_t)t0 * M,
+                      HEAD ? (float *)NULL : comb + (int64_t)t0 * M * M))
+            return -1;
+    }
+    if (nw && !fuse) return dsv4_cuda_rmsnorm(x, T, D, D, nw, norm_eps, st);
     return 0;
 }
 
 extern "C" int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
-                                const float *base, int iters, float norm_eps, float hc_eps, float *x, float *post,
-                                float *comb, void *stream) {
-    if (hc_check("hc_pre", T, M, D, fn, (2 + M) * M)) return -1;
+                                const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w, float *x,
+                                float *post, float *comb, void *scratch, void *stream) {
+    if (hc_check("hc_pre", T, M, D, fn, (2 + M) * M, scratch)) return -1;
     if (!T) return 0;
-    hc_pre_kernel<0><<<T, 256, 0, DSV4_STREAM(stream)>>>(X, M, D, *fn, scale, base, iters, norm_eps, hc_eps, x, post, comb);
-    return dsv4_cuda_check_launch("hc_pre");
+    return hc_run<0>("hc_pre", X, T, M, D, fn, (2 + M) * M, scale, base, iters, norm_eps, hc_eps, norm_w, x, post, comb,
+                     scratch, DSV4_STREAM(stream));
 }
 
 extern "C" int dsv4_cuda_hc_head(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
-                                 const float *base, float norm_eps, float hc_eps, float *y, void *stream) {
-    if (hc_check("hc_head", T, M, D, fn, M)) return -1;
+                                 const float *base, float norm_eps, float hc_eps, const float *norm_w, float *y,
+                                 void *scratch, void *stream) {
+    if (hc_check("hc_head", T, M, D, fn, M, scratch)) return -1;
     if (!T) return 0;
-    hc_pre_kernel<1><<<T, 256, 0, DSV4_STREAM(stream)>>>(X, M, D, *fn, scale, base, 0, norm_eps, hc_eps, y, NULL, NULL);
-    return dsv4_cuda_check_launch("hc_head");
+    return hc_run<1>("hc_head", X, T, M, D, fn, (2 + M) * M, scale, base, 0, norm_eps, hc_eps, norm_w, y, NULL, NULL,
+                     scratch, DSV4_STREAM(stream));
 }
 
 /* post: thread per (token, d); the M old stream values are read before any is written. */

@@ -10,8 +10,8 @@
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] [--only linear|gemm]   (--only linear: the linear checks and timings alone; --only gemm:
- * those of the FP8 prefill GEMM alone) */
+ * Usage: test_kernels [--no-bench] [--only linear|gemm|hc]   (--only linear: the linear checks and timings alone; --only gemm:
+ * those of the FP8 prefill GEMM alone; --only hc: those of mHC pre / post / head) */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -440,14 +440,24 @@ static void test_quant(int kind, int rows, int n, int ld, int block) {
 
 /* ---- mHC ---- */
 
+/* bitwise comparison (a count of differing elements is printed) */
+static void check_same(const char *name, const float *got, const float *ref, size_t n) {
+    size_t nbad = 0;
+    for (size_t i = 0; i < n; i++) nbad += memcmp(got + i, ref + i, sizeof(float)) != 0;
+    g_checks++;
+    if (nbad) g_fail++;
+    printf("%-4s %-44s n=%-9zu %zu elements differ (bitwise)%s\n", nbad ? "FAIL" : "ok", name, n, nbad, nbad ? " <<<" : "");
+}
+
 static void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
     int nr = (2 + M) * M;
     hweight fn = make_weight(fmt, nr, M * D, 0, 0), fh = make_weight(fmt, M, M * D, 0, 0);
-    float *X = randn((size_t)T * M * D, 1.0f), *scale = randn(3, 0.5f), *base = randn(nr, 0.5f);
+    float *X = randn((size_t)T * M * D, 1.0f), *scale = randn(3, 0.5f), *base = randn(nr, 0.5f), *nw = randn(D, 1.0f);
     float *rx = malloc(sizeof(float) * (size_t)T * D), *rp = malloc(sizeof(float) * (size_t)T * M),
           *rc = malloc(sizeof(float) * (size_t)T * M * M);
     float *gx = malloc(sizeof(float) * (size_t)T * D), *gp = malloc(sizeof(float) * (size_t)T * M),
           *gc = malloc(sizeof(float) * (size_t)T * M * M);
+    float *g2 = malloc(sizeof(float) * (size_t)T * D), *g3 = malloc(sizeof(float) * (size_t)T * M * M);
     for (int t = 0; t < T; t++)
         dsv4_cpu_hc_pre(X + (size_t)t * M * D, M, D, &fn.w, scale, base, iters, 1e-6f, 1e-6f, rx + (size_t)t * D,
                         rp + (size_t)t * M, rc + (size_t)t * M * M);
@@ -455,9 +465,11 @@ static void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
     op_ok(dsv4_cuda_weight_upload(&fn.w, &dfn), "upload");
     op_ok(dsv4_cuda_weight_upload(&fh.w, &dfh), "upload");
     float *dX = dup_to_dev(X, sizeof(float) * (size_t)T * M * D), *ds = dup_to_dev(scale, 12), *db = dup_to_dev(base, sizeof(float) * nr);
+    float *dnw = dup_to_dev(nw, sizeof(float) * D), *dx2 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
     float *dx = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D), *dp = dsv4_cuda_alloc(sizeof(float) * (size_t)T * M),
           *dc = dsv4_cuda_alloc(sizeof(float) * (size_t)T * M * M);
-    op_ok(dsv4_cuda_hc_pre(dX, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dx, dp, dc, NULL), "hc_pre");
+    void *scr = dsv4_cuda_alloc(dsv4_cuda_hc_scratch_bytes(T, M, D));
+    op_ok(dsv4_cuda_hc_pre(dX, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, NULL, dx, dp, dc, scr, NULL), "hc_pre");
     sync_ok();
     from_dev(gx, dx, sizeof(float) * (size_t)T * D);
     from_dev(gp, dp, sizeof(float) * (size_t)T * M);
@@ -469,6 +481,56 @@ static void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
     check(name, gp, rp, (size_t)T * M, 1e-6, 1e-4);
     snprintf(name, sizeof name, "hc_pre comb T=%d M=%d D=%d", T, M, D);
     check(name, gc, rc, (size_t)T * M * M, 1e-6, 1e-4);
+
+    /* the reference Sinkhorn / pre weights on one thread (flag 1) and plain launches (flag 2): the same bits */
+    for (int fl = 1; fl <= 2; fl++) {
+        dsv4_cuda_hc_test_flags = fl;
+        op_ok(dsv4_cuda_hc_pre(dX, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, NULL, dx2, dp, dc, scr, NULL), "hc_pre");
+        sync_ok();
+        dsv4_cuda_hc_test_flags = 0;
+        from_dev(g2, dx2, sizeof(float) * (size_t)T * D);
+        from_dev(g3, dc, sizeof(float) * (size_t)T * M * M);
+        snprintf(name, sizeof name, "hc_pre x    T=%d M=%d %s", T, M, fl == 1 ? "serial Sinkhorn" : "no PDL");
+        check_same(name, g2, gx, (size_t)T * D);
+        snprintf(name, sizeof name, "hc_pre comb T=%d M=%d %s", T, M, fl == 1 ? "serial Sinkhorn" : "no PDL");
+        check_same(name, g3, gc, (size_t)T * M * M);
+        from_dev(g3, dp, sizeof(float) * (size_t)T * M);
+        snprintf(name, sizeof name, "hc_pre post T=%d M=%d %s", T, M, fl == 1 ? "serial Sinkhorn" : "no PDL");
+        check_same(name, g3, gp, (size_t)T * M);
+    }
+
+    /* batch invariance: tokens alone (T = 1) and in slices of 8 give the bits of the whole batch */
+    {
+        int bad = 0, runs = 0;
+        const int tl[3] = {0, T / 2, T - 1};
+        for (int k = 0; k < 3 + (T >= 8) * 2; k++) {
+            int t0 = k < 3 ? tl[k] : k == 3 ? 0 : T - 8, n = k < 3 ? 1 : 8;
+            op_ok(dsv4_cuda_hc_pre(dX + (size_t)t0 * M * D, n, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, NULL, dx2, dp, dc, scr, NULL),
+                  "hc_pre");
+            sync_ok();
+            from_dev(g2, dx2, sizeof(float) * (size_t)n * D);
+            from_dev(g3, dc, sizeof(float) * (size_t)n * M * M);
+            bad += memcmp(g2, gx + (size_t)t0 * D, sizeof(float) * (size_t)n * D) != 0;
+            bad += memcmp(g3, gc + (size_t)t0 * M * M, sizeof(float) * (size_t)n * M * M) != 0;
+            from_dev(g3, dp, sizeof(float) * (size_t)n * M);
+            bad += memcmp(g3, gp + (size_t)t0 * M, sizeof(float) * (size_t)n * M) != 0, runs += 3;
+        }
+        g_checks++;
+        if (bad) g_fail++;
+        printf("%-4s hc_pre batch invariance T=%d M=%d D=%d: %d of %d slices differ%s\n", bad ? "FAIL" : "ok", T, M, D, bad, runs,
+               bad ? " <<<" : "");
+    }
+    /* the fused RMSNorm: bitwise the unfused x then dsv4_cuda_rmsnorm; near the twins in sequence */
+    op_ok(dsv4_cuda_rmsnorm(dx, T, D, D, dnw, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_hc_pre(dX, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx2, dp, dc, scr, NULL), "hc_pre");
+    sync_ok();
+    from_dev(gx, dx, sizeof(float) * (size_t)T * D);
+    from_dev(g2, dx2, sizeof(float) * (size_t)T * D);
+    snprintf(name, sizeof name, "hc_pre+norm = hc_pre, rmsnorm T=%d D=%d", T, D);
+    check_same(name, g2, gx, (size_t)T * D);
+    for (int t = 0; t < T; t++) dsv4_cpu_rmsnorm(rx + (size_t)t * D, D, nw, 1e-6f);
+    snprintf(name, sizeof name, "hc_pre+norm x T=%d M=%d D=%d", T, M, D);
+    check(name, g2, rx, (size_t)T * D, 1e-5 * rms(rx, (size_t)T * D), 1e-4);
 
     /* post: f = the layer output, with the post / comb just computed (CPU ones, on both sides) */
     float *f = randn((size_t)T * D, 1.0f), *rX = malloc(sizeof(float) * (size_t)T * M * D), *gX = malloc(sizeof(float) * (size_t)T * M * D);
@@ -486,16 +548,35 @@ static void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
     /* head, on the updated streams */
     for (int t = 0; t < T; t++) dsv4_cpu_hc_head(rX + (size_t)t * M * D, M, D, &fh.w, scale, base, 1e-6f, 1e-6f, rx + (size_t)t * D);
     dsv4_cuda_upload(dX, rX, sizeof(float) * (size_t)T * M * D);
-    op_ok(dsv4_cuda_hc_head(dX, T, M, D, &dfh, ds, db, 1e-6f, 1e-6f, dx, NULL), "hc_head");
+    op_ok(dsv4_cuda_hc_head(dX, T, M, D, &dfh, ds, db, 1e-6f, 1e-6f, NULL, dx, scr, NULL), "hc_head");
     sync_ok();
     from_dev(gx, dx, sizeof(float) * (size_t)T * D);
     snprintf(name, sizeof name, "hc_head T=%d M=%d D=%d %s", T, M, D, dsv4_wfmt_name(fmt));
     check(name, gx, rx, (size_t)T * D, 1e-5 * rms(rx, (size_t)T * D), 1e-4);
+    {
+        int bad = 0;
+        const int t0 = T / 2;
+        op_ok(dsv4_cuda_hc_head(dX + (size_t)t0 * M * D, 1, M, D, &dfh, ds, db, 1e-6f, 1e-6f, NULL, dx2, scr, NULL), "hc_head");
+        sync_ok();
+        from_dev(g2, dx2, sizeof(float) * D);
+        bad = memcmp(g2, gx + (size_t)t0 * D, sizeof(float) * D) != 0;
+        g_checks++;
+        if (bad) g_fail++;
+        printf("%-4s hc_head batch invariance T=%d (token %d alone)%s\n", bad ? "FAIL" : "ok", T, t0, bad ? " <<<" : "");
+    }
+    op_ok(dsv4_cuda_rmsnorm(dx, T, D, D, dnw, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_hc_head(dX, T, M, D, &dfh, ds, db, 1e-6f, 1e-6f, dnw, dx2, scr, NULL), "hc_head");
+    sync_ok();
+    from_dev(gx, dx, sizeof(float) * (size_t)T * D);
+    from_dev(g2, dx2, sizeof(float) * (size_t)T * D);
+    snprintf(name, sizeof name, "hc_head+norm = hc_head, rmsnorm T=%d D=%d", T, D);
+    check_same(name, g2, gx, (size_t)T * D);
 
     dsv4_cuda_free(dX), dsv4_cuda_free(ds), dsv4_cuda_free(db), dsv4_cuda_free(dx), dsv4_cuda_free(dp), dsv4_cuda_free(dc),
-        dsv4_cuda_free(df);
+        dsv4_cuda_free(df), dsv4_cuda_free(dnw), dsv4_cuda_free(dx2), dsv4_cuda_free(scr);
     dsv4_cuda_weight_free(&dfn), dsv4_cuda_weight_free(&dfh), free_hweight(&fn), free_hweight(&fh);
-    free(X), free(scale), free(base), free(rx), free(rp), free(rc), free(gx), free(gp), free(gc), free(f), free(rX), free(gX);
+    free(X), free(scale), free(base), free(nw), free(rx), free(rp), free(rc), free(gx), free(gp), free(gc), free(g2), free(g3),
+        free(f), free(rX), free(gX);
 }
 
 /* ---- sparse attention ---- */
@@ -1006,6 +1087,76 @@ static void bench_copy(void) {
     dsv4_cuda_free(a), dsv4_cuda_free(b);
 }
 
+/* mHC pre / head at Flash shapes (M 4, D 4096, fn [24, 16384] F32, 20 Sinkhorn rounds): `it` calls captured in a
+ * CUDA graph (as in a decode step), GPU time per call. At T <= 16 the fn is rotated through 128 copies (192 MiB),
+ * so that L2 does not serve it. Variants: pre + fused RMSNorm; pre then dsv4_cuda_rmsnorm; pre without Sinkhorn
+ * rounds (iters 0); the reference Sinkhorn on one thread (test flag 1); no programmatic dependent launch (2); the
+ * mixing kernel alone (4) and the finishing kernel alone (8); head + fused RMSNorm. */
+static void bench_hc(int T) {
+    const int M = 4, D = 4096, nr = 24, K = M * D, NR = T <= 16 ? 128 : 1, it = T <= 16 ? 200 : 10;
+    hweight fn = make_weight(DSV4_WF_F32, nr, K, 0, 0), fh = make_weight(DSV4_WF_F32, M, K, 0, 0);
+    uint8_t *dfn = dsv4_cuda_alloc((size_t)NR * nr * K * 4), *dfh = dsv4_cuda_alloc((size_t)NR * M * K * 4);
+    if (!dfn || !dfh) op_ok(-1, "hc bench alloc");
+    for (int k = 0; k < NR; k++) {
+        dsv4_cuda_upload(dfn + (size_t)k * nr * K * 4, fn.data, (size_t)nr * K * 4);
+        dsv4_cuda_upload(dfh + (size_t)k * M * K * 4, fh.data, (size_t)M * K * 4);
+    }
+    float *X = randn((size_t)T * K, 1.0f), *scale = randn(3, 0.5f), *base = randn(nr, 0.5f), *nw = randn(D, 1.0f);
+    float *dX = dup_to_dev(X, sizeof(float) * (size_t)T * K), *ds = dup_to_dev(scale, 12), *db = dup_to_dev(base, 4 * nr),
+          *dnw = dup_to_dev(nw, 4 * D);
+    float *dx = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D), *dp = dsv4_cuda_alloc(sizeof(float) * (size_t)T * M),
+          *dc = dsv4_cuda_alloc(sizeof(float) * (size_t)T * M * M);
+    void *scr = dsv4_cuda_alloc(dsv4_cuda_hc_scratch_bytes(T, M, D));
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    static const char *vn[8] = {"pre + norm", "pre, then rmsnorm", "pre + norm (iters 0)", "pre + norm, serial Sinkhorn",
+                                "pre + norm, no PDL", "pre: mixing kernel alone", "pre: finishing kernel alone", "head + norm"};
+    static const int vf[8] = {0, 0, 0, 1, 2, 4, 8, 0};
+    for (int v = 0; v < 8; v++) {
+        double us = 0;
+        for (int pass = 0; pass < 2; pass++) { /* pass 0: warm up outside capture; pass 1: the graph */
+            cudaGraph_t gr = NULL;
+            cudaGraphExec_t ge = NULL;
+            dsv4_cuda_hc_test_flags = vf[v];
+            if (pass && cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) != cudaSuccess) op_ok(-1, "capture");
+            for (int k = 0; k < (pass ? it : 2); k++) {
+                dsv4_cuda_weight w = {DSV4_WF_F32, nr, K, 0, dfn + (size_t)(k % NR) * nr * K * 4, NULL, 0, 0, 0, 0, 0};
+                dsv4_cuda_weight wh = {DSV4_WF_F32, M, K, 0, dfh + (size_t)(k % NR) * M * K * 4, NULL, 0, 0, 0, 0, 0};
+                if (v == 7) op_ok(dsv4_cuda_hc_head(dX, T, M, D, &wh, ds, db, 1e-6f, 1e-6f, dnw, dx, scr, st), "hc_head");
+                else op_ok(dsv4_cuda_hc_pre(dX, T, M, D, &w, ds, db, v == 2 ? 0 : 20, 1e-6f, 1e-6f, v == 1 ? NULL : dnw, dx, dp,
+                                            dc, scr, st), "hc_pre");
+                if (v == 1) op_ok(dsv4_cuda_rmsnorm(dx, T, D, D, dnw, 1e-6f, st), "rmsnorm");
+            }
+            dsv4_cuda_hc_test_flags = 0;
+            if (!pass) {
+                op_ok(cudaStreamSynchronize(st) != cudaSuccess, "hc bench warm-up");
+                continue;
+            }
+            if (cudaStreamEndCapture(st, &gr) != cudaSuccess || cudaGraphInstantiate(&ge, gr, 0) != cudaSuccess) op_ok(-1, "graph");
+            cudaGraphLaunch(ge, st); /* warm */
+            cudaEvent_t e0, e1;
+            cudaEventCreate(&e0), cudaEventCreate(&e1);
+            float ms[5];
+            for (int r = 0; r < 5; r++) {
+                cudaEventRecord(e0, st);
+                cudaGraphLaunch(ge, st);
+                cudaEventRecord(e1, st);
+                op_ok(cudaStreamSynchronize(st) != cudaSuccess, "hc bench");
+                cudaEventElapsedTime(&ms[r], e0, e1);
+            }
+            qsort(ms, 5, sizeof(float), cmp_float);
+            us = 1000.0 * ms[2] / it;
+            cudaEventDestroy(e0), cudaEventDestroy(e1);
+            cudaGraphExecDestroy(ge), cudaGraphDestroy(gr);
+        }
+        printf("time hc %-28s M=%d D=%d T=%-4d: %8.2f us / call (graph of %d calls, median of 5)\n", vn[v], M, D, T, us, it);
+    }
+    cudaStreamDestroy(st);
+    dsv4_cuda_free(dfn), dsv4_cuda_free(dfh), dsv4_cuda_free(dX), dsv4_cuda_free(ds), dsv4_cuda_free(db), dsv4_cuda_free(dnw),
+        dsv4_cuda_free(dx), dsv4_cuda_free(dp), dsv4_cuda_free(dc), dsv4_cuda_free(scr);
+    free_hweight(&fn), free_hweight(&fh), free(X), free(scale), free(base), free(nw);
+}
+
 /* Times the FP8 prefill GEMM (act quant + cuBLASLt block-scaled matmul, fp32 out) next to the plain cuBLASLt FP8
  * GEMM of the same size (bench_cuda.c: one tensor-wide scale, bf16 out) and the GEMV path, all measured here. */
 static void bench_linear_gemm(const char *tag, int R, int C, int T) {
@@ -1112,11 +1263,12 @@ static void bench_linear(const char *tag, dsv4_wfmt fmt, int R, int C, const int
 }
 
 int main(int argc, char **argv) {
-    int bench = 1, only_lin = 0, only_gemm = 0;
+    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "linear")) only_lin = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "gemm")) only_lin = only_gemm = 1, i++;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "hc")) only_hc = 1, i++;
     }
     dsv4_cuda_info info;
     char err[256];
@@ -1127,6 +1279,7 @@ int main(int argc, char **argv) {
     printf("device: %s, sm_%d%d, %d SMs, %.1f GiB, L2 %d MiB, smem/block %d KiB\n", info.name, info.cc_major, info.cc_minor,
            info.sm_count, info.mem_total / 1073741824.0, info.l2_bytes >> 20, info.smem_optin >> 10);
 
+    if (only_hc) goto hc_checks;
     if (only_gemm) goto gemm_checks;
     /* linear: every format, decode (GEMV, 16-byte path) and odd sizes (element path), prefill (GEMM) */
     test_linear("wq_a", DSV4_WF_FP8, 1024, 4096, 1, 0, 1, 0);
@@ -1235,9 +1388,16 @@ gemm_checks:
     test_quant(3, 64, 128, 128, 32);
     test_quant(3, 7, 512, 512, 32);
 
+hc_checks:
     test_hc(3, 4, 4096, DSV4_WF_F32, 20);
     test_hc(2, 4, 1000, DSV4_WF_BF16, 3);
     test_hc(1, 3, 64, DSV4_WF_F32, 0);
+    test_hc(1, 4, 4096, DSV4_WF_F32, 20); /* Flash shapes: the few-token path, then (T >= 32) the tiled one */
+    test_hc(8, 4, 4096, DSV4_WF_F32, 20);
+    test_hc(300, 4, 4096, DSV4_WF_F32, 20);
+    test_hc(40, 4, 1000, DSV4_WF_BF16, 3);   /* many tokens, the few-token path (BF16 fn, ragged super-chunk) */
+    test_hc(37, 3, 1024, DSV4_WF_F32, 20);   /* tiled path, M 3 (15 rows), a partial token tile */
+    if (only_hc) goto checks_done;
 
     {
         int nv[3] = {640, 200, 0};
@@ -1302,6 +1462,10 @@ checks_done:
          * expert 3072) decode shapes; FP4 experts take 1..8 rows each */
         static const int T16[6] = {1, 2, 4, 8, 12, 16}, T8[4] = {1, 2, 4, 8}, T1[2] = {1, 4};
         static const int TP[2] = {512, 2048};
+        if (only_hc) {
+            bench_hc(1), bench_hc(8), bench_hc(2048);
+            return g_fail ? 1 : 0;
+        }
         if (only_gemm) goto gemm_bench;
         bench_copy();
         bench_linear("wq_b Flash", DSV4_WF_FP8, 32768, 1024, T16, 6, 1);
@@ -1319,6 +1483,7 @@ checks_done:
         bench_linear("8 experts w1 stacked", DSV4_WF_MXFP4, 16384, 4096, T8, 4, 0);
         bench_linear("head Flash", DSV4_WF_BF16, 129280, 4096, T1, 2, 0);
         bench_linear("hc fn Flash", DSV4_WF_F32, 24, 16384, T1, 1, 0);
+        bench_hc(1), bench_hc(8), bench_hc(2048);
         bench_linear("prefill", DSV4_WF_FP8, 4096, 4096, TP, 2, 1);
         bench_linear("prefill wq_b Flash", DSV4_WF_FP8, 32768, 1024, TP + 1, 1, 1);
         bench_linear("prefill", DSV4_WF_MXFP4, 2048, 4096, TP, 1, 0);
