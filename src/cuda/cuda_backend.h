@@ -107,6 +107,23 @@ void dsv4_cuda_weight_free(dsv4_cuda_weight *w);
  * bitwise the same for any T (batch invariant). Odd sizes take an element-wise path. */
 int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream);
 
+/* One linear of dsv4_cuda_linear_multi: y[T, w.rows] = x[T, w.cols] . w^T with x rows ldx values apart and y rows
+ * ldy values apart (0: w.cols / w.rows, contiguous), e.g. a slice of a wider activation (the groups of wo_a). */
+typedef struct dsv4_cuda_linear_job {
+    dsv4_cuda_weight w;
+    const void *x;
+    int64_t ldx;
+    float *y;
+    int64_t ldy;
+} dsv4_cuda_linear_job;
+
+/* n linears of T rows (x fp32, or bf16 with x_bf16 for all), fewer launches: the jobs the tensor-core GEMV takes with
+ * the same format, columns, act quant / bf16 rounding, FP8 scale kind and column slicing (the rows' summation order)
+ * share one launch (up to 16 jobs, per 16 rows of x); any others run one by one. Each job's y rows are bitwise what
+ * dsv4_cuda_linear(&w, x, x_bf16, T, y) gives on contiguous rows, whatever the other jobs are. The launch shapes
+ * depend only on the job list and T (CUDA-graph capture). No job's y may overlap another job's x or y. */
+int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *stream);
+
 /* In place, for each of `rows` rows of n values (row stride ld): x = w * x / sqrt(mean(x^2) + eps);
  * w [n] or NULL (unweighted; per-head norms are rows = T*H, n = ld = head dim).
  * Twin: dsv4_cpu_rmsnorm. */

@@ -190,6 +190,8 @@ typedef struct dsv4_cuda_experts {
     int E, D, I;                    /* experts, model dim (w1 / w3 columns, w2 rows), inter dim */
     int fmt13, fmt2;                /* formats of w1 / w3 and of w2 */
     int vec13, vec2;                /* 16-byte rows everywhere: the vector path; else element by element */
+    int tc13, tc2;                  /* the tensor-core kernel takes them (moe_tc.cu: FP8 / MXFP4 / NVFP4, columns % 128) */
+    int aq13, aq2;                  /* their act_quant (uniform over the experts when tc13 / tc2) */
 } dsv4_cuda_experts;
 
 /* From host arrays [E] of device weights (dsv4_cuda_weight of each expert). 0, or -1 (message in
@@ -208,16 +210,25 @@ typedef struct dsv4_cuda_moe_plan {
 } dsv4_cuda_moe_plan;
 
 /* Builds the plan from the router's picks sel [T, K] (expert ids) and weights w [T, K]; rows t with
- * sid[t] < 0 (idle) pick nothing. T <= 1024. */
+ * sid[t] < 0 (idle) pick nothing. T <= 4096. */
 int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                         const dsv4_cuda_moe_plan *p, void *stream);
 /* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),
  * y[i] = h[i] . w2^T ([T*K, D]). One launch each over (active expert, block of output rows) with a fixed
- * shape for maxslots = min(E, T*K) experts; blocks past *nact return. Each output value is one warp's
- * dot product in a fixed order, whatever else shares the expert. x [T, D]. The inputs of each product (x, h)
- * are act-quantized as the weights' act_quant asks, else rounded to bf16 when they have act_bf16. */
+ * shape for maxslots = min(E, T*K) experts; blocks past *nact return. FP8 / MXFP4 / NVFP4 experts with
+ * columns a multiple of 128 run on tensor cores (moe_tc.cu; a warp per 32 weight rows and a column slice,
+ * the expert's tokens as the mma's N); the rest through a CUDA-core kernel (a warp per weight row). Either
+ * way each output value goes through the same operations in the same order whatever else shares the expert
+ * (batch invariant). x [T, D]. The inputs of each product (x, h) are act-quantized as the weights'
+ * act_quant asks. h and y are also scratch: with act quant and at least 16 rows per expert on average, y
+ * first holds x's FP8 codes and h is replaced by its codes in place before the down projection. */
 int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,
                           float lim, float *h, float *y, void *stream);
+/* For comparisons in tests and benchmarks; 0 (default): the tensor-core kernel wherever the format allows. Bits:
+ * 1 every expert product through the CUDA-core kernel (the one before the tensor-core kernel); tensor-core
+ * kernel with 2 an integer MXFP4 decode instead of the e4m3 convert, 4 an L2 prefetch of the weights, 8 without
+ * programmatic dependent launch (all three measured slower). Results are bitwise the same with 2, 4 and 8. */
+void dsv4_cuda_moe_experts_path(int mode);
 /* out[t] = sum of y[tslot[t, j]] in increasing expert id, then + shared[t] (shared may be NULL): the
  * CPU's summation order. */
 int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, int K, int D, const float *shared, float *out,

@@ -71,13 +71,13 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     const size_t Di = c->index_head_dim, Hi = c->index_n_heads, G = c->o_groups, Ro = c->o_lora_rank;
     const size_t E = c->n_routed_experts, K = c->n_activated_experts, I = c->moe_inter_dim, V = c->vocab_size;
     const size_t NL = c->n_layers, gin = H / (G ? G : 1) * Dh, topk = c->index_topk > 0 ? c->index_topk : 1;
-    size_t cdm = 1, dmax = Dh > Di ? Dh : Di, nidx = 1, nl = 1;
+    size_t cdm = 1, icdm = 1, dmax = Dh > Di ? Dh : Di, nidx = 1, nl = 1;
     int has_idx = 0;
     for (int L = 0; L < c->n_layers; L++) {
         const dsv4_layer *ly = &g->m->layers[L];
         if (ly->ratio > 0 && (size_t)(ly->cmp.overlap ? 2 : 1) * ly->cmp.d > cdm) cdm = (size_t)(ly->cmp.overlap ? 2 : 1) * ly->cmp.d;
-        if (ly->ratio == 4 && (size_t)(ly->idx_cmp.overlap ? 2 : 1) * ly->idx_cmp.d > cdm)
-            cdm = (size_t)(ly->idx_cmp.overlap ? 2 : 1) * ly->idx_cmp.d;
+        if (ly->ratio == 4 && (size_t)(ly->idx_cmp.overlap ? 2 : 1) * ly->idx_cmp.d > icdm)
+            icdm = (size_t)(ly->idx_cmp.overlap ? 2 : 1) * ly->idx_cmp.d;
         if (ly->ratio == 4) has_idx = 1;
         if ((size_t)g->L[L].nidx > nidx) nidx = (size_t)g->L[L].nidx;
     }
@@ -87,7 +87,7 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     memset(w, 0, sizeof *w);
     w->T = T;
     w->qg = T < g->qgmax ? T : g->qgmax;
-    w->tg = T < 256 ? T : 256;
+    w->tg = T < 2048 ? T : 2048; /* token groups of the routed experts: one for a 2048-token prefill (weights read once) */
     w->hr = T < 256 ? T : 256;
     const size_t qg = (size_t)w->qg, tgk = (size_t)w->tg * K, hr = (size_t)w->hr;
     size_t o = 0;
@@ -95,7 +95,7 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
 #define TI(field, n) w->field = take(base, &o, sizeof(int) * (n))
     TF(X, t * M * D); TF(x, t * D); TF(y, t * D); TF(post, t * M); TF(comb, t * M * M);
     TF(qr, t * c->q_lora_rank); TF(q, t * H * Dh); TF(kv, t * Dh); TF(o, t * H * Dh);
-    TF(kvp, t * cdm); TF(scp, t * cdm); TF(ent, t * dmax); TF(qi, t * Hi * Di); TF(wt, t * Hi);
+    TF(kvp, t * cdm); TF(scp, t * cdm); TF(ikvp, t * icdm); TF(iscp, t * icdm); TF(ent, t * dmax); TF(qi, t * Hi * Di); TF(wt, t * Hi);
     TF(scores, has_idx ? qg * nl : 1);
     TF(og, t * gin); TF(zg, t * Ro); TF(z, t * G * Ro);
     TF(lgE, t * E); TF(ew, t * K); TF(gg, t * I); TF(uu, t * I); TF(ye, t * D);
@@ -176,16 +176,36 @@ static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, con
     return dsv4_cuda_linear(wt, x, 0, T, y, g->stream);
 }
 
-static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int which, const float *x) {
+/* A job of a grouped linear: x, y contiguous rows (fp32) */
+static dsv4_cuda_linear_job ljob(const dsv4_cuda_weight *wt, const float *x, float *y) {
+    dsv4_cuda_linear_job j = {*wt, x, 0, y, 0};
+    return j;
+}
+
+/* Linears of the pass that read the same kind of x, in as few launches as dsv4_cuda_linear_multi makes (each job's rows
+ * bitwise what lin's GEMV gives them); in passes that may take the FP8 GEMM, the jobs it takes go through lin. */
+static int lin_multi(dsv4_cuda_model *g, const gws *w, dsv4_cuda_linear_job *jb, int n, int T) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (w->gemm && w->gemm_ws && !jb[i].ldx && !jb[i].ldy && dsv4_cuda_linear_gemm_fits(&jb[i].w, T)) {
+            if (lin(g, w, &jb[i].w, jb[i].x, T, jb[i].y)) return -1;
+        } else {
+            jb[k++] = jb[i];
+        }
+    }
+    return dsv4_cuda_linear_multi(jb, k, 0, T, g->stream);
+}
+
+/* The rest of a compressor, after its projections of x (kvp: wkv, scp: wgate; attention() groups the linears) */
+static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int which, float *kvp,
+                          float *scp) {
     const dsv4_config *c = &g->m->cfg;
     const dsv4_layer *ly = &g->m->layers[L];
     const glayer *gl = &g->L[L];
     const dsv4_compressor *cm = which ? &ly->idx_cmp : &ly->cmp;
     const gcomp *gc = which ? &gl->idx_cmp : &gl->cmp;
     const int T = b->T, mr = cm->ratio, d = cm->d, R = c->rope_head_dim;
-    CK(lin(g, w, &gc->wkv, x, T, w->kvp));
-    CK(lin(g, w, &gc->wgate, x, T, w->scp));
-    CK(dsv4_cuda_cmp_batch(b, L, which, w->kvp, w->scp, gc->ape, mr, d, cm->overlap, w->ent, w->rpos, g->stream));
+    CK(dsv4_cuda_cmp_batch(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, w->ent, w->rpos, g->stream));
     /* every row is finished (cheap); only the rows that closed a window are stored */
     CK(dsv4_cuda_rmsnorm(w->ent, T, d, d, gc->norm, c->norm_eps, g->stream));
     CK(dsv4_cuda_rope(w->ent, T, 1, d, R / 2, gl->rope_freq, w->rpos, 0, g->stream));
@@ -209,22 +229,32 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const float eps = c->norm_eps;
     void *st = g->stream;
 
-    CK(lin(g, w, &gl->wq_a, x, T, w->qr));
+    dsv4_cuda_linear_job qkv[2] = {ljob(&gl->wq_a, x, w->qr), ljob(&gl->wkv, x, w->kv)};
+    CK(lin_multi(g, w, qkv, 2, T));
     CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
     CK(lin(g, w, &gl->wq_b, w->qr, T, w->q));
-    CK(lin(g, w, &gl->wkv, x, T, w->kv));
     CK(dsv4_cuda_rmsnorm(w->q, T * H, Dh, Dh, NULL, eps, st));
     CK(dsv4_cuda_rope(w->q, T, H, Dh, R / 2, gl->rope_freq, b->pos, 0, st));
     CK(dsv4_cuda_rmsnorm(w->kv, T, Dh, Dh, gl->kv_norm, eps, st));
     CK(dsv4_cuda_rope(w->kv, T, 1, Dh, R / 2, gl->rope_freq, b->pos, 0, st));
     CK(dsv4_cuda_act_quant_fp8(w->kv, T, Dh - R, Dh, 64, st));
 
-    /* compressors and indexer keys run first: entries become visible by causality */
-    if (ly->ratio > 0) CK(run_compressor(g, w, b, L, 0, x));
+    /* compressors and indexer keys run first: entries become visible by causality. Their projections of x and the
+     * indexer's weights_proj are one grouped linear. */
+    if (ly->ratio > 0) {
+        dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
+        int nc = 2;
+        if (ly->ratio == 4) {
+            cj[nc++] = ljob(&gl->idx_cmp.wkv, x, w->ikvp);
+            cj[nc++] = ljob(&gl->idx_cmp.wgate, x, w->iscp);
+            cj[nc++] = ljob(&gl->idx_wproj, x, w->wt);
+        }
+        CK(lin_multi(g, w, cj, nc, T));
+        CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp));
+    }
     if (ly->ratio == 4) {
-        CK(run_compressor(g, w, b, L, 1, x));
+        CK(run_compressor(g, w, b, L, 1, w->ikvp, w->iscp));
         CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
-        CK(lin(g, w, &gl->idx_wproj, x, T, w->wt));
         CK(dsv4_cuda_rope(w->qi, T, Hi, Di, R / 2, gl->rope_freq, b->pos, 0, st));
         CK(dsv4_cuda_hadamard(w->qi, T * Hi, Di, Di, st));
         CK(dsv4_cuda_act_quant_fp4(w->qi, T * Hi, Di, Di, 32, st));
@@ -255,18 +285,30 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* the pass's raw kv into each sequence's window ring (after attention read the older rows) */
     CK(dsv4_cuda_ring_store(b, L, w->kv, W, Dh, R, st));
 
-    /* grouped output projection */
+    /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
+     * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
+     * copy each group's slices in and out instead */
     const int gin = H / G * Dh;
     if (G == 1) {
         CK(lin(g, w, &gl->wo_a, w->o, T, w->z));
     } else {
-        for (int gi = 0; gi < G; gi++) {
-            dsv4_cuda_weight wg = gl->wo_a;
-            wg.row0 += gi * Ro;
-            wg.rows = Ro;
-            CK(dsv4_cuda_copy2d(w->og, gin, w->o + (size_t)gi * gin, (int64_t)H * Dh, T, gin, st));
-            CK(lin(g, w, &wg, w->og, T, w->zg));
-            CK(dsv4_cuda_copy2d(w->z + (size_t)gi * Ro, (int64_t)G * Ro, w->zg, Ro, T, Ro, st));
+        for (int g0 = 0; g0 < G; g0 += 16) {
+            dsv4_cuda_linear_job jb[16];
+            const int ng = G - g0 < 16 ? G - g0 : 16;
+            for (int i = 0; i < ng; i++) {
+                jb[i] = ljob(&gl->wo_a, w->o + (size_t)(g0 + i) * gin, w->z + (size_t)(g0 + i) * Ro);
+                jb[i].w.row0 += (g0 + i) * Ro, jb[i].w.rows = Ro;
+                jb[i].ldx = (int64_t)H * Dh, jb[i].ldy = (int64_t)G * Ro;
+            }
+            if (!(w->gemm && w->gemm_ws && dsv4_cuda_linear_gemm_fits(&jb[0].w, T))) {
+                CK(dsv4_cuda_linear_multi(jb, ng, 0, T, st));
+                continue;
+            }
+            for (int i = 0; i < ng; i++) {
+                CK(dsv4_cuda_copy2d(w->og, gin, jb[i].x, jb[i].ldx, T, gin, st));
+                CK(lin(g, w, &jb[i].w, w->og, T, w->zg));
+                CK(dsv4_cuda_copy2d(jb[i].y, jb[i].ldy, w->zg, Ro, T, Ro, st));
+            }
         }
     }
     CK(lin(g, w, &gl->wo_b, w->z, T, out));
@@ -283,8 +325,8 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     CK(dsv4_cuda_router(w->lgE, T, E, K, ly->hash ? NULL : gl->gate_bias, ly->hash ? gl->tid2eid : NULL, b->tok,
                         c->route_scale, w->rsel, w->ew, st));
     if (ly->has_shared) {
-        CK(lin(g, w, &gl->sw1, x, T, w->gg));
-        CK(lin(g, w, &gl->sw3, x, T, w->uu));
+        dsv4_cuda_linear_job sj[2] = {ljob(&gl->sw1, x, w->gg), ljob(&gl->sw3, x, w->uu)};
+        CK(lin_multi(g, w, sj, 2, T));
         CK(dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, st));
         CK(lin(g, w, &gl->sw2, w->gg, T, w->ye));
     }

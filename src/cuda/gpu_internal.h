@@ -42,6 +42,7 @@ typedef struct urec {
 typedef struct gws {
     int T, qg, tg, hr; /* rows; indexer query group, MoE token group, head rows per pass of the head */
     float *X, *x, *y, *post, *comb, *qr, *q, *kv, *o, *kvp, *scp, *ent, *qi, *wt, *scores, *og, *zg, *z;
+    float *ikvp, *iscp; /* the indexer compressor's projections (its linears run with the attention compressor's) */
     float *lgE, *ew, *gg, *uu, *ye, *hs, *ys, *hy, *hrow, *logits;
     int *rpos, *sel, *nsel, *idx, *rsel, *nc4, *nl4;
     void *tkscratch; /* the top-k's tie path: qg rows of capacity / 4 (value, index) pairs */

@@ -22,6 +22,9 @@
  * up to 8 blocks). So a row's result is deterministic and independent of T and of the other rows of x.
  * More than 16 rows of x: the same kernel, 16 rows per launch (so prefill equals decode bitwise). Launches carry
  * the programmatic-dependent-launch attribute (the kernel waits in griddepcontrol.wait before reading x).
+ * Grouped (dsv4_cuda_linear_multi): up to TC_MAXJ jobs (weight, x and y with row strides) of the same format, columns
+ * and slicing in one launch, a job table in the kernel parameters; each cluster belongs to one job and runs exactly what
+ * that job's own launch would (same S, warps, order), so every row is bitwise the single call's.
  * Odd sizes (columns not a multiple of 128, unaligned views): gemv_any (T <= 16), one element at a time, and
  * gemm_tiled (T > 16), 64 rows x 64 tokens x 128 columns per tile, weights dequantized into shared memory, fp32 FMA. */
 #include <cooperative_groups.h>
@@ -64,9 +67,10 @@ __device__ __forceinline__ void warp_act_quant_fp8(float v[4]) {
     for (int q = 0; q < 4; q++) v[q] *= s;
 }
 
-/* Stages rows t0 .. t0+nt-1 of x [*, C] into xs [TB][Cpad] (zeros beyond), act-quantized when aq, rounded to bf16
- * when rnd. */
-__device__ void stage_x(float *xs, const void *x, int xbf16, int rnd, int t0, int nt, int TB, int C, int Cpad, int aq) {
+/* Stages rows t0 .. t0+nt-1 of x [*, C] (row stride ldx) into xs [TB][Cpad] (zeros beyond), act-quantized when aq,
+ * rounded to bf16 when rnd. */
+__device__ void stage_x(float *xs, const void *x, int64_t ldx, int xbf16, int rnd, int t0, int nt, int TB, int C, int Cpad,
+                        int aq) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
     const int ng = Cpad / 128;
     for (int g = warp; g < TB * ng; g += nwarp) {
@@ -75,7 +79,7 @@ __device__ void stage_x(float *xs, const void *x, int xbf16, int rnd, int t0, in
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             int j = j0 + q * 32 + lane;
-            v[q] = (t < nt && j < C) ? load_xr(x, xbf16, rnd, (int64_t)(t0 + t) * C + j) : 0.0f;
+            v[q] = (t < nt && j < C) ? load_xr(x, xbf16, rnd, (int64_t)(t0 + t) * ldx + j) : 0.0f;
         }
         if (aq) warp_act_quant_fp8(v);
 #pragma unroll
@@ -100,15 +104,28 @@ template <> struct tc_fmt<DSV4_WF_FP8> { static constexpr int V = 2, E = 16, BF 
 template <> struct tc_fmt<DSV4_WF_MXFP4> { static constexpr int V = 1, E = 32, BF = 0, WT = 1, PADB = 32; };
 template <> struct tc_fmt<DSV4_WF_NVFP4> { static constexpr int V = 1, E = 32, BF = 0, WT = 1, PADB = 32; };
 
-struct tc_params {
+/* One linear of a launch: its weight, x and y with their row strides (elements), and its share of the grid. The jobs
+ * of a launch (dsv4_cuda_linear_multi) share the format, the columns, act_quant / act_bf16 / scale_f32 (read from
+ * job 0) and the slicing (S, KG); a block works for one job only (clusters c0 .. c0+ncl-1 of the grid). */
+struct tc_job {
     dsv4_cuda_weight w;
     const void *x;
     float *y;
+    int ldx, ldy; /* row strides (elements) */
+    int NRT, NRG; /* 16-row tiles, row groups (16 / KW tiles per block step) */
+    int c0, ncl;  /* multi-job launches: the job's clusters */
+};
+struct tc_params {
     int xbf16, t0, nt; /* this launch's tokens t0 .. t0+nt-1 (nt <= 8 * NT) */
     int S, KW, KG;     /* column slices (S = KW warps of a block x KG blocks of a cluster) */
-    int NU, NRT, NRG;  /* 128-column units, 16-row tiles, row groups (16 / KW tiles per block step) */
-    int nub, tok;      /* staged units per block (max over blocks), 16-bit slots per staged token row */
+    int NU, nub, tok;  /* 128-column units, staged units per block (max over blocks), 16-bit slots per staged token row */
     int pf;            /* also prefetch into L2 two steps ahead of the register loads (off: it measured slower) */
+    int nj;            /* jobs */
+};
+#define TC_MAXJ 16 /* jobs per launch */
+template <int NJ> struct tc_args {
+    tc_params p;
+    tc_job j[NJ];
 };
 
 /* Slot of column i (0..127) of a unit in the staged x: chunk i / E is read by lane c = (i / E) % 4, and inside
@@ -131,31 +148,32 @@ template <int FMT> __device__ __forceinline__ int tc_slot(int i) {
  * scale as dsv4_act_quant_fp8; v * (1/s) == v / s exactly for s a power of two), bit-identical to dev_round_e4m3. */
 #define TC_SB 4
 template <int FMT, int XT>
-__device__ void tc_stage(const tc_params &p, uint16_t *xs, float *sx, int ub0, int nub) {
+__device__ void tc_stage(const tc_params &p, const tc_job &J0, const tc_job &J, uint16_t *xs, float *sx, int ub0, int nub) {
     constexpr int BF = tc_fmt<FMT>::BF;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, C = p.w.cols, n = p.nt * nub;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = p.nt * nub;
+    const int aq = J0.w.act_quant, ab = J0.w.act_bf16;
     const size_t tstride = (size_t)p.nt * p.tok;
     for (int it0 = warp; it0 < n; it0 += TC_WARPS * TC_SB) {
         float v[TC_SB][4];
 #pragma unroll
         for (int b = 0; b < TC_SB; b++) {
             const int it = it0 + b * TC_WARPS, t = it / nub, ul = it - t * nub;
-            const int64_t base = (int64_t)(p.t0 + t) * C + (int64_t)(ub0 + ul) * 128;
+            const int64_t base = (int64_t)(p.t0 + t) * J.ldx + (int64_t)(ub0 + ul) * 128;
 #pragma unroll
-            for (int q = 0; q < 4; q++) v[b][q] = it < n ? load_x(p.x, p.xbf16, base + q * 32 + lane) : 0.0f;
+            for (int q = 0; q < 4; q++) v[b][q] = it < n ? load_x(J.x, p.xbf16, base + q * 32 + lane) : 0.0f;
         }
 #pragma unroll
         for (int b = 0; b < TC_SB; b++) {
             const int it = it0 + b * TC_WARPS, t = it / nub, ul = it - t * nub;
             if (it >= n) break;
-            float s = 1.0f, a = p.w.act_quant ? 1e-4f : 0.0f;
+            float s = 1.0f, a = aq ? 1e-4f : 0.0f;
             uint16_t term[4][3];
-            if (p.w.act_quant || !BF) {
+            if (aq || !BF) {
 #pragma unroll
                 for (int q = 0; q < 4; q++) a = fmaxf(a, fabsf(v[b][q]));
                 a = warp_max(a);
             }
-            if (p.w.act_quant) {
+            if (aq) {
                 s = dev_pow2_ceil(a * (1.0f / 448.0f));
                 const float inv = 1.0f / s; /* exact: s is a power of two */
 #pragma unroll
@@ -175,7 +193,7 @@ __device__ void tc_stage(const tc_params &p, uint16_t *xs, float *sx, int ub0, i
                     /* act_bf16 (one x term; a no-op on bf16 input): bf16(x) * 2^-e, the scale from the unrounded
                      * largest |x| (if that rounds up a binade it lands on 2^15, still exact in f16) */
 #pragma unroll
-                    for (int q = 0; q < 4; q++) v[b][q] = (XT == 1 && p.w.act_bf16 ? dev_round_bf16(v[b][q]) : v[b][q]) * inv;
+                    for (int q = 0; q < 4; q++) v[b][q] = (XT == 1 && ab ? dev_round_bf16(v[b][q]) : v[b][q]) * inv;
                 }
                 /* bf16 formats with one x term (x_bf16 or act_bf16): the first term, bf16_rn(x), is the rounding */
 #pragma unroll
@@ -214,15 +232,16 @@ template <int CH> struct tc_buf {
 };
 
 template <int FMT, int CH>
-__device__ __forceinline__ void tc_load(const tc_params &p, tc_buf<CH> &b, int tile, int chs, int ch1, int g, int c) {
+__device__ __forceinline__ void tc_load(const tc_job &J0, const tc_job &J, tc_buf<CH> &b, int tile, int chs, int ch1, int g,
+                                        int c) {
     constexpr int E = tc_fmt<FMT>::E, V = tc_fmt<FMT>::V;
-    const bool act = tile < p.NRT;
-    const int R = p.w.rows;
+    const bool act = tile < J.NRT;
+    const int R = J.w.rows;
     int r0 = tile * 16 + g, r1 = r0 + 8;
     r0 = r0 < R ? r0 : R - 1; /* rows past the end: re-read the last one, never stored */
     r1 = r1 < R ? r1 : R - 1;
-    const int64_t Rs[2] = {(int64_t)p.w.row0 + r0, (int64_t)p.w.row0 + r1};
-    const int64_t rowq = p.w.cols / E; /* 16-byte chunks per stored row */
+    const int64_t Rs[2] = {(int64_t)J.w.row0 + r0, (int64_t)J.w.row0 + r1};
+    const int64_t rowq = J0.w.cols / E; /* 16-byte chunks per stored row */
 #pragma unroll
     for (int m = 0; m < 2; m++) b.a[m][0] = b.a[m][1] = 0;
 #pragma unroll
@@ -231,15 +250,15 @@ __device__ __forceinline__ void tc_load(const tc_params &p, tc_buf<CH> &b, int t
         const bool ok = act && ch < ch1;
 #pragma unroll
         for (int m = 0; m < 2; m++) {
-            b.q[i][m] = ok ? tc_ld_stream((const uint4 *)p.w.data + Rs[m] * rowq + ch * 4 + c) : make_uint4(0, 0, 0, 0);
+            b.q[i][m] = ok ? tc_ld_stream((const uint4 *)J.w.data + Rs[m] * rowq + ch * 4 + c) : make_uint4(0, 0, 0, 0);
             if (!ok) continue;
             if (FMT == DSV4_WF_FP8 && (i % V) == V - 1) {
-                const int64_t si = (Rs[m] / 128) * p.w.scale_stride + ch / V;
-                b.a[m][(i + 1) / V - 1] = p.w.scale_f32 ? __ldg((const uint32_t *)p.w.scale + si) : (uint32_t)__ldg(p.w.scale + si);
+                const int64_t si = (Rs[m] / 128) * J.w.scale_stride + ch / V;
+                b.a[m][(i + 1) / V - 1] = J0.w.scale_f32 ? __ldg((const uint32_t *)J.w.scale + si) : (uint32_t)__ldg(J.w.scale + si);
             } else if (FMT == DSV4_WF_MXFP4) {
-                b.a[m][0] |= (uint32_t)__ldg(p.w.scale + Rs[m] * p.w.scale_stride + ch * 4 + c) << (8 * i);
+                b.a[m][0] |= (uint32_t)__ldg(J.w.scale + Rs[m] * J.w.scale_stride + ch * 4 + c) << (8 * i);
             } else if (FMT == DSV4_WF_NVFP4) {
-                b.a[m][i >> 1] |= (uint32_t)__ldg((const uint16_t *)(p.w.scale + Rs[m] * p.w.scale_stride + 2 * (ch * 4 + c)))
+                b.a[m][i >> 1] |= (uint32_t)__ldg((const uint16_t *)(J.w.scale + Rs[m] * J.w.scale_stride + 2 * (ch * 4 + c)))
                                   << (16 * (i & 1));
             }
         }
@@ -249,16 +268,16 @@ __device__ __forceinline__ void tc_load(const tc_params &p, tc_buf<CH> &b, int t
 /* L2 prefetch of what tc_load would read (no data returned, so it may run before the grid dependency wait:
  * it cannot observe stale data, L2 being the point of coherence). */
 template <int FMT, int CH>
-__device__ __forceinline__ void tc_prefetch(const tc_params &p, int tile, int chs, int ch1, int g, int c) {
+__device__ __forceinline__ void tc_prefetch(const tc_job &J0, const tc_job &J, int tile, int chs, int ch1, int g, int c) {
     constexpr int E = tc_fmt<FMT>::E;
-    if (tile >= p.NRT) return;
-    const int R = p.w.rows;
+    if (tile >= J.NRT) return;
+    const int R = J.w.rows;
     int r0 = tile * 16 + g, r1 = r0 + 8;
     r0 = r0 < R ? r0 : R - 1;
     r1 = r1 < R ? r1 : R - 1;
-    const int64_t rowq = p.w.cols / E;
-    const uint4 *q0 = (const uint4 *)p.w.data + ((int64_t)p.w.row0 + r0) * rowq + c;
-    const uint4 *q1 = (const uint4 *)p.w.data + ((int64_t)p.w.row0 + r1) * rowq + c;
+    const int64_t rowq = J0.w.cols / E;
+    const uint4 *q0 = (const uint4 *)J.w.data + ((int64_t)J.w.row0 + r0) * rowq + c;
+    const uint4 *q1 = (const uint4 *)J.w.data + ((int64_t)J.w.row0 + r1) * rowq + c;
 #pragma unroll
     for (int i = 0; i < CH; i++)
         if (chs + i < ch1) {
@@ -290,15 +309,24 @@ __device__ __forceinline__ void tc_decode(const uint4 &q, int j, uint32_t f, uin
     }
 }
 
-template <int FMT, int XT, int NT>
-__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__ tc_params p) {
+/* NJ: room for the jobs of a launch (1: dsv4_cuda_linear; TC_MAXJ: dsv4_cuda_linear_multi, where each cluster finds
+ * its job in the table: the job's rows get exactly the warps, slices and summation order of a launch of its own). */
+template <int FMT, int XT, int NT, int NJ>
+__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__ tc_args<NJ> ka) {
     using F = tc_fmt<FMT>;
     constexpr int V = F::V, E = F::E, WT = F::WT, BF = F::BF;
     extern __shared__ __align__(16) unsigned char tc_sm[];
+    const tc_params &p = ka.p;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int KW = p.KW, KG = p.KG, RW = TC_WARPS / KW, S = p.S, NU = p.NU, nt = p.nt;
     const int kw = warp % KW, rw = warp / KW;
-    const int kg = KG > 1 ? (int)cg::this_cluster().block_rank() : 0, cid = blockIdx.x / KG, ncl = gridDim.x / KG;
+    int ji = 0, cid = blockIdx.x / KG, ncl = gridDim.x / KG;
+    if (NJ > 1) {
+        for (int i = 1; i < p.nj; i++) ji = cid >= ka.j[i].c0 ? i : ji;
+        cid -= ka.j[ji].c0, ncl = ka.j[ji].ncl;
+    }
+    const tc_job &J0 = ka.j[0], &J = ka.j[ji];
+    const int kg = KG > 1 ? (int)cg::this_cluster().block_rank() : 0;
     const int s = kg * KW + kw;
     const int ub0 = kg * KW * NU / S, nub = (kg + 1) * KW * NU / S - ub0; /* the block's units */
     const int ch0 = (s * NU / S) * V, ch1 = ((s + 1) * NU / S) * V;       /* the warp's chunks */
@@ -306,7 +334,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
     /* steps per tile: the same for every warp (from the largest slice), so that all warps of the grid reach the
      * per-tile barrier in the same iteration of the unrolled loop below */
     const int nsteps = (((NU + S - 1) / S) * V + CH - 1) / CH;
-    const int iters = (p.NRG + ncl - 1) / ncl;
+    const int iters = (J.NRG + ncl - 1) / ncl;
     const int total = iters * nsteps;
 
     uint16_t *xs = (uint16_t *)tc_sm;
@@ -319,14 +347,14 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
      * kernel's results (x) before reading anything. Both are no-ops without the launch attribute. */
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     if (nsteps > 0) {
-        tc_prefetch<FMT, CH>(p, tile_of(0), ch0, ch1, g, c);
-        if (nsteps > 1) tc_prefetch<FMT, CH>(p, tile_of(0), ch0 + CH, ch1, g, c);
+        tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0, ch1, g, c);
+        if (nsteps > 1) tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0 + CH, ch1, g, c);
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
     tc_buf<CH> b0, b1; /* two steps in flight while x is staged */
-    if (total > 0) tc_load<FMT, CH>(p, b0, tile_of(0), ch0, ch1, g, c);
-    if (total > 1) tc_load<FMT, CH>(p, b1, tile_of(1 / nsteps), ch0 + (1 % nsteps) * CH, ch1, g, c);
-    tc_stage<FMT, XT>(p, xs, sx, ub0, nub);
+    if (total > 0) tc_load<FMT, CH>(J0, J, b0, tile_of(0), ch0, ch1, g, c);
+    if (total > 1) tc_load<FMT, CH>(J0, J, b1, tile_of(1 / nsteps), ch0 + (1 % nsteps) * CH, ch1, g, c);
+    tc_stage<FMT, XT>(p, J0, J, xs, sx, ub0, nub);
     __syncthreads();
 
     float acc[NT][4], cu[NT][4];
@@ -337,7 +365,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
 
     auto step = [&](const tc_buf<CH> &b, int gs) {
         const int it = gs / nsteps, st = gs - it * nsteps, tile = tile_of(it);
-        const bool act = tile < p.NRT;
+        const bool act = tile < J.NRT;
         if (act) {
 #pragma unroll
             for (int i = 0; i < CH; i++) {
@@ -358,11 +386,11 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
                         const uint32_t f = tc_hmul2(tc_e4m3x2_f16x2(b.a[m][i >> 1] >> (16 * (i & 1))), 0x54005400u); /* x 64, exact */
                         fq[m][0] = (f & 0xffffu) * 0x10001u;
                         fq[m][1] = (f >> 16) * 0x10001u;
-                        sw[m] = p.w.scale2;
+                        sw[m] = J.w.scale2;
                     } else if (FMT == DSV4_WF_FP8) {
                         if ((i % V) == V - 1) {
                             const uint32_t a = b.a[m][(i + 1) / V - 1];
-                            sw[m] = p.w.scale_f32 ? __uint_as_float(a) : dev_e8m0((uint8_t)a);
+                            sw[m] = J0.w.scale_f32 ? __uint_as_float(a) : dev_e8m0((uint8_t)a);
                         }
                     }
                 }
@@ -417,19 +445,19 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
         }
         if (st != nsteps - 1) return;
         /* end of the tile's slice: store (S == 1) or add the S slices in order */
-        const int R = p.w.rows, r = tile * 16 + g;
-        auto store = [&](const float (&a)[NT][4]) {
+        const int R = J.w.rows, r = tile * 16 + g;
+        auto store = [&](const float (&v)[NT][4]) {
 #pragma unroll
             for (int n = 0; n < NT; n++) {
                 const int t = 2 * c + 8 * n;
-                float *y0 = p.y + (int64_t)(p.t0 + t) * R, *y1 = y0 + R;
+                float *y0 = J.y + (int64_t)(p.t0 + t) * J.ldy, *y1 = y0 + J.ldy;
                 if (r < R) {
-                    if (t < nt) y0[r] = a[n][0];
-                    if (t + 1 < nt) y1[r] = a[n][1];
+                    if (t < nt) y0[r] = v[n][0];
+                    if (t + 1 < nt) y1[r] = v[n][1];
                 }
                 if (r + 8 < R) {
-                    if (t < nt) y0[r + 8] = a[n][2];
-                    if (t + 1 < nt) y1[r + 8] = a[n][3];
+                    if (t < nt) y0[r + 8] = v[n][2];
+                    if (t + 1 < nt) y1[r + 8] = v[n][3];
                 }
             }
         };
@@ -468,16 +496,16 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
     /* step gs computes one buffer while the other (step gs + 1) is in flight, then refills it with step gs + 2 (and,
      * with p.pf, asks L2 for step gs + 4: bytes in flight that cost no registers) */
     auto prefetch = [&](int gs) {
-        if (p.pf && gs < total) tc_prefetch<FMT, CH>(p, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
+        if (p.pf && gs < total) tc_prefetch<FMT, CH>(J0, J, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
     };
     prefetch(2), prefetch(3);
     for (int gs = 0; gs < total; gs += 2) {
         step(b0, gs);
-        if (gs + 2 < total) tc_load<FMT, CH>(p, b0, tile_of((gs + 2) / nsteps), ch0 + ((gs + 2) % nsteps) * CH, ch1, g, c);
+        if (gs + 2 < total) tc_load<FMT, CH>(J0, J, b0, tile_of((gs + 2) / nsteps), ch0 + ((gs + 2) % nsteps) * CH, ch1, g, c);
         prefetch(gs + 4);
         if (gs + 1 >= total) break;
         step(b1, gs + 1);
-        if (gs + 3 < total) tc_load<FMT, CH>(p, b1, tile_of((gs + 3) / nsteps), ch0 + ((gs + 3) % nsteps) * CH, ch1, g, c);
+        if (gs + 3 < total) tc_load<FMT, CH>(J0, J, b1, tile_of((gs + 3) / nsteps), ch0 + ((gs + 3) % nsteps) * CH, ch1, g, c);
         prefetch(gs + 5);
     }
     if (S > 1 && KG > 1) cg::this_cluster().sync(); /* peers' partials stay until the leader has read them */
@@ -486,12 +514,12 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
 /* ---- element path and prefill GEMM ---- */
 
 template <int TB>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_any(dsv4_cuda_weight w, const void *x, int xbf16, int t0, int nt,
-                                                            int Cpad, float *y) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_any(dsv4_cuda_weight w, const void *x, int64_t ldx, int xbf16, int t0,
+                                                            int nt, int Cpad, float *y, int64_t ldy) {
     extern __shared__ float4 xs4[];
     float *xs = (float *)xs4;
     const int C = w.cols, lane = threadIdx.x & 31;
-    stage_x(xs, x, xbf16, x_round_bf16(w), t0, nt, TB, C, Cpad, w.act_quant);
+    stage_x(xs, x, ldx, xbf16, x_round_bf16(w), t0, nt, TB, C, Cpad, w.act_quant);
     __syncthreads();
     for (int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); r < w.rows; r += gridDim.x * GEMV_WARPS) {
         float acc[TB];
@@ -505,7 +533,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_any(dsv4_cuda_weight w, 
 #pragma unroll
         for (int t = 0; t < TB; t++) {
             float v = warp_sum(acc[t]);
-            if (lane == 0 && t < nt) y[(int64_t)(t0 + t) * w.rows + r] = v;
+            if (lane == 0 && t < nt) y[(int64_t)(t0 + t) * ldy + r] = v;
         }
     }
 }
@@ -516,7 +544,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_any(dsv4_cuda_weight w, 
 #define GM_LD (GM_BK + 1)
 
 /* 256 threads: tx = tid % 16 owns rows m0 + tx + 16 i, ty = tid / 16 tokens n0 + ty + 16 j. */
-__global__ void __launch_bounds__(256) gemm_tiled(dsv4_cuda_weight w, const void *x, int xbf16, int T, float *y) {
+__global__ void __launch_bounds__(256) gemm_tiled(dsv4_cuda_weight w, const void *x, int64_t ldx, int xbf16, int T, float *y,
+                                                  int64_t ldy) {
     extern __shared__ float gsm[];
     float *Ws = gsm, *Xs = gsm + GM_BM * GM_LD;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lane = tid & 31, warp = tid >> 5;
@@ -526,7 +555,7 @@ __global__ void __launch_bounds__(256) gemm_tiled(dsv4_cuda_weight w, const void
         for (int e = tid; e < GM_BM * GM_BK; e += 256) {
             int m = e >> 7, k = e & 127;
             Ws[m * GM_LD + k] = (m0 + m < R && k0 + k < C) ? dev_weight_at(w, m0 + m, k0 + k) : 0.0f;
-            Xs[m * GM_LD + k] = (n0 + m < T && k0 + k < C) ? load_xr(x, xbf16, rnd, (int64_t)(n0 + m) * C + k0 + k) : 0.0f;
+            Xs[m * GM_LD + k] = (n0 + m < T && k0 + k < C) ? load_xr(x, xbf16, rnd, (int64_t)(n0 + m) * ldx + k0 + k) : 0.0f;
         }
         __syncthreads();
         if (w.act_quant) {
@@ -561,14 +590,14 @@ __global__ void __launch_bounds__(256) gemm_tiled(dsv4_cuda_weight w, const void
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int m = m0 + tx + 16 * i;
-            if (m < R) y[(int64_t)n * R + m] = acc[i][j];
+            if (m < R) y[(int64_t)n * ldy + m] = acc[i][j];
         }
     }
 }
 
 /* ---- launchers ---- */
 
-typedef void (*gemv_fn)(dsv4_cuda_weight, const void *, int, int, int, int, float *);
+typedef void (*gemv_fn)(dsv4_cuda_weight, const void *, int64_t, int, int, int, int, float *, int64_t);
 
 static gemv_fn pick_any(int tb) {
     switch (tb) {
@@ -579,21 +608,21 @@ static gemv_fn pick_any(int tb) {
     }
 }
 
-typedef void (*tc_fn)(const tc_params);
+template <int NJ> using tc_fn = void (*)(const tc_args<NJ>);
 
-template <int FMT> static tc_fn pick_tc_fmt(int xt, int nt2) {
-    if (xt == 1) return nt2 ? gemv_tc<FMT, 1, 2> : gemv_tc<FMT, 1, 1>;
-    if constexpr (tc_fmt<FMT>::BF) return nt2 ? gemv_tc<FMT, 3, 2> : gemv_tc<FMT, 3, 1>;
-    else return nt2 ? gemv_tc<FMT, 2, 2> : gemv_tc<FMT, 2, 1>;
+template <int NJ, int FMT> static tc_fn<NJ> pick_tc_fmt(int xt, int nt2) {
+    if (xt == 1) return nt2 ? gemv_tc<FMT, 1, 2, NJ> : gemv_tc<FMT, 1, 1, NJ>;
+    if constexpr (tc_fmt<FMT>::BF) return nt2 ? gemv_tc<FMT, 3, 2, NJ> : gemv_tc<FMT, 3, 1, NJ>;
+    else return nt2 ? gemv_tc<FMT, 2, 2, NJ> : gemv_tc<FMT, 2, 1, NJ>;
 }
-static tc_fn pick_tc(int fmt, int xt, int nt2) {
+template <int NJ> static tc_fn<NJ> pick_tc(int fmt, int xt, int nt2) {
     switch (fmt) {
-    case DSV4_WF_F32: return pick_tc_fmt<DSV4_WF_F32>(xt, nt2);
-    case DSV4_WF_BF16: return pick_tc_fmt<DSV4_WF_BF16>(xt, nt2);
-    case DSV4_WF_F16: return pick_tc_fmt<DSV4_WF_F16>(xt, nt2);
-    case DSV4_WF_FP8: return pick_tc_fmt<DSV4_WF_FP8>(xt, nt2);
-    case DSV4_WF_MXFP4: return pick_tc_fmt<DSV4_WF_MXFP4>(xt, nt2);
-    default: return pick_tc_fmt<DSV4_WF_NVFP4>(xt, nt2);
+    case DSV4_WF_F32: return pick_tc_fmt<NJ, DSV4_WF_F32>(xt, nt2);
+    case DSV4_WF_BF16: return pick_tc_fmt<NJ, DSV4_WF_BF16>(xt, nt2);
+    case DSV4_WF_F16: return pick_tc_fmt<NJ, DSV4_WF_F16>(xt, nt2);
+    case DSV4_WF_FP8: return pick_tc_fmt<NJ, DSV4_WF_FP8>(xt, nt2);
+    case DSV4_WF_MXFP4: return pick_tc_fmt<NJ, DSV4_WF_MXFP4>(xt, nt2);
+    default: return pick_tc_fmt<NJ, DSV4_WF_NVFP4>(xt, nt2);
     }
 }
 
@@ -648,13 +677,13 @@ struct tc_occ {
 };
 static tc_occ tc_occ_cache[256];
 static int tc_occ_n;
-static int tc_max_clusters(tc_fn fn, int KG, size_t smem) {
+static int tc_max_clusters(const void *fn, int KG, size_t smem) {
     for (int i = 0; i < tc_occ_n; i++)
-        if (tc_occ_cache[i].fn == (const void *)fn && tc_occ_cache[i].kg == KG && tc_occ_cache[i].smem == smem) return tc_occ_cache[i].n;
-    cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dsv4_cuda_dev.smem_optin);
+        if (tc_occ_cache[i].fn == fn && tc_occ_cache[i].kg == KG && tc_occ_cache[i].smem == smem) return tc_occ_cache[i].n;
+    cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dsv4_cuda_dev.smem_optin);
     int n = 0;
     if (KG == 1) {
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, (const void *)fn, TC_THREADS, smem);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, TC_THREADS, smem);
         n *= dsv4_cuda_dev.sm_count;
     } else {
         cudaLaunchConfig_t cfg = {};
@@ -666,11 +695,11 @@ static int tc_max_clusters(tc_fn fn, int KG, size_t smem) {
         cfg.dynamicSmemBytes = smem;
         cfg.attrs = &at;
         cfg.numAttrs = 1;
-        cudaOccupancyMaxActiveClusters(&n, (const void *)fn, &cfg);
+        cudaOccupancyMaxActiveClusters(&n, fn, &cfg);
     }
     cudaGetLastError();
     if (n < 1) n = 1;
-    if (tc_occ_n < 256) tc_occ_cache[tc_occ_n++] = tc_occ{(const void *)fn, KG, smem, n};
+    if (tc_occ_n < 256) tc_occ_cache[tc_occ_n++] = tc_occ{fn, KG, smem, n};
     return n;
 }
 
@@ -679,36 +708,74 @@ static int tc_max_clusters(tc_fn fn, int KG, size_t smem) {
 static int tc_no_pdl = -1;
 static int tc_pf; /* DSV4_LINEAR_PF=1: L2 prefetch two steps ahead (measured slower: off by default) */
 
-/* 1 when launched, 0 when the shape does not fit the tensor-core GEMV (the caller takes the element path), -1 on
- * a launch error. */
-static int tc_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, cudaStream_t st) {
+/* How the tensor-core GEMV cuts a weight (from its shape, format and x kind only): x terms, column slices, blocks
+ * per cluster, 128-column units, staged units per block. ok = 0: the shape or alignment does not fit it (element path). */
+struct tc_plan {
+    int ok, xt, S, KG, NU, nub;
+};
+static tc_plan tc_plan_of(const dsv4_cuda_weight *w, int x_bf16) {
+    tc_plan q = {};
     const int fmt = w->fmt, C = w->cols;
-    if (C % 128 || ((uintptr_t)w->data & 15)) return 0;
-    if (fmt == DSV4_WF_FP8 && w->scale_f32 && ((uintptr_t)w->scale & 3)) return 0;
-    if (fmt == DSV4_WF_NVFP4 && (((uintptr_t)w->scale & 1) || (w->scale_stride & 1))) return 0;
+    if (C % 128 || ((uintptr_t)w->data & 15)) return q;
+    if (fmt == DSV4_WF_FP8 && w->scale_f32 && ((uintptr_t)w->scale & 3)) return q;
+    if (fmt == DSV4_WF_NVFP4 && (((uintptr_t)w->scale & 1) || (w->scale_stride & 1))) return q;
+    q.xt = tc_xt(fmt, w->act_quant, x_bf16 || x_round_bf16(*w));
+    q.S = tc_slices(fmt, q.xt, w->rows, C);
+    q.NU = C / 128, q.KG = tc_kg(q.S), q.nub = tc_nub(q.NU, q.S, q.KG);
+    q.ok = tc_smem(fmt, q.xt, 1, q.nub, q.S) <= (size_t)dsv4_cuda_dev.smem_optin;
+    return q;
+}
+/* Two weights the same launch can take: what the jobs of a launch share (tc_job) */
+static int tc_same(const dsv4_cuda_weight *a, const tc_plan &qa, const dsv4_cuda_weight *b, const tc_plan &qb) {
+    return a->fmt == b->fmt && a->cols == b->cols && a->act_quant == b->act_quant && x_round_bf16(*a) == x_round_bf16(*b) &&
+           (a->fmt != DSV4_WF_FP8 || a->scale_f32 == b->scale_f32) && qa.xt == qb.xt && qa.S == qb.S && qa.KG == qb.KG;
+}
+
+/* Launches the tensor-core GEMV for nj <= NJ jobs (jobs[i].w, x, y, ldx, ldy set; all with plan q and tc_same), 16
+ * rows of x per launch. One job: min(resident clusters, row groups) clusters loop over its row groups. Several: each
+ * job gets ceil(NRG / k) clusters of its own, k the fewest row groups per cluster with which all jobs' clusters are
+ * resident at once. Returns 0, or -1 on a launch error. */
+template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q, int x_bf16, int T, cudaStream_t st) {
     if (tc_no_pdl < 0) {
         const char *e = getenv("DSV4_LINEAR_NO_PDL");
         tc_no_pdl = e && *e && *e != '0';
         e = getenv("DSV4_LINEAR_PF");
         tc_pf = e && *e && *e != '0';
     }
-    const int xt = tc_xt(fmt, w->act_quant, x_bf16 || x_round_bf16(*w)), S = tc_slices(fmt, xt, w->rows, C);
-    const int NU = C / 128, KG = tc_kg(S), KW = S / KG, nub = tc_nub(NU, S, KG);
+    const int fmt = jobs[0].w.fmt, S = q.S, KG = q.KG, KW = S / KG, RW = TC_WARPS / KW;
     const size_t cap = (size_t)dsv4_cuda_dev.smem_optin;
     int TB = T < 16 ? T : 16; /* more rows: 16 per launch (the weight is read once per 16 rows) */
-    while (TB > 1 && tc_smem(fmt, xt, TB, nub, S) > cap) TB = (TB + 1) / 2;
-    if (tc_smem(fmt, xt, TB, nub, S) > cap) return 0;
-    tc_params prm;
-    prm.w = *w, prm.x = x, prm.y = y, prm.xbf16 = x_bf16;
-    prm.S = S, prm.KW = KW, prm.KG = KG;
-    prm.NU = NU, prm.NRT = (w->rows + 15) / 16, prm.NRG = (prm.NRT + TC_WARPS / KW - 1) / (TC_WARPS / KW);
-    prm.nub = nub, prm.tok = tc_tok(fmt, nub), prm.pf = tc_pf;
+    while (TB > 1 && tc_smem(fmt, q.xt, TB, q.nub, S) > cap) TB = (TB + 1) / 2;
+    tc_args<NJ> a; /* kernel parameters (NJ = TC_MAXJ: ~1.9 KB) */
+    a.p.xbf16 = x_bf16;
+    a.p.S = S, a.p.KW = KW, a.p.KG = KG;
+    a.p.NU = q.NU, a.p.nub = q.nub, a.p.tok = tc_tok(fmt, q.nub), a.p.pf = tc_pf, a.p.nj = nj;
+    int nrg_max = 0, nrg_sum = 0;
+    for (int j = 0; j < nj; j++) {
+        a.j[j] = jobs[j];
+        a.j[j].NRT = (jobs[j].w.rows + 15) / 16;
+        a.j[j].NRG = (a.j[j].NRT + RW - 1) / RW;
+        nrg_max = a.j[j].NRG > nrg_max ? a.j[j].NRG : nrg_max;
+        nrg_sum += a.j[j].NRG;
+    }
     for (int t0 = 0; t0 < T; t0 += TB) {
-        prm.t0 = t0, prm.nt = T - t0 < TB ? T - t0 : TB;
-        tc_fn fn = pick_tc(fmt, xt, prm.nt > 8);
-        const size_t smem = tc_smem(fmt, xt, prm.nt, nub, S);
-        int ncl = tc_max_clusters(fn, KG, smem);
-        if (ncl > prm.NRG) ncl = prm.NRG;
+        a.p.t0 = t0, a.p.nt = T - t0 < TB ? T - t0 : TB;
+        tc_fn<NJ> fn = pick_tc<NJ>(fmt, q.xt, a.p.nt > 8);
+        const size_t smem = tc_smem(fmt, q.xt, a.p.nt, q.nub, S);
+        const int N = tc_max_clusters((const void *)fn, KG, smem);
+        int ncl = 0;
+        if (nj == 1) {
+            ncl = N < nrg_sum ? N : nrg_sum;
+            a.j[0].c0 = 0, a.j[0].ncl = ncl;
+        } else {
+            int k = (nrg_sum + N - 1) / N;
+            for (k = k > 1 ? k : 1; k < nrg_max; k++) {
+                int n = 0;
+                for (int j = 0; j < nj; j++) n += (a.j[j].NRG + k - 1) / k;
+                if (n <= N) break;
+            }
+            for (int j = 0; j < nj; j++) a.j[j].c0 = ncl, a.j[j].ncl = (a.j[j].NRG + k - 1) / k, ncl += a.j[j].ncl;
+        }
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[2];
         int na = 0;
@@ -728,32 +795,40 @@ static int tc_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T
         cfg.stream = st;
         cfg.attrs = at;
         cfg.numAttrs = na;
-        cudaError_t e = cudaLaunchKernelEx(&cfg, fn, prm);
+        cudaError_t e = cudaLaunchKernelEx(&cfg, fn, a);
         if (e != cudaSuccess && !tc_no_pdl) { /* no programmatic dependent launch here: plain stream order */
             cudaGetLastError();
             tc_no_pdl = 1;
             cfg.numAttrs = KG > 1 ? 1 : 0;
-            e = cudaLaunchKernelEx(&cfg, fn, prm);
+            e = cudaLaunchKernelEx(&cfg, fn, a);
         }
         if (e != cudaSuccess) {
             cudaGetLastError();
             return dsv4_cuda_fail("linear: tensor-core gemv launch: %s", cudaGetErrorString(e));
         }
     }
-    return dsv4_cuda_check_launch("linear (tensor-core gemv)") ? -1 : 1;
+    return dsv4_cuda_check_launch("linear (tensor-core gemv)");
 }
 
-extern "C" int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream) {
+static int bad_weight(const dsv4_cuda_weight *w, int T) {
     if (!w || !w->data || w->rows <= 0 || w->cols <= 0 || T < 0 || (unsigned)w->fmt >= DSV4_WF_COUNT)
         return dsv4_cuda_fail("linear: bad weight or shape (rows %d cols %d T %d)", w ? w->rows : 0, w ? w->cols : 0, T);
     if ((w->fmt == DSV4_WF_MXFP4 || w->fmt == DSV4_WF_NVFP4) && (w->cols & 1))
         return dsv4_cuda_fail("linear: FP4 weight with odd column count %d", w->cols);
-    if (T == 0) return 0;
-    cudaStream_t st = DSV4_STREAM(stream);
+    return 0;
+}
+
+/* y = x . W^T for x rows at stride ldx and y rows at stride ldy (elements); T > 0, the weight checked. */
+static int linear_one(const dsv4_cuda_weight *w, const void *x, int64_t ldx, int x_bf16, int T, float *y, int64_t ldy,
+                      cudaStream_t st) {
     const int C = w->cols;
     /* tensor-core GEMV for every T (16 rows of x per launch): a row's result is the same whatever T is */
-    int r = tc_linear(w, x, x_bf16, T, y, st);
-    if (r) return r < 0 ? -1 : 0;
+    const tc_plan q = tc_plan_of(w, x_bf16);
+    if (q.ok) {
+        tc_job j = {};
+        j.w = *w, j.x = x, j.y = y, j.ldx = (int)ldx, j.ldy = (int)ldy;
+        return tc_run<1>(&j, 1, q, x_bf16, T, st);
+    }
     if (T <= 16) {
         /* element path: x rows staged in shared memory, 8 tokens per pass */
         int cpad = (C + 127) / 128 * 128;
@@ -771,7 +846,7 @@ extern "C" int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_
             if (grid > per_sm * dsv4_cuda_dev.sm_count) grid = per_sm * dsv4_cuda_dev.sm_count;
             for (int t0 = 0; t0 < T; t0 += tb) {
                 int nt = T - t0 < tb ? T - t0 : tb;
-                fn<<<grid, GEMV_WARPS * 32, smem, st>>>(*w, x, x_bf16, t0, nt, cpad, y);
+                fn<<<grid, GEMV_WARPS * 32, smem, st>>>(*w, x, ldx, x_bf16, t0, nt, cpad, y, ldy);
             }
             return dsv4_cuda_check_launch("linear (gemv)");
         }
@@ -785,6 +860,52 @@ extern "C" int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_
     }
     dim3 grid((w->rows + GM_BM - 1) / GM_BM, (T + GM_BN - 1) / GM_BN);
     if (grid.y > 65535) return dsv4_cuda_fail("linear: T %d too large", T);
-    gemm_tiled<<<grid, 256, smem, st>>>(*w, x, x_bf16, T, y);
+    gemm_tiled<<<grid, 256, smem, st>>>(*w, x, ldx, x_bf16, T, y, ldy);
     return dsv4_cuda_check_launch("linear (gemm)");
+}
+
+extern "C" int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream) {
+    if (bad_weight(w, T)) return -1;
+    if (T == 0) return 0;
+    return linear_one(w, x, w->cols, x_bf16, T, y, w->rows, DSV4_STREAM(stream));
+}
+
+extern "C" int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *stream) {
+    if (n < 0 || (n > 0 && !jobs) || T < 0) return dsv4_cuda_fail("linear multi: bad job list (n %d T %d)", n, T);
+    for (int i = 0; i < n; i++) {
+        const dsv4_cuda_linear_job *jb = &jobs[i];
+        if (bad_weight(&jb->w, T)) return -1;
+        if ((jb->ldx && jb->ldx < jb->w.cols) || (jb->ldy && jb->ldy < jb->w.rows) || jb->ldx > 0x7fffffff || jb->ldy > 0x7fffffff ||
+            (T > 0 && (!jb->x || !jb->y)))
+            return dsv4_cuda_fail("linear multi: job %d: bad x / y (row strides %lld, %lld)", i, (long long)jb->ldx,
+                                  (long long)jb->ldy);
+    }
+    if (T == 0 || n == 0) return 0;
+    if (n > 64) /* grouped 64 jobs at a time */
+        return dsv4_cuda_linear_multi(jobs, 64, x_bf16, T, stream) || dsv4_cuda_linear_multi(jobs + 64, n - 64, x_bf16, T, stream) ? -1 : 0;
+    cudaStream_t st = DSV4_STREAM(stream);
+    uint64_t done = 0; /* jobs already launched */
+    for (int i = 0; i < n; i++) {
+        if (done >> i & 1) continue;
+        const dsv4_cuda_linear_job *ji = &jobs[i];
+        const tc_plan q = tc_plan_of(&ji->w, x_bf16);
+        if (!q.ok) { /* the element path, on its own */
+            if (linear_one(&ji->w, ji->x, ji->ldx ? ji->ldx : ji->w.cols, x_bf16, T, ji->y, ji->ldy ? ji->ldy : ji->w.rows, st))
+                return -1;
+            continue;
+        }
+        tc_job tj[TC_MAXJ]; /* job i and the next ones that can share its launch */
+        int nj = 0;
+        for (int k = i; k < n && nj < TC_MAXJ; k++) {
+            const dsv4_cuda_linear_job *jk = &jobs[k];
+            if ((done >> k & 1) || (k > i && !tc_same(&ji->w, q, &jk->w, tc_plan_of(&jk->w, x_bf16)))) continue;
+            tc_job &t = tj[nj++];
+            t = tc_job{};
+            t.w = jk->w, t.x = jk->x, t.y = jk->y;
+            t.ldx = jk->ldx ? (int)jk->ldx : jk->w.cols, t.ldy = jk->ldy ? (int)jk->ldy : jk->w.rows;
+            done |= 1ull << k;
+        }
+        if (nj == 1 ? tc_run<1>(tj, 1, q, x_bf16, T, st) : tc_run<TC_MAXJ>(tj, nj, q, x_bf16, T, st)) return -1;
+    }
+    return 0;
 }

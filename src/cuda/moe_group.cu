@@ -3,20 +3,22 @@
  *   1. moe_group: the router's picks -> per-expert token lists (count, scan, scatter) in a deterministic
  *      order (each expert's tokens in increasing order, the active experts in increasing id), and each
  *      token's slots in increasing expert id;
- *   2. moe_experts: two grouped GEMV launches over (active expert, block of output rows) with a fixed
- *      launch shape: gate + up (w1, w3) with the SwiGLU and routing weight fused, then down (w2). A warp
- *      streams two weight rows 16 bytes per lane (wvec.cuh) against up to 8 of the expert's token rows
- *      staged in shared memory; every output value is one warp's dot product over the whole row in a fixed
- *      order, so it does not depend on which other tokens share the expert (batch invariance);
+ *   2. moe_experts: two grouped launches over (active expert, block of output rows) with a fixed launch
+ *      shape: gate + up (w1, w3) with the SwiGLU and routing weight fused, then down (w2). FP8 / MXFP4 /
+ *      NVFP4 matrices with columns a multiple of 128 go to the tensor-core kernel of moe_tc.cu; the others
+ *      here: a warp streams two weight rows 16 bytes per lane (wvec.cuh) against up to 8 of the expert's
+ *      token rows staged in shared memory; every output value is one warp's dot product over the whole row
+ *      in a fixed order, so it does not depend on which other tokens share the expert (batch invariance);
  *   3. moe_combine: each token's expert outputs summed in increasing expert id, then the shared expert:
  *      the CPU's order (src/model/forward_moe.c), by one thread per output element, no atomics. */
 #include "cuda_model.h"
+#include "moe_tc.h"
 #include "wvec.cuh"
 
 /* ---- 1. grouping: one block ---- */
 
 #define GROUP_THREADS 1024
-#define GROUP_MAXT 1024
+#define GROUP_MAXT 4096
 #define GROUP_MAXK 32
 
 /* Is pick k of token t used, and its expert: idle tokens pick nothing, an expert out of range is skipped,
@@ -321,13 +323,25 @@ static int mx_launch(int gateup, int fmt, int vec, const dsv4_cuda_weight *WA, c
     return dsv4_cuda_check_launch(gateup ? "moe_experts (gate/up)" : "moe_experts (down)");
 }
 
+static int mx_cuda_cores; /* dsv4_cuda_moe_experts_path */
+
+extern "C" void dsv4_cuda_moe_experts_path(int mode) {
+    mx_cuda_cores = mode & 1;
+    dsv4_moe_tc_mode(mode & ~1);
+}
+
 extern "C" int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,
                                      float lim, float *h, float *y, void *stream) {
     if (T < 0 || K < 1 || !ex->w1) return dsv4_cuda_fail("moe_experts: bad arguments (T %d K %d)", T, K);
     if (!T) return 0;
     const int maxslots = ex->E < T * K ? ex->E : T * K;
     cudaStream_t st = DSV4_STREAM(stream);
-    if (mx_launch(1, ex->fmt13, ex->vec13, ex->w1, ex->w3, ex->I, ex->D, x, T, maxslots, p, lim, h, st)) return -1;
+    if (ex->tc13 && !mx_cuda_cores) {
+        if (dsv4_moe_tc_run(1, ex->fmt13, ex->aq13, ex->w1, ex->w3, ex->I, ex->D, ex->E, x, T, K, maxslots, p, lim, h, y, st)) return -1;
+    } else if (mx_launch(1, ex->fmt13, ex->vec13, ex->w1, ex->w3, ex->I, ex->D, x, T, maxslots, p, lim, h, st)) {
+        return -1;
+    }
+    if (ex->tc2 && !mx_cuda_cores) return dsv4_moe_tc_run(0, ex->fmt2, ex->aq2, ex->w2, NULL, ex->D, ex->I, ex->E, h, T, K, maxslots, p, 0.0f, y, NULL, st);
     return mx_launch(0, ex->fmt2, ex->vec2, ex->w2, NULL, ex->D, ex->I, h, T, maxslots, p, 0.0f, y, st);
 }
 
@@ -374,6 +388,9 @@ extern "C" int dsv4_cuda_experts_init(dsv4_cuda_experts *x, const dsv4_cuda_weig
     x->fmt13 = w1[0].fmt;
     x->fmt2 = w2[0].fmt;
     x->vec13 = x->vec2 = 1;
+    x->tc13 = x->tc2 = 1;
+    x->aq13 = w1[0].act_quant;
+    x->aq2 = w2[0].act_quant;
     for (int e = 0; e < E; e++) {
         if (!w1[e].data || !w3[e].data || !w2[e].data) return dsv4_cuda_fail("experts: expert %d has no weights on the device", e);
         if ((int)w1[e].fmt != x->fmt13 || (int)w3[e].fmt != x->fmt13 || (int)w2[e].fmt != x->fmt2)
@@ -385,7 +402,10 @@ extern "C" int dsv4_cuda_experts_init(dsv4_cuda_experts *x, const dsv4_cuda_weig
             return dsv4_cuda_fail("experts: expert %d: w1 and w3 differ in act quant or bf16 activations", e);
         x->vec13 &= vec_ok(&w1[e]) && vec_ok(&w3[e]);
         x->vec2 &= vec_ok(&w2[e]);
+        x->tc13 &= dsv4_moe_tc_fits(&w1[e]) && dsv4_moe_tc_fits(&w3[e]) && w1[e].act_quant == x->aq13;
+        x->tc2 &= dsv4_moe_tc_fits(&w2[e]) && w2[e].act_quant == x->aq2;
     }
+    if ((x->tc13 || x->tc2) && dsv4_moe_tc_selftest()) return -1;
     const size_t b = sizeof(dsv4_cuda_weight) * (size_t)E;
     x->w1 = (dsv4_cuda_weight *)dsv4_cuda_alloc(3 * b);
     if (!x->w1) return -1;

@@ -1,0 +1,688 @@
+/* moe_tc.cu - the routed experts' grouped GEMM on tensor cores (moe_tc.h), for FP8 (E8M0 block scales), MXFP4 and
+ * NVFP4 experts: the body of dsv4_cuda_moe_experts (cuda_model.h) for the matrices it takes.
+ *
+ * Grid (row blocks, expert slots), 8 warps a block, blocks past *nact return: the launch shape depends only on
+ * the shapes, T and K. A warp owns a pair of 16-row weight tiles (gate/up: the same 16 rows of w1 and of w3,
+ * so the SwiGLU is fused; down: 32 rows of w2) and a column slice (the S slices of a block: units u = j*S + s of
+ * the 128-column units); the expert's tokens are the mma's N. mma.sync m16n8k16 f16 x f16 -> fp32: the weight is
+ * the A operand, decoded exactly in registers as in linear.cu's gemv_tc (linear_tc.cuh: e4m3 by the hardware
+ * convert, e2m1 re-packed as e4m3, MXFP4 group scales relative to the unit's largest as an f16 power of two,
+ * NVFP4 group scales folded in f16); x is staged in shared memory as 16-bit terms in the permuted order of the
+ * fragments, with one power-of-two scale per (token, unit): FP8 act-quant codes (act_quant) or x / 2^e as two
+ * f16 terms. A lane keeps its weight loads of the next unit in registers while the current one is computed.
+ * (Opt-in for comparisons, both measured slower: an L2 bulk prefetch of the units after those, and MXFP4 codes to
+ * f16 with integer instructions, mt_e2m1x8_alu, checked against the e4m3-convert decode once on the device.)
+ *
+ * Scales without a second accumulator: a (row, token) accumulator holds the sum in the unit's scale P = weight
+ * unit scale (E8M0 / MXFP4 unit max; 1 for NVFP4) x x scale, both powers of two; before the mma of the next
+ * unit it is multiplied by P_prev / P_next (exact: a power of two), and at the end of the slice by the last P
+ * (and the NVFP4 tensor scale). Slices are added in order 0..S-1 through shared memory. So every (row, token)
+ * value goes through the same operations in the same order whatever other tokens share its expert, however
+ * many there are, and which variant runs (decode: 8 or 16 tokens a chunk, x act-quantized by each block;
+ * prefill: 64 tokens a chunk, x act-quantized once into scratch by moe_quant, staged with cp.async, double
+ * buffered): the results are bitwise batch invariant. S depends only on the matrix shape. */
+#include <stdlib.h>
+
+#include "linear_tc.cuh"
+#include "moe_tc.h"
+
+#define MT_WARPS 8
+#define MT_THREADS (MT_WARPS * 32)
+#define MT_SB 4    /* (token, unit) items in flight per warp while staging x */
+#define MT_PQW 4   /* units per staged window on the pre-quantized path; also the most column slices S */
+#define MT_PQ_AVG 16 /* token-expert rows per expert (average) from which the pre-quantized 64-token path runs */
+#define MT_PF 2      /* with DSV4_MOE_TC_PF: units of weights prefetched into L2 ahead of the register loads */
+
+/* V chunks of 16 bytes per row per 128-column unit, E elements per chunk */
+template <int FMT> struct mt_fmt { static constexpr int V = 1, E = 32; }; /* MXFP4, NVFP4 */
+template <> struct mt_fmt<DSV4_WF_FP8> { static constexpr int V = 2, E = 16; };
+
+/* Slot of column i (0..127) of a unit in the staged x (as linear.cu's tc_slot): FP4 in tc_e2m1_perm order inside a
+ * chunk, with the 16-byte halves of odd lane pairs swapped (conflict-free reads); FP8 as is. */
+template <int FMT> __device__ __forceinline__ int mt_slot(int i) {
+    if (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) {
+        const int ch = i >> 5, e = i & 31;
+        const int q = (e & ~7) + tc_e2m1_slot(e & 7);
+        return ch * 32 + (((q >> 3) ^ ((ch >> 1) & 1)) << 3) + (q & 7);
+    }
+    return i;
+}
+
+/* One (token, unit) of x held by a warp, 4 values per lane (columns q*32 + lane): XT = 1, the FP8 act quant (codes as
+ * f16, exact; bit-identical to dsv4_act_quant_fp8: same amax floor, clamp and power-of-two scale, hardware RNE
+ * convert); XT = 2, x / s as two f16 terms with s a power of two that puts the largest |x| in [2^14, 2^15). */
+template <int XT> __device__ __forceinline__ float mt_quant(const float (&v)[4], uint16_t (&term)[4][XT]) {
+    float a = XT == 1 ? 1e-4f : 0.0f, s;
+#pragma unroll
+    for (int q = 0; q < 4; q++) a = fmaxf(a, fabsf(v[q]));
+    a = warp_max(a);
+    if (XT == 1) {
+        s = dev_pow2_ceil(a * (1.0f / 448.0f));
+        const float inv = 1.0f / s; /* exact: s is a power of two */
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float y = fminf(fmaxf(__fmul_rn(v[q], inv), -448.0f), 448.0f);
+            term[q][0] = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3), __NV_E4M3).x;
+        }
+    } else {
+        int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 14;
+        e = e < 1 ? 1 : e;
+        s = __uint_as_float((uint32_t)e << 23);
+        const float inv = __uint_as_float((uint32_t)(254 - e) << 23);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float y = __fmul_rn(v[q], inv);
+            const __half h = __float2half_rn(y);
+            term[q][0] = __half_as_ushort(h);
+            term[q][XT - 1] = __half_as_ushort(__float2half_rn(y - __half2float(h)));
+        }
+    }
+    return s;
+}
+
+/* 2^d as a float, d clamped to the normal range */
+__device__ __forceinline__ float mt_pow2(int d) {
+    d = d < -126 ? -126 : d > 127 ? 127 : d;
+    return __int_as_float((d + 127) << 23);
+}
+/* one function for every kernel: the same instructions (no contraction chosen per call site) */
+__device__ __noinline__ float mt_swiglu(float g, float u, float lim, float w) { return dev_swiglu(g, u, lim, w); }
+
+/* biased exponent of a positive normal float */
+__device__ __forceinline__ int mt_exp(float f) { return (__float_as_int(f) >> 23) & 0xff; }
+
+/* Eight e2m1 codes of a word to four f16x2 holding the values times 2^-14, in tc_e2m1x8_f16x2's order (r0 = {e0, e2},
+ * r1 = {e4, e6}, r2 = {e1, e3}, r3 = {e5, e7}) with integer instructions only (no conversion unit): nibble s|e1 e0|m
+ * becomes the f16 s|0 0 0 e1 e0|m 0..0, i.e. 2^(e - 15) (1 + m/2) = e2m1 x 2^-14, the subnormal 0.5 x 2^-14 included. */
+__device__ __forceinline__ void mt_e2m1x8_alu(uint32_t w, uint32_t (&r)[4]) {
+    const uint32_t x01 = __byte_perm(w, 0u, 0x4140), x23 = __byte_perm(w, 0u, 0x4342); /* bytes 0, 1 / 2, 3 into the halves */
+    r[0] = ((x01 << 9) & 0x0E000E00u) | ((x01 << 12) & 0x80008000u);
+    r[1] = ((x23 << 9) & 0x0E000E00u) | ((x23 << 12) & 0x80008000u);
+    r[2] = ((x01 << 5) & 0x0E000E00u) | ((x01 << 8) & 0x80008000u);
+    r[3] = ((x23 << 5) & 0x0E000E00u) | ((x23 << 8) & 0x80008000u);
+}
+/* exponent offset of the FP4 group factor: the decoded e2m1 values carry 2^-6 (e4m3 convert) or 2^-14 (ALU) */
+#define MT_F4OFF(DEC) ((DEC) ? 14 : 6)
+
+/* A fragments of sub-step j of one chunk of one row: registers 2k / 2k+1 feed k-step k (as linear.cu's tc_decode).
+ * DEC (MXFP4): the integer decode; the products with the group factor equal the convert path's bit for bit. */
+template <int FMT, int DEC> __device__ __forceinline__ void mt_decode(const uint4 &q, int j, uint32_t f, uint32_t (&A)[4]) {
+    const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+    if (FMT == DSV4_WF_FP8) {
+        A[0] = tc_e4m3x2_f16x2(wd[2 * j]), A[1] = tc_e4m3x2_f16x2(wd[2 * j] >> 16);
+        A[2] = tc_e4m3x2_f16x2(wd[2 * j + 1]), A[3] = tc_e4m3x2_f16x2(wd[2 * j + 1] >> 16);
+    } else {
+        uint32_t r[4];
+        if (DEC) mt_e2m1x8_alu(wd[j], r);
+        else tc_e2m1x8_f16x2(wd[j], r);
+#pragma unroll
+        for (int i = 0; i < 4; i++) A[i] = tc_hmul2(r[i], f);
+    }
+}
+
+/* Both MXFP4 decodes of every byte pair in every position, for group factors 2^0 .. 2^-30 of the unit's largest:
+ * bad = 1 on any difference (then the kernels keep the convert path). */
+__global__ void moe_tc_selftest(int *bad) {
+    const uint32_t b = threadIdx.x, w = b | ((b ^ 0x5Au) << 8) | (((b * 7u + 3u) & 255u) << 16) | ((255u - b) << 24);
+    int diff = 0;
+    for (int d = 0; d <= 30; d++) {
+        uint32_t r0[4], r1[4];
+        tc_e2m1x8_f16x2(w, r0);
+        mt_e2m1x8_alu(w, r1);
+        const uint32_t f0 = tc_f16x2_pow2(6 - d), f1 = tc_f16x2_pow2(14 - d);
+#pragma unroll
+        for (int i = 0; i < 4; i++) diff |= tc_hmul2(r0[i], f0) != tc_hmul2(r1[i], f1);
+    }
+    if (diff) atomicOr(bad, 1);
+}
+
+__device__ __forceinline__ void mt_cp16(void *smem, const void *g) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
+}
+__device__ __forceinline__ void mt_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void mt_cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* One unit of a lane's weights: [tile][row g / g+8][chunk], and the scale bytes of tile t in sc[t] (MXFP4 / FP8:
+ * byte m = row half m; NVFP4: the chunk's two e4m3 group scales, 16 bits per row half). */
+template <int V> struct mt_buf {
+    uint4 q[2][2][V];
+    uint32_t sc[2];
+};
+
+struct mt_params {
+    const dsv4_cuda_weight *WA, *WB; /* device [E]; WB: w3 (gate/up) */
+    const float *x;                  /* fp32 rows: gate/up the MoE input [T, C] (by token), down h [slots, C] */
+    const uint8_t *xq;               /* pre-quantized rows (row stride xq_ld bytes): per unit 128 f16 codes in slot order, then NU fp32 scales */
+    int64_t xq_ld;
+    dsv4_cuda_moe_plan p;
+    float lim;
+    float *out; /* gate/up: h [slots, R]; down: y [slots, R] */
+    int R, C, NU, S, RT, NRP, W, ntok, tok, gx, iters;
+    int pf; /* units of weights prefetched into L2 beyond the DEPTH in registers (0: none) */
+};
+
+template <int FMT, int GATEUP, int XT, int NT, int PQ, int DEPTH, int DEC>
+__global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1 : 2)
+    moe_tc_kernel(const __grid_constant__ mt_params P) {
+    constexpr int V = mt_fmt<FMT>::V, E = mt_fmt<FMT>::E, NSUB = E / 8, NBUF = PQ ? 2 : 1;
+    constexpr bool FP4 = FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4;
+    extern __shared__ __align__(16) unsigned char mt_sm[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int S = P.S, RT = P.RT, W = P.W, NU = P.NU, ntok = P.ntok, tok = P.tok, R = P.R, C = P.C;
+    const int rt = warp / S, s = warp - rt * S;
+    /* programmatic dependent launch: the next kernel may start launching; wait for the plan and x */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    const int ia = blockIdx.y;
+    if (ia >= *P.p.nact) return;
+    const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
+    const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
+    const uint4 *wq[2] = {(const uint4 *)w0.data, (const uint4 *)w1.data};
+    const uint8_t *wsc[2] = {w0.scale, w1.scale};
+    const int64_t wss[2] = {w0.scale_stride, w1.scale_stride}, wr0[2] = {w0.row0, w1.row0}, rowq = C / E;
+    const float cw[2] = {w0.scale2, w1.scale2};
+
+    const size_t xsb = (size_t)XT * ntok * tok; /* 16-bit slots of one x buffer: [XT][ntok][tok] */
+    uint16_t *xs = (uint16_t *)mt_sm;
+    float *sxs = (float *)(mt_sm + (size_t)NBUF * xsb * 2); /* [NBUF][ntok][W] */
+    float4 *red = (float4 *)(mt_sm + (((size_t)NBUF * xsb * 2 + (size_t)NBUF * ntok * W * 4 + 15) & ~(size_t)15));
+
+    const int nsu = NU / S, JW = W / S, nch = (cnt + ntok - 1) / ntok, NWIN = (NU + W - 1) / W;
+    const int total = P.iters * nch * nsu, nwin_tot = P.iters * nch * NWIN;
+
+    /* unit j of the slice into b; with pfj < nsu also an L2 prefetch of unit pfj of the same rows (no registers held;
+     * weights only, which no kernel writes): lane (g, c) takes row g + 8 (c & 1) of tile c / 2, its V * 64 bytes */
+    auto load = [&](mt_buf<V> &b, int it, int j, int pfj) {
+        const int tp = (it * P.gx + (int)blockIdx.x) * RT + rt, u = j * S + s;
+        const bool act = tp < P.NRP;
+        const uint4 *pfq = wq[0];
+        b.sc[0] = b.sc[1] = 0;
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                int r = (GATEUP ? 16 * tp : 32 * tp + 16 * t) + g + 8 * m;
+                r = r < R ? r : R - 1; /* rows past the end: re-read the last one, never stored */
+                const int64_t Rs = wr0[t] + r;
+                if (c == 2 * t + m) pfq = wq[t] + Rs * rowq;
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    b.q[t][m][v] = act ? tc_ld_stream(wq[t] + Rs * rowq + (u * V + v) * 4 + c) : make_uint4(0, 0, 0, 0);
+                if (act) {
+                    if (FMT == DSV4_WF_MXFP4) b.sc[t] |= (uint32_t)__ldg(wsc[t] + Rs * wss[t] + u * 4 + c) << (8 * m);
+                    else if (FMT == DSV4_WF_NVFP4)
+                        b.sc[t] |= (uint32_t)__ldg((const uint16_t *)(wsc[t] + Rs * wss[t]) + u * 4 + c) << (16 * m);
+                    else b.sc[t] |= (uint32_t)__ldg(wsc[t] + (Rs >> 7) * wss[t] + u) << (8 * m);
+                }
+            }
+        if (act && pfj < nsu)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pfq + (pfj * S + s) * V * 4), "r"(V * 64));
+    };
+
+    /* x of tokens c0 .. c0+nt-1, units u0 .. u0+nwu-1, act-quantized here (decode path) */
+    auto stage = [&](int c0, int nt, int u0, int nwu) {
+        const int n = nt * nwu;
+        for (int i0 = warp; i0 < n; i0 += MT_WARPS * MT_SB) {
+            float v[MT_SB][4];
+#pragma unroll
+            for (int bb = 0; bb < MT_SB; bb++) {
+                const int i = i0 + bb * MT_WARPS, t = i / nwu, wu = i - t * nwu;
+                const float *src = NULL;
+                if (i < n) src = P.x + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * C + (int64_t)(u0 + wu) * 128;
+#pragma unroll
+                for (int q = 0; q < 4; q++) v[bb][q] = src ? src[q * 32 + lane] : 0.0f;
+            }
+#pragma unroll
+            for (int bb = 0; bb < MT_SB; bb++) {
+                const int i = i0 + bb * MT_WARPS, t = i / nwu, wu = i - t * nwu;
+                if (i >= n) break;
+                uint16_t term[4][XT];
+                const float sc = mt_quant<XT>(v[bb], term);
+                uint16_t *dst = xs + (size_t)t * tok + wu * 128;
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int pos = mt_slot<FMT>(q * 32 + lane);
+#pragma unroll
+                    for (int xt = 0; xt < XT; xt++) dst[(size_t)xt * ntok * tok + pos] = term[q][xt];
+                }
+                if (lane == 0) sxs[t * W + wu] = sc;
+            }
+        }
+    };
+
+    /* pre-quantized path: window wn (of the sequence iteration x chunk x window) into buffer wn & 1, 16 bytes a copy */
+    auto issue = [&](int wn) {
+        const int wi = wn % NWIN, chk = (wn / NWIN) % nch, c0 = chk * ntok, nt = min(ntok, cnt - c0), u0 = wi * W;
+        uint16_t *xb = xs + (size_t)(wn & 1) * xsb;
+        float *sb = sxs + (size_t)(wn & 1) * ntok * W;
+        const int per = W * 16 + W / 4; /* 16-byte pieces of a token: its codes, then its scales */
+        for (int i = threadIdx.x; i < nt * per; i += MT_THREADS) {
+            const int t = i / per, r = i - t * per;
+            const int row = GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t;
+            const uint8_t *src = P.xq + (int64_t)row * P.xq_ld;
+            if (r < W * 16) mt_cp16(xb + (size_t)t * tok + (r >> 4) * 128 + (r & 15) * 8, src + (int64_t)(u0 + (r >> 4)) * 256 + (r & 15) * 16);
+            else mt_cp16(sb + t * W + (r - W * 16) * 4, src + 2 * (int64_t)C + (int64_t)(u0 + (r - W * 16) * 4) * 4);
+        }
+        mt_cp_commit();
+    };
+
+    float acc[2][NT][4];
+    int ewp[2][2];
+    float sxp[NT][2];
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+#pragma unroll
+        for (int m = 0; m < 2; m++) ewp[t][m] = 127;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[t][n][k] = 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) sxp[n][0] = sxp[n][1] = 1.0f;
+    int wc = -1; /* windows started */
+
+    auto process = [&](const mt_buf<V> &b, int it, int chk, int j) {
+        const int tp = (it * P.gx + (int)blockIdx.x) * RT + rt, u = j * S + s, wi = j / JW, wu = u - wi * W;
+        const bool act = tp < P.NRP;
+        const int c0 = chk * ntok, nt = min(ntok, cnt - c0), ntl = (nt + 7) >> 3;
+        if (j == wi * JW) { /* a window of units starts (every warp of the block at once) */
+            wc++;
+            if (PQ) {
+                mt_cp_wait_all(); /* this window's copies (issued one window ahead) */
+                __syncthreads();  /* ... landed for every thread, and the other buffer is free */
+                if (wc + 1 < nwin_tot) issue(wc + 1);
+            } else {
+                __syncthreads();
+                stage(c0, nt, wi * W, min(W, NU - wi * W));
+                __syncthreads();
+            }
+        }
+        const uint16_t *xb = xs + (size_t)(PQ ? (wc & 1) : 0) * xsb;
+        const float *sb = sxs + (size_t)(PQ ? (wc & 1) : 0) * ntok * W;
+        if (act) {
+            int ew[2][2];
+            uint32_t fq[2][2][2];
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    if (FMT == DSV4_WF_MXFP4) {
+                        const int e = (int)((b.sc[t] >> (8 * m)) & 0xffu);
+                        int em = max(e, __shfl_xor_sync(0xffffffffu, e, 1));
+                        em = max(em, __shfl_xor_sync(0xffffffffu, em, 2));
+                        fq[t][m][0] = fq[t][m][1] = tc_f16x2_pow2(e - em + MT_F4OFF(DEC));
+                        ew[t][m] = em;
+                    } else if (FMT == DSV4_WF_NVFP4) {
+                        const uint32_t f = tc_hmul2(tc_e4m3x2_f16x2(b.sc[t] >> (16 * m)), 0x54005400u); /* x 64, exact */
+                        fq[t][m][0] = (f & 0xffffu) * 0x10001u;
+                        fq[t][m][1] = (f >> 16) * 0x10001u;
+                        ew[t][m] = 127;
+                    } else {
+                        fq[t][m][0] = fq[t][m][1] = 0;
+                        ew[t][m] = (int)((b.sc[t] >> (8 * m)) & 0xffu);
+                    }
+                }
+            float sx[NT][2];
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) {
+                    const int tk = 8 * n + 2 * c + kk;
+                    sx[n][kk] = tk < nt ? sb[tk * W + wu] : 1.0f;
+                }
+            if (j > 0) { /* the sums so far into this unit's scale (powers of two: exact) */
+                float fr[2][2], fx[NT][2];
+#pragma unroll
+                for (int t = 0; t < 2; t++)
+#pragma unroll
+                    for (int m = 0; m < 2; m++) fr[t][m] = mt_pow2(ewp[t][m] - ew[t][m]);
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int kk = 0; kk < 2; kk++) fx[n][kk] = mt_pow2(mt_exp(sxp[n][kk]) - mt_exp(sx[n][kk]));
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    if (n >= ntl) break;
+#pragma unroll
+                    for (int t = 0; t < 2; t++)
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            float a = acc[t][n][k];
+                            if (FMT != DSV4_WF_NVFP4) a = __fmul_rn(a, fr[t][k >> 1]);
+                            acc[t][n][k] = __fmul_rn(a, fx[n][k & 1]);
+                        }
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) ewp[t][m] = ew[t][m];
+#pragma unroll
+            for (int n = 0; n < NT; n++) sxp[n][0] = sx[n][0], sxp[n][1] = sx[n][1];
+#pragma unroll
+            for (int v = 0; v < V; v++)
+#pragma unroll
+                for (int jj = 0; jj < NSUB; jj++) {
+                    uint32_t A[2][2][4];
+#pragma unroll
+                    for (int t = 0; t < 2; t++)
+#pragma unroll
+                        for (int m = 0; m < 2; m++) mt_decode<FMT, DEC>(b.q[t][m][v], jj, fq[t][m][jj >> 1], A[t][m]);
+                    const int js = FP4 ? (jj ^ ((c >> 1) & 1)) : jj;
+                    /* groups of up to 4 n-tiles: their x fragments first, then k-step 0 of every (tile, n-tile), then
+                     * k-step 1 (the two mma of one accumulator are 2 x NG apart); per accumulator the order is k, xt */
+                    constexpr int NG = NT <= 2 ? 1 : 4; /* decode sizes: one at a time (registers) */
+#pragma unroll
+                    for (int n0 = 0; n0 < NT; n0 += NG) {
+                        if (n0 >= ntl) break;
+                        uint32_t B[NG][XT][4];
+#pragma unroll
+                        for (int n = 0; n < NG; n++) {
+                            const int tk = 8 * (n0 + n) + g;
+#pragma unroll
+                            for (int xt = 0; xt < XT; xt++) {
+                                const uint16_t *bp = xb + ((size_t)xt * ntok + tk) * tok + wu * 128 + (v * 4 + c) * E + js * 8;
+                                const uint4 q = tk < nt ? *(const uint4 *)bp : make_uint4(0, 0, 0, 0);
+                                B[n][xt][0] = q.x, B[n][xt][1] = q.y, B[n][xt][2] = q.z, B[n][xt][3] = q.w;
+                            }
+                        }
+#pragma unroll
+                        for (int k = 0; k < 2; k++)
+#pragma unroll
+                            for (int n = 0; n < NG; n++) {
+                                if (n0 + n >= ntl) break;
+#pragma unroll
+                                for (int t = 0; t < 2; t++)
+#pragma unroll
+                                    for (int xt = 0; xt < XT; xt++)
+                                        tc_mma<0>(acc[t][n0 + n], A[t][0][2 * k], A[t][1][2 * k], A[t][0][2 * k + 1], A[t][1][2 * k + 1],
+                                                  B[n][xt][2 * k], B[n][xt][2 * k + 1]);
+                            }
+                    }
+                }
+        }
+        if (j != nsu - 1) return;
+        /* end of the slice for this tile pair and chunk: out of the scale, add the slices in order, store */
+        if (act) {
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                if (n >= ntl) break;
+#pragma unroll
+                for (int t = 0; t < 2; t++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        float a = acc[t][n][k];
+                        if (FMT != DSV4_WF_NVFP4) a = __fmul_rn(a, dev_e8m0((uint8_t)ewp[t][k >> 1]));
+                        a = __fmul_rn(a, sxp[n][k & 1]);
+                        if (FMT == DSV4_WF_NVFP4) a = __fmul_rn(a, cw[t]);
+                        acc[t][n][k] = a;
+                    }
+            }
+        }
+        if (S > 1) {
+            if (s > 0 && act) {
+                float4 *rp = red + (size_t)((s - 1) * RT + rt) * 2 * NT * 32;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    if (n >= ntl) break;
+#pragma unroll
+                    for (int t = 0; t < 2; t++) rp[(t * NT + n) * 32 + lane] = make_float4(acc[t][n][0], acc[t][n][1], acc[t][n][2], acc[t][n][3]);
+                }
+            }
+            __syncthreads();
+            if (s == 0 && act) {
+                for (int s2 = 1; s2 < S; s2++) {
+                    const float4 *rp = red + (size_t)((s2 - 1) * RT + rt) * 2 * NT * 32;
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        if (n >= ntl) break;
+#pragma unroll
+                        for (int t = 0; t < 2; t++) {
+                            const float4 q = rp[(t * NT + n) * 32 + lane];
+                            acc[t][n][0] = __fadd_rn(acc[t][n][0], q.x), acc[t][n][1] = __fadd_rn(acc[t][n][1], q.y);
+                            acc[t][n][2] = __fadd_rn(acc[t][n][2], q.z), acc[t][n][3] = __fadd_rn(acc[t][n][3], q.w);
+                        }
+                    }
+                }
+            }
+        }
+        if (s == 0 && act) {
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                if (n >= ntl) break;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int tk = 8 * n + 2 * c + (k & 1);
+                    if (tk >= nt) continue;
+                    const int64_t slot = off + c0 + tk;
+                    if (GATEUP) {
+                        const int r = 16 * tp + g + 8 * (k >> 1);
+                        if (r < R) P.out[slot * R + r] = mt_swiglu(acc[0][n][k], acc[1][n][k], P.lim, P.p.rw[slot]);
+                    } else {
+#pragma unroll
+                        for (int t = 0; t < 2; t++) {
+                            const int r = 32 * tp + 16 * t + g + 8 * (k >> 1);
+                            if (r < R) P.out[slot * R + r] = acc[t][n][k];
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[t][n][k] = 0.0f;
+    };
+
+    /* steps (iteration, chunk, unit of the slice); loads run DEPTH steps ahead of the compute */
+    auto adv = [&](int &it, int &chk, int &j) {
+        if (++j == nsu) {
+            j = 0;
+            if (++chk == nch) chk = 0, it++;
+        }
+    };
+    mt_buf<V> bf[DEPTH];
+    int lit = 0, lchk = 0, lj = 0, pit = 0, pchk = 0, pj = 0;
+    /* the prefetch runs P.pf units ahead of the loads within a tile pair's slice (not across tile pairs or chunks) */
+#pragma unroll
+    for (int d = 0; d < DEPTH; d++) {
+        load(bf[d], lit, lj, P.pf ? (d ? lj + P.pf : lj + DEPTH) : nsu);
+        adv(lit, lchk, lj);
+    }
+    if (PQ) issue(0);
+    for (int gs0 = 0; gs0 < total; gs0 += DEPTH) {
+#pragma unroll
+        for (int d = 0; d < DEPTH; d++) {
+            if (gs0 + d >= total) break;
+            process(bf[d], pit, pchk, pj);
+            adv(pit, pchk, pj);
+            load(bf[d], lit, lj, P.pf ? lj + P.pf : nsu);
+            adv(lit, lchk, lj);
+        }
+    }
+    if (PQ) mt_cp_wait_all();
+}
+
+/* The act quant of rows [rows, C] into the pre-quantized layout, one warp a row, units in order. dst may be src (h):
+ * a unit's codes overwrite floats of unit u / 2 <= u, already read by the whole warp (__syncwarp), and the scales
+ * (after the codes) are written once the row is read. */
+template <int FMT>
+__global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_t sld, uint8_t *dst, int64_t dld, int rows, int C) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    const int lane = threadIdx.x & 31, row = blockIdx.x * 8 + (threadIdx.x >> 5), NU = C / 128;
+    if (row >= rows) return;
+    const float *sr = src + (int64_t)row * sld;
+    uint8_t *dr = dst + (int64_t)row * dld;
+    float keep0 = 0.0f, keep1 = 0.0f;
+    for (int u = 0; u < NU; u++) {
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) v[q] = sr[u * 128 + q * 32 + lane];
+        __syncwarp();
+        uint16_t term[4][1];
+        const float sc = mt_quant<1>(v, term);
+#pragma unroll
+        for (int q = 0; q < 4; q++) *(uint16_t *)(dr + (int64_t)u * 256 + 2 * mt_slot<FMT>(q * 32 + lane)) = term[q][0];
+        if (u == lane) keep0 = sc;
+        if (u == lane + 32) keep1 = sc;
+    }
+    __syncwarp();
+    float *ds = (float *)(dr + 2 * (int64_t)C);
+    if (lane < NU) ds[lane] = keep0;
+    if (lane + 32 < NU) ds[lane + 32] = keep1;
+}
+
+/* ---- host ---- */
+
+int dsv4_moe_tc_fits(const dsv4_cuda_weight *w) {
+    if (w->fmt != DSV4_WF_MXFP4 && w->fmt != DSV4_WF_NVFP4 && !(w->fmt == DSV4_WF_FP8 && !w->scale_f32)) return 0;
+    if (w->rows < 1 || w->cols < 128 || w->cols % 128 || ((uintptr_t)w->data & 15)) return 0;
+    if (w->act_bf16 && !w->act_quant) return 0; /* BF16 activations: the CUDA-core kernel rounds x / h to bf16 */
+    if (w->fmt == DSV4_WF_NVFP4 && ((w->scale_stride & 1) || ((uintptr_t)w->scale & 1))) return 0;
+    return 1;
+}
+
+typedef void (*mt_fn)(const mt_params);
+
+template <int FMT, int G, int DEC> static mt_fn mt_pick_f(int xt, int nt, int pq) {
+    if (pq) return moe_tc_kernel<FMT, G, 1, 8, 1, 2, DEC>;
+    if (xt == 1) return nt == 1 ? moe_tc_kernel<FMT, G, 1, 1, 0, 2, DEC> : moe_tc_kernel<FMT, G, 1, 2, 0, 2, DEC>;
+    return moe_tc_kernel<FMT, G, 2, 2, 0, 2, DEC>;
+}
+template <int G> static mt_fn mt_pick(int fmt, int xt, int nt, int pq, int alu) {
+    switch (fmt) {
+    case DSV4_WF_FP8: return mt_pick_f<DSV4_WF_FP8, G, 0>(xt, nt, pq);
+    case DSV4_WF_MXFP4: return alu ? mt_pick_f<DSV4_WF_MXFP4, G, 1>(xt, nt, pq) : mt_pick_f<DSV4_WF_MXFP4, G, 0>(xt, nt, pq);
+    default: return mt_pick_f<DSV4_WF_NVFP4, G, 0>(xt, nt, pq);
+    }
+}
+
+/* MXFP4 integer decode (DSV4_MOE_TC_ALU): -1 not tested yet, 0 failed the self-test (convert path), 1 usable */
+static int mt_alu = -1;
+static int mt_mode; /* dsv4_moe_tc_mode */
+
+void dsv4_moe_tc_mode(int mode) { mt_mode = mode; }
+
+int dsv4_moe_tc_selftest(void) {
+    if (mt_alu >= 0) return 0;
+    int *d = NULL, bad = 1;
+    if (cudaMalloc((void **)&d, sizeof(int)) != cudaSuccess) {
+        cudaGetLastError();
+        return dsv4_cuda_fail("moe_experts: self-test buffer");
+    }
+    cudaError_t e = cudaMemset(d, 0, sizeof(int));
+    if (e == cudaSuccess) {
+        moe_tc_selftest<<<1, 256>>>(d);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaMemcpy(&bad, d, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return dsv4_cuda_fail("moe_experts: self-test: %s", cudaGetErrorString(e));
+    }
+    mt_alu = !bad;
+    return 0;
+}
+
+static size_t mt_smem(int xt, int nbuf, int ntok, int tok, int W, int S, int RT, int NT) {
+    size_t b = (size_t)nbuf * xt * ntok * tok * 2 + (size_t)nbuf * ntok * W * 4;
+    b = (b + 15) & ~(size_t)15;
+    if (S > 1) b += (size_t)(S - 1) * RT * 2 * NT * 32 * 16;
+    return b;
+}
+
+/* largest dynamic shared memory set per kernel (cudaFuncSetAttribute once per size increase) */
+static struct {
+    const void *fn;
+    size_t smem;
+} mt_attr[128];
+static int mt_nattr;
+static int mt_set_smem(const void *fn, size_t smem) {
+    if (smem <= 48 * 1024) return 0;
+    int i = 0;
+    while (i < mt_nattr && mt_attr[i].fn != fn) i++;
+    if (i < mt_nattr && mt_attr[i].smem >= smem) return 0;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+        return dsv4_cuda_fail("moe_experts: cannot raise shared memory to %zu bytes", smem);
+    if (i == mt_nattr && mt_nattr < 128) mt_attr[mt_nattr++].fn = fn;
+    if (i < 128) mt_attr[i].smem = smem;
+    return 0;
+}
+
+static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (refused once, or DSV4_MOE_NO_PDL=1) */
+
+template <typename F, typename... A> static int mt_launch(F fn, dim3 grid, size_t smem, cudaStream_t st, const char *what, A... args) {
+    if (mt_no_pdl < 0) {
+        const char *e = getenv("DSV4_MOE_NO_PDL");
+        mt_no_pdl = e && *e && *e != '0';
+    }
+    if (mt_set_smem((const void *)fn, smem)) return -1;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(MT_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = &at;
+    cfg.numAttrs = mt_no_pdl || (mt_mode & DSV4_MOE_TC_NO_PDL) ? 0 : 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, fn, args...);
+    if (e != cudaSuccess && cfg.numAttrs) { /* no programmatic dependent launch here: plain stream order */
+        cudaGetLastError();
+        mt_no_pdl = 1;
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, fn, args...);
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return dsv4_cuda_fail("%s: launch: %s", what, cudaGetErrorString(e));
+    }
+    return dsv4_cuda_check_launch(what);
+}
+
+typedef void (*mq_fn)(const float *, int64_t, uint8_t *, int64_t, int, int);
+static mq_fn mq_pick(int fmt) {
+    return fmt == DSV4_WF_FP8 ? moe_quant_kernel<DSV4_WF_FP8> : moe_quant_kernel<DSV4_WF_MXFP4>; /* NVFP4: MXFP4's order */
+}
+
+int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,
+                    const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out,
+                    float *scratch, cudaStream_t st) {
+    const int NU = C / 128, NRP = gateup ? (R + 15) / 16 : (R + 31) / 32, xt = aq ? 1 : 2;
+    /* column slices from the shape only: enough (tile pair, slice) warps per expert to fill the GPU at batch 1 */
+    int S = 1;
+    while (S < MT_PQW && NU % (2 * S) == 0 && NRP * S < 256) S *= 2;
+    const int RT = MT_WARPS / S, pqw = MT_PQW, pad = fmt == DSV4_WF_FP8 ? 8 : 16; /* pad: conflict-free fragment reads */
+    int pq = aq && NU % pqw == 0 && NU <= 64 && (int64_t)T * K >= (int64_t)MT_PQ_AVG * E;
+    if (pq && mt_smem(1, 2, 64, pqw * 128 + pad, pqw, S, RT, 8) > (size_t)dsv4_cuda_dev.smem_optin) pq = 0;
+    const int NT = pq ? 8 : xt == 1 && T <= 8 ? 1 : 2, ntok = pq ? 64 : (T < 8 * NT ? T : 8 * NT);
+    int W = pq ? pqw : NU;
+    if (!pq) /* one window of units when it fits two blocks an SM, else fewer units a window */
+        while (W > S && mt_smem(xt, 1, ntok, W * 128 + pad, W, S, RT, NT) > 100 * 1024) W -= S;
+    const size_t smem = mt_smem(xt, pq ? 2 : 1, ntok, W * 128 + pad, W, S, RT, NT);
+    if (smem > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("moe_experts: %zu bytes of shared memory do not fit", smem);
+    int gx = (NRP + RT - 1) / RT; /* decode: one tile pair per warp */
+    if (pq) gx = (gx + 3) / 4;    /* prefill: four in a row per warp (fewer block starts) */
+    mt_params prm;
+    prm.WA = WA, prm.WB = WB, prm.x = x, prm.xq = NULL, prm.xq_ld = 0, prm.p = *p, prm.lim = lim, prm.out = out;
+    prm.R = R, prm.C = C, prm.NU = NU, prm.S = S, prm.RT = RT, prm.NRP = NRP, prm.W = W, prm.ntok = ntok;
+    prm.tok = W * 128 + pad, prm.gx = gx, prm.iters = (NRP + gx * RT - 1) / (gx * RT);
+    prm.pf = mt_mode & DSV4_MOE_TC_PF ? MT_PF : 0;
+    if (pq) { /* act quant once: x into the scratch (y), h in place */
+        const int rows = gateup ? T : T * K;
+        const int64_t ld = gateup ? (((int64_t)2 * C + 4 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C;
+        uint8_t *dst = gateup ? (uint8_t *)scratch : (uint8_t *)x;
+        if (mt_launch(mq_pick(fmt), dim3((rows + 7) / 8), 0, st, "moe_experts (act quant)", x, (int64_t)C, dst, ld, rows, C)) return -1;
+        prm.xq = dst, prm.xq_ld = ld;
+    }
+    const int alu = mt_alu == 1 && (mt_mode & DSV4_MOE_TC_ALU);
+    mt_fn fn = gateup ? mt_pick<1>(fmt, xt, NT, pq, alu) : mt_pick<0>(fmt, xt, NT, pq, alu);
+    return mt_launch(fn, dim3(gx, maxslots), smem, st, gateup ? "moe_experts (gate/up, tensor cores)" : "moe_experts (down, tensor cores)", prm);
+}

@@ -1,0 +1,33 @@
+/* moe_tc.h - the routed experts' grouped GEMM on tensor cores (moe_tc.cu), called by dsv4_cuda_moe_experts
+ * (moe_group.cu) for the matrices it takes; the CUDA-core kernel of moe_group.cu does the others. */
+#ifndef DSV4_CUDA_MOE_TC_H
+#define DSV4_CUDA_MOE_TC_H
+
+#include <cuda_runtime.h>
+
+#include "cuda_model.h"
+
+/* 1 when one expert matrix can go through the tensor-core kernel: FP8 with E8M0 block scales, MXFP4 or NVFP4,
+ * columns a multiple of 128, 16-byte aligned rows (NVFP4: 2-byte aligned scale rows), not BF16 activations
+ * (act_bf16 without act_quant: left to the CUDA-core kernel, which rounds x / h to bf16). */
+int dsv4_moe_tc_fits(const dsv4_cuda_weight *w);
+
+/* One grouped launch (plus, on the pre-quantized path, the act-quant pass before it): gateup 1: h [slots, R] =
+ * SwiGLU(x[rows] . WA^T, x[rows] . WB^T) * rw, x [T, C] (y [T*K, D] is the scratch of the pre-quantized codes);
+ * gateup 0: y [slots, R] = h . WA^T, x = h [slots, C] (quantized in place on the pre-quantized path). E experts,
+ * maxslots = min(E, T*K) expert slots in the grid. aq: the weights' act_quant. 0, or -1 on a launch error. */
+/* Once, before the first launch (dsv4_cuda_experts_init): checks on the device that the integer MXFP4 decode equals
+ * the e4m3-convert one bit for bit; the kernels use it only then. 0, or -1 when the test could not run. */
+int dsv4_moe_tc_selftest(void);
+
+/* For comparisons (dsv4_cuda_moe_experts_path): bits of what to change (results are bitwise the same) */
+#define DSV4_MOE_TC_ALU 2    /* the integer MXFP4 decode instead of the e4m3 convert (measured 1-3 % slower) */
+#define DSV4_MOE_TC_PF 4     /* L2 prefetch of weights two units ahead of the register loads (measured 10-25 % slower) */
+#define DSV4_MOE_TC_NO_PDL 8 /* no programmatic dependent launch (measured 3 us slower at batch 1) */
+void dsv4_moe_tc_mode(int mode);
+
+int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,
+                    const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out,
+                    float *scratch, cudaStream_t st);
+
+#endif
