@@ -5,7 +5,11 @@
  *   fixture_check compare FX ID GPU.st CPU.st relative L2 and top-1 of the GPU's logits against the
  *                                             reference and against the CPU engine's; exit 1 when the GPU
  *                                             is further from the reference than the official bf16 run
- *                                             (tests/fixtures/README.md, per scenario). */
+ *                                             (tests/fixtures/README.md, per scenario).
+ *   fixture_check pair NAME GPU.st CPU.st L2 TOP1
+ *                                             a model without reference logits (gpu_test.sh's unseen
+ *                                             synthetic shapes): relative L2 and top-1 of the GPU's logits
+ *                                             against the CPU engine's; exit 1 beyond the given bars. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +115,31 @@ int main(int argc, char **argv) {
         dsv4_st_close(ex), dsv4_st_close(gs), dsv4_st_close(cs);
         return ok ? 0 : 1;
     }
-    fprintf(stderr, "usage: fixture_check list | tokens FX ID OUT.json | compare FX ID GPU.safetensors CPU.safetensors\n");
+    if (argc == 7 && !strcmp(argv[1], "pair")) {
+        dsv4_st *gs = open_st(argv[3]), *cs = open_st(argv[4]);
+        if (!gs || !cs) return 1;
+        const dsv4_st_tensor *gpu = need(gs, "logits", argv[3]), *cpu = need(cs, "logits", argv[4]);
+        if (!gpu || !cpu) return 1;
+        if (gpu->numel != cpu->numel || gpu->ndim != 3) {
+            fprintf(stderr, "fixture_check: %s: logits sizes differ\n", argv[2]);
+            return 1;
+        }
+        const double bl2 = atof(argv[5]), bt = atof(argv[6]);
+        size_t rows = (size_t)(gpu->shape[0] * gpu->shape[1]), V = (size_t)gpu->shape[2];
+        const float *g = (const float *)gpu->data, *c = (const float *)cpu->data;
+        double l2 = dsv4_rel_l2(g, c, rows * V), t1 = top1_agree(g, c, rows, (int)V);
+        long first = -1;
+        for (size_t i = 0; i < rows && first < 0; i++)
+            if (dsv4_rel_l2(g + i * V, c + i * V, V) > 1e-4) first = (long)i;
+        char where[64] = "-";
+        if (first >= 0) snprintf(where, sizeof where, "b%ld t%ld", first / (long)gpu->shape[1], first % (long)gpu->shape[1]);
+        int ok = l2 <= bl2 && t1 >= bt;
+        printf("%-40s gpu-vs-cpu rel_l2 %.3e top1 %.4f (first off: %s) | bar %.3f %.3f  %s\n", argv[2], l2, t1, where, bl2, bt,
+               ok ? "PASS" : "FAIL");
+        dsv4_st_close(gs), dsv4_st_close(cs);
+        return ok ? 0 : 1;
+    }
+    fprintf(stderr, "usage: fixture_check list | tokens FX ID OUT.json | compare FX ID GPU.safetensors CPU.safetensors | "
+                    "pair NAME GPU.safetensors CPU.safetensors L2 TOP1\n");
     return 2;
 }
