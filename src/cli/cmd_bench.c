@@ -35,6 +35,10 @@
 #endif
 
 #define MAXL 16
+#define NTYPES 8 /* layer types of an op profile's split */
+#ifdef DSV4_CUDA
+_Static_assert(DSV4_PROF_MAXTYPES <= NTYPES, "a profile split has more layer types than dec_res holds");
+#endif
 
 typedef struct {
     const char *synthetic, *experts, *dir, *device, *json_file;
@@ -106,6 +110,35 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+#ifdef DSV4_CUDA
+/* Whole-model layers time from the measured layers time t of the N measured layers, split by layer type as an op
+ * profile splits it (n types: compress ratio[k], ms[k]; other_ms: the layers part outside any layer): one layer of
+ * type k takes t * ms[k] / total / (its count among the measured layers), a type not measured the measured layers'
+ * average; summed over the released model's layers, plus the outside share. The per-type times go to tt (if not
+ * NULL). -1 when the split is empty. n <= NTYPES (the static assertion above). */
+static double proj_layers(double t, int n, const int *ratio, const double *ms, double other_ms, const dsv4_bench_shape *s,
+                          int N, double *tt) {
+    double total = other_ms;
+    for (int k = 0; k < n; k++) total += ms[k];
+    if (!(total > 0)) return -1;
+    const double f = t / total, avg = (t - f * other_ms) / N;
+    double per[NTYPES];
+    for (int k = 0; k < n; k++) {
+        int cnt = 0;
+        for (int L = 0; L < N; L++) cnt += s->ratio[L] == ratio[k];
+        per[k] = cnt ? f * ms[k] / cnt : avg;
+        if (tt) tt[k] = per[k];
+    }
+    double proj = f * other_ms;
+    for (int L = 0; L < s->n_layers_full; L++) {
+        int k = 0;
+        while (k < n && ratio[k] != s->ratio[L]) k++;
+        proj += k < n ? per[k] : avg;
+    }
+    return proj;
+}
+#endif
+
 static uint64_t g_rng = 0x1234567ull;
 static int32_t rand_tok(int V) {
     g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -131,8 +164,8 @@ typedef struct {
     double bytes, bytes_dense, bytes_experts, bytes_head, bytes_kv, kv_engine, uniq;
     double roof, ratio;
     double proj_step, proj_bytes, proj_roof, proj_ratio;
-    int ntypes, type_ratio[8];        /* per layer type (compress ratio): time of one such layer, seconds */
-    double t_type[8];                 /* (the replay's layers time split as the op profile splits it) */
+    int ntypes, type_ratio[NTYPES];  /* per layer type (compress ratio): time of one such layer, seconds */
+    double t_type[NTYPES];                 /* (the replay's layers time split as the op profile splits it) */
 } dec_res;
 
 /* multiply-adds of attention (QK + PV) and of the indexer scores for one query at position p */
@@ -396,19 +429,9 @@ int dsv4_cmd_bench(int argc, char **argv) {
         pf_tflops = 2 * pf_macs / pf_t / 1e12;
         pf_proj = pf_t / N * s.n_layers_full;
 #ifdef DSV4_CUDA
-        double lay = pf_split.other_ms;
-        for (int k = 0; k < pf_split.n; k++) lay += pf_split.ms[k];
-        if (lay > 0) { /* per layer type, as for decode below; the head's share (one row) stays in "other" */
-            const double f = pf_t / lay;
-            pf_proj = f * pf_split.other_ms;
-            pf_how = "by layer type";
-            for (int L = 0; L < s.n_layers_full; L++) {
-                int cnt = 0, k = 0;
-                while (k < pf_split.n && pf_split.ratio[k] != s.ratio[L]) k++;
-                for (int j = 0; j < N && k < pf_split.n; j++) cnt += s.ratio[j] == s.ratio[L];
-                pf_proj += cnt ? f * pf_split.ms[k] / cnt : f * (lay - pf_split.other_ms) / N;
-            }
-        }
+        /* per layer type, as for decode below; the head's share (one row) stays in "other" */
+        double pp = proj_layers(pf_t, pf_split.n, pf_split.ratio, pf_split.ms, pf_split.other_ms, &s, N, NULL);
+        if (pp > 0) pf_proj = pp, pf_how = "by layer type";
 #endif
         if (!o.json)
             fprintf(stderr, "dsv4 bench: prefill %d tokens: %.1f ms\n", o.prompt, pf_t * 1e3);
@@ -495,27 +518,13 @@ int dsv4_cmd_bench(int argc, char **argv) {
             R->proj_bytes += head_bytes;
             R->proj_step = R->t_layers / N * s.n_layers_full + R->t_head;
 #ifdef DSV4_CUDA
-            double prof_layers = 0;
-            if (have_split) {
-                prof_layers = sp.other_ms;
-                for (int k = 0; k < sp.n; k++) prof_layers += sp.ms[k];
-            }
-            if (prof_layers > 0) { /* per-layer time by type x the whole model's layer counts */
-                const double f = R->t_layers / prof_layers, avg = (R->t_layers - f * sp.other_ms) / N;
-                int cnt[DSV4_PROF_MAXTYPES] = {0};
-                for (int L = 0; L < N; L++)
-                    for (int k = 0; k < sp.n; k++) cnt[k] += sp.ratio[k] == s.ratio[L];
-                R->ntypes = sp.n < 8 ? sp.n : 8;
-                for (int k = 0; k < R->ntypes; k++)
-                    R->type_ratio[k] = sp.ratio[k], R->t_type[k] = cnt[k] ? f * sp.ms[k] / cnt[k] : avg;
-                double proj = f * sp.other_ms;
-                for (int L = 0; L < s.n_layers_full; L++) {
-                    double t = avg;
-                    for (int k = 0; k < R->ntypes; k++)
-                        if (sp.ratio[k] == s.ratio[L] && cnt[k]) t = R->t_type[k];
-                    proj += t;
+            if (have_split) { /* per-layer time by type x the whole model's layer counts */
+                double pl = proj_layers(R->t_layers, sp.n, sp.ratio, sp.ms, sp.other_ms, &s, N, R->t_type);
+                if (pl > 0) {
+                    R->ntypes = sp.n;
+                    for (int k = 0; k < sp.n; k++) R->type_ratio[k] = sp.ratio[k];
+                    R->proj_step = pl + R->t_head;
                 }
-                R->proj_step = proj + R->t_head;
             }
 #endif
             if (bw > 0) {
