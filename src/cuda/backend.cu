@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cuda_profiler_api.h>
 #include "common.cuh"
 
 dsv4_cuda_props dsv4_cuda_dev = {132, 48 * 1024};
@@ -152,6 +153,10 @@ void dsv4_cuda_event_free(void *ev) {
 
 int dsv4_cuda_event_record(void *ev, void *stream) {
     return cuda_ok(cudaEventRecord((cudaEvent_t)ev, DSV4_STREAM(stream)), "event record");
+}
+
+void dsv4_cuda_profiler_range(int on) {
+    (void)(on ? cudaProfilerStart() : cudaProfilerStop()); /* no-ops without a profiler attached */
 }
 
 double dsv4_cuda_event_ms(void *e0, void *e1) {

@@ -69,6 +69,9 @@ void dsv4_cuda_graph_free(void *exec);
 void *dsv4_cuda_event_new(void); /* NULL on failure */
 void dsv4_cuda_event_free(void *ev);
 int dsv4_cuda_event_record(void *ev, void *stream);
+/* Opens / closes the range an external profiler records (Nsight Compute's --profile-from-start off):
+ * bench/ncu_profile.sh profiles exactly the runs of `dsv4 bench --profile`. */
+void dsv4_cuda_profiler_range(int on);
 /* Milliseconds between two recorded events (waits for the second); negative on error. */
 double dsv4_cuda_event_ms(void *e0, void *e1);
 

@@ -197,7 +197,7 @@ int dsv4_cuda_decode_replay_ms(dsv4_cuda_model *g, int batch, int iters, double 
 int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out, dsv4_cuda_prof_split *sp) {
     if (batch < 1 || batch > GB_MAX || iters < 1) return -1;
     const int k = bucket_of(batch), B = 1 << k;
-    if (g->last_bucket != k || gprof_open(g)) return -1;
+    if (g->last_bucket != k || gprof_open(g, "decode")) return -1;
     gws w;
     gpu_ws_carve(g, B, &w);
     dsv4_cuda_batch b = gpu_batch_at(g, B, B);
@@ -214,7 +214,7 @@ int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out
     return rc ? -1 : 0;
 }
 
-int dsv4_cuda_profile_open(dsv4_cuda_model *g) { return gprof_open(g); }
+int dsv4_cuda_profile_open(dsv4_cuda_model *g) { return gprof_open(g, "prefill"); }
 void dsv4_cuda_profile_close(dsv4_cuda_model *g, FILE *out, const char *title, dsv4_cuda_prof_split *sp) {
     gprof_close(g, out, title, sp);
 }

@@ -124,7 +124,9 @@ int gpu_decode(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const i
                float *logits, int mode);
 
 /* op_profile.c: per-op times of forwards run without graphs while a profile is open */
-int gprof_open(dsv4_cuda_model *g);
+/* what: "decode" or "prefill"; an external profiler's range (dsv4_cuda_profiler_range) is opened for it unless
+ * DSV4_PROFILER_RANGE names the other one (bench/ncu_profile.sh) */
+int gprof_open(dsv4_cuda_model *g, const char *what);
 void gprof_run_begin(dsv4_cuda_model *g);            /* a new run (forward) starts */
 void gprof_layer(dsv4_cuda_model *g, int ltype);     /* the ops that follow belong to a layer of this ratio (-1: none, -2: head) */
 void gprof_mark(dsv4_cuda_model *g, const char *call, int line); /* after each op */

@@ -31,6 +31,7 @@ struct gprof {
     gacc *acc;
     int nacc, capacc;
     int runs, ltype;
+    int range; /* an external profiler's range is open */
 };
 
 static int acc_add(struct gprof *p, const gmark *m, double ms) {
@@ -59,10 +60,14 @@ static void flush(struct gprof *p) {
     p->nmk = 0;
 }
 
-int gprof_open(dsv4_cuda_model *g) {
+int gprof_open(dsv4_cuda_model *g, const char *what) {
     if (g->prof) return 0;
     g->prof = calloc(1, sizeof *g->prof);
-    return g->prof ? 0 : -1;
+    if (!g->prof) return -1;
+    const char *only = getenv("DSV4_PROFILER_RANGE");
+    g->prof->range = !only || !*only || !strcmp(only, what);
+    if (g->prof->range) dsv4_cuda_profiler_range(1);
+    return 0;
 }
 
 void gprof_layer(dsv4_cuda_model *g, int ltype) {
@@ -134,6 +139,7 @@ void gprof_close(dsv4_cuda_model *g, FILE *out, const char *title, dsv4_cuda_pro
     struct gprof *p = g->prof;
     if (!p) return;
     flush(p);
+    if (p->range) dsv4_cuda_profiler_range(0);
     const int runs = p->runs > 0 ? p->runs : 1;
     double total = 0;
     int kernels = 0;
