@@ -43,6 +43,10 @@ int dsv4_set_max_context(dsv4_model *m, int n, char *err, size_t errcap);
 dsv4_info dsv4_model_info(const dsv4_model *m);
 
 dsv4_seq *dsv4_seq_new(dsv4_model *m); /* NULL when out of memory */
+/* A new sequence that holds a copy of src's state (every cache of the tokens src has processed): fed the same
+ * tokens, it gives bitwise what src gives; fed others, what a new sequence given src's tokens and then those would
+ * (a shared prompt forked into several continuations). NULL when out of memory. */
+dsv4_seq *dsv4_seq_fork(const dsv4_seq *src);
 void dsv4_seq_free(dsv4_seq *s);
 int dsv4_seq_pos(const dsv4_seq *s);    /* tokens processed so far */
 /* Declares that positions below `end` form one prompt, even when it is fed in several chunks. The

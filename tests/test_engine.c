@@ -109,6 +109,61 @@ Test(engine, batch_invariance_mixed_positions, .timeout = 300) {
     }
 }
 
+/* A fork continues exactly as its source would: the source and its fork, fed different continuations after a
+ * shared prompt (longer than the window, past several compressor emissions), give bitwise the logits of fresh
+ * sequences fed prompt + continuation with the same chunks; the source is freed before the fork finishes. */
+static void check_fork(const char *fx) {
+    dsv4_model *m = load_fixture(fx);
+    cr_assert(m);
+    const int V = dsv4_model_info(m).vocab_size, P = 37, N = 21;
+    int32_t *a = random_tokens(P + N, V, 5), *b = random_tokens(P + N, V, 6);
+    memcpy(b, a, sizeof(int32_t) * P); /* b: the same prompt, another continuation */
+    float *ref_a = malloc(sizeof(float) * (size_t)(P + N) * V), *ref_b = malloc(sizeof(float) * (size_t)(P + N) * V);
+    float *lg = malloc(sizeof(float) * (size_t)P * V), *got_a = malloc(sizeof(float) * (size_t)N * V),
+          *got_b = malloc(sizeof(float) * (size_t)N * V);
+    cr_assert(!run_schedule(m, a, 1, P + N, P, 10, ref_a));
+    cr_assert(!run_schedule(m, b, 1, P + N, P, 10, ref_b));
+    char err[1024];
+    dsv4_seq *s = dsv4_seq_new(m);
+    dsv4_seq_set_prefill(s, P);
+    for (int p = 0; p < P; p += 10) {
+        const int32_t *tp = a + p;
+        int n = P - p < 10 ? P - p : 10;
+        cr_assert(!dsv4_forward(m, 1, &s, &tp, &n, lg, DSV4_LOGITS_ALL, err, sizeof err), "%s", err);
+    }
+    dsv4_seq *f = dsv4_seq_fork(s);
+    cr_assert(f);
+    cr_expect(dsv4_seq_pos(f) == P);
+    for (int i = 0; i < N; i++) {
+        dsv4_seq *both[2] = {s, f};
+        const int32_t *tp[2] = {a + P + i, b + P + i};
+        int nt[2] = {1, 1};
+        cr_assert(!dsv4_forward(m, 2, both, tp, nt, lg, DSV4_LOGITS_ALL, err, sizeof err), "%s", err);
+        memcpy(got_a + (size_t)i * V, lg, sizeof(float) * (size_t)V);
+        memcpy(got_b + (size_t)i * V, lg + V, sizeof(float) * (size_t)V);
+        if (i == N / 2) { /* the source goes; the fork must not notice */
+            cr_expect(!memcmp(got_a, ref_a + (size_t)P * V, sizeof(float) * (size_t)(N / 2 + 1) * V),
+                      "%s: the source differs after the fork", fx);
+            dsv4_seq_free(s);
+            s = dsv4_seq_fork(f); /* and a fork of the fork carries on the source's role with b's tokens */
+            cr_assert(s);
+            memcpy(a, b, sizeof(int32_t) * (size_t)(P + N));
+            memcpy(ref_a, ref_b, sizeof(float) * (size_t)(P + N) * V);
+        }
+    }
+    cr_expect(!memcmp(got_b, ref_b + (size_t)P * V, sizeof(float) * (size_t)N * V), "%s: the fork differs", fx);
+    cr_expect(!memcmp(got_a + (size_t)(N / 2 + 1) * V, ref_a + (size_t)(P + N / 2 + 1) * V,
+                      sizeof(float) * (size_t)(N - N / 2 - 1) * V), "%s: the fork of the fork differs", fx);
+    dsv4_seq_free(s), dsv4_seq_free(f);
+    free(a), free(b), free(ref_a), free(ref_b), free(lg), free(got_a), free(got_b);
+    dsv4_free(m);
+}
+
+Test(engine, fork_continues_exactly, .timeout = 300) {
+    check_fork("tiny-bf16");
+    check_fork("small-fp8-fp4");
+}
+
 Test(engine, bad_requests) {
     dsv4_model *m = load_fixture("tiny-bf16");
     cr_assert(m);

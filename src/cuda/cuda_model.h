@@ -43,6 +43,8 @@ void dsv4_cuda_set_graphs(dsv4_cuda_model *g, int on);
 int dsv4_cuda_graphs_captured(const dsv4_cuda_model *g);
 
 dsv4_cuda_seq *dsv4_cuda_seq_new(dsv4_cuda_model *g); /* NULL when out of device memory */
+/* A new sequence holding a copy of src's state (enqueued on the model's stream, after src's steps). */
+dsv4_cuda_seq *dsv4_cuda_seq_fork(const dsv4_cuda_seq *src);
 void dsv4_cuda_seq_free(dsv4_cuda_seq *s);
 int dsv4_cuda_seq_pos(const dsv4_cuda_seq *s);
 /* As dsv4_seq_set_prefill (the indexer's top-k ranks the list the one-shot prefill would). */

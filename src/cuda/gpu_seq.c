@@ -87,6 +87,22 @@ fail:
     return NULL;
 }
 
+dsv4_cuda_seq *dsv4_cuda_seq_fork(const dsv4_cuda_seq *src) {
+    dsv4_cuda_seq *s = dsv4_cuda_seq_new(src->g);
+    if (!s) return NULL;
+    /* the same layout at another address: the header and layer table stay the new sequence's own (they hold
+     * its pointers), every cache and pending row after them is copied, then the device length */
+    const size_t head = al256(sizeof(dsv4_cuda_seqdev)) + al256(sizeof(dsv4_cuda_lstate) * (size_t)src->g->m->cfg.n_layers);
+    const size_t bytes = layout(src->g, NULL, NULL, NULL, NULL, NULL, NULL);
+    if (dsv4_cuda_copy((uint8_t *)s->mem + head, (const uint8_t *)src->mem + head, bytes - head, src->g->stream) ||
+        dsv4_cuda_copy(&s->dev->len, &src->dev->len, sizeof s->dev->len, src->g->stream)) {
+        dsv4_cuda_seq_free(s);
+        return NULL;
+    }
+    s->pos = src->pos, s->prefill_end = src->prefill_end;
+    return s;
+}
+
 void dsv4_cuda_seq_free(dsv4_cuda_seq *s) {
     if (!s) return;
     /* a step in flight may still use the state */

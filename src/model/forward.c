@@ -56,6 +56,7 @@ dsv4_info dsv4_model_info(const dsv4_model *m) {
 }
 
 dsv4_seq *dsv4_seq_new(dsv4_model *m) { return dsv4_seq_state_new(m); }
+dsv4_seq *dsv4_seq_fork(const dsv4_seq *src) { return src ? dsv4_seq_state_fork(src) : NULL; }
 void dsv4_seq_free(dsv4_seq *s) { dsv4_seq_state_free(s); }
 int dsv4_seq_pos(const dsv4_seq *s) {
 #ifdef DSV4_CUDA

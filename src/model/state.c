@@ -59,6 +59,49 @@ fail:
     return NULL;
 }
 
+static int cmp_copy(dsv4_cmp_state *d, const dsv4_cmp_state *c, const dsv4_compressor *cm) {
+    const int cc = cm->overlap ? 2 : 1;
+    const size_t n = (size_t)cc * cm->ratio * cc * cm->d;
+    memcpy(d->kv, c->kv, n * sizeof(float));
+    memcpy(d->sc, c->sc, n * sizeof(float));
+    if (c->n > 0) {
+        if (dsv4_cmp_state_reserve(d, cm->d, c->n)) return -1;
+        memcpy(d->ent, c->ent, sizeof(float) * (size_t)c->n * cm->d);
+    }
+    d->n = c->n;
+    return 0;
+}
+
+dsv4_seq_state *dsv4_seq_state_fork(const dsv4_seq_state *src) {
+    const dsv4_model *m = src->m;
+#ifdef DSV4_CUDA
+    if (src->gpu) {
+        dsv4_seq_state *s = calloc(1, sizeof *s);
+        if (!s) return NULL;
+        s->m = m;
+        if (!(s->gpu = dsv4_cuda_seq_fork(src->gpu))) {
+            free(s);
+            return NULL;
+        }
+        s->pos = src->pos, s->prefill_end = src->prefill_end;
+        return s;
+    }
+#endif
+    dsv4_seq_state *s = dsv4_seq_state_new(m);
+    if (!s) return NULL;
+    for (int L = 0; L < m->cfg.n_layers; L++) {
+        const dsv4_layer *ly = &m->layers[L];
+        memcpy(s->ls[L].win, src->ls[L].win, sizeof(float) * (size_t)m->cfg.window_size * m->cfg.head_dim);
+        if ((ly->ratio > 0 && cmp_copy(&s->ls[L].cmp, &src->ls[L].cmp, &ly->cmp)) ||
+            (ly->ratio == 4 && cmp_copy(&s->ls[L].idx, &src->ls[L].idx, &ly->idx_cmp))) {
+            dsv4_seq_state_free(s);
+            return NULL;
+        }
+    }
+    s->pos = src->pos, s->prefill_end = src->prefill_end;
+    return s;
+}
+
 static void cmp_free(dsv4_cmp_state *c) {
     free(c->kv);
     free(c->sc);

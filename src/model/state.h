@@ -28,6 +28,8 @@ typedef struct dsv4_seq_state {
 
 dsv4_seq_state *dsv4_seq_state_new(const dsv4_model *m);
 void dsv4_seq_state_free(dsv4_seq_state *s);
+/* A new state holding a copy of src's (dsv4_seq_fork); NULL when out of memory. */
+dsv4_seq_state *dsv4_seq_state_fork(const dsv4_seq_state *src);
 /* Makes room for `n` more entries in a compressor state; -1 when out of memory. */
 int dsv4_cmp_state_reserve(dsv4_cmp_state *c, int d, int n);
 

@@ -134,6 +134,35 @@ static void test_sampling(dsv4_model *m, const char *fx, int graphs, const dsv4_
     free(prompt), free(lg);
 }
 
+/* Prompt (seed 77, P tokens), then steps decode tokens of seed cs; sequences: one fresh (fork 0), or the prompt
+ * prefilled once and forked twice (fork 1: three sequences decoding together, the watched one a fork, the others
+ * fed other continuations). out [steps, V]: the logits of the watched one. */
+static int run_fork(dsv4_model *m, int fork, int P, int steps, float *out) {
+    const int V = dsv4_model_info(m).vocab_size;
+    char err[1024];
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)P), nx[3];
+    for (int p = 0; p < P; p++) tok[p] = tok_at(77, p, V);
+    dsv4_seq *sq[3] = {dsv4_seq_new(m), NULL, NULL};
+    const int32_t *tp[3] = {tok, nx + 1, nx + 2};
+    int nt[3] = {P, 1, 1}, rc = !sq[0];
+    float *lg = malloc(sizeof(float) * (size_t)V * 3);
+    if (!rc) dsv4_seq_set_prefill(sq[0], P);
+    if (!rc && dsv4_forward(m, 1, sq, tp, nt, NULL, DSV4_LOGITS_NONE, err, sizeof err)) fprintf(stderr, "prefill: %s\n", err), rc = -1;
+    const int nb = fork ? 3 : 1, w = fork ? 1 : 0;
+    for (int i = 1; i < nb && !rc; i++)
+        if (!(sq[i] = dsv4_seq_fork(sq[0]))) rc = -1;
+    for (int k = 0; k < steps && !rc; k++) {
+        for (int i = 0; i < nb; i++) nx[i] = tok_at(i == w ? 1000 : 2000 + i, P + k, V), tp[i] = nx + i, nt[i] = 1;
+        if (dsv4_forward(m, nb, sq, tp, nt, lg, DSV4_LOGITS_LAST, err, sizeof err)) fprintf(stderr, "decode: %s\n", err), rc = -1;
+        else memcpy(out + (size_t)k * V, lg + (size_t)w * V, sizeof(float) * (size_t)V);
+        if (k == 0 && fork) dsv4_seq_free(sq[0]), sq[0] = NULL; /* the source goes; its forks carry on */
+        if (k == 0 && fork) sq[0] = dsv4_seq_fork(sq[2]), rc = !sq[0];
+    }
+    for (int i = 0; i < 3; i++) dsv4_seq_free(sq[i]);
+    free(tok), free(lg);
+    return rc;
+}
+
 static int test_model(const char *dir) {
     char err[1024];
     const char *fx = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
@@ -189,6 +218,14 @@ static int test_model(const char *dir) {
         same(fx, "batch invariance: alone == in a batch of 5", a[1], b5[1], n);
         same(fx, "batch invariance: alone == in a batch of 8", a[1], b8[1], n);
         for (int gr = 0; gr < 2; gr++) free(a[gr]), free(b3[gr]), free(b5[gr]), free(b8[gr]);
+    }
+    { /* dsv4_seq_fork: a forked prompt continues as a fresh sequence fed the same tokens (graphs on) */
+        float *fr = malloc(sizeof(float) * n), *fk = malloc(sizeof(float) * n);
+        dsv4_cuda_set_graphs(m->gpu, 1);
+        int frc = run_fork(m, 0, P, steps, fr) || run_fork(m, 1, P, steps, fk);
+        report(!frc, "fork runs");
+        if (!frc) same(fx, "a fork (in a batch of 3 forks of one prompt) == a fresh sequence", fr, fk, n);
+        free(fr), free(fk);
     }
     dsv4_free(m);
 
