@@ -50,19 +50,31 @@ static void *take(uint8_t *base, size_t *o, size_t bytes) {
 }
 
 /* the largest input / output features of the FP8 act-quant linears (the GEMM workspace's K and N) */
-static void gemm_dims(const dsv4_cuda_model *g, int *kmax, int *nmax) {
-    *kmax = *nmax = 0;
+/* The prefill GEMMs' workspace: the FP8 act-quant weights' largest K and N, and the split path's (weights without act
+ * quant that it takes) largest K and FP8 view rows (wo_a: one group's) */
+static size_t gemm_ws_need(const dsv4_cuda_model *g, int T) {
+    int kq = 0, nq = 0, ks = 0, nd = 0;
     for (int L = 0; L < g->m->cfg.n_layers; L++) {
         const glayer *gl = &g->L[L];
         const dsv4_cuda_weight *ws[15] = {&gl->wq_a, &gl->wq_b, &gl->wkv, &gl->wo_a, &gl->wo_b, &gl->cmp.wkv, &gl->cmp.wgate,
                                           &gl->idx_cmp.wkv, &gl->idx_cmp.wgate, &gl->idx_wq_b, &gl->idx_wproj, &gl->gate,
                                           &gl->sw1, &gl->sw2, &gl->sw3};
-        for (int i = 0; i < 15; i++)
-            if (ws[i]->data && ws[i]->fmt == DSV4_WF_FP8 && ws[i]->act_quant) {
-                if (ws[i]->cols > *kmax) *kmax = ws[i]->cols;
-                if (ws[i]->rows > *nmax) *nmax = ws[i]->rows;
+        for (int i = 0; i < 15; i++) {
+            const dsv4_cuda_weight *wt = ws[i];
+            if (!wt->data) continue;
+            if (wt->fmt == DSV4_WF_FP8 && wt->act_quant) {
+                if (wt->cols > kq) kq = wt->cols;
+                if (wt->rows > nq) nq = wt->rows;
+            } else if (dsv4_cuda_linear_gemm_split_fits(wt, T)) {
+                const int rows = wt == &gl->wo_a && g->m->cfg.o_groups > 1 ? g->m->cfg.o_lora_rank : wt->rows;
+                if (wt->cols > ks) ks = wt->cols;
+                if (wt->fmt == DSV4_WF_FP8 && rows > nd) nd = rows;
             }
+        }
     }
+    const size_t a = kq > 0 ? dsv4_cuda_linear_gemm_ws_bytes(T, kq, nq) : 0;
+    const size_t b = ks > 0 ? dsv4_cuda_linear_gemm_split_ws_bytes(T, ks, nd) : 0;
+    return a > b ? a : b;
 }
 
 static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) {
@@ -117,10 +129,9 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     w->plan.tslot = take(base, &o, sizeof(int) * tgk);
     w->plan.rw = take(base, &o, sizeof(float) * tgk);
     if (T >= DSV4_LINEAR_GEMM_MIN_T && dsv4_cuda_linear_gemm_enabled()) {
-        int km, nm;
-        gemm_dims(g, &km, &nm);
-        if (km > 0) {
-            w->gemm_wsb = dsv4_cuda_linear_gemm_ws_bytes(T, km, nm);
+        const size_t need = gemm_ws_need(g, T);
+        if (need > 0) {
+            w->gemm_wsb = need;
             w->gemm_ws = take(base, &o, w->gemm_wsb);
         }
     }
@@ -166,14 +177,30 @@ dsv4_cuda_batch gpu_batch_at(const dsv4_cuda_model *g, int T, int S) {
 
 /* ---- the layers ---- */
 
-/* A linear of the pass: FP8 act-quant weights through the tensor-core GEMM in passes that allow it (w->gemm:
- * not decode steps, T large enough), everything else (and whatever the GEMM declines) through the GEMV. */
-static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
+/* Whether a linear of the pass goes to a tensor-core GEMM (w->gemm: not a decode step, T large enough): the FP8 one
+ * for FP8 act-quant weights (contiguous rows only), the split bf16 one for BF16 / FP8 weights without act quant. */
+static int gemm_takes(const gws *w, const dsv4_cuda_weight *wt, int T, int strided) {
+    return w->gemm && w->gemm_ws &&
+           ((!strided && dsv4_cuda_linear_gemm_fits(wt, T)) || dsv4_cuda_linear_gemm_split_fits(wt, T));
+}
+
+/* A linear of the pass (x rows ldx apart, y rows ldy; 0: contiguous): a GEMM where gemm_takes, everything else (and
+ * whatever a GEMM declines) through the GEMV. */
+static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int64_t ldx, int T, float *y,
+                  int64_t ldy) {
     if (w->gemm && w->gemm_ws) {
-        int r = dsv4_cuda_linear_gemm(wt, x, T, y, w->gemm_ws, w->gemm_wsb, g->stream);
+        int r = 1;
+        if (!ldx && !ldy) r = dsv4_cuda_linear_gemm(wt, x, T, y, w->gemm_ws, w->gemm_wsb, g->stream);
+        if (r > 0) r = dsv4_cuda_linear_gemm_split(wt, x, ldx, T, y, ldy, w->gemm_ws, w->gemm_wsb, g->stream);
         if (r <= 0) return r;
     }
-    return dsv4_cuda_linear(wt, x, 0, T, y, g->stream);
+    if (!ldx && !ldy) return dsv4_cuda_linear(wt, x, 0, T, y, g->stream);
+    dsv4_cuda_linear_job j = {*wt, x, ldx, y, ldy};
+    return dsv4_cuda_linear_multi(&j, 1, 0, T, g->stream);
+}
+
+static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
+    return lin_ld(g, w, wt, x, 0, T, y, 0);
 }
 
 /* A job of a grouped linear: x, y contiguous rows (fp32) */
@@ -187,8 +214,8 @@ static dsv4_cuda_linear_job ljob(const dsv4_cuda_weight *wt, const float *x, flo
 static int lin_multi(dsv4_cuda_model *g, const gws *w, dsv4_cuda_linear_job *jb, int n, int T) {
     int k = 0;
     for (int i = 0; i < n; i++) {
-        if (w->gemm && w->gemm_ws && !jb[i].ldx && !jb[i].ldy && dsv4_cuda_linear_gemm_fits(&jb[i].w, T)) {
-            if (lin(g, w, &jb[i].w, jb[i].x, T, jb[i].y)) return -1;
+        if (gemm_takes(w, &jb[i].w, T, jb[i].ldx || jb[i].ldy)) {
+            if (lin_ld(g, w, &jb[i].w, jb[i].x, jb[i].ldx, T, jb[i].y, jb[i].ldy)) return -1;
         } else {
             jb[k++] = jb[i];
         }
@@ -299,6 +326,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
                 jb[i] = ljob(&gl->wo_a, w->o + (size_t)(g0 + i) * gin, w->z + (size_t)(g0 + i) * Ro);
                 jb[i].w.row0 += (g0 + i) * Ro, jb[i].w.rows = Ro;
                 jb[i].ldx = (int64_t)H * Dh, jb[i].ldy = (int64_t)G * Ro;
+            }
+            if (gemm_takes(w, &jb[0].w, T, 1)) { /* the split GEMM reads o and writes z in place */
+                for (int i = 0; i < ng; i++) CK(lin_ld(g, w, &jb[i].w, jb[i].x, jb[i].ldx, T, jb[i].y, jb[i].ldy));
+                continue;
             }
             if (!(w->gemm && w->gemm_ws && dsv4_cuda_linear_gemm_fits(&jb[0].w, T))) {
                 CK(dsv4_cuda_linear_multi(jb, ng, 0, T, st));

@@ -74,6 +74,38 @@ __global__ void __launch_bounds__(256) lg_prep(const float *__restrict__ x, int 
     }
 }
 
+/* Split path: x (row stride ldx) -> nt bf16 planes [nt][T][K] (plane stride ps elements): hi = bf16(x), then
+ * mid = bf16(x - hi), lo = bf16(x - hi - mid) (each difference exact in fp32), so hi + mid + lo holds x to ~2^-24;
+ * nt = 1 (BF16 activations): hi alone, x rounded to nearest even as dsv4_cuda_linear's act_bf16. */
+__global__ void __launch_bounds__(256) lg_split(const float *__restrict__ x, int64_t ldx, int T, int K, int nt, int64_t ps,
+                                                __nv_bfloat16 *__restrict__ out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)T * K) return;
+    const int t = (int)(i / K), k = (int)(i - (int64_t)t * K);
+    const float v = __ldg(x + (int64_t)t * ldx + k);
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    out[i] = h;
+    if (nt > 1) {
+        const float r = v - __bfloat162float(h);
+        const __nv_bfloat16 m = __float2bfloat16_rn(r);
+        out[ps + i] = m;
+        if (nt > 2) out[2 * ps + i] = __float2bfloat16_rn(r - __bfloat162float(m));
+    }
+}
+
+/* Split path, FP8 weights (E8M0 block scales): the view's rows [N, K] -> bf16, each value code x 2^e exactly. */
+__global__ void __launch_bounds__(256) lg_deq_fp8(const uint8_t *__restrict__ q, const uint8_t *__restrict__ sc, int64_t sstride,
+                                                  int row0, int N, int K, __nv_bfloat16 *__restrict__ out) {
+    const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i >= (int64_t)N * K) return;
+    const int n = (int)(i / K), k = (int)(i - (int64_t)n * K);
+    const int r = row0 + n;
+    const float s = dev_e8m0(__ldg(sc + (int64_t)(r / 128) * sstride + k / 128));
+    const uint32_t c = __ldg((const uint32_t *)(q + (int64_t)r * K + k));
+#pragma unroll
+    for (int j = 0; j < 4; j++) out[i + j] = __float2bfloat16_rn(dev_e4m3((uint8_t)(c >> (8 * j))) * s);
+}
+
 /* ---- cuBLASLt, opened at run time ---- */
 
 static decltype(&cublasLtCreate) f_create;
@@ -143,7 +175,8 @@ static int lg_open(void) {
 
 /* One shape's plan: descriptors and the heuristic's algorithms (the first that runs is kept). */
 typedef struct lg_plan {
-    int N, K, T4, ala, ald; /* key (ala / ald: alignment of A and D in bytes, <= 256) */
+    int kind, N, K, T4, ldd, ala, ald; /* key (kind 0: block-scaled FP8, 1: bf16 x bf16 -> fp32, D rows ldd apart;
+                                        * ala / ald: alignment of A and D in bytes, <= 256) */
     int state;              /* 1 ready, -1 cuBLASLt has no algorithm for it */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, ld;
@@ -172,10 +205,11 @@ static int lg_align(const void *p) {
 /* under lg_mu: the plan of a shape (made on first use); NULL when cuBLASLt cannot make one (p->state < 0 kept).
  * sa / sb: this call's scale tensors (the heuristic refuses block scaling modes without scale pointers, status 7;
  * each call sets its own before the matmul). */
-static lg_plan *lg_plan_get(int N, int K, int T4, int ala, int ald, const void *sa, const void *sb) {
+static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, int ald, const void *sa, const void *sb) {
     for (int i = 0; i < lg_nplans; i++) {
         lg_plan *p = &lg_plans[i];
-        if (p->N == N && p->K == K && p->T4 == T4 && p->ala == ala && p->ald == ald) return p->state > 0 ? p : NULL;
+        if (p->kind == kind && p->N == N && p->K == K && p->T4 == T4 && p->ldd == ldd && p->ala == ala && p->ald == ald)
+            return p->state > 0 ? p : NULL;
     }
     lg_plan *p;
     if (lg_nplans < LG_PLANS) p = &lg_plans[lg_nplans++];
@@ -185,22 +219,23 @@ static lg_plan *lg_plan_get(int N, int K, int T4, int ala, int ald, const void *
         lg_plan_free(p);
     }
     memset(p, 0, sizeof *p);
-    p->N = N, p->K = K, p->T4 = T4, p->ala = ala, p->ald = ald, p->state = -1, p->pick = -1;
+    p->kind = kind, p->N = N, p->K = K, p->T4 = T4, p->ldd = ldd, p->ala = ala, p->ald = ald, p->state = -1, p->pick = -1;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const int32_t sma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, smb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     cublasLtMatmulPreference_t pref = NULL;
     const size_t wsz = LG_LT_WS;
     const uint32_t a_a = (uint32_t)ala, a_b = 256, a_d = (uint32_t)ald;
+    const cudaDataType_t ab = kind ? CUDA_R_16BF : CUDA_R_8F_E4M3;
     int ok = f_desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
              f_desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
              f_desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
-             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sma, sizeof sma) == CUBLAS_STATUS_SUCCESS &&
-             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &smb, sizeof smb) == CUBLAS_STATUS_SUCCESS &&
-             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa) == CUBLAS_STATUS_SUCCESS &&
-             f_desc_set(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb) == CUBLAS_STATUS_SUCCESS &&
-             f_layout_create(&p->la, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)N, (int64_t)K) == CUBLAS_STATUS_SUCCESS &&
-             f_layout_create(&p->lb, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)T4, (int64_t)K) == CUBLAS_STATUS_SUCCESS &&
-             f_layout_create(&p->ld, CUDA_R_32F, (uint64_t)N, (uint64_t)T4, (int64_t)N) == CUBLAS_STATUS_SUCCESS &&
+             (kind || (f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sma, sizeof sma) == CUBLAS_STATUS_SUCCESS &&
+                       f_desc_set(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &smb, sizeof smb) == CUBLAS_STATUS_SUCCESS &&
+                       f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa) == CUBLAS_STATUS_SUCCESS &&
+                       f_desc_set(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb) == CUBLAS_STATUS_SUCCESS)) &&
+             f_layout_create(&p->la, ab, (uint64_t)K, (uint64_t)N, (int64_t)K) == CUBLAS_STATUS_SUCCESS &&
+             f_layout_create(&p->lb, ab, (uint64_t)K, (uint64_t)T4, (int64_t)K) == CUBLAS_STATUS_SUCCESS &&
+             f_layout_create(&p->ld, CUDA_R_32F, (uint64_t)N, (uint64_t)T4, (int64_t)ldd) == CUBLAS_STATUS_SUCCESS &&
              f_pref_create(&pref) == CUBLAS_STATUS_SUCCESS &&
              f_pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz) == CUBLAS_STATUS_SUCCESS &&
              f_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_a, sizeof a_a) == CUBLAS_STATUS_SUCCESS &&
@@ -212,7 +247,8 @@ static lg_plan *lg_plan_get(int N, int K, int T4, int ala, int ald, const void *
         ok = s == CUBLAS_STATUS_SUCCESS && p->nres > 0;
         if (!ok) {
             char why[160];
-            snprintf(why, sizeof why, "cuBLASLt has no block-scaled FP8 algorithm for %d x %d x %d (status %d)", N, T4, K, (int)s);
+            snprintf(why, sizeof why, "cuBLASLt has no %s algorithm for %d x %d x %d (status %d)", kind ? "bf16" : "block-scaled FP8",
+                     N, T4, K, (int)s);
             lg_warn_once(why);
         }
     }
@@ -229,6 +265,31 @@ static lg_plan *lg_plan_get(int N, int K, int T4, int ala, int ald, const void *
     }
     p->state = 1;
     return p;
+}
+
+/* under lg_mu: D = alpha A B + beta D with the plan's algorithm; on first use the heuristic's algorithms in order, the
+ * first that runs is kept. 1 when none runs (the plan is marked unusable: the shape stays on the GEMV). */
+static cublasStatus_t lg_status;
+static int lg_matmul(lg_plan *p, const void *A, const void *B, float beta, float *D, void *ltws, cudaStream_t st) {
+    const float alpha = 1.0f;
+    if (p->pick >= 0) {
+        lg_status = f_matmul(lg_handle, p->op, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->res[p->pick].algo,
+                             ltws, LG_LT_WS, st);
+        return lg_status == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+    }
+    for (int i = 0; i < p->nres; i++) {
+        lg_status = f_matmul(lg_handle, p->op, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->res[i].algo, ltws,
+                             LG_LT_WS, st);
+        if (lg_status == CUBLAS_STATUS_SUCCESS) {
+            p->pick = i;
+            return 0;
+        }
+    }
+    char why[160];
+    snprintf(why, sizeof why, "no cuBLASLt algorithm ran for %d x %d x %d (status %d)", p->N, p->T4, p->K, (int)lg_status);
+    lg_warn_once(why);
+    p->state = -1;
+    return 1;
 }
 
 /* ---- workspace ---- */
@@ -288,7 +349,7 @@ extern "C" int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, 
 
     const void *sa = wsc, *sb = xs;
     pthread_mutex_lock(&lg_mu);
-    lg_plan *p = lg_open() ? NULL : lg_plan_get(N, K, T4, lg_align(A), lg_align(y), sa, sb);
+    lg_plan *p = lg_open() ? NULL : lg_plan_get(0, N, K, T4, N, lg_align(A), lg_align(y), sa, sb);
     if (!p) {
         pthread_mutex_unlock(&lg_mu);
         return 1;
@@ -300,32 +361,13 @@ extern "C" int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, 
         pthread_mutex_unlock(&lg_mu);
         return -1;
     }
-    const float alpha = 1.0f, beta = 0.0f;
     cublasStatus_t s = f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
     if (s == CUBLAS_STATUS_SUCCESS) s = f_desc_set(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
-    if (s == CUBLAS_STATUS_SUCCESS) {
-        if (p->pick >= 0) {
-            s = f_matmul(lg_handle, p->op, &alpha, A, p->la, q, p->lb, &beta, y, p->ld, y, p->ld, &p->res[p->pick].algo,
-                         base + olt, LG_LT_WS, st);
-        } else { /* first use: the heuristic's algorithms in order, the first that runs is kept */
-            for (int i = 0; i < p->nres; i++) {
-                s = f_matmul(lg_handle, p->op, &alpha, A, p->la, q, p->lb, &beta, y, p->ld, y, p->ld, &p->res[i].algo,
-                             base + olt, LG_LT_WS, st);
-                if (s == CUBLAS_STATUS_SUCCESS) {
-                    p->pick = i;
-                    break;
-                }
-            }
-            if (s != CUBLAS_STATUS_SUCCESS) { /* none runs: the shape stays on the GEMV (only codes were written) */
-                char why[160];
-                snprintf(why, sizeof why, "no cuBLASLt algorithm ran for %d x %d x %d (status %d)", N, T4, K, (int)s);
-                lg_warn_once(why);
-                p->state = -1;
-                pthread_mutex_unlock(&lg_mu);
-                return 1;
-            }
-        }
+    if (s == CUBLAS_STATUS_SUCCESS && lg_matmul(p, A, q, 0.0f, y, base + olt, st) > 0) { /* only codes were written */
+        pthread_mutex_unlock(&lg_mu);
+        return 1;
     }
+    if (s == CUBLAS_STATUS_SUCCESS) s = lg_status;
     pthread_mutex_unlock(&lg_mu);
     if (s != CUBLAS_STATUS_SUCCESS)
         return dsv4_cuda_fail("linear gemm: cublasLtMatmul %d x %d x %d: status %d", N, T4, K, (int)s);
@@ -333,4 +375,69 @@ extern "C" int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, 
     /* the last T % 4 rows: the GEMV */
     if (T > T4 && dsv4_cuda_linear(w, x + (size_t)T4 * K, 0, T - T4, y + (size_t)T4 * N, stream)) return -1;
     return 0;
+}
+
+/* ---- split path: weights without the FP8 act quant (BF16; FP8 with E8M0 block scales), fp32 x ---- */
+
+static size_t lg_split_layout(int T, int K, int Nd, size_t *o_x, size_t *ps, size_t *o_w, size_t *o_lt) {
+    const size_t plane = al256((size_t)T * K * 2);
+    size_t o = 0;
+    *o_x = o, *ps = plane / 2, o += 3 * plane;
+    *o_w = o, o += al256((size_t)Nd * K * 2);
+    *o_lt = o, o += LG_LT_WS;
+    return o;
+}
+
+extern "C" size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd) {
+    size_t a, b, c, d;
+    if (T < 0 || K < 0 || Nd < 0) return 0;
+    return lg_split_layout(T, K, Nd, &a, &b, &c, &d);
+}
+
+extern "C" int dsv4_cuda_linear_gemm_split_fits(const dsv4_cuda_weight *w, int T) {
+    if (!w || !w->data || w->act_quant || T < DSV4_LINEAR_GEMM_MIN_T || w->rows <= 0 || w->cols <= 0 || w->cols % 8) return 0;
+    if (w->fmt == DSV4_WF_BF16) return !(((uintptr_t)w->data + (uintptr_t)w->row0 * (uintptr_t)w->cols * 2) & 15);
+    return w->fmt == DSV4_WF_FP8 && w->scale && !w->scale_f32 && !((uintptr_t)w->data & 3);
+}
+
+extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
+                                           void *ws, size_t ws_bytes, void *stream) {
+    if (!dsv4_cuda_linear_gemm_split_fits(w, T)) return 1;
+    const int K = w->cols, N = w->rows, fp8 = w->fmt == DSV4_WF_FP8, nt = w->act_bf16 ? 1 : 3;
+    if (!ldx) ldx = K;
+    if (!ldy) ldy = N;
+    if (!x || !y || ldx < K || ldy < N || (ldy & 3) || ((uintptr_t)y & 15)) return 1;
+    size_t ox, ps, ow, olt;
+    const size_t need = lg_split_layout(T, K, fp8 ? N : 0, &ox, &ps, &ow, &olt);
+    if (!ws || ((uintptr_t)ws & 255) || ws_bytes < need)
+        return dsv4_cuda_fail("linear gemm (split): workspace %zu bytes at %p, %zu needed (256-byte aligned) for T %d K %d N %d",
+                              ws_bytes, ws, need, T, K, N);
+    uint8_t *base = (uint8_t *)ws;
+    __nv_bfloat16 *xp = (__nv_bfloat16 *)(base + ox), *wd = (__nv_bfloat16 *)(base + ow);
+    const void *A = fp8 ? (const void *)wd : (const void *)(w->data + (size_t)w->row0 * K * 2);
+    cudaStream_t st = DSV4_STREAM(stream);
+    pthread_mutex_lock(&lg_mu);
+    lg_plan *p = lg_open() ? NULL : lg_plan_get(1, N, K, T, (int)ldy, lg_align(A), lg_align(y), NULL, NULL);
+    if (!p) {
+        pthread_mutex_unlock(&lg_mu);
+        return 1;
+    }
+    const int64_t nx = (int64_t)T * K;
+    lg_split<<<(unsigned)((nx + 255) / 256), 256, 0, st>>>(x, ldx, T, K, nt, (int64_t)ps, xp);
+    if (fp8) {
+        const int64_t nw = (int64_t)N * K / 4;
+        lg_deq_fp8<<<(unsigned)((nw + 255) / 256), 256, 0, st>>>(w->data, w->scale, w->scale_stride, w->row0, N, K, wd);
+    }
+    if (dsv4_cuda_check_launch("linear gemm (split x)")) {
+        pthread_mutex_unlock(&lg_mu);
+        return -1;
+    }
+    /* y = W hi, then += W mid, += W lo: a fixed order, so a rerun gives the same bits */
+    int r = 0;
+    for (int j = 0; j < nt && !r; j++) r = lg_matmul(p, A, xp + (size_t)j * ps, j ? 1.0f : 0.0f, y, base + olt, st);
+    const cublasStatus_t s = lg_status;
+    pthread_mutex_unlock(&lg_mu);
+    if (r > 0) return 1; /* nothing ran (the split planes only were written) */
+    if (r < 0) return dsv4_cuda_fail("linear gemm (split): cublasLtMatmul %d x %d x %d: status %d", N, T, K, (int)s);
+    return dsv4_cuda_check_launch("linear gemm (split, cublasLtMatmul)");
 }

@@ -22,6 +22,7 @@
 #define DSV4_CUDA_LINEAR_GEMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "cuda_backend.h"
 
@@ -50,6 +51,19 @@ int dsv4_cuda_linear_gemm_fits(const dsv4_cuda_weight *w, int T);
  * ws: device workspace of ws_bytes >= dsv4_cuda_linear_gemm_ws_bytes(T, K, N), 256-byte aligned. */
 int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, int T, float *y, void *ws, size_t ws_bytes,
                           void *stream);
+
+/* The split path, for the prefill linears the FP8 GEMM does not take: weights without the FP8 act quant (BF16 as
+ * stored; FP8 with E8M0 128x128 block scales, dequantized exactly into bf16 in the workspace per call) and fp32 x,
+ * which is split into three bf16 terms (hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid): ~24 bits, fp32's
+ * precision) or, for act_bf16 weights, rounded to bf16 (one term). y = W hi, += W mid, += W lo: three cuBLASLt bf16
+ * GEMMs accumulating in fp32 (products of bf16 values are exact in fp32), deterministic; x rows ldx values apart, y
+ * rows ldy (0: contiguous). Not bitwise the GEMV's, so, like the FP8 GEMM, only for passes that are not decode steps.
+ * Returns 0 done, 1 not applicable (nothing enqueued that matters; run dsv4_cuda_linear), -1 error.
+ * Workspace: dsv4_cuda_linear_gemm_split_ws_bytes(T, K, Nd), Nd = the most rows of an FP8 weight (view) it takes. */
+size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd);
+int dsv4_cuda_linear_gemm_split_fits(const dsv4_cuda_weight *w, int T);
+int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
+                                void *ws, size_t ws_bytes, void *stream);
 
 #ifdef __cplusplus
 }

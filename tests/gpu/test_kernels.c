@@ -490,6 +490,60 @@ static void test_linear_gemm(const char *tag, int R, int C, int T, int scale_f32
     free(x), free_hweight(&h);
 }
 
+/* The split GEMM (linear_gemm.h: weights without act quant, x as three bf16 terms, or one for act_bf16) against
+ * dsv4_cpu_linear at the GEMV checks' tolerance (1e-4: the three terms hold x to ~2^-24, the products are exact in
+ * fp32, the tensor cores accumulate in fp32); x and y as slices of wider rows (ldx, ldy: the wo_a groups) with the gaps
+ * of y untouched; a rerun bitwise equal. */
+static void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int row0, int ab, int strided) {
+    hweight h = make_weight(fmt, R + row0, C, 0, 0);
+    h.w.row0 = row0, h.w.rows = R;
+    dsv4_cuda_weight dw;
+    op_ok(dsv4_cuda_weight_upload(&h.w, &dw), "weight upload");
+    dw.act_bf16 = ab;
+    const int64_t ldx = strided ? 3 * C : C, ldy = strided ? 2 * R + 4 : R;
+    float *x = rand_wide((size_t)T * ldx), *xr = malloc(sizeof(float) * (size_t)T * C);
+    for (int t = 0; t < T; t++) memcpy(xr + (size_t)t * C, x + (size_t)t * ldx + (strided ? C : 0), sizeof(float) * (size_t)C);
+    if (ab) round_bf16(xr, (size_t)T * C);
+    float *ref = malloc(sizeof(float) * (size_t)T * R), *got = malloc(sizeof(float) * (size_t)T * ldy),
+          *got2 = malloc(sizeof(float) * (size_t)T * ldy);
+    dsv4_cpu_linear(&h.w, xr, T, ref);
+    float *dx = dup_to_dev(x, sizeof(float) * (size_t)T * ldx), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * ldy);
+    const size_t wsb = dsv4_cuda_linear_gemm_split_ws_bytes(T, C, fmt == DSV4_WF_FP8 ? R : 0);
+    void *ws = dsv4_cuda_alloc(wsb);
+    if (!dy || !ws) op_ok(-1, "gemm buffers");
+    op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, 7.0f, NULL), "fill");
+    char name[160];
+    snprintf(name, sizeof name, "linear gemm split %s %s %dx%d%s T=%d%s%s", tag, dsv4_wfmt_name(fmt), R, C, row0 ? "+view" : "", T,
+             ab ? " act:bf16" : "", strided ? " strided" : "");
+    const float *dxs = dx + (strided ? C : 0);
+    int rc = dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL);
+    if (rc < 0) op_ok(rc, name);
+    if (rc == 1) {
+        g_checks++, g_fail++;
+        printf("FAIL %s: declined (not applicable) <<<\n", name);
+    } else {
+        sync_ok();
+        from_dev(got, dy, sizeof(float) * (size_t)T * ldy);
+        float *gs = malloc(sizeof(float) * (size_t)T * R);
+        int gap = 0;
+        for (int t = 0; t < T; t++) {
+            memcpy(gs + (size_t)t * R, got + (size_t)t * ldy, sizeof(float) * (size_t)R);
+            for (int64_t i = R; i < ldy; i++) gap += got[(size_t)t * ldy + i] != 7.0f;
+        }
+        check(name, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
+        op_ok(dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL) != 0, "split rerun");
+        sync_ok();
+        from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
+        const int same = !memcmp(got, got2, sizeof(float) * (size_t)T * ldy);
+        g_checks++, g_fail += !same || gap;
+        printf("%-4s %s: rerun bitwise equal, %d gap values written%s\n", same && !gap ? "ok" : "FAIL", name, gap,
+               same && !gap ? "" : " <<<");
+        free(gs);
+    }
+    dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_free(ws), dsv4_cuda_weight_free(&dw);
+    free(x), free(xr), free(ref), free(got), free(got2), free_hweight(&h);
+}
+
 /* What the GEMM must decline (so that the caller takes the GEMV): too few rows, no act quant, FP4. */
 static void test_linear_gemm_declines(void) {
     hweight a = make_weight(DSV4_WF_FP8, 256, 1024, 0, 1), b = make_weight(DSV4_WF_FP8, 256, 1024, 0, 0),
@@ -1797,6 +1851,12 @@ gemm_checks:
     test_linear_gemm("wo_b", 4096, 8192, 512, 0, 0);
     test_linear_gemm("shared w1", 2048, 4096, 2048, 0, 0);
     test_linear_gemm("shared w2", 4096, 2048, 1021, 0, 0);
+    test_linear_gemm_split("gate", DSV4_WF_BF16, 256, 4096, 130, 0, 0, 0);
+    test_linear_gemm_split("compressor", DSV4_WF_BF16, 1024, 4096, 512, 0, 0, 0);
+    test_linear_gemm_split("compressor", DSV4_WF_BF16, 1024, 4096, 67, 0, 1, 0);
+    test_linear_gemm_split("wo_a group", DSV4_WF_FP8, 1024, 4096, 257, 3072, 0, 1);
+    test_linear_gemm_split("wo_a group", DSV4_WF_FP8, 1024, 4096, 64, 0, 1, 1);
+    test_linear_gemm_split("odd", DSV4_WF_BF16, 200, 520, 99, 8, 0, 1);
     if (only_lin) goto checks_done;
 
     test_rmsnorm(4, 4096, 4096, 1);
