@@ -46,6 +46,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+/* ---- RMSNorm's sum of squares (rmsnorm_kernel of norm_rope_quant.cu and the fused norm of mhc.cu, bitwise the same):
+ * RMS_NT threads; thread j adds, in double, the squares of the quads (4 consecutive values) j, j + RMS_NT, .. in
+ * order, the 4 values of a quad in order; warp_sum_d per warp, then the warps' sums by rms_sum8. ---- */
+
+#define RMS_NT 256
+__device__ __forceinline__ double rms_sum8(const double *p) {
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+__device__ __forceinline__ double rms_sq4(double ss, float4 v) {
+    ss += (double)v.x * v.x;
+    ss += (double)v.y * v.y;
+    ss += (double)v.z * v.z;
+    ss += (double)v.w * v.w;
+    return ss;
+}
+
 /* ---- scalar formats (twins of src/quant/formats.c) ---- */
 
 __device__ __forceinline__ float dev_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }

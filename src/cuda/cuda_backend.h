@@ -154,7 +154,8 @@ int dsv4_cuda_hadamard(float *x, int rows, int n, int64_t ld, void *stream);
 size_t dsv4_cuda_hc_scratch_bytes(int T, int M, int D);
 /* Test hooks of hc_pre / hc_head (0 in normal use): 1 the reference Sinkhorn and pre weights (dsv4_hc_post_comb,
  * dsv4_hc_pre_weights on one thread; same bits), 2 no programmatic dependent launch, 4 skip the finishing kernel,
- * 8 skip the mixing kernel (4 and 8 for timings only). */
+ * 8 skip the mixing kernel (4 and 8 for timings only); 16 * v (v 1 .. 4) mixes few tokens (T < 32, F32 fn) 1, 2, 4 or
+ * 8 tokens per block instead of the default (same bits). */
 extern int dsv4_cuda_hc_test_flags;
 int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
                      const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w, float *x,

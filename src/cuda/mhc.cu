@@ -9,16 +9,21 @@
  *     per chunk one fmaf chain over its columns in order from 0 (the squares: fmaf(x, x, a), float), the
  *     chunk sums added in order from 0 (the squares' in double).
  *     Few tokens (hc_mix_small): a block per (super-chunk, token), a thread per (row, chunk), the fn
- *     slice read straight from memory. Many tokens (hc_mix_big): a block per (super-chunk, 128 tokens),
- *     fn and token chunks staged in shared memory (cp.async, two stages), each lane 2 tokens x RPL rows
- *     with the same chains. Both give the same bits, so a token's result does not depend on T.
- *  2. hc_finish_kernel, a block per token: the super-chunk partials summed in order, r, the mixes; a
- *     fifth warp runs the M x M Sinkhorn while four warps form x = sum_j pre[j] X[j] and, with a norm
- *     weight, the RMSNorm that follows it in the same steps as dsv4_cuda_rmsnorm (bitwise the same as
- *     running it after). The Sinkhorn (M <= 5): a lane per entry of C, each entry through the same float
- *     operations in the same order as dsv4_hc_post_comb (src/cpu/hc_split.h, the twin's code), row and
- *     column sums gathered by shuffles and added in index order, so the bits equal that code's on one
- *     thread (checked in test_kernels with dsv4_cuda_hc_test_flags). Likewise pre, a thread per stream.
+ *     slice read straight from memory; pre with 2 .. 31 tokens (hc_mix_tok, F32 fn): the same with a block
+ *     per (super-chunk, 4 tokens), each fn slice loaded once for the 4. Many tokens (hc_mix_big): a block per
+ *     (super-chunk, 128 tokens), fn and token chunks staged in shared memory (cp.async, two stages), each
+ *     lane 2 tokens x RPL rows with the same chains. All give the same bits, so a token's result does not
+ *     depend on T.
+ *  2. hc_finish_kernel, a block per token: every load issued at once after the wait (the partials, and for
+ *     M = 4 and up to a wave of tokens the token's X into registers; base, scale and the norm weight before
+ *     it; more tokens: x through shared memory, more blocks per SM, the same bits), the super-chunk
+ *     partials summed in order, r, the mixes; a ninth warp runs the M x M Sinkhorn while eight warps form
+ *     x = sum_j pre[j] X[j] and, with a norm weight, the RMSNorm that follows it in the same steps as
+ *     dsv4_cuda_rmsnorm (bitwise the same as running it after). The Sinkhorn (M <= 5): a lane per entry
+ *     of C, each entry through the same float operations in the same order as dsv4_hc_post_comb
+ *     (src/cpu/hc_split.h, the twin's code), row and column sums gathered by shuffles and added in index
+ *     order, so the bits equal that code's on one thread (checked in test_kernels with
+ *     dsv4_cuda_hc_test_flags). Likewise pre, a thread per stream.
  * Launches carry the programmatic-dependent-launch attribute: each kernel lets the next one launch at once,
  * loads what does not depend on earlier kernels (the fn chunk), then waits in griddepcontrol.wait. */
 #include "common.cuh"
@@ -128,6 +133,73 @@ __global__ void __launch_bounds__(128) hc_mix_small(const float *__restrict__ X,
     }
 }
 
+/* grid (nsc, ceil(T / TB)), 128 threads; F32 fn, K % HC_SC == 0, (nr + 1) * HC_G <= 128, 16-byte aligned X and fn:
+ * hc_mix_small's fast path for up to TB tokens per block, each thread's fn chunk loaded once for all of them (the
+ * same chains per token, so the same bits) */
+template <int TB>
+__global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, int T, int K, const float *__restrict__ W,
+                                                  int nr, int nsc, float *__restrict__ part, double *__restrict__ ssp) {
+    __shared__ __align__(16) float xs[TB][HC_SC];
+    __shared__ float ps[TB][HC_G][32];
+    __shared__ float pss[TB][HC_G];
+    const int sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
+    const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
+    float4 wv[HC_CH / 4];
+    pdl_trigger();
+    if (g < HC_G && r < nr) {
+        const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + cb);
+#pragma unroll
+        for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
+    }
+    pdl_wait(); /* X is the previous kernel's */
+#pragma unroll
+    for (int u = 0; u < TB * HC_SC / 4 / 128; u++) {
+        const int i = tid + 128 * u, tk = i / (HC_SC / 4), q = i % (HC_SC / 4);
+        ((float4 *)xs[tk])[q] = tk < nt ? ((const float4 *)(X + (int64_t)(t0 + tk) * K + c0))[q] : make_float4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    if (g < HC_G && r < nr) {
+        float a[TB];
+#pragma unroll
+        for (int tk = 0; tk < TB; tk++) a[tk] = 0;
+#pragma unroll
+        for (int q = 0; q < HC_CH / 4; q++)
+#pragma unroll
+            for (int tk = 0; tk < TB; tk++) {
+                const float4 xv = *(const float4 *)(xs[tk] + cb + 4 * q);
+                a[tk] = fmaf(wv[q].x, xv.x, a[tk]);
+                a[tk] = fmaf(wv[q].y, xv.y, a[tk]);
+                a[tk] = fmaf(wv[q].z, xv.z, a[tk]);
+                a[tk] = fmaf(wv[q].w, xv.w, a[tk]);
+            }
+#pragma unroll
+        for (int tk = 0; tk < TB; tk++) ps[tk][g][r] = a[tk];
+    } else if (g < HC_G) {
+        float a[TB];
+#pragma unroll
+        for (int tk = 0; tk < TB; tk++) a[tk] = 0;
+#pragma unroll 4
+        for (int k = 0; k < HC_CH; k++)
+#pragma unroll
+            for (int tk = 0; tk < TB; tk++) a[tk] = fmaf(xs[tk][cb + k], xs[tk][cb + k], a[tk]);
+#pragma unroll
+        for (int tk = 0; tk < TB; tk++) pss[tk][g] = a[tk];
+    }
+    __syncthreads();
+    for (int i = tid; i < nt * (nr + 1); i += 128) {
+        const int tk = i / (nr + 1), rr = i % (nr + 1);
+        if (rr < nr) {
+            float s = 0;
+            for (int gg = 0; gg < HC_G; gg++) s += ps[tk][gg][rr];
+            part[((int64_t)(t0 + tk) * nsc + sc) * nr + rr] = s;
+        } else {
+            double s = 0;
+            for (int gg = 0; gg < HC_G; gg++) s += (double)pss[tk][gg];
+            ssp[(int64_t)(t0 + tk) * nsc + sc] = s;
+        }
+    }
+}
+
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
@@ -230,7 +302,7 @@ __global__ void __launch_bounds__(256, 2) hc_mix_big(const float *__restrict__ X
 
 /* ---- 2. finish: a block per token, warps 0-3 the weighted sum (+ RMSNorm), warp 4 the Sinkhorn ---- */
 
-__device__ __forceinline__ void bar_x() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+__device__ __forceinline__ void bar_x() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); } /* the HC_XT threads */
 
 template <int MM>
 __device__ __forceinline__ void hc_post_comb_out(const float *mix, int M, const float *scale, const float *base, int iters,
@@ -277,115 +349,168 @@ __device__ __forceinline__ void hc_post_comb_warp(const float *mix, const float 
     if (lane < MM * MM) comb[lane] = c;
 }
 
-template <int HEAD>
-__global__ void __launch_bounds__(160) hc_finish_kernel(const float *__restrict__ X, int M, int D, int nr, int nsc,
-                                                        const float *__restrict__ part, const double *__restrict__ ssp,
-                                                        const float *scale, const float *base, int iters, float norm_eps,
-                                                        float hc_eps, const float *__restrict__ nw, int stage,
-                                                        int serial, float *__restrict__ x, float *post, float *comb) {
-    extern __shared__ float4 hc_xs4[]; /* [nsc] double, [nsc * nr] float (when staged), then x [D] (with nw) */
-    __shared__ float mix[HC_MAXR];
+/* the finishing kernel: HC_XT threads form x (and the norm: RMS_NT, common.cuh's order), a warp more runs the
+ * Sinkhorn (pre only). MM > 0 (M = MM, 16-byte rows of at most HC_XT * XQ quads): each thread's X quads of every
+ * stream and its norm weights come into registers at once; else x goes through memory as in any shape. */
+#define HC_XT RMS_NT
+
+template <int HEAD, int MM, int XQ>
+__global__ void __launch_bounds__(HEAD ? HC_XT : HC_XT + 32, MM > 0 ? 1 : 4)
+    hc_finish_kernel(const float *__restrict__ X, int M, int D, int nr, int nsc, const float *__restrict__ part,
+                     const double *__restrict__ ssp, const float *scale, const float *base, int iters, float norm_eps,
+                     float hc_eps, const float *__restrict__ nw, int stage, int serial, int vec, float *__restrict__ x,
+                     float *post, float *comb) {
+    constexpr int NT = HEAD ? HC_XT : HC_XT + 32;
+    extern __shared__ float4 hc_xs4[]; /* [nsc] double, [nsc * nr] float (when staged), then x [D] (MM 0 with nw) */
+    __shared__ float mix[HC_MAXR], bs[HC_MAXR], sc[3];
     __shared__ float pre[HC_MAXM];
-    __shared__ double ssum, red[4];
-    const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, MD = M * D, np = nsc * nr;
+    __shared__ double red[HC_XT / 32];
+    const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, MD = M * D, np = nsc * nr, D4 = D >> 2;
     const float *pt = part + (int64_t)t * np;
     const double *st = ssp + (int64_t)t * nsc;
     double *sd = (double *)hc_xs4;
     float *sp = (float *)(sd + nsc), *xs = (float *)hc_xs4 + (stage ? ((nsc * (2 + nr) + 3) & ~3) : 0);
+    const float4 *X4 = (const float4 *)(X + (int64_t)t * MD);
     pdl_trigger();
+    /* before the wait, what no earlier kernel writes: base, scale, the norm weights */
+    for (int i = tid; i < nr; i += NT) bs[i] = base[i];
+    if (tid < (HEAD ? 1 : 3)) sc[tid] = scale[tid];
+    float4 wr[MM > 0 ? XQ : 1], xr[MM > 0 ? XQ * MM : 1];
+    if (MM > 0 && nw && tid < HC_XT) {
+#pragma unroll
+        for (int k = 0; k < XQ; k++)
+            if (tid + k * HC_XT < D4) wr[k] = ((const float4 *)nw)[tid + k * HC_XT];
+    }
     pdl_wait(); /* the partials are the previous kernel's */
+    if (MM > 0 && tid < HC_XT) { /* the token's X, all loads in flight with the partials' */
+#pragma unroll
+        for (int k = 0; k < XQ; k++)
+#pragma unroll
+            for (int j = 0; j < MM; j++)
+                if (tid + k * HC_XT < D4) xr[k * MM + j] = X4[(int64_t)j * D4 + tid + k * HC_XT];
+    }
     if (stage) { /* every load in flight at once, then the fixed-order sums from shared memory */
-        for (int i0 = tid; i0 < np; i0 += 160 * 8) {
+        for (int i0 = tid; i0 < np; i0 += NT * 8) {
             float v[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = i0 + 160 * u < np ? pt[i0 + 160 * u] : 0.0f;
+            for (int u = 0; u < 8; u++) v[u] = i0 + NT * u < np ? pt[i0 + NT * u] : 0.0f;
 #pragma unroll
             for (int u = 0; u < 8; u++)
-                if (i0 + 160 * u < np) sp[i0 + 160 * u] = v[u];
+                if (i0 + NT * u < np) sp[i0 + NT * u] = v[u];
         }
-        for (int i = tid; i < nsc; i += 160) sd[i] = st[i];
-        __syncthreads();
+        for (int i = tid; i < nsc; i += NT) sd[i] = st[i];
         pt = sp, st = sd;
     }
-    for (int r = tid; r <= nr; r += 160) {
-        if (r < nr) {
-            float s = 0;
+    __syncthreads();
+    /* row r's mix: its partials summed in order, times r = 1 / rms (every such thread sums the squares' partials) */
+    for (int r = tid; r < nr; r += NT) {
+        float s = 0;
+        double q = 0;
 #pragma unroll 8
-            for (int k = 0; k < nsc; k++) s += pt[k * nr + r];
-            mix[r] = s;
-        } else {
-            double s = 0;
-#pragma unroll 8
-            for (int k = 0; k < nsc; k++) s += st[k];
-            ssum = s;
-        }
+        for (int k = 0; k < nsc; k++) s += pt[k * nr + r], q += st[k];
+        const float rs = 1.0f / sqrtf((float)(q / MD) + norm_eps), m = s * rs;
+        mix[r] = m;
+        if (!serial && r < M) pre[r] = dsv4_hc_sigmoid(m * sc[0] + bs[r]) + hc_eps; /* dsv4_hc_pre_weights, a thread per stream */
     }
     __syncthreads();
-    const float rs = 1.0f / sqrtf((float)(ssum / MD) + norm_eps);
-    for (int r = tid; r < nr; r += 160) mix[r] = mix[r] * rs;
-    __syncthreads();
-    if (warp == 4) {
-        if (HEAD) return;
+    if (!HEAD && warp == HC_XT / 32) {
         float *pt_ = post + (int64_t)t * M, *ct = comb + (int64_t)t * M * M;
-        if (!serial && M == 4) hc_post_comb_warp<4>(mix, scale, base, iters, hc_eps, pt_, ct, lane);
-        else if (!serial && M == 3) hc_post_comb_warp<3>(mix, scale, base, iters, hc_eps, pt_, ct, lane);
-        else if (!serial && M == 2) hc_post_comb_warp<2>(mix, scale, base, iters, hc_eps, pt_, ct, lane);
-        else if (lane == 0 && M == 4) hc_post_comb_out<4>(mix, 4, scale, base, iters, hc_eps, pt_, ct);
-        else if (lane == 0) hc_post_comb_out<HC_MAXM>(mix, M, scale, base, iters, hc_eps, pt_, ct);
+        if (!serial && M == 4) hc_post_comb_warp<4>(mix, sc, bs, iters, hc_eps, pt_, ct, lane);
+        else if (!serial && M == 3) hc_post_comb_warp<3>(mix, sc, bs, iters, hc_eps, pt_, ct, lane);
+        else if (!serial && M == 2) hc_post_comb_warp<2>(mix, sc, bs, iters, hc_eps, pt_, ct, lane);
+        else if (lane == 0 && M == 4) hc_post_comb_out<4>(mix, 4, sc, bs, iters, hc_eps, pt_, ct);
+        else if (lane == 0) hc_post_comb_out<HC_MAXM>(mix, M, sc, bs, iters, hc_eps, pt_, ct);
         return;
     }
     if (serial) {
-        if (tid == 0) dsv4_hc_pre_weights(mix, M, scale[0], base, hc_eps, pre);
-    } else if (tid < M) { /* dsv4_hc_pre_weights, a thread per stream */
-        const float scale0 = scale[0];
-        pre[tid] = dsv4_hc_sigmoid(mix[tid] * scale0 + base[tid]) + hc_eps;
+        if (tid == 0) dsv4_hc_pre_weights(mix, M, sc[0], bs, hc_eps, pre);
+        bar_x();
     }
-    bar_x();
-    const float *Xt = X + (int64_t)t * MD;
     float *xt = x + (int64_t)t * D;
-    float *dst = nw ? xs : xt;
-    const int vec = (D & 3) == 0 && ((uintptr_t)X & 15) == 0 && ((uintptr_t)x & 15) == 0 && (!nw || ((uintptr_t)nw & 15) == 0);
-    if (vec) {
-        const int D4 = D >> 2;
-        const float4 *X4 = (const float4 *)Xt;
-#pragma unroll 4
-        for (int q = tid; q < D4; q += 128) {
-            float4 a = make_float4(0, 0, 0, 0);
-            for (int j = 0; j < M; j++) {
-                const float4 v = X4[(int64_t)j * D4 + q];
-                const float p = pre[j];
-                a.x = fmaf(p, v.x, a.x), a.y = fmaf(p, v.y, a.y), a.z = fmaf(p, v.z, a.z), a.w = fmaf(p, v.w, a.w);
-            }
-            ((float4 *)dst)[q] = a;
-        }
-    } else {
-        for (int d = tid; d < D; d += 128) {
-            float a = 0;
-            for (int j = 0; j < M; j++) a = fmaf(pre[j], Xt[(int64_t)j * D + d], a);
-            dst[d] = a;
-        }
-    }
-    if (!nw) return;
-    /* RMSNorm: the steps of rmsnorm_kernel (norm_rope_quant.cu), 128 threads */
-    bar_x();
     double ss = 0;
-    for (int i = tid; i < D; i += 128) ss += (double)xs[i] * xs[i];
-    ss = warp_sum_d(ss);
-    if (lane == 0) red[warp] = ss;
-    bar_x();
-    ss = (red[0] + red[1]) + (red[2] + red[3]);
-    const float rn = 1.0f / sqrtf((float)(ss / D) + norm_eps);
-    if (vec) {
-        const int D4 = D >> 2;
-        for (int q = tid; q < D4; q += 128) {
-            const float4 v = ((const float4 *)xs)[q], w = ((const float4 *)nw)[q];
+    if constexpr (MM > 0) {
+        float p[MM];
+#pragma unroll
+        for (int j = 0; j < MM; j++) p[j] = pre[j];
+        float4 a[XQ];
+#pragma unroll
+        for (int k = 0; k < XQ; k++) {
+            a[k] = make_float4(0, 0, 0, 0);
+#pragma unroll
+            for (int j = 0; j < MM; j++) {
+                const float4 v = xr[k * MM + j];
+                a[k].x = fmaf(p[j], v.x, a[k].x), a[k].y = fmaf(p[j], v.y, a[k].y);
+                a[k].z = fmaf(p[j], v.z, a[k].z), a[k].w = fmaf(p[j], v.w, a[k].w);
+            }
+        }
+        if (!nw) {
+#pragma unroll
+            for (int k = 0; k < XQ; k++)
+                if (tid + k * HC_XT < D4) ((float4 *)xt)[tid + k * HC_XT] = a[k];
+            return;
+        }
+        /* RMSNorm: rmsnorm_kernel's steps (norm_rope_quant.cu) */
+#pragma unroll
+        for (int k = 0; k < XQ; k++)
+            if (tid + k * HC_XT < D4) ss = rms_sq4(ss, a[k]);
+        ss = warp_sum_d(ss);
+        if (lane == 0) red[warp] = ss;
+        bar_x();
+        ss = rms_sum8(red);
+        const float rn = 1.0f / sqrtf((float)(ss / D) + norm_eps);
+#pragma unroll
+        for (int k = 0; k < XQ; k++) {
+            if (tid + k * HC_XT >= D4) continue;
+            const float4 v = a[k], w = wr[k];
             float4 o;
             o.x = __fmul_rn(w.x, __fmul_rn(v.x, rn)), o.y = __fmul_rn(w.y, __fmul_rn(v.y, rn));
             o.z = __fmul_rn(w.z, __fmul_rn(v.z, rn)), o.w = __fmul_rn(w.w, __fmul_rn(v.w, rn));
-            ((float4 *)xt)[q] = o;
+            ((float4 *)xt)[tid + k * HC_XT] = o;
         }
     } else {
-        for (int i = tid; i < D; i += 128) xt[i] = __fmul_rn(nw[i], __fmul_rn(xs[i], rn));
+        float *dst = nw ? xs : xt;
+        if (vec) {
+#pragma unroll 4
+            for (int q = tid; q < D4; q += HC_XT) {
+                float4 a = make_float4(0, 0, 0, 0);
+                for (int j = 0; j < M; j++) {
+                    const float4 v = X4[(int64_t)j * D4 + q];
+                    const float p = pre[j];
+                    a.x = fmaf(p, v.x, a.x), a.y = fmaf(p, v.y, a.y), a.z = fmaf(p, v.z, a.z), a.w = fmaf(p, v.w, a.w);
+                }
+                ((float4 *)dst)[q] = a;
+            }
+        } else {
+            const float *Xt = X + (int64_t)t * MD;
+            for (int d = tid; d < D; d += HC_XT) {
+                float a = 0;
+                for (int j = 0; j < M; j++) a = fmaf(pre[j], Xt[(int64_t)j * D + d], a);
+                dst[d] = a;
+            }
+        }
+        if (!nw) return;
+        /* RMSNorm: rmsnorm_kernel's steps (norm_rope_quant.cu) */
+        bar_x();
+        for (int g = tid; 4 * g < D; g += HC_XT)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (4 * g + u < D) ss += (double)xs[4 * g + u] * xs[4 * g + u];
+        ss = warp_sum_d(ss);
+        if (lane == 0) red[warp] = ss;
+        bar_x();
+        ss = rms_sum8(red);
+        const float rn = 1.0f / sqrtf((float)(ss / D) + norm_eps);
+        if (vec) {
+            for (int q = tid; q < D4; q += HC_XT) {
+                const float4 v = ((const float4 *)xs)[q], w = ((const float4 *)nw)[q];
+                float4 o;
+                o.x = __fmul_rn(w.x, __fmul_rn(v.x, rn)), o.y = __fmul_rn(w.y, __fmul_rn(v.y, rn));
+                o.z = __fmul_rn(w.z, __fmul_rn(v.z, rn)), o.w = __fmul_rn(w.w, __fmul_rn(v.w, rn));
+                ((float4 *)xt)[q] = o;
+            }
+        } else {
+            for (int i = tid; i < D; i += HC_XT) xt[i] = __fmul_rn(nw[i], __fmul_rn(xs[i], rn));
+        }
     }
 }
 
@@ -434,14 +559,27 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
     const float *W = (const float *)fn->data + (int64_t)fn->row0 * fn->cols;
     const int big_ok = fn->fmt == DSV4_WF_F32 && K % HC_SC == 0 && nr <= HC_BR && ((uintptr_t)X & 15) == 0 &&
                        ((uintptr_t)W & 15) == 0;
-    /* the finish kernel's shared memory: the token's partials (when they fit), x (with nw, when it fits) */
-    const size_t psm = (size_t)nsc * (sizeof(double) + (size_t)nr * sizeof(float)), xsm = (size_t)D * sizeof(float);
+    /* the finish kernel: MM 4 (registers, a block per SM) where it applies and the tokens fit the GPU in one wave (pre;
+     * the head has no Sinkhorn to hide), else the general one (4 blocks per SM; the same bits); its shared memory: the
+     * token's partials (when they fit), x (general kernel with nw, when it fits) */
+    const int vec = (D & 3) == 0 && ((uintptr_t)X & 15) == 0 && ((uintptr_t)x & 15) == 0 && (!nw || ((uintptr_t)nw & 15) == 0);
+    const int xq = !vec || M != 4 || (!HEAD && T > dsv4_cuda_dev.sm_count) ? 0
+                   : D / 4 <= 4 * HC_XT                                    ? 4
+                   : D / 4 <= 8 * HC_XT                                    ? 8
+                                                                           : 0;
+    const size_t psm = (size_t)nsc * (sizeof(double) + (size_t)nr * sizeof(float)), xsm = xq ? 0 : (size_t)D * sizeof(float);
     const int stage = psm <= 24 * 1024;
     const size_t psa = stage ? (psm + 15) & ~(size_t)15 : 0;
     const int fuse = nw && psa + xsm <= 48 * 1024;
     const size_t fsm = psa + (fuse ? xsm : 0);
+    void (*fin)(const float *, int, int, int, int, const float *, const double *, const float *, const float *, int, float,
+                float, const float *, int, int, int, float *, float *, float *) =
+        xq == 4 ? hc_finish_kernel<HEAD, 4, 4> : xq == 8 ? hc_finish_kernel<HEAD, 4, 8> : hc_finish_kernel<HEAD, 0, 1>;
     static int big_attr[2];
     const int flags = dsv4_cuda_hc_test_flags;
+    /* few tokens: tokens per mixing block (1: hc_mix_small); the test hook's bits 4-6 pick another for timings */
+    static const int tb_hook[5] = {0, 1, 2, 4, 8};
+    const int th = (flags >> 4) & 7, tb = th && th < 5 ? tb_hook[th] : nr > 8 ? 4 : 1;
     for (int t0 = 0; t0 < T; t0 += HC_TGROUP) {
         const int n = T - t0 < HC_TGROUP ? T - t0 : HC_TGROUP;
         const float *Xg = X + (int64_t)t0 * K;
@@ -458,13 +596,18 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
             if (!(flags & 8) && hc_launch(op, k ? hc_mix_big<6> : hc_mix_big<1>, grid, 256, smem, st, flags, Xg, n, K, W, nr,
                                           nsc, part, ssp))
                 return -1;
+        } else if (big_ok && n > 1 && (nr + 1) * HC_G <= 128 && tb > 1) {
+            void (*mix)(const float *, int, int, const float *, int, int, float *, double *) =
+                tb == 2 ? hc_mix_tok<2> : tb == 4 ? hc_mix_tok<4> : hc_mix_tok<8>;
+            if (!(flags & 8) && hc_launch(op, mix, dim3(nsc, (n + tb - 1) / tb), 128, 0, st, flags, Xg, n, K, W, nr, nsc, part, ssp))
+                return -1;
         } else if (!(flags & 8) && hc_launch(op, hc_mix_small, dim3(nsc, n), 128, 0, st, flags, Xg, K, *fn, nr, nsc, part, ssp)) {
             return -1;
         }
         if (!(flags & 4) &&
-            hc_launch(op, hc_finish_kernel<HEAD>, dim3(n), 160, fsm, st, flags, Xg, M, D, nr, nsc, (const float *)part,
+            hc_launch(op, fin, dim3(n), HEAD ? HC_XT : HC_XT + 32, fsm, st, flags, Xg, M, D, nr, nsc, (const float *)part,
                       (const double *)ssp, scale, base, iters, norm_eps, hc_eps, fuse ? nw : (const float *)NULL, stage,
-                      flags & 1, x + (int64_t)t0 * D, HEAD ? (float *)NULL : post + (int64_t)t0 * M,
+                      flags & 1, vec, x + (int64_t)t0 * D, HEAD ? (float *)NULL : post + (int64_t)t0 * M,
                       HEAD ? (float *)NULL : comb + (int64_t)t0 * M * M))
             return -1;
     }

@@ -53,13 +53,79 @@ __global__ void __launch_bounds__(32) router_kernel(const float *logits, int E, 
     }
 }
 
+/* E <= 32 * ROUTER_RPL: the same picks and weights with each lane's scores in registers: a pick is the warp's
+ * largest biased score as an order-preserving key (__reduce_max_sync), then the lowest expert id holding it
+ * (__reduce_min_sync); a lane per pick forms the weights. */
+#define ROUTER_RPL 8
+
+/* order-preserving key of a biased score; 0 (never picked) for -inf and NaN, which `bs[e] > best` never picks */
+__device__ __forceinline__ unsigned router_key(float b) {
+    if (!(b > -INFINITY)) return 0u;
+    const unsigned u = __float_as_uint(b + 0.0f); /* -0 -> +0: equal scores, equal keys */
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__global__ void __launch_bounds__(32) router_reg_kernel(const float *logits, int E, int K, const float *bias, const int *tid2eid,
+                                                        const int *tokens, float route_scale, int *sel, float *weight) {
+    __shared__ float s[32 * ROUTER_RPL];
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float *lt = logits + (int64_t)t * E;
+    float z[ROUTER_RPL], bv[ROUTER_RPL];
+    unsigned key[ROUTER_RPL];
+    int pk = 0;
+    if (tid2eid && lane < K) pk = tid2eid[(int64_t)tokens[t] * K + lane];
+#pragma unroll
+    for (int i = 0; i < ROUTER_RPL; i++) {
+        const int e = lane + 32 * i;
+        z[i] = e < E ? lt[e] : 0.0f;
+        bv[i] = e < E && !tid2eid ? bias[e] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < ROUTER_RPL; i++) {
+        const int e = lane + 32 * i;
+        key[i] = 0u;
+        if (e >= E) continue;
+        const float sp = z[i] > 20.0f ? z[i] : log1pf(expf(z[i]));
+        const float si = sqrtf(sp);
+        s[e] = si;
+        if (!tid2eid) key[i] = router_key(si + bv[i]);
+    }
+    if (!tid2eid) {
+        for (int k = 0; k < K; k++) {
+            unsigned best = 0u;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int i = 0; i < ROUTER_RPL; i++)
+                if (key[i] > best) best = key[i], bi = lane + 32 * i;
+            const unsigned m = __reduce_max_sync(0xffffffffu, best);
+            const int w = __reduce_min_sync(0xffffffffu, m && best == m ? bi : 0x7fffffff);
+            if (lane == k) pk = w;
+            if (m && (w & 31) == lane)
+#pragma unroll
+                for (int i = 0; i < ROUTER_RPL; i++)
+                    if (i == (w >> 5)) key[i] = 0u;
+        }
+    }
+    __syncwarp();
+    const float sk = lane < K && pk >= 0 && pk < E ? s[pk] : 0.0f;
+    float sum = 0;
+    for (int k = 0; k < K; k++) sum += __shfl_sync(0xffffffffu, sk, k);
+    if (lane < K) {
+        sel[(int64_t)t * K + lane] = pk;
+        weight[(int64_t)t * K + lane] = sk / sum * route_scale;
+    }
+}
+
 extern "C" int dsv4_cuda_router(const float *logits, int T, int E, int K, const float *bias, const int *tid2eid,
                                 const int *tokens, float route_scale, int *sel, float *weight, void *stream) {
     if (T < 0 || E <= 0 || E > 4096 || K <= 0 || K > ROUTER_MAXK || K > E || (!tid2eid && !bias) || (tid2eid && !tokens))
         return dsv4_cuda_fail("router: bad arguments (T %d E %d K %d)", T, E, K);
     if (!T) return 0;
-    router_kernel<<<T, 32, sizeof(float) * 2 * (size_t)E, DSV4_STREAM(stream)>>>(logits, E, K, bias, tid2eid, tokens, route_scale,
-                                                                                  sel, weight);
+    if (E <= 32 * ROUTER_RPL)
+        router_reg_kernel<<<T, 32, 0, DSV4_STREAM(stream)>>>(logits, E, K, bias, tid2eid, tokens, route_scale, sel, weight);
+    else
+        router_kernel<<<T, 32, sizeof(float) * 2 * (size_t)E, DSV4_STREAM(stream)>>>(logits, E, K, bias, tid2eid, tokens,
+                                                                                      route_scale, sel, weight);
     return dsv4_cuda_check_launch("router");
 }
 

@@ -64,18 +64,34 @@ __device__ void block_scan2(int a, int b, int *ea, int *eb, int *ta, int *tb) {
     __syncthreads();
 }
 
+/* CACHE (T * K <= GROUP_CACHE): the picks and slot ids are read from global memory once, into shared memory, and each
+ * pick's expert (or -1) is decided once; else every step reads them. Any block size (a multiple of 32, <= 1024) gives
+ * the same plan. */
+#define GROUP_CACHE 2048
+
+template <int CACHE>
 __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel, const float *ew, const int *sid, int T, int K,
                                                                   int E, dsv4_cuda_moe_plan p) {
     extern __shared__ uint32_t gsm[];
-    const int NW = (T + 31) / 32;
+    const int NW = (T + 31) / 32, TK = T * K;
     uint32_t *bm = gsm;                          /* [E][NW]: token bitmap of each expert */
     int *base = (int *)(bm + (size_t)E * NW);    /* [E]: first slot of each expert */
+    int *pe = base + E;                          /* CACHE: [T * K] each pick's expert, -1 when unused */
+    int *ssel = pe + (CACHE ? TK : 0), *ssid = ssel + (CACHE ? TK : 0); /* CACHE: [T * K] sel, [T] sid */
     const int tid = threadIdx.x, nth = blockDim.x;
+    const float ew0 = CACHE && tid < TK ? ew[tid] : 0.0f; /* the first pick's weight, loaded early */
+    if (CACHE) {
+        for (int q = tid; q < TK; q += nth) ssel[q] = sel[q];
+        for (int t = tid; t < T; t += nth) ssid[t] = sid[t];
+    }
     for (int i = tid; i < E * NW; i += nth) bm[i] = 0;
     __syncthreads();
-    for (int q = tid; q < T * K; q += nth) {
+    const int *gs = CACHE ? ssel : sel, *gi = CACHE ? ssid : sid;
+    for (int q = tid; q < TK; q += nth) {
         int t = q / K, e;
-        if (pick_used(sel, sid, t, q - t * K, K, E, &e)) atomicOr(&bm[e * NW + (t >> 5)], 1u << (t & 31));
+        const int used = pick_used(gs, gi, t, q - t * K, K, E, &e);
+        if (CACHE) pe[q] = used ? e : -1;
+        if (used) atomicOr(&bm[e * NW + (t >> 5)], 1u << (t & 31));
     }
     __syncthreads();
     /* counts per expert, scanned over the experts (a contiguous run of experts per thread) */
@@ -104,22 +120,22 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
     if (tid == 0) *p.nact = ta;
     __syncthreads();
     /* scatter: a token's rank in its expert's list = the tokens below it in the expert's bitmap */
-    for (int q = tid; q < T * K; q += nth) {
+    for (int q = tid; q < TK; q += nth) {
         int t = q / K, e;
-        if (!pick_used(sel, sid, t, q - t * K, K, E, &e)) continue;
+        if (CACHE ? (e = pe[q]) < 0 : !pick_used(sel, sid, t, q - t * K, K, E, &e)) continue;
         const uint32_t *row = bm + e * NW;
         int rank = __popc(row[t >> 5] & ((1u << (t & 31)) - 1u));
         for (int w = 0; w < (t >> 5); w++) rank += __popc(row[w]);
         const int slot = base[e] + rank;
         p.rows[slot] = t;
-        p.rw[slot] = ew[q];
+        p.rw[slot] = CACHE && q == tid ? ew0 : ew[q];
     }
     /* each token's slots in increasing expert id (= increasing slot) */
     for (int t = tid; t < T; t += nth) {
         int sl[GROUP_MAXK], ns = 0;
         for (int k = 0; k < K; k++) {
             int e;
-            if (!pick_used(sel, sid, t, k, K, E, &e)) continue;
+            if (CACHE ? (e = pe[t * K + k]) < 0 : !pick_used(sel, sid, t, k, K, E, &e)) continue;
             const uint32_t *row = bm + e * NW;
             int rank = __popc(row[t >> 5] & ((1u << (t & 31)) - 1u));
             for (int w = 0; w < (t >> 5); w++) rank += __popc(row[w]);
@@ -136,12 +152,22 @@ extern "C" int dsv4_cuda_moe_group(const int *sel, const float *w, const int *si
     if (T < 0 || T > GROUP_MAXT || K < 1 || K > GROUP_MAXK || E < 1)
         return dsv4_cuda_fail("moe_group: bad arguments (T %d K %d E %d)", T, K, E);
     if (!T) return dsv4_cuda_memset(p->nact, 0, sizeof(int), stream);
+    const int cache = T * K <= GROUP_CACHE;
     size_t smem = sizeof(uint32_t) * (size_t)E * ((T + 31) / 32) + sizeof(int) * (size_t)E;
+    if (cache) smem += sizeof(int) * (2 * (size_t)T * K + T);
     if (smem > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("moe_group: %d experts x %d tokens do not fit", E, T);
+    void (*kern)(const int *, const float *, const int *, int, int, int, dsv4_cuda_moe_plan) =
+        cache ? moe_group_kernel<1> : moe_group_kernel<0>;
     if (smem > 48 * 1024 &&
-        cudaFuncSetAttribute((const void *)moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+        cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
         return dsv4_cuda_fail("moe_group: cannot raise shared memory to %zu bytes", smem);
-    moe_group_kernel<<<1, GROUP_THREADS, smem, DSV4_STREAM(stream)>>>(sel, w, sid, T, K, E, *p);
+    /* the cached kernel at decode sizes: a thread per expert / pick (fewer warps to scan and synchronize) */
+    int nth = GROUP_THREADS;
+    if (cache) {
+        const int want = E > T * K ? E : T * K;
+        nth = want >= GROUP_THREADS ? GROUP_THREADS : (want + 31) / 32 * 32;
+    }
+    kern<<<1, nth, smem, DSV4_STREAM(stream)>>>(sel, w, sid, T, K, E, *p);
     return dsv4_cuda_check_launch("moe_group");
 }
 
@@ -347,17 +373,34 @@ extern "C" int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x
 
 /* ---- 3. combine ---- */
 
+/* the token's slots and then their values are loaded 8 at a time, all in flight, then added in order */
 __global__ void moe_combine_kernel(const float *y, const int *tslot, int K, int D, const float *shared, float *out) {
     const int t = blockIdx.y;
     const int d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= D) return;
+    const int *ts = tslot + (int64_t)t * K;
+    const float sh = shared ? shared[(int64_t)t * D + d] : 0.0f;
     float acc = 0.0f;
-    for (int k = 0; k < K; k++) {
-        const int s = tslot[(int64_t)t * K + k];
-        if (s < 0) break;
-        acc = __fadd_rn(acc, y[(int64_t)s * D + d]);
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        int s[8];
+        float v[8];
+        bool live = true;
+#pragma unroll
+        for (int u = 0; u < 8; u++) s[u] = k0 + u < K ? ts[k0 + u] : -1;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            live = live && s[u] >= 0;
+            v[u] = live ? y[(int64_t)s[u] * D + d] : 0.0f;
+        }
+        bool add = true;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            add = add && s[u] >= 0;
+            if (add) acc = __fadd_rn(acc, v[u]);
+        }
+        if (!live) break;
     }
-    if (shared) acc = __fadd_rn(acc, shared[(int64_t)t * D + d]);
+    if (shared) acc = __fadd_rn(acc, sh);
     out[(int64_t)t * D + d] = acc;
 }
 

@@ -5,25 +5,71 @@
  * not contract them into FMAs; the quant and Hadamard kernels are bit-exact. */
 #include "common.cuh"
 
-/* ---- RMSNorm: one block of 128 threads per row; sum of squares in double, as the twin ---- */
+/* ---- RMSNorm: one block of RMS_NT threads per row; sum of squares in double (common.cuh's order), as the twin.
+ * RQ > 0: 16-byte rows of at most RMS_NT * RQ quads, each thread's quads (and their weights) loaded at once into
+ * registers; RQ 0: any row, read twice. ---- */
 
-__global__ void __launch_bounds__(128) rmsnorm_kernel(float *x, int n, int64_t ld, const float *w, float eps) {
-    __shared__ double part[4];
+template <int RQ>
+__global__ void __launch_bounds__(RMS_NT) rmsnorm_kernel(float *x, int n, int64_t ld, const float *w, float eps) {
+    __shared__ double part[RMS_NT / 32];
     float *row = x + (int64_t)blockIdx.x * ld;
+    const int tid = threadIdx.x, nq = (n + 3) >> 2;
     double ss = 0;
-    for (int i = threadIdx.x; i < n; i += 128) ss += (double)row[i] * row[i];
-    ss = warp_sum_d(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    ss = (part[0] + part[1]) + (part[2] + part[3]);
-    float r = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = threadIdx.x; i < n; i += 128) row[i] = w ? __fmul_rn(w[i], __fmul_rn(row[i], r)) : __fmul_rn(row[i], r);
+    if constexpr (RQ > 0) {
+        float4 v[RQ], wv[RQ];
+        float4 *r4 = (float4 *)row;
+#pragma unroll
+        for (int k = 0; k < RQ; k++) {
+            const int q = tid + k * RMS_NT;
+            if (q < nq) {
+                v[k] = r4[q];
+                if (w) wv[k] = ((const float4 *)w)[q];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < RQ; k++)
+            if (tid + k * RMS_NT < nq) ss = rms_sq4(ss, v[k]);
+        ss = warp_sum_d(ss);
+        if ((tid & 31) == 0) part[tid >> 5] = ss;
+        __syncthreads();
+        ss = rms_sum8(part);
+        const float r = 1.0f / sqrtf((float)(ss / n) + eps);
+#pragma unroll
+        for (int k = 0; k < RQ; k++) {
+            const int q = tid + k * RMS_NT;
+            if (q >= nq) continue;
+            float4 o;
+            if (w) {
+                o.x = __fmul_rn(wv[k].x, __fmul_rn(v[k].x, r)), o.y = __fmul_rn(wv[k].y, __fmul_rn(v[k].y, r));
+                o.z = __fmul_rn(wv[k].z, __fmul_rn(v[k].z, r)), o.w = __fmul_rn(wv[k].w, __fmul_rn(v[k].w, r));
+            } else {
+                o.x = __fmul_rn(v[k].x, r), o.y = __fmul_rn(v[k].y, r), o.z = __fmul_rn(v[k].z, r), o.w = __fmul_rn(v[k].w, r);
+            }
+            r4[q] = o;
+        }
+    } else {
+        for (int g = tid; g < nq; g += RMS_NT)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (4 * g + u < n) ss += (double)row[4 * g + u] * row[4 * g + u];
+        ss = warp_sum_d(ss);
+        if ((tid & 31) == 0) part[tid >> 5] = ss;
+        __syncthreads();
+        ss = rms_sum8(part);
+        const float r = 1.0f / sqrtf((float)(ss / n) + eps);
+        for (int i = tid; i < n; i += RMS_NT) row[i] = w ? __fmul_rn(w[i], __fmul_rn(row[i], r)) : __fmul_rn(row[i], r);
+    }
 }
 
 extern "C" int dsv4_cuda_rmsnorm(float *x, int rows, int n, int64_t ld, const float *w, float eps, void *stream) {
     if (rows < 0 || n <= 0 || ld < n) return dsv4_cuda_fail("rmsnorm: bad shape (rows %d n %d ld %lld)", rows, n, (long long)ld);
     if (!rows) return 0;
-    rmsnorm_kernel<<<rows, 128, 0, DSV4_STREAM(stream)>>>(x, n, ld, w, eps);
+    cudaStream_t st = DSV4_STREAM(stream);
+    const int vec = n % 4 == 0 && ld % 4 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15), nq = n / 4;
+    if (vec && nq <= RMS_NT) rmsnorm_kernel<1><<<rows, RMS_NT, 0, st>>>(x, n, ld, w, eps);
+    else if (vec && nq <= 4 * RMS_NT) rmsnorm_kernel<4><<<rows, RMS_NT, 0, st>>>(x, n, ld, w, eps);
+    else if (vec && nq <= 8 * RMS_NT) rmsnorm_kernel<8><<<rows, RMS_NT, 0, st>>>(x, n, ld, w, eps);
+    else rmsnorm_kernel<0><<<rows, RMS_NT, 0, st>>>(x, n, ld, w, eps);
     return dsv4_cuda_check_launch("rmsnorm");
 }
 

@@ -137,28 +137,44 @@ extern "C" int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, c
     return dsv4_cuda_check_launch("cmp_store");
 }
 
-__global__ void ring_store_kernel(dsv4_cuda_batch b, int L, const float *kv, int W, int Dh, int R) {
-    const int t = blockIdx.x;
+/* a block of RS_THREADS per row: warp w packs the 64-blocks w, w + RS_THREADS / 32, .. of dev_kv_pack_row_warp (the
+ * same operations per byte), the rope dims over all threads; the row's values are loaded before the slot is found */
+#define RS_THREADS 256
+__global__ void __launch_bounds__(RS_THREADS) ring_store_kernel(dsv4_cuda_batch b, int L, const float *kv, int W, int Dh, int R) {
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nope = Dh - R, nb = nope / 64;
+    const float *src = kv + (int64_t)t * Dh;
+    const float v0 = warp < nb ? src[warp * 64 + lane] : 0.0f, v1 = warp < nb ? src[warp * 64 + 32 + lane] : 0.0f;
+    const float vr = tid < R ? src[nope + tid] : 0.0f;
     const dsv4_cuda_lstate *ls = row_state(b, t, L);
     if (!ls) return;
     const int s = b.sid[t], p = b.pos[t];
     if (p < b.p0[s] + b.n[s] - W) return; /* a later row of the chunk takes this slot */
-    dev_kv_pack_row_warp(kv + (int64_t)t * Dh, Dh, R, ls->abuf + (int64_t)(p % W) * dsv4_kv_row_bytes(Dh, R));
+    uint8_t *dst = ls->abuf + (int64_t)(p % W) * dsv4_kv_row_bytes(Dh, R);
+    for (int blk = warp; blk < nb; blk += RS_THREADS / 32) {
+        const float a0 = blk == warp ? v0 : src[blk * 64 + lane], a1 = blk == warp ? v1 : src[blk * 64 + 32 + lane];
+        const float a = warp_max(fmaxf(fabsf(a0), fabsf(a1)));
+        const float sc = dev_pow2_ceil(fmaxf(a, 1e-4f) * (1.0f / 448.0f));
+        dst[blk * 64 + lane] = (uint8_t)__nv_cvt_float_to_fp8(a0 / sc, __NV_SATFINITE, __NV_E4M3); /* exact: a power of two */
+        dst[blk * 64 + 32 + lane] = (uint8_t)__nv_cvt_float_to_fp8(a1 / sc, __NV_SATFINITE, __NV_E4M3);
+        if (lane == 0) dst[nope + blk] = dev_e8m0_code(sc);
+    }
+    uint16_t *rp = (uint16_t *)(dst + dsv4_kv_rope_off(Dh, R));
+    for (int j = tid; j < R; j += RS_THREADS) rp[j] = __bfloat16_as_ushort(__float2bfloat16_rn(j == tid ? vr : src[nope + j]));
 }
 
 extern "C" int dsv4_cuda_ring_store(const dsv4_cuda_batch *b, int L, const float *kv, int W, int Dh, int R,
                                     void *stream) {
     if (W <= 0 || Dh <= R || (Dh - R) % 64) return dsv4_cuda_fail("ring_store: bad arguments (W %d Dh %d R %d)", W, Dh, R);
     if (b->T <= 0) return 0;
-    ring_store_kernel<<<b->T, 32, 0, DSV4_STREAM(stream)>>>(*b, L, kv, W, Dh, R);
+    ring_store_kernel<<<b->T, RS_THREADS, 0, DSV4_STREAM(stream)>>>(*b, L, kv, W, Dh, R);
     return dsv4_cuda_check_launch("ring_store");
 }
 
-/* ---- attention index lists: one block per query row, a thread per list position ---- */
+/* ---- attention index lists: one block of 256 threads per query row, a thread per list position ---- */
 
 __global__ void attn_index_kernel(dsv4_cuda_batch b, int L, int W, int ratio, const int *sel, const int *nsel, int ksel,
                                   int nidx, int *idx, const uint8_t **qbase) {
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, p = b.pos[t], ns = ratio == 4 && sel ? nsel[t] : 0; /* loaded beside the state's chain */
     const dsv4_cuda_lstate *ls = row_state(b, t, L);
     int *it = idx + (int64_t)t * nidx;
     if (!ls) {
@@ -166,13 +182,14 @@ __global__ void attn_index_kernel(dsv4_cuda_batch b, int L, int W, int ratio, co
         if (threadIdx.x == 0) qbase[t] = NULL;
         return;
     }
-    const int s = b.sid[t], p = b.pos[t], p0 = b.p0[s], row0 = b.off[s];
+    const int s = b.sid[t], p0 = b.p0[s], row0 = b.off[s];
     const int nw = p + 1 < W ? p + 1 : W, first = p - nw + 1;
     int ne = 0;
-    if (ratio == 4 && sel) ne = nsel[t];
+    if (ratio == 4 && sel) ne = ns;
     else if (ratio > 0) ne = (p + 1) / ratio;
     if (nw + ne > nidx) ne = nidx - nw; /* the caller sizes nidx for the longest list; never taken */
-    for (int i = threadIdx.x; i < nidx; i += blockDim.x) {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < nidx; i += blockDim.x) { /* unrolled: the sel loads of 4 positions in flight at once */
         int id = -1;
         if (i < nw) {
             int pp = first + i;
@@ -190,7 +207,7 @@ extern "C" int dsv4_cuda_attn_index(const dsv4_cuda_batch *b, int L, int W, int 
                                     int ksel, int nidx, int *idx, const uint8_t **qbase, void *stream) {
     if (W <= 0 || nidx < W || ratio < 0) return dsv4_cuda_fail("attn_index: bad arguments (W %d nidx %d)", W, nidx);
     if (b->T <= 0) return 0;
-    attn_index_kernel<<<b->T, 128, 0, DSV4_STREAM(stream)>>>(*b, L, W, ratio, sel, nsel, ksel, nidx, idx, qbase);
+    attn_index_kernel<<<b->T, 256, 0, DSV4_STREAM(stream)>>>(*b, L, W, ratio, sel, nsel, ksel, nidx, idx, qbase);
     return dsv4_cuda_check_launch("attn_index");
 }
 

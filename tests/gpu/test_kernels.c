@@ -6,7 +6,8 @@
  * One closeness rule: |got - ref| <= atol + rtol * |ref| per element; the worst element (largest
  * |got - ref| / (atol + rtol * |ref|)) is printed; any failure makes the exit status non-zero.
  * The device-side pieces of the decode step (top-k, MoE grouping, grouped experts, attention index
- * lists) are checked against twins written here from their definitions in src/cuda/cuda_model.h.
+ * lists, the window ring store) are checked against twins written here from their definitions in
+ * src/cuda/cuda_model.h and kv_cache.h.
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
@@ -26,6 +27,7 @@
 #include "cpu/topk.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_model.h"
+#include "cuda/kv_cache.h"
 #include "cuda/bench_cuda.h"
 #include "cuda/linear_gemm.h"
 #include "quant/formats.h"
@@ -1297,6 +1299,98 @@ static void test_attn_index(int S, int W, int ratio, int ksel, const int *p0, co
     free(tok), free(pos), free(sid), free(off), free(sel), free(nsel), free(sq), free(ref), free(got), free(gi), free(qb);
 }
 
+/* ---- window ring store (twin: kv_cache.h's row format written out here: e4m3 codes of the 64-blocks over their
+ * recomputed power-of-two scale, e8m0 scales, bf16 rope dims) ---- */
+
+static void kv_pack_ref(const float *x, int Dh, int R, uint8_t *row) {
+    const int nope = Dh - R;
+    for (int b = 0; b < nope / 64; b++) {
+        float a = 0;
+        for (int j = 0; j < 64; j++) a = fmaxf(a, fabsf(x[b * 64 + j]));
+        union { float f; uint32_t u; } sc = {fmaxf(a, 1e-4f) * (1.0f / 448.0f)};
+        const int e = (int)((sc.u >> 23) & 0xff) - 127 + ((sc.u & 0x7fffffu) != 0);
+        const float s = ldexpf(1.0f, e);
+        row[nope + b] = (uint8_t)(e + 127);
+        for (int j = 0; j < 64; j++) { /* the code whose value is x / s exactly (the row is FP8-simulated) */
+            const float v = x[b * 64 + j] / s;
+            int c = 0;
+            while (c < 256 && memcmp(&(float){dsv4_e4m3_to_f32((uint8_t)c)}, &v, sizeof v)) c++;
+            row[b * 64 + j] = (uint8_t)(c < 256 ? c : 0x7f);
+        }
+    }
+    uint16_t *rp = (uint16_t *)(row + dsv4_kv_rope_off(Dh, R));
+    for (int j = 0; j < R; j++) rp[j] = dsv4_f32_to_bf16(x[nope + j]);
+}
+
+/* S slots with n[s] rows at positions p0[s] ..; two idle rows at the end. Each slot's ring (W rows, prefilled) after
+ * dsv4_cuda_ring_store, bytewise. */
+static void test_ring_store(int S, int W, int Dh, int R, const int *p0, const int *n) {
+    const int L = 1; /* layer 1 of 2 */
+    int T = 0;
+    for (int s = 0; s < S; s++) T += n[s];
+    T += 2;
+    const int64_t rb = dsv4_kv_row_bytes(Dh, R), nope = Dh - R;
+    int *pos = calloc(T, sizeof(int)), *sid = calloc(T, sizeof(int)), *off = calloc(S, sizeof(int));
+    void **sq = calloc(S, sizeof(void *));
+    uint8_t **ring = calloc(S, sizeof(uint8_t *)), *ref = malloc((size_t)S * W * rb), *got = malloc((size_t)S * W * rb);
+    memset(ref, 0xa5, (size_t)S * W * rb);
+    float *kv = randn((size_t)T * Dh, 1.0f);
+    for (int t = 0; t < T; t++) dsv4_act_quant_fp8(kv + (size_t)t * Dh, (size_t)nope, 64);
+    for (int s = 0, t = 0; s < S; s++) {
+        off[s] = t;
+        for (int i = 0; i < n[s]; i++, t++) pos[t] = p0[s] + i, sid[t] = s;
+        ring[s] = dup_to_dev(ref + (size_t)s * W * rb, (size_t)W * rb);
+        if (n[s]) {
+            dsv4_cuda_seqdev hd = {0, 1 << 20, NULL};
+            dsv4_cuda_lstate ls[2] = {{0}};
+            uint8_t *d = dsv4_cuda_alloc(256 + sizeof ls);
+            hd.L = (dsv4_cuda_lstate *)(d + 256);
+            ls[L].abuf = ring[s];
+            dsv4_cuda_upload(d, &hd, sizeof hd), dsv4_cuda_upload(d + 256, ls, sizeof ls);
+            sq[s] = d;
+        }
+    }
+    for (int t = T - 2; t < T; t++) sid[t] = -1;
+    for (int t = 0; t < T - 2; t++) {
+        const int s = sid[t];
+        if (pos[t] >= p0[s] + n[s] - W) kv_pack_ref(kv + (size_t)t * Dh, Dh, R, ref + ((size_t)s * W + pos[t] % W) * rb);
+    }
+    int *dpos = dup_to_dev(pos, sizeof(int) * T), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    int *dp0 = dup_to_dev(p0, sizeof(int) * S), *dn = dup_to_dev(n, sizeof(int) * S), *doff = dup_to_dev(off, sizeof(int) * S);
+    void *dsq = dup_to_dev(sq, sizeof(void *) * S);
+    float *dkv = dup_to_dev(kv, sizeof(float) * (size_t)T * Dh);
+    dsv4_cuda_batch b = {.T = T, .S = S, .tok = dpos, .pos = dpos, .sid = dsid, .p0 = dp0, .n = dn, .off = doff, .sq = dsq};
+    op_ok(dsv4_cuda_ring_store(&b, L, dkv, W, Dh, R, NULL), "ring_store");
+    sync_ok();
+    for (int s = 0; s < S; s++) from_dev(got + (size_t)s * W * rb, ring[s], (size_t)W * rb);
+    size_t nb = (size_t)S * W * rb;
+    float *fr = malloc(sizeof(float) * nb), *fg = malloc(sizeof(float) * nb);
+    for (size_t i = 0; i < nb; i++) fr[i] = ref[i], fg[i] = got[i];
+    char name[128];
+    snprintf(name, sizeof name, "ring_store S=%d T=%d W=%d Dh=%d R=%d (bytes, exact)", S, T, W, Dh, R);
+    check(name, fg, fr, nb, 0, 0);
+    /* the twin against dsv4_cuda_kv_pack (attn_kv8.cu) on the same rows */
+    {
+        uint8_t *pk = malloc((size_t)T * rb), *hk = malloc((size_t)T * rb), *dpk = dsv4_cuda_alloc((size_t)T * rb);
+        memset(hk, 0, (size_t)T * rb);
+        op_ok(dsv4_cuda_memset(dpk, 0, (size_t)T * rb, NULL), "memset");
+        op_ok(dsv4_cuda_kv_pack(dkv, Dh, T, Dh, R, dpk, NULL, NULL), "kv_pack");
+        sync_ok();
+        from_dev(pk, dpk, (size_t)T * rb);
+        for (int t = 0; t < T; t++) kv_pack_ref(kv + (size_t)t * Dh, Dh, R, hk + (size_t)t * rb);
+        size_t nd = 0;
+        for (size_t i = 0; i < (size_t)T * rb; i++) nd += pk[i] != hk[i];
+        g_checks++, g_fail += nd != 0;
+        printf("%-4s kv_pack rows = the ring store's twin: %zu of %zu bytes differ%s\n", nd ? "FAIL" : "ok", nd, (size_t)T * rb,
+               nd ? " <<<" : "");
+        dsv4_cuda_free(dpk), free(pk), free(hk);
+    }
+    for (int s = 0; s < S; s++) dsv4_cuda_free(sq[s]), dsv4_cuda_free(ring[s]);
+    dsv4_cuda_free(dpos), dsv4_cuda_free(dsid), dsv4_cuda_free(dp0), dsv4_cuda_free(dn), dsv4_cuda_free(doff), dsv4_cuda_free(dsq);
+    dsv4_cuda_free(dkv);
+    free(pos), free(sid), free(off), free(sq), free(ring), free(ref), free(got), free(kv), free(fr), free(fg);
+}
+
 /* ---- GEMV / GEMM timing: NR copies of one weight (> 256 MiB in all), a different copy per call ---- */
 
 static double g_copy_gbs; /* device-to-device cudaMemcpy, read + write, measured in this run */
@@ -1960,6 +2054,12 @@ moe_checks:
         int p0b[3] = {10, 0, 0}, nb[3] = {40, 17, 0}; /* prefill chunks longer than the window */
         test_attn_index(3, 16, 4, 32, p0b, nb);
         test_attn_index(3, 16, 16, 32, p0b, nb);
+        int p0c[5] = {0, 7, 300, 4095, 0}, nc[5] = {1, 1, 1, 1, 0}; /* decode: one row per slot, Flash head_dim */
+        test_ring_store(5, 128, 512, 64, p0c, nc);
+        int p0d[3] = {10, 0, 5}, nd[3] = {40, 17, 3}; /* prefill chunks longer and shorter than the window */
+        test_ring_store(3, 16, 512, 64, p0d, nd);
+        test_ring_store(3, 16, 192, 64, p0d, nd); /* two 64-blocks */
+        test_ring_store(3, 8, 704, 128, p0d, nd); /* more 64-blocks than warps */
     }
 
 checks_done:
