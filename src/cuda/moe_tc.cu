@@ -9,7 +9,12 @@
  * convert, e2m1 re-packed as e4m3, MXFP4 group scales relative to the unit's largest as an f16 power of two,
  * NVFP4 group scales folded in f16); x is staged in shared memory as 16-bit terms in the permuted order of the
  * fragments, with one power-of-two scale per (token, unit): FP8 act-quant codes (act_quant) or x / 2^e as two
- * f16 terms. A lane keeps its weight loads of the next unit in registers while the current one is computed.
+ * f16 terms (or, 8-warp ring kernels, the e4m3 code bytes, converted when the fragments are read: the same f16).
+ * Decode (FP4 formats): a cp.async ring of DEPTH units a warp in shared memory (4-5 stages: 3-4 units of weights in
+ * flight a warp, counted by commit groups), 16 warps an SM: 4-warp blocks when the chunk's x fits four an SM (batch
+ * 1: 384 blocks on 132 SMs, not 192 of 8 warps), else 8-warp blocks; their dependents launch when the work is done.
+ * Prefill, FP8 and DSV4_MOE_TC_LEGACY: a lane keeps its weight loads of the next unit in registers while the current
+ * one is computed (the scale bytes' loads, combined right away, made that wait for each unit: one latency a unit).
  * (Opt-in for comparisons, both measured slower: an L2 bulk prefetch of the units after those, and MXFP4 codes to
  * f16 with integer instructions, mt_e2m1x8_alu, checked against the e4m3-convert decode once on the device.)
  *
@@ -26,8 +31,7 @@
 #include "linear_tc.cuh"
 #include "moe_tc.h"
 
-#define MT_WARPS 8
-#define MT_THREADS (MT_WARPS * 32)
+#define MT_WARPS 8 /* warps a block of the register-buffer kernels (prefill, FP8, the legacy decode) */
 #define MT_SB 4    /* (token, unit) items in flight per warp while staging x */
 #define MT_PQW 4   /* units per staged window on the pre-quantized path; also the most column slices S */
 #define MT_PQ_AVG 16 /* token-expert rows per expert (average) from which the pre-quantized 64-token path runs */
@@ -38,12 +42,13 @@ template <int FMT> struct mt_fmt { static constexpr int V = 1, E = 32; }; /* MXF
 template <> struct mt_fmt<DSV4_WF_FP8> { static constexpr int V = 2, E = 16; };
 
 /* Slot of column i (0..127) of a unit in the staged x (as linear.cu's tc_slot): FP4 in tc_e2m1_perm order inside a
- * chunk, with the 16-byte halves of odd lane pairs swapped (conflict-free reads); FP8 as is. */
-template <int FMT> __device__ __forceinline__ int mt_slot(int i) {
+ * chunk, with (16-bit slots, XB = 2) the 16-byte halves of odd lane pairs swapped (conflict-free reads); FP8 as is.
+ * XB = 1 (x held as e4m3 bytes): no swap (the token rows' 8-byte pad keeps the 8-byte reads conflict-free). */
+template <int FMT, int XB = 2> __device__ __forceinline__ int mt_slot(int i) {
     if (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) {
         const int ch = i >> 5, e = i & 31;
         const int q = (e & ~7) + tc_e2m1_slot(e & 7);
-        return ch * 32 + (((q >> 3) ^ ((ch >> 1) & 1)) << 3) + (q & 7);
+        return ch * 32 + (((q >> 3) ^ (XB == 2 ? (ch >> 1) & 1 : 0)) << 3) + (q & 7);
     }
     return i;
 }
@@ -51,7 +56,7 @@ template <int FMT> __device__ __forceinline__ int mt_slot(int i) {
 /* One (token, unit) of x held by a warp, 4 values per lane (columns q*32 + lane): XT = 1, the FP8 act quant (codes as
  * f16, exact; bit-identical to dsv4_act_quant_fp8: same amax floor, clamp and power-of-two scale, hardware RNE
  * convert); XT = 2, x / s as two f16 terms with s a power of two that puts the largest |x| in [2^14, 2^15). */
-template <int XT> __device__ __forceinline__ float mt_quant(const float (&v)[4], uint16_t (&term)[4][XT]) {
+template <int XT> __device__ __forceinline__ float mt_quant(const float (&v)[4], uint16_t (&term)[4][XT], uint8_t *code = NULL) {
     float a = XT == 1 ? 1e-4f : 0.0f, s;
 #pragma unroll
     for (int q = 0; q < 4; q++) a = fmaxf(a, fabsf(v[q]));
@@ -62,7 +67,9 @@ template <int XT> __device__ __forceinline__ float mt_quant(const float (&v)[4],
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const float y = fminf(fmaxf(__fmul_rn(v[q], inv), -448.0f), 448.0f);
-            term[q][0] = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3), __NV_E4M3).x;
+            const __nv_fp8_storage_t b = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
+            if (code) code[q] = b;
+            else term[q][0] = __nv_cvt_fp8_to_halfraw(b, __NV_E4M3).x;
         }
     } else {
         int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 14;
@@ -101,12 +108,31 @@ __device__ __forceinline__ void mt_e2m1x8_alu(uint32_t w, uint32_t (&r)[4]) {
     r[2] = ((x01 << 5) & 0x0E000E00u) | ((x01 << 8) & 0x80008000u);
     r[3] = ((x23 << 5) & 0x0E000E00u) | ((x23 << 8) & 0x80008000u);
 }
+/* Two e4m3 of the low / high half of a word to f16x2: the instruction of tc_e4m3x2_f16x2, the high half read in place
+ * (no shift) */
+__device__ __forceinline__ uint32_t mt_e4m3x2_lo(uint32_t v) {
+    uint32_t r;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(r) : "r"(v));
+    return r;
+}
+__device__ __forceinline__ uint32_t mt_e4m3x2_hi(uint32_t v) {
+    uint32_t r;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(r) : "r"(v));
+    return r;
+}
+/* tc_e2m1x8_f16x2 (linear_tc.cuh) with the high halves converted in place: the same values */
+__device__ __forceinline__ void mt_e2m1x8_f16x2(uint32_t w, uint32_t (&r)[4]) {
+    const uint32_t lo = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);
+    const uint32_t hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+    r[0] = mt_e4m3x2_lo(lo), r[1] = mt_e4m3x2_hi(lo), r[2] = mt_e4m3x2_lo(hi), r[3] = mt_e4m3x2_hi(hi);
+}
 /* exponent offset of the FP4 group factor: the decoded e2m1 values carry 2^-6 (e4m3 convert) or 2^-14 (ALU) */
 #define MT_F4OFF(DEC) ((DEC) ? 14 : 6)
 
 /* A fragments of sub-step j of one chunk of one row: registers 2k / 2k+1 feed k-step k (as linear.cu's tc_decode).
- * DEC (MXFP4): the integer decode; the products with the group factor equal the convert path's bit for bit. */
-template <int FMT, int DEC> __device__ __forceinline__ void mt_decode(const uint4 &q, int j, uint32_t f, uint32_t (&A)[4]) {
+ * DEC (MXFP4): the integer decode; the products with the group factor equal the convert path's bit for bit. IH: the
+ * in-place high-half convert (the ring kernels; the register kernels keep tc_e2m1x8_f16x2). */
+template <int FMT, int DEC, int IH = 0> __device__ __forceinline__ void mt_decode(const uint4 &q, int j, uint32_t f, uint32_t (&A)[4]) {
     const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
     if (FMT == DSV4_WF_FP8) {
         A[0] = tc_e4m3x2_f16x2(wd[2 * j]), A[1] = tc_e4m3x2_f16x2(wd[2 * j] >> 16);
@@ -114,6 +140,7 @@ template <int FMT, int DEC> __device__ __forceinline__ void mt_decode(const uint
     } else {
         uint32_t r[4];
         if (DEC) mt_e2m1x8_alu(wd[j], r);
+        else if (IH) mt_e2m1x8_f16x2(wd[j], r);
         else tc_e2m1x8_f16x2(wd[j], r);
 #pragma unroll
         for (int i = 0; i < 4; i++) A[i] = tc_hmul2(r[i], f);
@@ -142,12 +169,30 @@ __device__ __forceinline__ void mt_cp16(void *smem, const void *g) {
 }
 __device__ __forceinline__ void mt_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void mt_cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* weights into the ring: 16 bytes read once (L2 only, 256-byte L2 fetch: the row's next units are wanted soon) */
+__device__ __forceinline__ void mt_cp16s(unsigned sa, const void *g) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
+}
+/* scale words into the ring (4 or 8 bytes, cached: a row's scales serve the block's next units) */
+template <int B> __device__ __forceinline__ void mt_cps(unsigned sa, const void *g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(sa), "l"(g), "n"(B) : "memory");
+}
+template <int N> __device__ __forceinline__ void mt_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 /* One unit of a lane's weights: [tile][row g / g+8][chunk], and the scale bytes of tile t in sc[t] (MXFP4 / FP8:
  * byte m = row half m; NVFP4: the chunk's two e4m3 group scales, 16 bits per row half). */
 template <int V> struct mt_buf {
     uint4 q[2][2][V];
     uint32_t sc[2];
+    uint32_t scw[2][2]; /* ring: the scale word of row half m of tile t (MXFP4: the row's 4 group scales of the unit;
+                         * NVFP4: the two 16-bit pairs of chunks 2 (c / 2), 2 (c / 2) + 1) */
+};
+
+/* The ring (decode kernels, FP4): per warp DEPTH stages of one unit each: the lane's weights, [t][m][lane] 16 bytes,
+ * then the scale words, [g][t][m] (MXFP4: 4 bytes, the row's unit; NVFP4: 8 bytes, the row's unit), lane 4 g + c
+ * copying those of (t, m) = (c / 2, c % 2). */
+template <int FMT> struct mt_ring {
+    static constexpr int SCB = FMT == DSV4_WF_NVFP4 ? 8 : 4, STAGE = 2048 + 32 * SCB;
 };
 
 struct mt_params {
@@ -162,17 +207,23 @@ struct mt_params {
     int pf; /* units of weights prefetched into L2 beyond the DEPTH in registers (0: none) */
 };
 
-template <int FMT, int GATEUP, int XT, int NT, int PQ, int DEPTH, int DEC>
-__global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1 : 2)
+/* NW warps a block; RING 0: DEPTH units of weights in registers (prefill, FP8, DSV4_MOE_TC_LEGACY), 1: a cp.async ring
+ * of DEPTH units a warp in shared memory (decode, FP4; 16 warps an SM); XB: bytes of a staged x code (1: e4m3). */
+template <int FMT, int GATEUP, int XT, int NT, int PQ, int DEPTH, int DEC, int NW = MT_WARPS, int RING = 0, int XB = 2>
+__global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DSV4_WF_FP8) ? 1 : 2)
     moe_tc_kernel(const __grid_constant__ mt_params P) {
     constexpr int V = mt_fmt<FMT>::V, E = mt_fmt<FMT>::E, NSUB = E / 8, NBUF = PQ ? 2 : 1;
     constexpr bool FP4 = FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4;
+    static_assert(!RING || (FP4 && !PQ && V == 1), "the ring holds FP4 decode units");
+    static_assert(XB == 2 || (XT == 1 && !PQ), "e4m3 x: act-quantized decode only");
     extern __shared__ __align__(16) unsigned char mt_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int S = P.S, RT = P.RT, W = P.W, NU = P.NU, ntok = P.ntok, tok = P.tok, R = P.R, C = P.C;
     const int rt = warp / S, s = warp - rt * S;
-    /* programmatic dependent launch: the next kernel may start launching; wait for the plan and x */
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    /* programmatic dependent launch: the next kernel may start launching (the ring kernels: only once their work is
+     * done, else its waiting blocks take the SM slots that balance this grid: measured 10 us at batch 1); wait for
+     * the plan and x */
+    if (!RING) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
@@ -183,10 +234,16 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
     const int64_t wss[2] = {w0.scale_stride, w1.scale_stride}, wr0[2] = {w0.row0, w1.row0}, rowq = C / E;
     const float cw[2] = {w0.scale2, w1.scale2};
 
-    const size_t xsb = (size_t)XT * ntok * tok; /* 16-bit slots of one x buffer: [XT][ntok][tok] */
+    const size_t xsb = (size_t)XT * ntok * tok; /* slots (XB bytes each) of one x buffer: [XT][ntok][tok] */
     uint16_t *xs = (uint16_t *)mt_sm;
-    float *sxs = (float *)(mt_sm + (size_t)NBUF * xsb * 2); /* [NBUF][ntok][W] */
-    float4 *red = (float4 *)(mt_sm + (((size_t)NBUF * xsb * 2 + (size_t)NBUF * ntok * W * 4 + 15) & ~(size_t)15));
+    unsigned char *xs8 = mt_sm;
+    float *sxs = (float *)(mt_sm + (size_t)NBUF * xsb * XB); /* [NBUF][ntok][W] */
+    const size_t red_off = ((size_t)NBUF * xsb * XB + (size_t)NBUF * ntok * W * 4 + 15) & ~(size_t)15;
+    float4 *red = (float4 *)(mt_sm + red_off);
+    /* the ring after the reduction space (mt_smem lays out the same) */
+    unsigned char *ring = mt_sm + ((red_off + (S > 1 ? (size_t)(S - 1) * RT * 2 * NT * 32 * 16 : 0) + 127) & ~(size_t)127) +
+                          (size_t)warp * DEPTH * mt_ring<FMT>::STAGE;
+    const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring);
 
     const int nsu = NU / S, JW = W / S, nch = (cnt + ntok - 1) / ntok, NWIN = (NU + W - 1) / W;
     const int total = P.iters * nch * nsu, nwin_tot = P.iters * nch * NWIN;
@@ -223,11 +280,11 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
     /* x of tokens c0 .. c0+nt-1, units u0 .. u0+nwu-1, act-quantized here (decode path) */
     auto stage = [&](int c0, int nt, int u0, int nwu) {
         const int n = nt * nwu;
-        for (int i0 = warp; i0 < n; i0 += MT_WARPS * MT_SB) {
+        for (int i0 = warp; i0 < n; i0 += NW * MT_SB) {
             float v[MT_SB][4];
 #pragma unroll
             for (int bb = 0; bb < MT_SB; bb++) {
-                const int i = i0 + bb * MT_WARPS, t = i / nwu, wu = i - t * nwu;
+                const int i = i0 + bb * NW, t = i / nwu, wu = i - t * nwu;
                 const float *src = NULL;
                 if (i < n) src = P.x + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * C + (int64_t)(u0 + wu) * 128;
 #pragma unroll
@@ -235,16 +292,23 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
             }
 #pragma unroll
             for (int bb = 0; bb < MT_SB; bb++) {
-                const int i = i0 + bb * MT_WARPS, t = i / nwu, wu = i - t * nwu;
+                const int i = i0 + bb * NW, t = i / nwu, wu = i - t * nwu;
                 if (i >= n) break;
                 uint16_t term[4][XT];
-                const float sc = mt_quant<XT>(v[bb], term);
-                uint16_t *dst = xs + (size_t)t * tok + wu * 128;
+                uint8_t code[4];
+                const float sc = mt_quant<XT>(v[bb], term, XB == 1 ? code : NULL);
+                if (XB == 1) {
+                    unsigned char *dst = xs8 + (size_t)t * tok + wu * 128;
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const int pos = mt_slot<FMT>(q * 32 + lane);
+                    for (int q = 0; q < 4; q++) dst[mt_slot<FMT, 1>(q * 32 + lane)] = code[q];
+                } else {
+                    uint16_t *dst = xs + (size_t)t * tok + wu * 128;
 #pragma unroll
-                    for (int xt = 0; xt < XT; xt++) dst[(size_t)xt * ntok * tok + pos] = term[q][xt];
+                    for (int q = 0; q < 4; q++) {
+                        const int pos = mt_slot<FMT>(q * 32 + lane);
+#pragma unroll
+                        for (int xt = 0; xt < XT; xt++) dst[(size_t)xt * ntok * tok + pos] = term[q][xt];
+                    }
                 }
                 if (lane == 0) sxs[t * W + wu] = sc;
             }
@@ -257,7 +321,7 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
         uint16_t *xb = xs + (size_t)(wn & 1) * xsb;
         float *sb = sxs + (size_t)(wn & 1) * ntok * W;
         const int per = W * 16 + W / 4; /* 16-byte pieces of a token: its codes, then its scales */
-        for (int i = threadIdx.x; i < nt * per; i += MT_THREADS) {
+        for (int i = threadIdx.x; i < nt * per; i += NW * 32) {
             const int t = i / per, r = i - t * per;
             const int row = GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t;
             const uint8_t *src = P.xq + (int64_t)row * P.xq_ld;
@@ -284,7 +348,7 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
     int wc = -1; /* windows started */
 
     auto process = [&](const mt_buf<V> &b, int it, int chk, int j) {
-        const int tp = (it * P.gx + (int)blockIdx.x) * RT + rt, u = j * S + s, wi = j / JW, wu = u - wi * W;
+        const int tp = (it * P.gx + (int)blockIdx.x) * RT + rt, u = j * S + s, wi = NWIN == 1 ? 0 : j / JW, wu = u - wi * W;
         const bool act = tp < P.NRP;
         const int c0 = chk * ntok, nt = min(ntok, cnt - c0), ntl = (nt + 7) >> 3;
         if (j == wi * JW) { /* a window of units starts (every warp of the block at once) */
@@ -302,20 +366,33 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
         const uint16_t *xb = xs + (size_t)(PQ ? (wc & 1) : 0) * xsb;
         const float *sb = sxs + (size_t)(PQ ? (wc & 1) : 0) * ntok * W;
         if (act) {
-            int ew[2][2];
+            int ew[2][2], kq[2][2];
             uint32_t fq[2][2][2];
+            bool slow = false; /* ring, MXFP4: a group factor below the normal f16 range */
 #pragma unroll
             for (int t = 0; t < 2; t++)
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
                     if (FMT == DSV4_WF_MXFP4) {
-                        const int e = (int)((b.sc[t] >> (8 * m)) & 0xffu);
-                        int em = max(e, __shfl_xor_sync(0xffffffffu, e, 1));
-                        em = max(em, __shfl_xor_sync(0xffffffffu, em, 2));
-                        fq[t][m][0] = fq[t][m][1] = tc_f16x2_pow2(e - em + MT_F4OFF(DEC));
+                        int e, em;
+                        if (RING) { /* the row's four group scales: the largest without shuffles */
+                            const uint32_t w = b.scw[t][m];
+                            e = (int)__byte_perm(w, 0u, 0x4440u + c);
+                            em = max(max((int)__byte_perm(w, 0u, 0x4440u), (int)__byte_perm(w, 0u, 0x4441u)),
+                                     max((int)__byte_perm(w, 0u, 0x4442u), (int)(w >> 24)));
+                        } else {
+                            e = (int)((b.sc[t] >> (8 * m)) & 0xffu);
+                            em = max(e, __shfl_xor_sync(0xffffffffu, e, 1));
+                            em = max(em, __shfl_xor_sync(0xffffffffu, em, 2));
+                        }
+                        const int k = e - em + MT_F4OFF(DEC);
+                        kq[t][m] = k, slow |= k < -14;
+                        /* ring: tc_f16x2_pow2(k) for k >= -14 (normal; the others below) */
+                        fq[t][m][0] = fq[t][m][1] = RING ? (uint32_t)(k + 15) * 0x04000400u : tc_f16x2_pow2(k);
                         ew[t][m] = em;
                     } else if (FMT == DSV4_WF_NVFP4) {
-                        const uint32_t f = tc_hmul2(tc_e4m3x2_f16x2(b.sc[t] >> (16 * m)), 0x54005400u); /* x 64, exact */
+                        const uint32_t sv = RING ? b.scw[t][m] >> (16 * (c & 1)) : b.sc[t] >> (16 * m);
+                        const uint32_t f = tc_hmul2(tc_e4m3x2_f16x2(sv), 0x54005400u); /* x 64, exact */
                         fq[t][m][0] = (f & 0xffffu) * 0x10001u;
                         fq[t][m][1] = (f >> 16) * 0x10001u;
                         ew[t][m] = 127;
@@ -324,6 +401,12 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
                         ew[t][m] = (int)((b.sc[t] >> (8 * m)) & 0xffu);
                     }
                 }
+            if (FMT == DSV4_WF_MXFP4 && RING && __any_sync(0xffffffffu, slow)) { /* rare: one branch for the warp */
+#pragma unroll
+                for (int t = 0; t < 2; t++)
+#pragma unroll
+                    for (int m = 0; m < 2; m++) fq[t][m][0] = fq[t][m][1] = tc_f16x2_pow2(kq[t][m]);
+            }
             float sx[NT][2];
 #pragma unroll
             for (int n = 0; n < NT; n++)
@@ -369,7 +452,7 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
 #pragma unroll
                     for (int t = 0; t < 2; t++)
 #pragma unroll
-                        for (int m = 0; m < 2; m++) mt_decode<FMT, DEC>(b.q[t][m][v], jj, fq[t][m][jj >> 1], A[t][m]);
+                        for (int m = 0; m < 2; m++) mt_decode<FMT, DEC, RING>(b.q[t][m][v], jj, fq[t][m][jj >> 1], A[t][m]);
                     const int js = FP4 ? (jj ^ ((c >> 1) & 1)) : jj;
                     /* groups of up to 4 n-tiles: their x fragments first, then k-step 0 of every (tile, n-tile), then
                      * k-step 1 (the two mma of one accumulator are 2 x NG apart); per accumulator the order is k, xt */
@@ -383,9 +466,23 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
                             const int tk = 8 * (n0 + n) + g;
 #pragma unroll
                             for (int xt = 0; xt < XT; xt++) {
-                                const uint16_t *bp = xb + ((size_t)xt * ntok + tk) * tok + wu * 128 + (v * 4 + c) * E + js * 8;
-                                const uint4 q = tk < nt ? *(const uint4 *)bp : make_uint4(0, 0, 0, 0);
-                                B[n][xt][0] = q.x, B[n][xt][1] = q.y, B[n][xt][2] = q.z, B[n][xt][3] = q.w;
+                                if (XB == 1) { /* e4m3 codes to f16 as the staging of XB = 2 does: the same bits */
+                                    /* tokens past nt: read token nt - 1 (staged), then zero (no divergent branch) */
+                                    const uint32_t km = tk < nt ? 0xffffffffu : 0u;
+                                    const unsigned char *bp = xs8 + (size_t)(tk < nt ? tk : nt - 1) * tok + wu * 128 + (v * 4 + c) * E + jj * 8;
+                                    const uint2 q = *(const uint2 *)bp;
+                                    B[n][xt][0] = mt_e4m3x2_lo(q.x & km), B[n][xt][1] = mt_e4m3x2_hi(q.x & km);
+                                    B[n][xt][2] = mt_e4m3x2_lo(q.y & km), B[n][xt][3] = mt_e4m3x2_hi(q.y & km);
+                                } else if (RING) {
+                                    const uint32_t km = tk < nt ? 0xffffffffu : 0u;
+                                    const uint16_t *bp = xb + ((size_t)xt * ntok + (tk < nt ? tk : nt - 1)) * tok + wu * 128 + (v * 4 + c) * E + js * 8;
+                                    const uint4 q = *(const uint4 *)bp;
+                                    B[n][xt][0] = q.x & km, B[n][xt][1] = q.y & km, B[n][xt][2] = q.z & km, B[n][xt][3] = q.w & km;
+                                } else {
+                                    const uint16_t *bp = xb + ((size_t)xt * ntok + tk) * tok + wu * 128 + (v * 4 + c) * E + js * 8;
+                                    const uint4 q = tk < nt ? *(const uint4 *)bp : make_uint4(0, 0, 0, 0);
+                                    B[n][xt][0] = q.x, B[n][xt][1] = q.y, B[n][xt][2] = q.z, B[n][xt][3] = q.w;
+                                }
                             }
                         }
 #pragma unroll
@@ -485,26 +582,106 @@ __global__ void __launch_bounds__(MT_THREADS, (NT > 2 || FMT == DSV4_WF_FP8) ? 1
             if (++chk == nch) chk = 0, it++;
         }
     };
-    mt_buf<V> bf[DEPTH];
     int lit = 0, lchk = 0, lj = 0, pit = 0, pchk = 0, pj = 0;
-    /* the prefetch runs P.pf units ahead of the loads within a tile pair's slice (not across tile pairs or chunks) */
+    if (RING) {
+        /* step (it, chk, j) into ring slot sl: lane 4 g + c copies its 16 bytes of each (t, m) and the scale word(s) of
+         * row g of (t, m) = (c / 2, c % 2); tile pairs past the end copy nothing (process skips them) */
+        /* one tile pair a warp (the decode grid covers every pair: P.iters == 1): the lane's row pointers once */
+        constexpr int SCB = mt_ring<FMT>::SCB;
+        const int tp = (int)blockIdx.x * RT + rt;
+        const bool ract = tp < P.NRP;
+        const unsigned char *rp[2][2], *rsp;
 #pragma unroll
-    for (int d = 0; d < DEPTH; d++) {
-        load(bf[d], lit, lj, P.pf ? (d ? lj + P.pf : lj + DEPTH) : nsu);
-        adv(lit, lchk, lj);
-    }
-    if (PQ) issue(0);
-    for (int gs0 = 0; gs0 < total; gs0 += DEPTH) {
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                int r = (GATEUP ? 16 * tp : 32 * tp + 16 * t) + g + 8 * m;
+                r = r < R ? r : R - 1; /* rows past the end: re-read the last one, never stored */
+                rp[t][m] = (const unsigned char *)(wq[t] + (wr0[t] + r) * rowq + s * 4 + c);
+            }
+        {
+            const int t = c >> 1, m = c & 1;
+            int r = (GATEUP ? 16 * tp : 32 * tp + 16 * t) + g + 8 * m;
+            r = r < R ? r : R - 1;
+            rsp = (t ? wsc[1] : wsc[0]) + ((t ? wr0[1] : wr0[0]) + r) * (t ? wss[1] : wss[0]) + s * SCB;
+        }
+        /* step (chunk, unit j of the slice) into ring slot sl: lane 4 g + c copies its 16 bytes of each (t, m) and the
+         * scale word(s) of row g of (t, m) = (c / 2, c % 2); tile pairs past the end copy nothing (process skips them) */
+        auto rload = [&](int sl, int, int j) {
+            if (!ract) return;
+            const unsigned sa = ring_sa + (unsigned)(sl * mt_ring<FMT>::STAGE);
+            const int64_t o = (int64_t)j * S;
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) mt_cp16s(sa + (2 * t + m) * 512 + lane * 16, rp[t][m] + o * 64);
+            if (FMT == DSV4_WF_MXFP4) mt_cps<4>(sa + 2048 + g * 16 + c * 4, rsp + o * SCB);
+            else mt_cps<8>(sa + 2048 + g * 32 + c * 8, rsp + o * SCB);
+        };
+        auto fetch = [&](mt_buf<V> &b, int sl) {
+            const unsigned char *st = ring + (size_t)sl * mt_ring<FMT>::STAGE;
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) b.q[t][m][0] = *(const uint4 *)(st + (2 * t + m) * 512 + lane * 16);
+            if (FMT == DSV4_WF_MXFP4) {
+                const uint4 w = *(const uint4 *)(st + 2048 + g * 16);
+                b.scw[0][0] = w.x, b.scw[0][1] = w.y, b.scw[1][0] = w.z, b.scw[1][1] = w.w;
+            } else {
+#pragma unroll
+                for (int t = 0; t < 2; t++)
+#pragma unroll
+                    for (int m = 0; m < 2; m++) b.scw[t][m] = *(const uint32_t *)(st + 2048 + g * 32 + (2 * t + m) * 8 + (c >> 1) * 4);
+            }
+        };
+        int sl = 0, sq = 0;
+#pragma unroll
+        for (int d = 0; d < DEPTH - 1; d++) {
+            if (d < total) {
+                rload(sl, lit, lj);
+                adv(lit, lchk, lj);
+            }
+            mt_cp_commit();
+            sl++;
+        }
+        for (int i = 0; i < total; i++) {
+            __syncwarp(); /* every lane is past its reads of the slot refilled now (processed at step i - 1) */
+            if (i + DEPTH - 1 < total) {
+                rload(sl, lit, lj);
+                adv(lit, lchk, lj);
+            }
+            mt_cp_commit();
+            sl = sl == DEPTH - 1 ? 0 : sl + 1;
+            mt_cp_wait<DEPTH - 1>(); /* step i's copies landed */
+            __syncwarp();            /* ... for every lane (the scale words come from the row's lanes) */
+            mt_buf<V> b;
+            fetch(b, sq);
+            sq = sq == DEPTH - 1 ? 0 : sq + 1;
+            process(b, pit, pchk, pj);
+            adv(pit, pchk, pj);
+        }
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    } else {
+        mt_buf<V> bf[DEPTH];
+        /* the prefetch runs P.pf units ahead of the loads within a tile pair's slice (not across tile pairs or chunks) */
 #pragma unroll
         for (int d = 0; d < DEPTH; d++) {
-            if (gs0 + d >= total) break;
-            process(bf[d], pit, pchk, pj);
-            adv(pit, pchk, pj);
-            load(bf[d], lit, lj, P.pf ? lj + P.pf : nsu);
+            load(bf[d], lit, lj, P.pf ? (d ? lj + P.pf : lj + DEPTH) : nsu);
             adv(lit, lchk, lj);
         }
+        if (PQ) issue(0);
+        for (int gs0 = 0; gs0 < total; gs0 += DEPTH) {
+#pragma unroll
+            for (int d = 0; d < DEPTH; d++) {
+                if (gs0 + d >= total) break;
+                process(bf[d], pit, pchk, pj);
+                adv(pit, pchk, pj);
+                load(bf[d], lit, lj, P.pf ? lj + P.pf : nsu);
+                adv(lit, lchk, lj);
+            }
+        }
+        if (PQ) mt_cp_wait_all();
     }
-    if (PQ) mt_cp_wait_all();
 }
 
 /* The act quant of rows [rows, C] into the pre-quantized layout, one warp a row, units in order. dst may be src (h):
@@ -543,7 +720,9 @@ int dsv4_moe_tc_fits(const dsv4_cuda_weight *w) {
     if (w->fmt != DSV4_WF_MXFP4 && w->fmt != DSV4_WF_NVFP4 && !(w->fmt == DSV4_WF_FP8 && !w->scale_f32)) return 0;
     if (w->rows < 1 || w->cols < 128 || w->cols % 128 || ((uintptr_t)w->data & 15)) return 0;
     if (w->act_bf16 && !w->act_quant) return 0; /* BF16 activations: the CUDA-core kernel rounds x / h to bf16 */
-    if (w->fmt == DSV4_WF_NVFP4 && ((w->scale_stride & 1) || ((uintptr_t)w->scale & 1))) return 0;
+    /* the ring copies a row's scales of a unit as one word (MXFP4: 4 bytes, NVFP4: 8) */
+    if (w->fmt == DSV4_WF_NVFP4 && ((w->scale_stride & 7) || ((uintptr_t)w->scale & 7))) return 0;
+    if (w->fmt == DSV4_WF_MXFP4 && ((w->scale_stride & 3) || ((uintptr_t)w->scale & 3))) return 0;
     return 1;
 }
 
@@ -554,7 +733,19 @@ template <int FMT, int G, int DEC> static mt_fn mt_pick_f(int xt, int nt, int pq
     if (xt == 1) return nt == 1 ? moe_tc_kernel<FMT, G, 1, 1, 0, 2, DEC> : moe_tc_kernel<FMT, G, 1, 2, 0, 2, DEC>;
     return moe_tc_kernel<FMT, G, 2, 2, 0, 2, DEC>;
 }
-template <int G> static mt_fn mt_pick(int fmt, int xt, int nt, int pq, int alu) {
+/* the ring kernels (decode, FP4): 4 warps a block with 5 stages and f16 x, or 8 warps with 4 stages and x as e4m3
+ * codes when act-quantized (dsv4_moe_tc_run picks) */
+#define MT_RING4 5
+#define MT_RING8 4
+template <int FMT, int G> static mt_fn mt_pick_ring(int xt, int nt, int nw) {
+    if (xt == 1) {
+        if (nt == 1) return nw == 4 ? moe_tc_kernel<FMT, G, 1, 1, 0, MT_RING4, 0, 4, 1, 2> : moe_tc_kernel<FMT, G, 1, 1, 0, MT_RING8, 0, 8, 1, 1>;
+        return nw == 4 ? moe_tc_kernel<FMT, G, 1, 2, 0, MT_RING4, 0, 4, 1, 2> : moe_tc_kernel<FMT, G, 1, 2, 0, MT_RING8, 0, 8, 1, 1>;
+    }
+    return nw == 4 ? moe_tc_kernel<FMT, G, 2, 2, 0, MT_RING4, 0, 4, 1, 2> : moe_tc_kernel<FMT, G, 2, 2, 0, MT_RING8, 0, 8, 1, 2>;
+}
+template <int G> static mt_fn mt_pick(int fmt, int xt, int nt, int pq, int alu, int nw) {
+    if (nw) return fmt == DSV4_WF_MXFP4 ? mt_pick_ring<DSV4_WF_MXFP4, G>(xt, nt, nw) : mt_pick_ring<DSV4_WF_NVFP4, G>(xt, nt, nw);
     switch (fmt) {
     case DSV4_WF_FP8: return mt_pick_f<DSV4_WF_FP8, G, 0>(xt, nt, pq);
     case DSV4_WF_MXFP4: return alu ? mt_pick_f<DSV4_WF_MXFP4, G, 1>(xt, nt, pq) : mt_pick_f<DSV4_WF_MXFP4, G, 0>(xt, nt, pq);
@@ -590,10 +781,12 @@ int dsv4_moe_tc_selftest(void) {
     return 0;
 }
 
-static size_t mt_smem(int xt, int nbuf, int ntok, int tok, int W, int S, int RT, int NT) {
-    size_t b = (size_t)nbuf * xt * ntok * tok * 2 + (size_t)nbuf * ntok * W * 4;
+/* the kernel's layout: x slots (xb bytes each), x scales, the slices' reduction, then (ring > 0: bytes a warp) the ring */
+static size_t mt_smem(int xt, int nbuf, int ntok, int tok, int W, int S, int RT, int NT, int xb = 2, size_t ring = 0) {
+    size_t b = (size_t)nbuf * xt * ntok * tok * xb + (size_t)nbuf * ntok * W * 4;
     b = (b + 15) & ~(size_t)15;
     if (S > 1) b += (size_t)(S - 1) * RT * 2 * NT * 32 * 16;
+    if (ring) b = ((b + 127) & ~(size_t)127) + (size_t)(RT * S) * ring;
     return b;
 }
 
@@ -603,32 +796,37 @@ static struct {
     size_t smem;
 } mt_attr[128];
 static int mt_nattr;
-static int mt_set_smem(const void *fn, size_t smem) {
-    if (smem <= 48 * 1024) return 0;
+/* carve: the ring kernels want the most shared memory an SM has (several blocks of ~50-110 KB) */
+static int mt_set_smem(const void *fn, size_t smem, int carve) {
     int i = 0;
     while (i < mt_nattr && mt_attr[i].fn != fn) i++;
-    if (i < mt_nattr && mt_attr[i].smem >= smem) return 0;
+    if (i == mt_nattr && carve && cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess)
+        cudaGetLastError(); /* a hint only */
+    if (i == mt_nattr && mt_nattr < 128) mt_attr[mt_nattr++].fn = fn, mt_attr[i].smem = 48 * 1024;
+    if (smem <= 48 * 1024 || (i < mt_nattr && mt_attr[i].smem >= smem)) return 0;
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
         return dsv4_cuda_fail("moe_experts: cannot raise shared memory to %zu bytes", smem);
-    if (i == mt_nattr && mt_nattr < 128) mt_attr[mt_nattr++].fn = fn;
     if (i < 128) mt_attr[i].smem = smem;
     return 0;
 }
+static int mt_sm_smem; /* shared memory of an SM (bytes) */
 
 static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (refused once, or DSV4_MOE_NO_PDL=1) */
 
-template <typename F, typename... A> static int mt_launch(F fn, dim3 grid, size_t smem, cudaStream_t st, const char *what, A... args) {
+/* nw warps a block; ring: a ring kernel (carve-out hint) */
+template <typename F, typename... A>
+static int mt_launch(F fn, dim3 grid, int nw, int ring, size_t smem, cudaStream_t st, const char *what, A... args) {
     if (mt_no_pdl < 0) {
         const char *e = getenv("DSV4_MOE_NO_PDL");
         mt_no_pdl = e && *e && *e != '0';
     }
-    if (mt_set_smem((const void *)fn, smem)) return -1;
+    if (mt_set_smem((const void *)fn, smem, ring)) return -1;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at.val.programmaticStreamSerializationAllowed = 1;
     cfg.gridDim = grid;
-    cfg.blockDim = dim3(MT_THREADS);
+    cfg.blockDim = dim3(nw * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = &at;
@@ -659,14 +857,35 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     /* column slices from the shape only: enough (tile pair, slice) warps per expert to fill the GPU at batch 1 */
     int S = 1;
     while (S < MT_PQW && NU % (2 * S) == 0 && NRP * S < 256) S *= 2;
-    const int RT = MT_WARPS / S, pqw = MT_PQW, pad = fmt == DSV4_WF_FP8 ? 8 : 16; /* pad: conflict-free fragment reads */
+    int RT = MT_WARPS / S, pad = fmt == DSV4_WF_FP8 ? 8 : 16; /* pad: conflict-free fragment reads */
+    const int pqw = MT_PQW;
     int pq = aq && NU % pqw == 0 && NU <= 64 && (int64_t)T * K >= (int64_t)MT_PQ_AVG * E;
     if (pq && mt_smem(1, 2, 64, pqw * 128 + pad, pqw, S, RT, 8) > (size_t)dsv4_cuda_dev.smem_optin) pq = 0;
     const int NT = pq ? 8 : xt == 1 && T <= 8 ? 1 : 2, ntok = pq ? 64 : (T < 8 * NT ? T : 8 * NT);
-    int W = pq ? pqw : NU;
-    if (!pq) /* one window of units when it fits two blocks an SM, else fewer units a window */
+    int W = pq ? pqw : NU, nw = 0, xb = 2; /* nw: warps a block of a ring kernel (0: the register-buffer kernels) */
+    size_t ring = 0, smem;
+    if (!mt_sm_smem) {
+        int v = 0, dev = 0;
+        cudaGetDevice(&dev);
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess || v <= 0) cudaGetLastError(), v = 228 * 1024;
+        mt_sm_smem = v;
+    }
+    if (!pq && (fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4) && !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF))) {
+        /* decode on the ring, 16 warps an SM: 4-warp blocks (finer for the SMs to share at batch 1) while the x of a
+         * chunk fits four blocks an SM, else 8-warp blocks with x as e4m3 codes (act quant), else fewer units a window */
+        const size_t stg = fmt == DSV4_WF_NVFP4 ? mt_ring<DSV4_WF_NVFP4>::STAGE : mt_ring<DSV4_WF_MXFP4>::STAGE;
+        for (int ci = 0; ci < 2; ci++) {
+            nw = ci ? 8 : 4, xb = ci && xt == 1 ? 1 : 2, RT = nw / S, pad = xb == 1 ? 8 : 16;
+            ring = stg * (ci ? MT_RING8 : MT_RING4);
+            size_t budget = (size_t)mt_sm_smem / (16 / nw) - 1024;
+            if (budget > (size_t)dsv4_cuda_dev.smem_optin) budget = (size_t)dsv4_cuda_dev.smem_optin;
+            W = NU;
+            while (W > S && mt_smem(xt, 1, ntok, W * 128 + pad, W, S, RT, NT, xb, ring) > budget) W -= S;
+            if (W == NU && mt_smem(xt, 1, ntok, W * 128 + pad, W, S, RT, NT, xb, ring) <= budget) break;
+        }
+    } else if (!pq) /* one window of units when it fits two blocks an SM, else fewer units a window */
         while (W > S && mt_smem(xt, 1, ntok, W * 128 + pad, W, S, RT, NT) > 100 * 1024) W -= S;
-    const size_t smem = mt_smem(xt, pq ? 2 : 1, ntok, W * 128 + pad, W, S, RT, NT);
+    smem = mt_smem(xt, pq ? 2 : 1, ntok, W * 128 + pad, W, S, RT, NT, xb, ring);
     if (smem > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("moe_experts: %zu bytes of shared memory do not fit", smem);
     int gx = (NRP + RT - 1) / RT; /* decode: one tile pair per warp */
     if (pq) gx = (gx + 3) / 4;    /* prefill: four in a row per warp (fewer block starts) */
@@ -679,10 +898,10 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         const int rows = gateup ? T : T * K;
         const int64_t ld = gateup ? (((int64_t)2 * C + 4 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C;
         uint8_t *dst = gateup ? (uint8_t *)scratch : (uint8_t *)x;
-        if (mt_launch(mq_pick(fmt), dim3((rows + 7) / 8), 0, st, "moe_experts (act quant)", x, (int64_t)C, dst, ld, rows, C)) return -1;
+        if (mt_launch(mq_pick(fmt), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant)", x, (int64_t)C, dst, ld, rows, C)) return -1;
         prm.xq = dst, prm.xq_ld = ld;
     }
     const int alu = mt_alu == 1 && (mt_mode & DSV4_MOE_TC_ALU);
-    mt_fn fn = gateup ? mt_pick<1>(fmt, xt, NT, pq, alu) : mt_pick<0>(fmt, xt, NT, pq, alu);
-    return mt_launch(fn, dim3(gx, maxslots), smem, st, gateup ? "moe_experts (gate/up, tensor cores)" : "moe_experts (down, tensor cores)", prm);
+    mt_fn fn = gateup ? mt_pick<1>(fmt, xt, NT, pq, alu, nw) : mt_pick<0>(fmt, xt, NT, pq, alu, nw);
+    return mt_launch(fn, dim3(gx, maxslots), nw ? nw : MT_WARPS, nw != 0, smem, st, gateup ? "moe_experts (gate/up, tensor cores)" : "moe_experts (down, tensor cores)", prm);
 }

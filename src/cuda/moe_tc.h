@@ -8,7 +8,7 @@
 #include "cuda_model.h"
 
 /* 1 when one expert matrix can go through the tensor-core kernel: FP8 with E8M0 block scales, MXFP4 or NVFP4,
- * columns a multiple of 128, 16-byte aligned rows (NVFP4: 2-byte aligned scale rows), not BF16 activations
+ * columns a multiple of 128, 16-byte aligned rows (scale rows: MXFP4 4-byte, NVFP4 8-byte aligned), not BF16 activations
  * (act_bf16 without act_quant: left to the CUDA-core kernel, which rounds x / h to bf16). */
 int dsv4_moe_tc_fits(const dsv4_cuda_weight *w);
 
@@ -20,10 +20,12 @@ int dsv4_moe_tc_fits(const dsv4_cuda_weight *w);
  * the e4m3-convert one bit for bit; the kernels use it only then. 0, or -1 when the test could not run. */
 int dsv4_moe_tc_selftest(void);
 
-/* For comparisons (dsv4_cuda_moe_experts_path): bits of what to change (results are bitwise the same) */
+/* For comparisons (dsv4_cuda_moe_experts_path): bits of what to change (results are bitwise the same; ALU and PF
+ * run on the register-buffer kernel, as LEGACY) */
 #define DSV4_MOE_TC_ALU 2    /* the integer MXFP4 decode instead of the e4m3 convert (measured 1-3 % slower) */
 #define DSV4_MOE_TC_PF 4     /* L2 prefetch of weights two units ahead of the register loads (measured 10-25 % slower) */
 #define DSV4_MOE_TC_NO_PDL 8 /* no programmatic dependent launch (measured 3 us slower at batch 1) */
+#define DSV4_MOE_TC_LEGACY 16 /* decode with the weights of two units in registers and 8-warp blocks (before the ring) */
 void dsv4_moe_tc_mode(int mode);
 
 int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,

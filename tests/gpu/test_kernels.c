@@ -11,10 +11,10 @@
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|hc|moe]   (--only linear: the linear checks and timings
+ * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|hc|moe|moebench]   (--only linear: the linear checks and timings
  * alone; --only gemm: those of the FP8 prefill GEMM alone; --only multi: those of the grouped linears, and the single ones
  * they replace; --only hc: those of mHC pre / post / head; --only moe: the MoE grouping / expert / combine checks and the
- * experts' timings) */
+ * experts' timings; --only moebench: the experts' timings alone) */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -1726,19 +1726,24 @@ static void bench_moe(void) {
             dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw);
         }
         act /= NP;
-        /* modes (dsv4_cuda_moe_experts_path): CUDA-core kernel, tensor cores, and with the integer MXFP4 decode, with
-         * the L2 prefetch, without programmatic dependent launch */
-        static const int modes[5] = {1, 0, 2, 4, 8};
-        static const char *mname[5] = {"old (CUDA cores)", "new", "new + integer MXFP4 decode", "new + L2 prefetch", "new, no PDL"};
-        double us[5];
-        float *yr[5];
+        /* modes (dsv4_cuda_moe_experts_path): CUDA-core kernel, tensor cores, the tensor-core kernel before the ring
+         * (weights in registers, 8-warp blocks), and that with the integer MXFP4 decode, with the L2 prefetch; the
+         * ring without programmatic dependent launch */
+        enum { NM = 6 };
+        static const int modes[NM] = {1, 0, 16, 18, 20, 8};
+        static const char *mname[NM] = {"old (CUDA cores)", "new",           "tc, registers (before)",
+                                        "tc, regs + integer decode", "tc, regs + L2 prefetch", "new, no PDL"};
+        double us[NM];
+        float *yr[NM];
         const size_t ny = (size_t)T * K * D;
-        for (int mi = 0; mi < 5; mi++) {
+        for (int mi = 0; mi < NM; mi++) {
             dsv4_cuda_moe_experts_path(modes[mi]);
             const int it = T > 8 ? (mi ? 5 : 2) : T == 8 ? 48 : 160;
-            /* y of plan 0 for the comparisons */
+            /* y of plan 0 for the comparisons (the profiler range of bench/ncu runs: this call of "new" and "before") */
+            if (T <= 8 && (mi == 1 || mi == 2)) dsv4_cuda_profiler_range(1);
             op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[0], 10.0f, dh, dy, NULL), "moe_experts");
             sync_ok();
+            if (T <= 8 && (mi == 1 || mi == 2)) dsv4_cuda_profiler_range(0);
             yr[mi] = malloc(sizeof(float) * ny);
             from_dev(yr[mi], dy, sizeof(float) * ny);
             for (int k = 0; k < 2; k++) op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[(k + 1) % NP], 10.0f, dh, dy, NULL), "moe_experts");
@@ -1755,11 +1760,11 @@ static void bench_moe(void) {
         }
         dsv4_cuda_moe_experts_path(0);
         const double gb = act * eb / 1e9, tf = 2.0 * T * K * 3.0 * D * I / 1e12;
-        for (int mi = 0; mi < 5; mi++)
+        for (int mi = 0; mi < NM; mi++)
             printf("time moe_experts Flash MXFP4 aq T=%-4d (%5.1f experts, %6.1f MB) %-26s %8.1f us %6.0f GB/s (%5.1f%% of copy) %6.1f TFLOP/s%s\n",
                    T, act, gb * 1e3, mname[mi], us[mi], gb / us[mi] * 1e6, g_copy_gbs > 0 ? 100.0 * gb / us[mi] * 1e6 / g_copy_gbs : 0.0,
                    tf / us[mi] * 1e6, mi == 1 ? "  <<" : "");
-        printf("time moe_experts Flash MXFP4 aq T=%-4d: old / new time = %.2fx\n", T, us[0] / us[1]);
+        printf("time moe_experts Flash MXFP4 aq T=%-4d: old / new time = %.2fx, before / new = %.2fx\n", T, us[0] / us[1], us[2] / us[1]);
         {
             /* new against old, for information: the checks' tolerance per element. A few token-expert rows differ
              * more at T=2048 (20 of 12288 on the H200): where an h value sits on an FP8 rounding boundary, the two
@@ -1780,12 +1785,12 @@ static void bench_moe(void) {
             printf("info moe_experts Flash T=%d: new y vs old y: %d of %d token-expert rows beyond the checks' tolerance (worst %.2f "
                    "of tol: FP8 rounding flips of h)\n", T, rows_bad, T * K, worst);
             char name[96];
-            for (int mi = 2; mi < 5; mi++) {
+            for (int mi = 2; mi < NM; mi++) {
                 snprintf(name, sizeof name, "moe_experts Flash T=%d: %s == new (bitwise)", T, mname[mi]);
                 check(name, yr[mi], yr[1], ny, 0, 0);
             }
         }
-        for (int mi = 0; mi < 5; mi++) free(yr[mi]);
+        for (int mi = 0; mi < NM; mi++) free(yr[mi]);
         for (int pi = 0; pi < NP; pi++) dplan_free(&dp[pi]);
         dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
         free(x), free(sel), free(sid), free(used), free(w);
@@ -1805,6 +1810,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "gemm")) only_lin = only_gemm = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "hc")) only_hc = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moe")) only_moe = 1, i++;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moebench")) only_moe = 2, i++;
     }
     dsv4_cuda_info info;
     char err[256];
@@ -1818,6 +1824,7 @@ int main(int argc, char **argv) {
     if (only_hc) goto hc_checks;
     if (only_gemm) goto gemm_checks;
     if (only_multi) goto multi_checks;
+    if (only_moe == 2) goto checks_done; /* the MoE bench alone (bench/ncu runs) */
     if (only_moe) goto moe_checks;
     /* linear: every format, decode (GEMV, 16-byte path) and odd sizes (element path), prefill (GEMM) */
     test_linear("wq_a", DSV4_WF_FP8, 1024, 4096, 1, 0, 1, 0);
