@@ -22,6 +22,9 @@
  * up to 8 blocks). So a row's result is deterministic and independent of T and of the other rows of x.
  * More than 16 rows of x: the same kernel, 16 rows per launch (so prefill equals decode bitwise). Launches carry
  * the programmatic-dependent-launch attribute (the kernel waits in griddepcontrol.wait before reading x).
+ * After the wait each warp issues its x loads first (8 lanes per (token, unit), 16-byte loads: tc_stage8), then its
+ * two register steps of weights, then quantizes / splits x into shared memory: the x loads must not queue behind the
+ * weight stream (bench/NOTES.md, "Decode GEMV fixed cost"; variants for measurements: tc_bpf_mb, tc_kick, tc_xfast).
  * Grouped (dsv4_cuda_linear_multi): up to TC_MAXJ jobs (weight, x and y with row strides) of the same format, columns
  * and slicing in one launch, a job table in the kernel parameters; each cluster belongs to one job and runs exactly what
  * that job's own launch would (same S, warps, order), so every row is bitwise the single call's.
@@ -114,13 +117,18 @@ struct tc_job {
     int ldx, ldy; /* row strides (elements) */
     int NRT, NRG; /* 16-row tiles, row groups (16 / KW tiles per block step) */
     int c0, ncl;  /* multi-job launches: the job's clusters */
+    int xv;       /* x rows 16-byte (fp32) / 8-byte (bf16) aligned: tc_stage8 loads 4 elements at a time */
 };
 struct tc_params {
     int xbf16, t0, nt; /* this launch's tokens t0 .. t0+nt-1 (nt <= 8 * NT) */
     int S, KW, KG;     /* column slices (S = KW warps of a block x KG blocks of a cluster) */
     int NU, nub, tok;  /* 128-column units, staged units per block (max over blocks), 16-bit slots per staged token row */
-    int pf;            /* also prefetch into L2 two steps ahead of the register loads (off: it measured slower) */
     int nj;            /* jobs */
+    int bpf;           /* steps per warp kept requested into L2 ahead of the register loads (0: two steps, per lane) */
+    int xfast, kick;   /* x staged by tc_stage8 (else tc_stage), the weight loads issued before x is staged (else after) */
+#ifdef DSV4_TC_TRACE
+    unsigned long long *trace; /* experiments: per warp clock64 at 8 points + globaltimer at entry / exit */
+#endif
 };
 #define TC_MAXJ 16 /* jobs per launch */
 template <int NJ> struct tc_args {
@@ -223,6 +231,159 @@ __device__ void tc_stage(const tc_params &p, const tc_job &J0, const tc_job &J, 
     }
 }
 
+/* x element loads of tc_stage8 (volatile: issued in program order, before the weight loads that follow them) */
+__device__ __forceinline__ float4 tc_ldx4(const float *p) {
+    float4 v;
+    asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 tc_ldx2(const uint16_t *p) {
+    uint2 v;
+    asm volatile("ld.global.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float tc_ldx1(const float *p) {
+    float v;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t tc_ldx1h(const uint16_t *p) {
+    unsigned short v;
+    asm volatile("ld.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+/* tc_stage with 8 lanes per (token, unit) item, 4 items per warp at a time and SB such passes' loads in flight: lane
+ * l8 = lane % 8 of a group holds the item's elements qq * 32 + l8 * 4 + e (qq, e < 4), loaded 16 (fp32) or 8 (bf16)
+ * bytes at a time when J.xv, and stores 4 terms at once (the formats but FP4 keep x in column order). Same values,
+ * scales and slots as tc_stage (the largest |x| of an item does not depend on the order of the max). kick() runs once
+ * per warp, right after the first loads are issued: the weight loads it issues queue behind x's. */
+template <int FMT, int XT, int SB, class K>
+__device__ __forceinline__ void tc_stage8(const tc_params &p, const tc_job &J0, const tc_job &J, uint16_t *xs, float *sx, int ub0,
+                                          int nub, K &&kick) {
+    constexpr int BF = tc_fmt<FMT>::BF;
+    constexpr bool FP4 = FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, l8 = lane & 7, sub = lane >> 3, n = p.nt * nub;
+    const int aq = J0.w.act_quant, ab = J0.w.act_bf16, xv = J.xv;
+    const size_t tstride = (size_t)p.nt * p.tok;
+    float v[SB][4][4];
+    auto ldpass = [&](int base) { /* the loads of SB passes: items base + b * TC_WARPS * 4 + sub */
+#pragma unroll
+        for (int b = 0; b < SB; b++) {
+            const int it = base + b * TC_WARPS * 4 + sub, t = it / nub, ul = it - t * nub;
+            const int64_t e0 = (int64_t)(p.t0 + t) * J.ldx + (int64_t)(ub0 + ul) * 128 + l8 * 4;
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++) {
+                if (it >= n) {
+                    v[b][qq][0] = v[b][qq][1] = v[b][qq][2] = v[b][qq][3] = 0.0f;
+                } else if (p.xbf16) {
+                    const uint16_t *xp = (const uint16_t *)J.x + e0 + qq * 32;
+                    uint2 w;
+                    if (xv) w = tc_ldx2(xp);
+                    else w.x = tc_ldx1h(xp) | tc_ldx1h(xp + 1) << 16, w.y = tc_ldx1h(xp + 2) | tc_ldx1h(xp + 3) << 16;
+                    v[b][qq][0] = __uint_as_float(w.x << 16), v[b][qq][1] = __uint_as_float(w.x & 0xffff0000u);
+                    v[b][qq][2] = __uint_as_float(w.y << 16), v[b][qq][3] = __uint_as_float(w.y & 0xffff0000u);
+                } else {
+                    const float *xp = (const float *)J.x + e0 + qq * 32;
+                    if (xv) {
+                        const float4 f = tc_ldx4(xp);
+                        v[b][qq][0] = f.x, v[b][qq][1] = f.y, v[b][qq][2] = f.z, v[b][qq][3] = f.w;
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) v[b][qq][e] = tc_ldx1(xp + e);
+                    }
+                }
+            }
+        }
+    };
+    auto stpass = [&](int base) { /* their scales and terms */
+#pragma unroll
+        for (int b = 0; b < SB; b++) {
+            const int it = base + b * TC_WARPS * 4 + sub, t = it / nub, ul = it - t * nub;
+            float s = 1.0f, a = aq ? 1e-4f : 0.0f;
+            uint32_t term[3][4][2]; /* term, qq, pair: bf16x2 / f16x2 of elements (0, 1) and (2, 3) */
+            if (aq || !BF) {
+#pragma unroll
+                for (int qq = 0; qq < 4; qq++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) a = fmaxf(a, fabsf(v[b][qq][e]));
+                a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+                a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+                a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+            }
+            if (aq) {
+                /* s = dev_pow2_ceil(a / 448) and inv = 1 / s from the bits (a >= 1e-4 and not NaN: e <= 128; e == 128
+                 * is s = inf, inv = 0, as the library calls give) */
+                const uint32_t u = __float_as_uint(a * (1.0f / 448.0f));
+                const int e = (int)((u >> 23) & 0xff) - 127 + ((u & 0x7fffffu) != 0);
+                s = e <= 127 ? __uint_as_float((uint32_t)(e + 127) << 23) : __int_as_float(0x7f800000);
+                const float inv = e <= 126 ? __uint_as_float((uint32_t)(127 - e) << 23) : e == 127 ? __uint_as_float(0x00400000u) : 0.0f;
+#pragma unroll
+                for (int qq = 0; qq < 4; qq++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float y0 = fminf(fmaxf(v[b][qq][2 * h] * inv, -448.0f), 448.0f);
+                        const float y1 = fminf(fmaxf(v[b][qq][2 * h + 1] * inv, -448.0f), 448.0f);
+                        const __half2_raw hr =
+                            __nv_cvt_fp8x2_to_halfraw2(__nv_cvt_float2_to_fp8x2(make_float2(y0, y1), __NV_SATFINITE, __NV_E4M3), __NV_E4M3);
+                        if (BF) {
+                            const __nv_bfloat162 bb = __floats2bfloat162_rn(__half2float(__half(__half_raw{hr.x})),
+                                                                           __half2float(__half(__half_raw{hr.y})));
+                            term[0][qq][h] = *(const uint32_t *)&bb;
+                        } else {
+                            term[0][qq][h] = (uint32_t)hr.x | (uint32_t)hr.y << 16;
+                        }
+                        term[1][qq][h] = term[2][qq][h] = 0;
+                    }
+            } else {
+                float inv = 1.0f;
+                if (!BF) { /* a power of two that puts the unit's largest |x| in [2^14, 2^15) */
+                    int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 14;
+                    e = e < 1 ? 1 : e;
+                    s = __uint_as_float((uint32_t)e << 23);
+                    inv = __uint_as_float((uint32_t)(254 - e) << 23);
+                }
+#pragma unroll
+                for (int qq = 0; qq < 4; qq++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float y0 = v[b][qq][2 * h], y1 = v[b][qq][2 * h + 1];
+                        if (!BF) {
+                            if (XT == 1 && ab) y0 = dev_round_bf16(y0), y1 = dev_round_bf16(y1);
+                            y0 *= inv, y1 *= inv;
+                            const __half2 hh = __floats2half2_rn(y0, y1);
+                            const float2 hf = __half22float2(hh);
+                            const __half2 ll = __floats2half2_rn(y0 - hf.x, y1 - hf.y);
+                            term[0][qq][h] = *(const uint32_t *)&hh, term[1][qq][h] = *(const uint32_t *)&ll, term[2][qq][h] = 0;
+                        } else {
+                            tc_f32x2_bf16x3(y0, y1, term[0][qq][h], term[1][qq][h], term[2][qq][h]);
+                        }
+                    }
+            }
+            if (it < n) {
+                uint16_t *dst = xs + (size_t)t * p.tok + ul * 128;
+#pragma unroll
+                for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+                    for (int qq = 0; qq < 4; qq++) {
+                        if (!FP4) {
+                            *(uint2 *)(dst + xt * tstride + qq * 32 + l8 * 4) = make_uint2(term[xt][qq][0], term[xt][qq][1]);
+                        } else {
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                dst[xt * tstride + tc_slot<FMT>(qq * 32 + l8 * 4 + e)] = (uint16_t)(term[xt][qq][e >> 1] >> (16 * (e & 1)));
+                        }
+                    }
+                if (l8 == 0) sx[t * p.nub + ul] = s;
+            }
+        }
+    };
+    ldpass(warp * 4);
+    kick();
+    stpass(warp * 4);
+    for (int base = warp * 4 + TC_WARPS * 4 * SB; base < n; base += TC_WARPS * 4 * SB) ldpass(base), stpass(base);
+}
+
 /* One pipeline step of a lane: CH chunks of rows g and g+8, and what their scales need, packed per row: FP8 the
  * raw block scale of each unit ending in the step (slot (i + 1) / V - 1), MXFP4 the E8M0 byte of chunk i in byte
  * i, NVFP4 the two e4m3 bytes of chunk i in half i % 2 of slot i / 2. */
@@ -310,7 +471,21 @@ __device__ __forceinline__ void tc_decode(const uint4 &q, int j, uint32_t f, uin
 }
 
 /* NJ: room for the jobs of a launch (1: dsv4_cuda_linear; TC_MAXJ: dsv4_cuda_linear_multi, where each cluster finds
- * its job in the table: the job's rows get exactly the warps, slices and summation order of a launch of its own). */
+ * its job in the table: the job's rows get exactly the warps, slices and summation order of a launch of its own).
+ * DSV4_TC_TRACE (experiments, off): p.trace gets each warp's clock64 at 7 points and its globaltimer at entry / exit. */
+#ifdef DSV4_TC_TRACE
+#define TC_TR(k)                                                                                                        \
+    do {                                                                                                               \
+        if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + (k)] = clock64();               \
+    } while (0)
+__device__ __forceinline__ unsigned long long tc_gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#else
+#define TC_TR(k) ((void)0)
+#endif
 template <int FMT, int XT, int NT, int NJ>
 __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__ tc_args<NJ> ka) {
     using F = tc_fmt<FMT>;
@@ -342,20 +517,48 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
     float4 *part = (float4 *)(tc_sm + (((size_t)XT * nt * p.tok * 2 + (size_t)nt * p.nub * 4 + 15) & ~(size_t)15));
 
     auto tile_of = [&](int it) { return (cid + it * ncl) * RW + rw; };
+    /* L2 prefetch of steps [ga, gb) by the bulk-copy unit: per tile, lanes 0..15 one row segment each */
+    const int64_t rowb = (int64_t)(J0.w.cols / E) * 16; /* bytes per stored row */
+    auto bpf = [&](int ga, int gb) {
+        gb = gb < total ? gb : total;
+        while (ga < gb) {
+            const int it = ga / nsteps, sa = ga - it * nsteps, sb = sa + (gb - ga) < nsteps ? sa + (gb - ga) : nsteps;
+            const int tile = tile_of(it), ca = ch0 + sa * CH, cb = ch0 + sb * CH < ch1 ? ch0 + sb * CH : ch1, r = tile * 16 + lane;
+            if (lane < 16 && tile < J.NRT && r < J.w.rows && ca < cb)
+                tc_prefetch_l2(J.w.data + ((int64_t)J.w.row0 + r) * rowb + ca * 64, (uint32_t)(cb - ca) * 64);
+            ga += sb - sa;
+        }
+    };
+#ifdef DSV4_TC_TRACE
+    if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + 8] = tc_gtime();
+    TC_TR(0);
+#endif
     /* Programmatic dependent launch: let the next kernel of the stream start its launch now (it waits for this grid
-     * in its own griddepcontrol.wait), warm L2 with this warp's first weight chunks, then wait for the previous
-     * kernel's results (x) before reading anything. Both are no-ops without the launch attribute. */
+     * in its own griddepcontrol.wait), ask L2 for this warp's first weight steps (p.bpf of them, else two), then wait
+     * for the previous kernel's results (x) before reading anything into registers. Both are no-ops without the launch
+     * attribute. A prefetch cannot observe stale data (L2 is the point of coherence), so it may run before the wait. */
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (nsteps > 0) {
+    if (p.bpf > 0) {
+        bpf(0, p.bpf);
+    } else if (nsteps > 0) {
         tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0, ch1, g, c);
         if (nsteps > 1) tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0 + CH, ch1, g, c);
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    tc_buf<CH> b0, b1; /* two steps in flight while x is staged */
-    if (total > 0) tc_load<FMT, CH>(J0, J, b0, tile_of(0), ch0, ch1, g, c);
-    if (total > 1) tc_load<FMT, CH>(J0, J, b1, tile_of(1 / nsteps), ch0 + (1 % nsteps) * CH, ch1, g, c);
-    tc_stage<FMT, XT>(p, J0, J, xs, sx, ub0, nub);
+    TC_TR(1);
+    auto load = [&](tc_buf<CH> &b, int gs) { /* step gs into registers */
+        if (gs < total) tc_load<FMT, CH>(J0, J, b, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
+    };
+    tc_buf<CH> b0, b1; /* two steps in flight */
+    auto kick = [&]() { load(b0, 0), load(b1, 1); };
+    /* x staged by tc_stage8: p.kick (default) issues the two register steps right behind x's first loads (x loads
+     * first: they are on every warp's critical path); else after x is staged, with 4 passes of x loads in flight */
+    if (!p.xfast) kick(), tc_stage<FMT, XT>(p, J0, J, xs, sx, ub0, nub);
+    else if (p.kick) tc_stage8<FMT, XT, 1>(p, J0, J, xs, sx, ub0, nub, kick);
+    else tc_stage8<FMT, XT, 4>(p, J0, J, xs, sx, ub0, nub, [] {}), kick();
+    TC_TR(2);
     __syncthreads();
+    TC_TR(3);
 
     float acc[NT][4], cu[NT][4];
 #pragma unroll
@@ -493,22 +696,26 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
             for (int k = 0; k < 4; k++) acc[n][k] = 0.0f;
     };
 
-    /* step gs computes one buffer while the other (step gs + 1) is in flight, then refills it with step gs + 2 (and,
-     * with p.pf, asks L2 for step gs + 4: bytes in flight that cost no registers) */
-    auto prefetch = [&](int gs) {
-        if (p.pf && gs < total) tc_prefetch<FMT, CH>(J0, J, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
-    };
-    prefetch(2), prefetch(3);
+    /* step gs computes one buffer while the other (step gs + 1) is in flight, then refills it with step gs + 2; with
+     * p.bpf, L2 is asked for step gs + p.bpf */
     for (int gs = 0; gs < total; gs += 2) {
         step(b0, gs);
-        if (gs + 2 < total) tc_load<FMT, CH>(J0, J, b0, tile_of((gs + 2) / nsteps), ch0 + ((gs + 2) % nsteps) * CH, ch1, g, c);
-        prefetch(gs + 4);
+#ifdef DSV4_TC_TRACE
+        if (gs == 0) TC_TR(4);
+#endif
+        load(b0, gs + 2);
+        if (p.bpf > 0) bpf(gs + p.bpf, gs + p.bpf + 1);
         if (gs + 1 >= total) break;
         step(b1, gs + 1);
-        if (gs + 3 < total) tc_load<FMT, CH>(J0, J, b1, tile_of((gs + 3) / nsteps), ch0 + ((gs + 3) % nsteps) * CH, ch1, g, c);
-        prefetch(gs + 5);
+        load(b1, gs + 3);
+        if (p.bpf > 0) bpf(gs + 1 + p.bpf, gs + 2 + p.bpf);
     }
+    TC_TR(5);
     if (S > 1 && KG > 1) cg::this_cluster().sync(); /* peers' partials stay until the leader has read them */
+#ifdef DSV4_TC_TRACE
+    TC_TR(6);
+    if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + 9] = tc_gtime();
+#endif
 }
 
 /* ---- element path and prefill GEMM ---- */
@@ -627,6 +834,9 @@ template <int NJ> static tc_fn<NJ> pick_tc(int fmt, int xt, int nt2) {
 }
 
 static int tc_bf(int fmt) { return fmt == DSV4_WF_BF16 || fmt == DSV4_WF_F32; }
+static int tc_v(int fmt) { /* tc_fmt<>::V */
+    return fmt == DSV4_WF_F32 ? 8 : fmt == DSV4_WF_BF16 || fmt == DSV4_WF_F16 ? 4 : fmt == DSV4_WF_FP8 ? 2 : 1;
+}
 static int tc_padb(int fmt) {
     switch (fmt) {
     case DSV4_WF_FP8: return 16;
@@ -706,7 +916,21 @@ static int tc_max_clusters(const void *fn, int KG, size_t smem) {
 /* 1: launch without the programmatic-dependent-launch attribute (refused once, or DSV4_LINEAR_NO_PDL=1); -1: not
  * decided yet */
 static int tc_no_pdl = -1;
-static int tc_pf; /* DSV4_LINEAR_PF=1: L2 prefetch two steps ahead (measured slower: off by default) */
+/* Variants, for measurements (bench/NOTES.md, "Decode GEMV fixed cost"); every one gives the same bits.
+ * tc_bpf_mb: bulk L2 prefetch (p.bpf) of as many weight steps as tc_bpf_mb MiB hold for the whole grid, at most
+ * tc_bpf_max, before the grid dependency wait and then that far ahead (DSV4_LINEAR_BPF_MB, DSV4_LINEAR_BPF_MAX); 0 (the
+ * default: it measured slower, up to 1.2x on 16-1000 MB matrices) keeps the two-step per-lane prefetch before the wait.
+ * tc_xfast: x staged by tc_stage8 (DSV4_LINEAR_XFAST=0: tc_stage, as before). tc_kick: the weight loads go right behind
+ * x's first loads (default; DSV4_LINEAR_KICK=0: after x is staged, with 4 passes of x loads in flight). */
+static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 1;
+#ifdef DSV4_TC_TRACE
+static unsigned long long *tc_trace; /* experiments: the next launch records its timeline here */
+extern "C" void dsv4_cuda_linear_trace(void *buf) { tc_trace = (unsigned long long *)buf; }
+#endif
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
 
 /* How the tensor-core GEMV cuts a weight (from its shape, format and x kind only): x terms, column slices, blocks
  * per cluster, 128-column units, staged units per block. ok = 0: the shape or alignment does not fit it (element path). */
@@ -737,10 +961,11 @@ static int tc_same(const dsv4_cuda_weight *a, const tc_plan &qa, const dsv4_cuda
  * resident at once. Returns 0, or -1 on a launch error. */
 template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q, int x_bf16, int T, cudaStream_t st) {
     if (tc_no_pdl < 0) {
-        const char *e = getenv("DSV4_LINEAR_NO_PDL");
-        tc_no_pdl = e && *e && *e != '0';
-        e = getenv("DSV4_LINEAR_PF");
-        tc_pf = e && *e && *e != '0';
+        tc_no_pdl = env_int("DSV4_LINEAR_NO_PDL", 0) != 0;
+        tc_bpf_mb = env_int("DSV4_LINEAR_BPF_MB", tc_bpf_mb);
+        tc_bpf_max = env_int("DSV4_LINEAR_BPF_MAX", tc_bpf_max);
+        tc_xfast = env_int("DSV4_LINEAR_XFAST", tc_xfast) != 0;
+        tc_kick = env_int("DSV4_LINEAR_KICK", tc_kick) != 0;
     }
     const int fmt = jobs[0].w.fmt, S = q.S, KG = q.KG, KW = S / KG, RW = TC_WARPS / KW;
     const size_t cap = (size_t)dsv4_cuda_dev.smem_optin;
@@ -749,10 +974,15 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
     tc_args<NJ> a; /* kernel parameters (NJ = TC_MAXJ: ~1.9 KB) */
     a.p.xbf16 = x_bf16;
     a.p.S = S, a.p.KW = KW, a.p.KG = KG;
-    a.p.NU = q.NU, a.p.nub = q.nub, a.p.tok = tc_tok(fmt, q.nub), a.p.pf = tc_pf, a.p.nj = nj;
+    a.p.NU = q.NU, a.p.nub = q.nub, a.p.tok = tc_tok(fmt, q.nub), a.p.nj = nj, a.p.xfast = tc_xfast, a.p.kick = tc_kick;
+#ifdef DSV4_TC_TRACE
+    a.p.trace = tc_trace;
+    tc_trace = NULL;
+#endif
     int nrg_max = 0, nrg_sum = 0;
     for (int j = 0; j < nj; j++) {
         a.j[j] = jobs[j];
+        a.j[j].xv = ((uintptr_t)jobs[j].x & (x_bf16 ? 7 : 15)) == 0 && jobs[j].ldx % 4 == 0;
         a.j[j].NRT = (jobs[j].w.rows + 15) / 16;
         a.j[j].NRG = (a.j[j].NRT + RW - 1) / RW;
         nrg_max = a.j[j].NRG > nrg_max ? a.j[j].NRG : nrg_max;
@@ -775,6 +1005,21 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
                 if (n <= N) break;
             }
             for (int j = 0; j < nj; j++) a.j[j].c0 = ncl, a.j[j].ncl = (a.j[j].NRG + k - 1) / k, ncl += a.j[j].ncl;
+        }
+        /* bulk prefetch distance: whole steps of every warp of the grid (TC_CH chunks x 2 rows x 16 bytes per lane, half
+         * that for 16 tokens) within tc_bpf_mb, at most a warp's steps */
+        a.p.bpf = 0;
+        if (tc_bpf_mb > 0) {
+            const int ch = a.p.nt > 8 ? TC_CH / 2 : TC_CH, nst = ((q.NU + S - 1) / S * tc_v(fmt) + ch - 1) / ch;
+            int tot = 0; /* steps of a warp */
+            for (int j = 0; j < nj; j++) {
+                const int n = (a.j[j].NRG + a.j[j].ncl - 1) / a.j[j].ncl * nst;
+                tot = n > tot ? n : tot;
+            }
+            int64_t P = ((int64_t)tc_bpf_mb << 20) / ((int64_t)ncl * KG * TC_WARPS * ch * 1024);
+            P = P < tc_bpf_max ? P : tc_bpf_max;
+            P = P < tot ? P : tot;
+            a.p.bpf = P > 1 ? (int)P : 1;
         }
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[2];

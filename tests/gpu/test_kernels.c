@@ -714,9 +714,23 @@ static void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
     from_dev(g2, dx2, sizeof(float) * (size_t)T * D);
     snprintf(name, sizeof name, "hc_pre+norm = hc_pre, rmsnorm T=%d D=%d", T, D);
     check_same(name, g2, gx, (size_t)T * D);
-    for (int t = 0; t < T; t++) dsv4_cpu_rmsnorm(rx + (size_t)t * D, D, nw, 1e-6f);
-    snprintf(name, sizeof name, "hc_pre+norm x T=%d M=%d D=%d", T, M, D);
-    check(name, g2, rx, (size_t)T * D, 1e-5 * rms(rx, (size_t)T * D), 1e-4);
+    /* the norm scales column d of token t by rn_t * nw[d] (|nw| reaches ~4x its rms): both sides are divided by the CPU's
+     * rn_t * nw[d] and held to the pre-norm x check's tolerance (1e-5 rms + 1e-4 |ref|): that error carried through the
+     * norm (without the division, a column with a large weight turned the absolute part into ~1.5x the bar) */
+    const double xrms = rms(rx, (size_t)T * D);
+    for (int t = 0; t < T; t++) {
+        float *r = rx + (size_t)t * D, *gg = g2 + (size_t)t * D;
+        double ss = 0;
+        for (int d = 0; d < D; d++) ss += (double)r[d] * r[d];
+        const double rn = 1.0 / sqrt(ss / D + 1e-6);
+        dsv4_cpu_rmsnorm(r, D, nw, 1e-6f);
+        for (int d = 0; d < D; d++) {
+            const double k = rn * nw[d];
+            if (fabs(k) > 1e-30) r[d] = (float)(r[d] / k), gg[d] = (float)(gg[d] / k);
+        }
+    }
+    snprintf(name, sizeof name, "hc_pre+norm x T=%d M=%d D=%d (/ rn nw)", T, M, D);
+    check(name, g2, rx, (size_t)T * D, 1e-5 * xrms, 1e-4);
 
     /* post: f = the layer output, with the post / comb just computed (CPU ones, on both sides) */
     float *f = randn((size_t)T * D, 1.0f), *rX = malloc(sizeof(float) * (size_t)T * M * D), *gX = malloc(sizeof(float) * (size_t)T * M * D);
@@ -1878,6 +1892,10 @@ int main(int argc, char **argv) {
     test_linear("hc fn x:bf16", DSV4_WF_F32, 24, 16384, 2, 0, 0, 1);
     test_linear_invariant("wq_a", DSV4_WF_FP8, 1024, 4096, 1, 0);
     test_linear_invariant("wq_b", DSV4_WF_FP8, 32768, 1024, 1, 0);
+    /* wo_b at T = 1 and 8 (x staged in 1 and 8 passes per warp) and bitwise T-invariant */
+    test_linear("wo_b", DSV4_WF_FP8, 4096, 8192, 1, 0, 1, 0);
+    test_linear("wo_b", DSV4_WF_FP8, 4096, 8192, 8, 0, 1, 0);
+    test_linear_invariant("wo_b", DSV4_WF_FP8, 4096, 8192, 1, 0);
     test_linear_invariant("expert", DSV4_WF_MXFP4, 2048, 4096, 0, 0);
     test_linear_invariant("expert", DSV4_WF_NVFP4, 4096, 2048, 0, 0);
     test_linear_invariant("", DSV4_WF_BF16, 4096, 4096, 0, 0);
