@@ -65,7 +65,7 @@ static size_t gemm_ws_need(const dsv4_cuda_model *g, int T) {
             if (wt->fmt == DSV4_WF_FP8 && wt->act_quant) {
                 if (wt->cols > kq) kq = wt->cols;
                 if (wt->rows > nq) nq = wt->rows;
-            } else if (dsv4_cuda_linear_gemm_split_fits(wt, T)) {
+            } else if (dsv4_cuda_linear_gemm_split_enabled() && dsv4_cuda_linear_gemm_split_fits(wt, T)) {
                 const int rows = wt == &gl->wo_a && g->m->cfg.o_groups > 1 ? g->m->cfg.o_lora_rank : wt->rows;
                 if (wt->cols > ks) ks = wt->cols;
                 if (wt->fmt == DSV4_WF_FP8 && rows > nd) nd = rows;
@@ -181,7 +181,8 @@ dsv4_cuda_batch gpu_batch_at(const dsv4_cuda_model *g, int T, int S) {
  * for FP8 act-quant weights (contiguous rows only), the split bf16 one for BF16 / FP8 weights without act quant. */
 static int gemm_takes(const gws *w, const dsv4_cuda_weight *wt, int T, int strided) {
     return w->gemm && w->gemm_ws &&
-           ((!strided && dsv4_cuda_linear_gemm_fits(wt, T)) || dsv4_cuda_linear_gemm_split_fits(wt, T));
+           ((!strided && dsv4_cuda_linear_gemm_fits(wt, T)) ||
+            (dsv4_cuda_linear_gemm_split_enabled() && dsv4_cuda_linear_gemm_split_fits(wt, T)));
 }
 
 /* A linear of the pass (x rows ldx apart, y rows ldy; 0: contiguous): a GEMM where gemm_takes, everything else (and
@@ -191,7 +192,8 @@ static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, 
     if (w->gemm && w->gemm_ws) {
         int r = 1;
         if (!ldx && !ldy) r = dsv4_cuda_linear_gemm(wt, x, T, y, w->gemm_ws, w->gemm_wsb, g->stream);
-        if (r > 0) r = dsv4_cuda_linear_gemm_split(wt, x, ldx, T, y, ldy, w->gemm_ws, w->gemm_wsb, g->stream);
+        if (r > 0 && dsv4_cuda_linear_gemm_split_enabled())
+            r = dsv4_cuda_linear_gemm_split(wt, x, ldx, T, y, ldy, w->gemm_ws, w->gemm_wsb, g->stream);
         if (r <= 0) return r;
     }
     if (!ldx && !ldy) return dsv4_cuda_linear(wt, x, 0, T, y, g->stream);

@@ -394,6 +394,21 @@ extern "C" size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd) {
     return lg_split_layout(T, K, Nd, &a, &b, &c, &d);
 }
 
+/* Whether the forward routes prefill linears through the split path: DSV4_LINEAR_GEMM_SPLIT=1 / 0, else the built-in
+ * default: off until the end-to-end GPU checks (fixtures, unseen shapes) have run with it (its kernel checks pass on the
+ * H200: test_kernels "linear gemm split", 0.02-0.14 of the GEMV tolerance). Read once per process. */
+#ifndef DSV4_LINEAR_GEMM_SPLIT_DEFAULT
+#define DSV4_LINEAR_GEMM_SPLIT_DEFAULT 0
+#endif
+extern "C" int dsv4_cuda_linear_gemm_split_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DSV4_LINEAR_GEMM_SPLIT");
+        on = e && *e ? *e != '0' : DSV4_LINEAR_GEMM_SPLIT_DEFAULT;
+    }
+    return on;
+}
+
 extern "C" int dsv4_cuda_linear_gemm_split_fits(const dsv4_cuda_weight *w, int T) {
     if (!w || !w->data || w->act_quant || T < DSV4_LINEAR_GEMM_MIN_T || w->rows <= 0 || w->cols <= 0 || w->cols % 8) return 0;
     if (w->fmt == DSV4_WF_BF16) return !(((uintptr_t)w->data + (uintptr_t)w->row0 * (uintptr_t)w->cols * 2) & 15);

@@ -61,6 +61,9 @@ int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, int T, floa
  * Returns 0 done, 1 not applicable (nothing enqueued that matters; run dsv4_cuda_linear), -1 error.
  * Workspace: dsv4_cuda_linear_gemm_split_ws_bytes(T, K, Nd), Nd = the most rows of an FP8 weight (view) it takes. */
 size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd);
+/* Whether the forward takes the split path in prefill (DSV4_LINEAR_GEMM_SPLIT=1 / 0, else the default: off until its
+ * end-to-end GPU checks have run). The functions below work either way (the kernel tests call them directly). */
+int dsv4_cuda_linear_gemm_split_enabled(void);
 int dsv4_cuda_linear_gemm_split_fits(const dsv4_cuda_weight *w, int T);
 int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
                                 void *ws, size_t ws_bytes, void *stream);
