@@ -254,33 +254,7 @@ int main(int argc, char **argv) {
     printf("%-36s %10s %10s   (us per call: CUDA graph of %d calls, median of %d replays)\n", "case", "T=1", "T=8", NC, NR);
     for (int cs = 0; cs < NCASE; cs++) {
         double us[2];
-        for (int ci = 0; ci < 2; ci++) {
-            for (int i = 0; i < 2; i++) run_case(&cx[ci], cs, i, st);
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
-            for (int i = 0; i < NC; i++) run_case(&cx[ci], cs, i, st);
-            if (cudaStreamEndCapture(st, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
-                fprintf(stderr, "graph failed for %s\n", cname[cs]);
-                return 1;
-            }
-            cudaEvent_t e0, e1;
-            cudaEventCreate(&e0), cudaEventCreate(&e1);
-            float ms[16];
-            cudaGraphLaunch(ge, st);
-            for (int r = 0; r < NR; r++) {
-                cudaEventRecord(e0, st);
-                cudaGraphLaunch(ge, st);
-                cudaEventRecord(e1, st);
-                cudaEventSynchronize(e1);
-                cudaEventElapsedTime(&ms[r], e0, e1);
-            }
-            for (int a = 0; a < NR; a++)
-                for (int b2 = a + 1; b2 < NR; b2++)
-                    if (ms[b2] < ms[a]) { float tmp = ms[a]; ms[a] = ms[b2]; ms[b2] = tmp; }
-            us[ci] = ms[NR / 2] * 1000.0 / NC;
-            cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
-        }
+        for (int ci = 0; ci < 2; ci++) us[ci] = time_case(&cx[ci], cs, st);
         printf("%-36s %10.2f %10.2f\n", cname[cs], us[0], us[1]);
     }
     printf("errors: %s\n", cudaGetErrorString(cudaGetLastError()));
