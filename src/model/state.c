@@ -9,9 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* floats of a compressor's pending rows (kv or scores): [c*m, c*d], c = 2 with overlap */
+static size_t cmp_pending(const dsv4_compressor *cm) {
+    const size_t cc = cm->overlap ? 2 : 1;
+    return cc * (size_t)cm->ratio * cc * (size_t)cm->d;
+}
+
 static int cmp_init(dsv4_cmp_state *c, const dsv4_compressor *cm) {
-    int cc = cm->overlap ? 2 : 1;
-    size_t n = (size_t)cc * cm->ratio * cc * cm->d;
+    const size_t n = cmp_pending(cm);
     c->kv = calloc(n, sizeof(float));
     c->sc = malloc(n * sizeof(float));
     if (!c->kv || !c->sc) return -1;
@@ -60,8 +65,7 @@ fail:
 }
 
 static int cmp_copy(dsv4_cmp_state *d, const dsv4_cmp_state *c, const dsv4_compressor *cm) {
-    const int cc = cm->overlap ? 2 : 1;
-    const size_t n = (size_t)cc * cm->ratio * cc * cm->d;
+    const size_t n = cmp_pending(cm);
     memcpy(d->kv, c->kv, n * sizeof(float));
     memcpy(d->sc, c->sc, n * sizeof(float));
     if (c->n > 0) {
@@ -74,10 +78,10 @@ static int cmp_copy(dsv4_cmp_state *d, const dsv4_cmp_state *c, const dsv4_compr
 
 dsv4_seq_state *dsv4_seq_state_fork(const dsv4_seq_state *src) {
     const dsv4_model *m = src->m;
+    dsv4_seq_state *s;
 #ifdef DSV4_CUDA
-    if (src->gpu) {
-        dsv4_seq_state *s = calloc(1, sizeof *s);
-        if (!s) return NULL;
+    if (src->gpu) { /* the device state: one copy of its caches */
+        if (!(s = calloc(1, sizeof *s))) return NULL;
         s->m = m;
         if (!(s->gpu = dsv4_cuda_seq_fork(src->gpu))) {
             free(s);
@@ -87,8 +91,7 @@ dsv4_seq_state *dsv4_seq_state_fork(const dsv4_seq_state *src) {
         return s;
     }
 #endif
-    dsv4_seq_state *s = dsv4_seq_state_new(m);
-    if (!s) return NULL;
+    if (!(s = dsv4_seq_state_new(m))) return NULL;
     for (int L = 0; L < m->cfg.n_layers; L++) {
         const dsv4_layer *ly = &m->layers[L];
         memcpy(s->ls[L].win, src->ls[L].win, sizeof(float) * (size_t)m->cfg.window_size * m->cfg.head_dim);
