@@ -61,6 +61,7 @@ typedef struct gstepl {
     size_t tok, pos, sid, p0, n, off, cend, pe, sq, bytes;
 } gstepl;
 
+#define DSV4_CUDA_TMAX_DEFAULT 4096 /* rows of a prefill pass (DSV4_CUDA_TMAX overrides) */
 #define GW_ATTN 64 /* attention rows per call (bounds ascr) */
 
 #define GB_N 9     /* decode buckets 1, 2, 4, .. 256 */

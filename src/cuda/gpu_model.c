@@ -284,8 +284,14 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->last_bucket = -1;
     const char *ge = getenv("DSV4_CUDA_GRAPHS");
     g->graphs = !(ge && !strcmp(ge, "0"));
-    /* passes of at most tmax rows; the indexer scores at most ~64 MB at a time */
-    g->tmax = 1024;
+    /* passes of at most tmax rows (DSV4_CUDA_TMAX, 64 .. 16384: the workspace grows ~1 MB a row at Flash's shapes;
+     * longer passes read the routed experts' weights fewer times); the indexer scores at most ~64 MB at a time */
+    g->tmax = DSV4_CUDA_TMAX_DEFAULT;
+    const char *te = getenv("DSV4_CUDA_TMAX");
+    if (te && *te) {
+        const int v = atoi(te);
+        g->tmax = v < 64 ? 64 : v > 16384 ? 16384 : v;
+    }
     const int nl = capacity / 4 > 0 ? capacity / 4 : 1;
     g->qgmax = (16 << 20) / nl;
     if (g->qgmax < 1) g->qgmax = 1;
