@@ -212,7 +212,8 @@ typedef struct dsv4_cuda_moe_plan {
 } dsv4_cuda_moe_plan;
 
 /* Builds the plan from the router's picks sel [T, K] (expert ids) and weights w [T, K]; rows t with
- * sid[t] < 0 (idle) pick nothing. T <= 4096. */
+ * sid[t] < 0 (idle) pick nothing. T <= DSV4_MOE_GROUP_MAXT. */
+#define DSV4_MOE_GROUP_MAXT 4096
 int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                         const dsv4_cuda_moe_plan *p, void *stream);
 /* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),

@@ -99,7 +99,7 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     memset(w, 0, sizeof *w);
     w->T = T;
     w->qg = T < g->qgmax ? T : g->qgmax;
-    w->tg = T; /* the routed experts take the whole pass in one group (their weights read once a pass) */
+    w->tg = T < DSV4_MOE_GROUP_MAXT ? T : DSV4_MOE_GROUP_MAXT; /* routed experts' token groups (weights read once a group) */
     w->hr = T < 256 ? T : 256;
     const size_t qg = (size_t)w->qg, tgk = (size_t)w->tg * K, hr = (size_t)w->hr;
     size_t o = 0;

@@ -18,7 +18,7 @@
 /* ---- 1. grouping: one block ---- */
 
 #define GROUP_THREADS 1024
-#define GROUP_MAXT 4096
+#define GROUP_MAXT DSV4_MOE_GROUP_MAXT
 #define GROUP_MAXK 32
 
 /* Is pick k of token t used, and its expert: idle tokens pick nothing, an expert out of range is skipped,
@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
     uint32_t *bm = gsm;                          /* [E][NW]: token bitmap of each expert */
     int *base = (int *)(bm + (size_t)E * NW);    /* [E]: first slot of each expert */
     int *pe = base + E;                          /* CACHE: [T * K] each pick's expert, -1 when unused */
+    uint16_t *pre = (uint16_t *)(pe + (CACHE ? 2 * TK + T : 0)); /* [E][NW]: the expert's tokens below word w */
     int *ssel = pe + (CACHE ? TK : 0), *ssid = ssel + (CACHE ? TK : 0); /* CACHE: [T * K] sel, [T] sid */
     const int tid = threadIdx.x, nth = blockDim.x;
     const float ew0 = CACHE && tid < TK ? ew[tid] : 0.0f; /* the first pick's weight, loaded early */
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
     int cnt = 0, act = 0;
     for (int e = e0; e < e1; e++) {
         int c = 0;
-        for (int w = 0; w < NW; w++) c += __popc(bm[e * NW + w]);
+        for (int w = 0; w < NW; w++) pre[e * NW + w] = (uint16_t)c, c += __popc(bm[e * NW + w]);
         base[e] = c;
         cnt += c;
         act += c > 0;
@@ -123,9 +124,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
     for (int q = tid; q < TK; q += nth) {
         int t = q / K, e;
         if (CACHE ? (e = pe[q]) < 0 : !pick_used(sel, sid, t, q - t * K, K, E, &e)) continue;
-        const uint32_t *row = bm + e * NW;
-        int rank = __popc(row[t >> 5] & ((1u << (t & 31)) - 1u));
-        for (int w = 0; w < (t >> 5); w++) rank += __popc(row[w]);
+        const int rank = pre[e * NW + (t >> 5)] + __popc(bm[e * NW + (t >> 5)] & ((1u << (t & 31)) - 1u));
         const int slot = base[e] + rank;
         p.rows[slot] = t;
         p.rw[slot] = CACHE && q == tid ? ew0 : ew[q];
@@ -136,9 +135,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
         for (int k = 0; k < K; k++) {
             int e;
             if (CACHE ? (e = pe[t * K + k]) < 0 : !pick_used(sel, sid, t, k, K, E, &e)) continue;
-            const uint32_t *row = bm + e * NW;
-            int rank = __popc(row[t >> 5] & ((1u << (t & 31)) - 1u));
-            for (int w = 0; w < (t >> 5); w++) rank += __popc(row[w]);
+            const int rank = pre[e * NW + (t >> 5)] + __popc(bm[e * NW + (t >> 5)] & ((1u << (t & 31)) - 1u));
             int v = base[e] + rank, i = ns++;
             while (i > 0 && sl[i - 1] > v) sl[i] = sl[i - 1], i--;
             sl[i] = v;
@@ -155,6 +152,7 @@ extern "C" int dsv4_cuda_moe_group(const int *sel, const float *w, const int *si
     const int cache = T * K <= GROUP_CACHE;
     size_t smem = sizeof(uint32_t) * (size_t)E * ((T + 31) / 32) + sizeof(int) * (size_t)E;
     if (cache) smem += sizeof(int) * (2 * (size_t)T * K + T);
+    smem += sizeof(uint16_t) * (size_t)E * ((T + 31) / 32); /* prefix counts per bitmap word */
     if (smem > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("moe_group: %d experts x %d tokens do not fit", E, T);
     void (*kern)(const int *, const float *, const int *, int, int, int, dsv4_cuda_moe_plan) =
         cache ? moe_group_kernel<1> : moe_group_kernel<0>;

@@ -47,68 +47,110 @@ extern "C" int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int ma
 }
 
 /* ---- compressor state machine (twin: compress_tokens() of src/model/forward_attn.c) ----
- * The state is separable by channel: channel ch only ever touches columns ch (and d+ch for the
- * overlap's B half) of the pending rows, so a thread owns a channel of one slot and runs the slot's
- * whole token loop on its columns with no synchronization. grid (channel blocks, slots). */
-__global__ void cmp_batch_kernel(dsv4_cuda_batch b, int L, int which, const float *kvp, const float *scp, const float *ape,
-                                 int mr, int d, int overlap, float *ent, int *rpos) {
-    const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
+ * The state is separable by channel: channel ch only ever touches columns ch (and d+ch for the overlap's B half) of
+ * the pending rows. A window's entry depends only on its own rows (and, with overlap, the previous window's), so every
+ * emission of a pass is computed at once from the chunk's rows and the state as it was before the pass
+ * (cmp_emit_kernel: a block of channels per row), then the state is advanced to the pass's end (cmp_state_kernel: a
+ * thread per (pending row, column) of a slot). The sums run over the same values in the same order as the token loop
+ * of the twin, so the results do not depend on how the tokens were cut into passes. */
+
+/* Pending row k's value for column col as emission at position p reads it: the pass's own row (kvp / scp + ape) when
+ * the position is in the pass, else the state before the pass (rows of a window that straddles the pass start, or the
+ * previous window's copy in rows 0..m-1 when that window closed before the pass). */
+__device__ __forceinline__ void cmp_value(const float *kvp, const float *scp, const float *ape, const float *skv,
+                                          const float *ssc, int64_t off, int pos0, int p, int k, int mr, int cd, int col,
+                                          int overlap, float &kv, float &sc) {
+    const int q = overlap ? p + 1 - 2 * mr + k : p + 1 - mr + k; /* the position row k holds */
+    if (q >= pos0) {
+        const int64_t ti = off + (q - pos0);
+        kv = kvp[ti * cd + col];
+        sc = __fadd_rn(scp[ti * cd + col], ape[(int64_t)(q % mr) * cd + col]);
+        return;
+    }
+    int row = k; /* the window of p (or, without overlap, the only one): rows as they were at the pass start */
+    if (overlap && (k >= mr || p - mr >= pos0)) row = mr + (k % mr); /* straddling the pass start: not yet copied */
+    kv = skv[(int64_t)row * cd + col];
+    sc = ssc[(int64_t)row * cd + col];
+}
+
+__global__ void cmp_emit_kernel(dsv4_cuda_batch b, int L, int which, const float *kvp, const float *scp, const float *ape,
+                                int mr, int d, int overlap, float *ent, int *rpos) {
+    const int t = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int s = b.sid[t];
+    if (s < 0 || !b.sq[s] || b.n[s] <= 0) return;
+    const int pos0 = b.p0[s], p = b.pos[t];
+    if (blockIdx.x == 0 && threadIdx.x == 0) rpos[t] = (p + 1) % mr ? 0 : p + 1 - mr;
+    if (ch >= d || (p + 1) % mr) return;
+    const dsv4_cuda_lstate *ls = &b.sq[s]->L[L];
+    const float *skv = which ? ls->ikv : ls->ckv, *ssc = which ? ls->isc : ls->csc;
+    const int64_t off = b.off[s];
+    const int cd = (overlap ? 2 : 1) * d, nslot = overlap ? 2 * mr : mr;
+    float kv, sc;
+    float mx = -INFINITY;
+    for (int k = 0; k < nslot; k++) {
+        cmp_value(kvp, scp, ape, skv, ssc, off, pos0, p, k, mr, cd, overlap && k >= mr ? d + ch : ch, overlap, kv, sc);
+        mx = fmaxf(mx, sc);
+    }
+    float den = 0;
+    for (int k = 0; k < nslot; k++) {
+        cmp_value(kvp, scp, ape, skv, ssc, off, pos0, p, k, mr, cd, overlap && k >= mr ? d + ch : ch, overlap, kv, sc);
+        den = __fadd_rn(den, sc == -INFINITY ? 0.0f : expf(__fsub_rn(sc, mx)));
+    }
+    double acc = 0;
+    for (int k = 0; k < nslot; k++) {
+        cmp_value(kvp, scp, ape, skv, ssc, off, pos0, p, k, mr, cd, overlap && k >= mr ? d + ch : ch, overlap, kv, sc);
+        const float w = sc == -INFINITY ? 0.0f : expf(__fsub_rn(sc, mx));
+        acc += (double)__fdiv_rn(w, den) * kv;
+    }
+    ent[(int64_t)t * d + ch] = (float)acc;
+}
+
+/* The state at the end of the pass: pending row (mr +) r holds the pass's last position r mod m (if any); with overlap,
+ * rows 0..m-1 the window of the pass's last emission (if any), copied as the token loop copies it. */
+__global__ void cmp_state_kernel(dsv4_cuda_batch b, int L, int which, const float *kvp, const float *scp, const float *ape,
+                                 int mr, int d, int overlap) {
+    const int s = blockIdx.y;
     if (!b.sq[s] || b.n[s] <= 0) return;
+    const int cd = (overlap ? 2 : 1) * d;
+    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (int64_t)mr * cd) return;
+    const int k = (int)(e / cd), col = (int)(e - (int64_t)k * cd);
     const dsv4_cuda_lstate *ls = &b.sq[s]->L[L];
     float *skv = which ? ls->ikv : ls->ckv, *ssc = which ? ls->isc : ls->csc;
-    const int off = b.off[s], pos0 = b.p0[s], n = b.n[s];
-    if (blockIdx.x == 0)
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            int p = pos0 + i;
-            rpos[off + i] = (p + 1) % mr ? 0 : p + 1 - mr;
+    const int pos0 = b.p0[s], last = pos0 + b.n[s] - 1;
+    const int64_t off = b.off[s], cur = (int64_t)(overlap ? mr + k : k) * cd + col;
+    auto chunk = [&](int q, float &kv, float &sc) {
+        const int64_t ti = off + (q - pos0);
+        kv = kvp[ti * cd + col];
+        sc = __fadd_rn(scp[ti * cd + col], ape[(int64_t)(q % mr) * cd + col]);
+    };
+    const float okv = skv[cur], osc = ssc[cur];
+    const int ql = last - (((last - k) % mr) + mr) % mr; /* the last position p <= last with p mod m == k */
+    float nkv = okv, nsc = osc;
+    if (ql >= pos0) chunk(ql, nkv, nsc);
+    if (overlap) {
+        const int pe = last - (last + 1) % mr; /* the last emission of the pass */
+        if (pe >= pos0) {
+            const int q = pe + 1 - mr + k;
+            float ckv = okv, csc = osc;
+            if (q >= pos0) chunk(q, ckv, csc);
+            skv[(int64_t)k * cd + col] = ckv;
+            ssc[(int64_t)k * cd + col] = csc;
         }
-    if (ch >= d) return;
-    const int cd = (overlap ? 2 : 1) * d, nslot = overlap ? 2 * mr : mr;
-    const int nc = overlap ? 2 : 1;
-    for (int i = 0; i < n; i++) {
-        const int p = pos0 + i, r = p % mr, row = overlap ? mr + r : r;
-        const int64_t ti = (int64_t)off + i;
-        for (int h = 0; h < nc; h++) {
-            const int col = h * d + ch;
-            skv[(int64_t)row * cd + col] = kvp[ti * cd + col];
-            ssc[(int64_t)row * cd + col] = __fadd_rn(scp[ti * cd + col], ape[(int64_t)r * cd + col]);
-        }
-        if ((p + 1) % mr) continue;
-        float mx = -INFINITY;
-        for (int k = 0; k < nslot; k++) {
-            int col = overlap && k >= mr ? d + ch : ch;
-            mx = fmaxf(mx, ssc[(int64_t)k * cd + col]);
-        }
-        float den = 0;
-        for (int k = 0; k < nslot; k++) {
-            int col = overlap && k >= mr ? d + ch : ch;
-            float v = ssc[(int64_t)k * cd + col];
-            den = __fadd_rn(den, v == -INFINITY ? 0.0f : expf(__fsub_rn(v, mx)));
-        }
-        double acc = 0;
-        for (int k = 0; k < nslot; k++) {
-            int col = overlap && k >= mr ? d + ch : ch;
-            float v = ssc[(int64_t)k * cd + col];
-            float w = v == -INFINITY ? 0.0f : expf(__fsub_rn(v, mx));
-            acc += (double)__fdiv_rn(w, den) * skv[(int64_t)k * cd + col];
-        }
-        ent[ti * d + ch] = (float)acc;
-        if (overlap)
-            for (int k = 0; k < mr; k++)
-                for (int h = 0; h < 2; h++) {
-                    const int col = h * d + ch;
-                    skv[(int64_t)k * cd + col] = skv[(int64_t)(mr + k) * cd + col];
-                    ssc[(int64_t)k * cd + col] = ssc[(int64_t)(mr + k) * cd + col];
-                }
     }
+    skv[cur] = nkv;
+    ssc[cur] = nsc;
 }
 
 extern "C" int dsv4_cuda_cmp_batch(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
                                    const float *ape, int mr, int d, int overlap, float *ent, int *rpos, void *stream) {
-    if (mr <= 0 || d <= 0 || b->S < 0) return dsv4_cuda_fail("cmp_batch: bad arguments (m %d d %d)", mr, d);
-    if (!b->S) return 0;
-    dim3 grid((d + 127) / 128, b->S);
-    cmp_batch_kernel<<<grid, 128, 0, DSV4_STREAM(stream)>>>(*b, L, which, kvp, scp, ape, mr, d, overlap, ent, rpos);
+    if (mr <= 0 || d <= 0 || b->S < 0 || b->T < 0 || b->T > 65535)
+        return dsv4_cuda_fail("cmp_batch: bad arguments (m %d d %d T %d)", mr, d, b->T);
+    if (!b->S || !b->T) return 0;
+    cudaStream_t st = DSV4_STREAM(stream);
+    cmp_emit_kernel<<<dim3((d + 127) / 128, b->T), 128, 0, st>>>(*b, L, which, kvp, scp, ape, mr, d, overlap, ent, rpos);
+    const int64_t ne = (int64_t)mr * (overlap ? 2 : 1) * d;
+    cmp_state_kernel<<<dim3((unsigned)((ne + 255) / 256), b->S), 256, 0, st>>>(*b, L, which, kvp, scp, ape, mr, d, overlap);
     return dsv4_cuda_check_launch("cmp_batch");
 }
 

@@ -1384,6 +1384,112 @@ static void kv_pack_ref(const float *x, int Dh, int R, uint8_t *row) {
     for (int j = 0; j < R; j++) rp[j] = dsv4_f32_to_bf16(x[nope + j]);
 }
 
+/* The compressor's token loop (compress_tokens() of src/model/forward_attn.c up to the RMSNorm, the loop
+ * dsv4_cuda_cmp_batch computes in parallel) on one slot's state: n rows at positions p0 .. of kvp / scp [n, cd]. */
+static void cmp_ref(float *skv, float *ssc, const float *kvp, const float *scp, const float *ape, int p0, int n, int mr,
+                    int d, int overlap, float *ent, int *rpos) {
+    const int cd = (overlap ? 2 : 1) * d, nslot = overlap ? 2 * mr : mr;
+    for (int i = 0; i < n; i++) {
+        const int p = p0 + i, r = p % mr, row = overlap ? mr + r : r;
+        rpos[i] = (p + 1) % mr ? 0 : p + 1 - mr;
+        for (int col = 0; col < cd; col++) {
+            skv[(size_t)row * cd + col] = kvp[(size_t)i * cd + col];
+            ssc[(size_t)row * cd + col] = scp[(size_t)i * cd + col] + ape[(size_t)r * cd + col];
+        }
+        if ((p + 1) % mr) continue;
+        for (int ch = 0; ch < d; ch++) {
+            float mx = -INFINITY, den = 0;
+            for (int k = 0; k < nslot; k++) mx = fmaxf(mx, ssc[(size_t)k * cd + (overlap && k >= mr ? d + ch : ch)]);
+            for (int k = 0; k < nslot; k++) {
+                const float v = ssc[(size_t)k * cd + (overlap && k >= mr ? d + ch : ch)];
+                den += v == -INFINITY ? 0.0f : expf(v - mx);
+            }
+            double acc = 0;
+            for (int k = 0; k < nslot; k++) {
+                const int col = overlap && k >= mr ? d + ch : ch;
+                const float v = ssc[(size_t)k * cd + col], w = v == -INFINITY ? 0.0f : expf(v - mx);
+                acc += (double)(w / den) * skv[(size_t)k * cd + col];
+            }
+            ent[(size_t)i * d + ch] = (float)acc;
+        }
+        if (overlap) memcpy(skv, skv + (size_t)mr * cd, sizeof(float) * mr * cd), memcpy(ssc, ssc + (size_t)mr * cd, sizeof(float) * mr * cd);
+    }
+}
+
+/* dsv4_cuda_cmp_batch over several passes of two slots (slot 0 cut by cuts[], slot 1 by the same cuts reversed, two
+ * idle rows per pass) against cmp_ref: entries at a tight tolerance (expf of the device vs the host's), RoPE positions
+ * and the pending rows after every pass exactly. */
+static void test_cmp_batch(int mr, int d, int overlap, const int *cuts, int nc) {
+    const int S = 2, L = 0, cd = (overlap ? 2 : 1) * d, nslot = overlap ? 2 * mr : mr;
+    float *hkv[2], *hsc[2], *dkv[2], *dsc[2];
+    void *sq[2];
+    float *ape = randn((size_t)mr * cd, 1.0f);
+    float *dape = dup_to_dev(ape, sizeof(float) * (size_t)mr * cd);
+    for (int s = 0; s < S; s++) {
+        hkv[s] = calloc((size_t)nslot * cd, sizeof(float));
+        hsc[s] = malloc(sizeof(float) * (size_t)nslot * cd);
+        for (size_t i = 0; i < (size_t)nslot * cd; i++) hsc[s][i] = -INFINITY;
+        dkv[s] = dup_to_dev(hkv[s], sizeof(float) * (size_t)nslot * cd);
+        dsc[s] = dup_to_dev(hsc[s], sizeof(float) * (size_t)nslot * cd);
+        dsv4_cuda_seqdev hd = {0, 1 << 20, NULL};
+        dsv4_cuda_lstate ls[1] = {{0}};
+        uint8_t *dv = dsv4_cuda_alloc(256 + sizeof ls);
+        hd.L = (dsv4_cuda_lstate *)(dv + 256);
+        ls[L].ckv = dkv[s], ls[L].csc = dsc[s];
+        dsv4_cuda_upload(dv, &hd, sizeof hd), dsv4_cuda_upload(dv + 256, ls, sizeof ls);
+        sq[s] = dv;
+    }
+    void *dsq = dup_to_dev(sq, sizeof sq);
+    int pos[2] = {0, 0}, ok = 1;
+    double worst = 0;
+    for (int c = 0; c < nc; c++) {
+        const int n[2] = {cuts[c], cuts[nc - 1 - c]}, T = n[0] + n[1] + 2;
+        int p0[2] = {pos[0], pos[1]}, off[2] = {0, n[0]};
+        int *tp = calloc(T, sizeof(int)), *sid = calloc(T, sizeof(int)), *rpos = calloc(T, sizeof(int)), *rref = calloc(T, sizeof(int));
+        float *kvp = randn((size_t)T * cd, 1.0f), *scp = randn((size_t)T * cd, 2.0f);
+        float *ent = calloc((size_t)T * d, sizeof(float)), *eref = calloc((size_t)T * d, sizeof(float));
+        for (int s = 0, t = 0; s < S; s++)
+            for (int i = 0; i < n[s]; i++, t++) tp[t] = p0[s] + i, sid[t] = s;
+        sid[T - 2] = sid[T - 1] = -1;
+        int *dtp = dup_to_dev(tp, sizeof(int) * T), *dsid = dup_to_dev(sid, sizeof(int) * T), *drp = dup_to_dev(rpos, sizeof(int) * T);
+        int *dp0 = dup_to_dev(p0, sizeof p0), *dn = dup_to_dev(n, sizeof n), *doff = dup_to_dev(off, sizeof off);
+        float *dkvp = dup_to_dev(kvp, sizeof(float) * (size_t)T * cd), *dscp = dup_to_dev(scp, sizeof(float) * (size_t)T * cd);
+        float *dent = dup_to_dev(ent, sizeof(float) * (size_t)T * d);
+        dsv4_cuda_batch b = {.T = T, .S = S, .tok = dtp, .pos = dtp, .sid = dsid, .p0 = dp0, .n = dn, .off = doff, .sq = dsq};
+        op_ok(dsv4_cuda_cmp_batch(&b, L, 0, dkvp, dscp, dape, mr, d, overlap, dent, drp, NULL), "cmp_batch");
+        sync_ok();
+        from_dev(ent, dent, sizeof(float) * (size_t)T * d);
+        from_dev(rpos, drp, sizeof(int) * T);
+        for (int s = 0; s < S; s++) {
+            cmp_ref(hkv[s], hsc[s], kvp + (size_t)off[s] * cd, scp + (size_t)off[s] * cd, ape, p0[s], n[s], mr, d, overlap,
+                    eref + (size_t)off[s] * d, rref + off[s]);
+            pos[s] += n[s];
+            float *gkv = malloc(sizeof(float) * (size_t)nslot * cd), *gsc = malloc(sizeof(float) * (size_t)nslot * cd);
+            from_dev(gkv, dkv[s], sizeof(float) * (size_t)nslot * cd);
+            from_dev(gsc, dsc[s], sizeof(float) * (size_t)nslot * cd);
+            ok &= !memcmp(gkv, hkv[s], sizeof(float) * (size_t)nslot * cd) && !memcmp(gsc, hsc[s], sizeof(float) * (size_t)nslot * cd);
+            free(gkv), free(gsc);
+        }
+        for (int t = 0; t < T - 2; t++) {
+            ok &= rpos[t] == rref[t];
+            if (!((tp[t] + 1) % mr))
+                for (int ch = 0; ch < d; ch++) {
+                    const double e = fabs((double)ent[(size_t)t * d + ch] - eref[(size_t)t * d + ch]) / (1e-6 + 1e-5 * fabs(eref[(size_t)t * d + ch]));
+                    worst = e > worst ? e : worst;
+                }
+        }
+        dsv4_cuda_free(dtp), dsv4_cuda_free(dsid), dsv4_cuda_free(drp), dsv4_cuda_free(dp0), dsv4_cuda_free(dn), dsv4_cuda_free(doff);
+        dsv4_cuda_free(dkvp), dsv4_cuda_free(dscp), dsv4_cuda_free(dent);
+        free(tp), free(sid), free(rpos), free(rref), free(kvp), free(scp), free(ent), free(eref);
+    }
+    ok &= worst <= 1;
+    g_checks++, g_fail += !ok;
+    printf("%-4s cmp_batch m=%d d=%d overlap=%d, %d passes: entries %.3f of tol (atol 1e-6 rtol 1e-5), positions and pending rows %s%s\n",
+           ok ? "ok" : "FAIL", mr, d, overlap, nc, worst, ok ? "exact" : "checked", ok ? "" : " <<<");
+    for (int s = 0; s < S; s++) free(hkv[s]), free(hsc[s]), dsv4_cuda_free(dkv[s]), dsv4_cuda_free(dsc[s]), dsv4_cuda_free(sq[s]);
+    dsv4_cuda_free(dsq), dsv4_cuda_free(dape), free(ape);
+}
+
 /* S slots with n[s] rows at positions p0[s] ..; two idle rows at the end. Each slot's ring (W rows, prefilled) after
  * dsv4_cuda_ring_store, bytewise. */
 static void test_ring_store(int S, int W, int Dh, int R, const int *p0, const int *n) {
@@ -2102,6 +2208,7 @@ moe_checks:
     test_moe_experts("", DSV4_WF_BF16, DSV4_WF_BF16, 0, 1, 4, 2, 8, 64, 32);
     test_moe_experts("odd", DSV4_WF_FP8, DSV4_WF_BF16, 0, 1, 6, 2, 5, 200, 72);
     test_moe_group(2048, 6, 256);
+    test_moe_group(4096, 6, 256); /* the largest group: bitmap + prefix counts in shared memory */
     /* tensor cores: act quant at decode sizes (8 / 16 tokens a chunk) and on the pre-quantized 64-token path (>= 16
      * rows per expert on average; more than 64 rows: several chunks), every format */
     test_moe_experts("T=1 aq", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 1, 0, 1, 6, 32, 4096, 2048);
@@ -2133,6 +2240,14 @@ moe_checks:
         test_ring_store(3, 16, 512, 64, p0d, nd);
         test_ring_store(3, 16, 192, 64, p0d, nd); /* two 64-blocks */
         test_ring_store(3, 8, 704, 128, p0d, nd); /* more 64-blocks than warps */
+        /* the compressor over passes that cut windows anywhere (decode-like single rows, chunks shorter and longer
+         * than a window, a long pass): CSA (m 4, overlap), HCA (m 128), the indexer's (m 4, d 128) */
+        const int cuts[] = {1, 3, 1, 1, 6, 9, 1, 40, 2, 300, 1, 5};
+        test_cmp_batch(4, 512, 1, cuts, 12);
+        test_cmp_batch(4, 128, 1, cuts, 12);
+        test_cmp_batch(128, 512, 0, cuts, 12);
+        test_cmp_batch(8, 64, 0, cuts, 12);
+        test_cmp_batch(3, 96, 1, cuts, 12);
     }
 
 checks_done:
