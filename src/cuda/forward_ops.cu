@@ -4,6 +4,7 @@
 #include "common.cuh"
 #include "kv_cache.cuh"
 #include "cuda_model.h"
+#include "indexer_tc.h"
 
 /* ---- embedding: X[t, j, :] = row tok[t] of the embedding, for the M streams ---- */
 
@@ -74,6 +75,7 @@ extern "C" int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64
  * small for long capacities and its chunks past nlist[t] cost nothing.
  * indexer_scores_kernel (other shapes): a thread per (query, entry) running the whole chain. */
 #define IX_THREADS 128
+#define IXT_MIN_T 32 /* queries from which indexer_tc.cu's kernel runs */
 #define IX_EP 4
 
 template <int DI>
@@ -221,6 +223,11 @@ extern "C" int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T,
         return dsv4_cuda_fail("indexer_scores: bad shape");
     if (!T || !maxlist) return 0;
     cudaStream_t st = DSV4_STREAM(stream);
+    /* many queries over FP4 keys: tensor cores (indexer_tc.cu), the same bits */
+    if (fp4 && T >= IXT_MIN_T) {
+        const int rc = dsv4_ixt_scores(qi, wt, T, Hi, Di, keys, ncausal, nlist, maxlist, ld, out, st);
+        if (rc <= 0) return rc;
+    }
     /* ixs_kernel: Di 64 or 128, Hi <= 128, q rows (and fp32 key rows) 16-byte aligned */
     if (Hi <= IX_THREADS && !((uintptr_t)qi & 15)) {
         int rc = 1;

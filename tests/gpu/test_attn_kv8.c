@@ -244,8 +244,10 @@ static void test_attn(int T, int H, int Dh, int R, int nidx, int C, int with_kv2
     dsv4_cuda_free(dout), dsv4_cuda_free(dscr);
 }
 
-/* indexer scores over FP4-packed keys == over the same keys in fp32, bit for bit */
-static void test_ikeys(int T, int Hi, int Di, int n) {
+/* indexer scores over FP4-packed keys == over the same keys in fp32, bit for bit. qfp4: q as the forward has it
+ * (act_quant_fp4 per 32, block magnitudes 2^-4 .. 2^4, every 7th block 2^+-13 and every 11th zero: the tensor-core
+ * kernel's exact path and its chains, T >= 32); else q unquantized (its chains everywhere). */
+static void test_ikeys_q(int T, int Hi, int Di, int n, int qfp4) {
     float *k = malloc(sizeof(float) * (size_t)n * Di), *q = malloc(sizeof(float) * (size_t)T * Hi * Di);
     float *wt = malloc(sizeof(float) * (size_t)T * Hi);
     for (int i = 0; i < n; i++) {
@@ -255,6 +257,12 @@ static void test_ikeys(int T, int Hi, int Di, int n) {
         dsv4_act_quant_fp4(r, (size_t)Di, 32);
     }
     for (size_t i = 0; i < (size_t)T * Hi * Di; i++) q[i] = nrand();
+    if (qfp4)
+        for (size_t b = 0; b < (size_t)T * Hi * Di / 32; b++) {
+            const float m = b % 11 == 3 ? 0.0f : (float)pow(2.0, b % 7 == 5 ? (b % 2 ? 13 : -13) : (int)(urand() * 9) - 4);
+            for (int j = 0; j < 32; j++) q[b * 32 + j] *= m;
+            dsv4_act_quant_fp4(q + b * 32, 32, 32);
+        }
     for (int i = 0; i < T * Hi; i++) wt[i] = nrand();
     int *nc = malloc(sizeof(int) * T), *nl = malloc(sizeof(int) * T);
     for (int t = 0; t < T; t++) nl[t] = n, nc[t] = n - t % 3;
@@ -298,13 +306,16 @@ static void test_ikeys(int T, int Hi, int Di, int n) {
     }
     same = same && !cpu_diff && !leg_diff;
     printf("%s indexer scores, FP4-packed keys (%lld bytes a row) == fp32 keys == CPU loop == old kernel, bitwise: "
-           "T %d Hi %d Di %d, %d keys (%d differ from the CPU, %d from the old kernel)%s%s\n",
-           same ? "ok  " : "FAIL", (long long)rb, T, Hi, Di, n, cpu_diff, leg_diff, rc ? ": " : "", rc ? dsv4_cuda_last_error() : "");
+           "T %d Hi %d Di %d, %d keys, q %s (%d differ from the CPU, %d from the old kernel)%s%s\n",
+           same ? "ok  " : "FAIL", (long long)rb, T, Hi, Di, n, qfp4 ? "FP4" : "fp32", cpu_diff, leg_diff, rc ? ": " : "",
+           rc ? dsv4_cuda_last_error() : "");
     fails += !same;
     free(k), free(q), free(wt), free(nc), free(nl), free(bf), free(bp), free(h1), free(h2);
     dsv4_cuda_free(dk), dsv4_cuda_free(dq), dsv4_cuda_free(dw), dsv4_cuda_free(dpk), dsv4_cuda_free(dnc), dsv4_cuda_free(dnl);
     dsv4_cuda_free((void *)dbf), dsv4_cuda_free((void *)dbp), dsv4_cuda_free(o1), dsv4_cuda_free(o2);
 }
+
+static void test_ikeys(int T, int Hi, int Di, int n) { test_ikeys_q(T, Hi, Di, n, 0); }
 
 /* ---- timings ---- */
 
@@ -489,7 +500,7 @@ static int run_ix(const void *ctx, void *st) {
 
 /* indexer scores: 64 heads x 128, 1024 FP4 keys per query (context 4096, ratio 4), each query its own keys */
 static void bench_ikeys(void) {
-    const int Ts[] = {1, 8, 64}, TMAX = 64, Hi = 64, Di = 128, n = 1024;
+    const int Ts[] = {1, 8, 64, 512}, TMAX = 512, Hi = 64, Di = 128, n = 1024;
     const int64_t rb = dsv4_ikey_row_bytes(Di);
     uint8_t *hk = malloc((size_t)(TMAX * n * rb));
     for (size_t r = 0; r < (size_t)TMAX * n; r++) {
@@ -502,6 +513,7 @@ static void bench_ikeys(void) {
     free(hk);
     float *q = malloc(sizeof(float) * (size_t)TMAX * Hi * Di), *w = malloc(sizeof(float) * TMAX * Hi);
     for (size_t i = 0; i < (size_t)TMAX * Hi * Di; i++) q[i] = nrand();
+    dsv4_act_quant_fp4(q, (size_t)TMAX * Hi * Di, 32); /* as the forward's q */
     for (int i = 0; i < TMAX * Hi; i++) w[i] = nrand();
     int *nl = malloc(sizeof(int) * TMAX);
     for (int t = 0; t < TMAX; t++) nl[t] = n;
@@ -512,8 +524,8 @@ static void bench_ikeys(void) {
     const uint8_t **dkp = dup_dev(kp, sizeof(void *) * TMAX);
     float *o1 = dsv4_cuda_alloc(sizeof(float) * (size_t)TMAX * n), *o2 = dsv4_cuda_alloc(sizeof(float) * (size_t)TMAX * n);
     float *h1 = malloc(sizeof(float) * (size_t)TMAX * n), *h2 = malloc(sizeof(float) * (size_t)TMAX * n);
-    for (int ti = 0; ti < 3; ti++) {
-        const int T = Ts[ti], reps = T <= 8 ? 50 : 10;
+    for (int ti = 0; ti < 4; ti++) {
+        const int T = Ts[ti], reps = T <= 8 ? 50 : T <= 64 ? 10 : 3;
         double us[2];
         for (int v = 0; v < 2; v++) {
             ix_job j = {dq, dw, dkp, dnl, v ? o2 : o1, T, n, !v};
@@ -558,6 +570,11 @@ int main(int argc, char **argv) {
     test_ikeys(1, 64, 128, 1024);
     test_ikeys(2, 4, 64, 37);
     test_ikeys(2, 48, 128, 300);  /* threads left over in a block */
+    test_ikeys_q(70, 64, 128, 1000, 1); /* the tensor-core kernel (T >= 32): exact path and chains */
+    test_ikeys_q(40, 16, 64, 200, 1);
+    test_ikeys_q(33, 48, 128, 130, 1);  /* 3 warps, a partial chunk */
+    test_ikeys_q(32, 64, 128, 300, 0);  /* q not FP4: chains only */
+    test_ikeys_q(3, 64, 128, 500, 1);   /* FP4 q through the other kernels */
     test_ikeys(1, 128, 64, 100);
     test_ikeys(2, 8, 96, 50);     /* the thread-per-entry kernel */
     if (bench) {

@@ -1,0 +1,250 @@
+/* indexer_tc.cu - the indexer's scores on tensor cores (indexer_tc.h), bit for bit the CPU's chains.
+ *
+ * score[t, w] = sum_h wt[t,h] * relu(qi[t,h] . k_w): the CPU (indexer_topk() of forward_attn.c) runs each dot as a
+ * sequential fp32 chain of separately rounded products over the Di columns. Here both operands are FP4: the keys are
+ * stored e2m1 codes x an e8m0 scale per 32 columns, and the queries come out of act_quant_fp4 (e2m1 x a power of two
+ * per 32). Per (head, 32-column block) q is written as q / 2^a with 2^a the largest |q|'s power of two: the values are
+ * multiples of 2^-4 below 2 (checked), exact in f16; key codes are doubled to integers (-12..12), exact too. An
+ * mma.sync m16n8k16 (f16 in, fp32 accumulate; heads the M, entries the N) sums a block's 32 products: |sum| < 768 in
+ * steps of 2^-4, so the sum is exact whatever the order. The dot is then sum_b S_b * 2^(a_b + k_b), added in block
+ * order. When every partial sum of the CPU's chain is representable (all products are multiples of 2^(emin - 4) and
+ * sum_b 768 * 2^(e_b) < 2^(emin - 4) * 2^24, no underflow or overflow), the chain never rounds and equals the exact
+ * dot, which the block sums give too; any element that fails the test (q not FP4-shaped, a NaN scale, scales far
+ * apart) runs the CPU's chain itself. The chain over the heads is the CPU's, a thread per entry. So the scores are
+ * the same bits as forward_ops.cu's kernels, whichever runs.
+ * Grid (chunk blocks, queries): a block stages its query's q once, then strides over chunks of IXT_EB entries; a warp
+ * owns 16 heads x the chunk's entries. */
+#include <cuda_fp16.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+#include "indexer_tc.h"
+#include "kv_cache.cuh"
+
+#define IXT_EB 64     /* entries per chunk: 8 mma n-tiles */
+#define IXT_SKIP 1000 /* exponent of an all-zero block: adds nothing */
+#define IXT_BAD 2000  /* a block the exact path cannot take: the element runs the chain */
+
+__device__ __forceinline__ float ixt_pow2(int e) { /* 2^e for e in [-149, 127] (clamped: callers discard the others) */
+    e = e < -149 ? -149 : e > 127 ? 127 : e;
+    return e >= -126 ? __uint_as_float((uint32_t)(e + 127) << 23) : __uint_as_float(1u << (e + 149));
+}
+
+__device__ __forceinline__ void ixt_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* the smallest and largest exponent of n blocks (skipping all-zero blocks); IXT_SKIP, IXT_SKIP when all are zero;
+ * the largest IXT_BAD when a block is bad */
+__device__ __forceinline__ void ixt_range(const int *ex, int n, int *r) {
+    int lo = IXT_SKIP, hi = -IXT_SKIP, bad = 0;
+    for (int b = 0; b < n; b++) {
+        if (ex[b] == IXT_BAD) bad = 1;
+        else if (ex[b] < IXT_SKIP) lo = min(lo, ex[b]), hi = max(hi, ex[b]);
+    }
+    r[0] = lo, r[1] = bad ? IXT_BAD : lo == IXT_SKIP ? IXT_SKIP : hi;
+}
+
+template <int DI>
+__global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const float *wt, int Hi, const uint8_t *const *keys,
+                                                  const int *ncausal, const int *nlist, int ld, float *out) {
+    constexpr int NB = DI / 32, LDH = DI + 8; /* halves a staged row: 16-byte pad, conflict-free fragment reads */
+    extern __shared__ __align__(16) unsigned char ixt_sm[];
+    __half *qh = (__half *)ixt_sm;                     /* [Hi][LDH] q / 2^a */
+    __half *kh = qh + (size_t)Hi * LDH;                /* [IXT_EB][LDH] key codes x 2 */
+    int *qa = (int *)(kh + (size_t)IXT_EB * LDH);      /* [Hi][NB] a */
+    int *kb = qa + Hi * NB;                            /* [IXT_EB][NB] key block exponents (scale / 2) */
+    int *qr2 = kb + IXT_EB * NB;                       /* [Hi][2] smallest, largest a of the head (IXT_BAD: a bad block) */
+    int *kr2 = qr2 + 2 * Hi;                           /* [IXT_EB][2] the same for the entries' key exponents */
+    float *ws = (float *)(kr2 + 2 * IXT_EB);           /* [Hi] */
+    float *ds = ws + Hi;                               /* [IXT_EB][Hi + 1] dots */
+    const int t = blockIdx.y, n = nlist[t], ncs = ncausal[t], nch = (n + IXT_EB - 1) / IXT_EB;
+    if ((int)blockIdx.x >= nch) return;
+    const int tid = threadIdx.x, nth = blockDim.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const float *qt = qi + (int64_t)t * Hi * DI;
+    const uint8_t *kt = keys[t];
+    const int64_t rbytes = dsv4_ikey_row_bytes(DI);
+    for (int it = tid; it < Hi * NB; it += nth) {
+        const int h = it / NB, b = it - h * NB;
+        const float *src = qt + (int64_t)h * DI + b * 32;
+        float mx = 0;
+        for (int j = 0; j < 32; j++) mx = fmaxf(mx, fabsf(src[j]));
+        int a = IXT_SKIP;
+        const int ex = (int)((__float_as_uint(mx) >> 23) & 0xff);
+        if (!(mx <= 3.0e38f) || (mx > 0 && ex == 0)) a = IXT_BAD; /* NaN, huge or subnormal: the chain */
+        else if (mx > 0) a = ex - 127;
+        const float inv = a < IXT_SKIP ? ixt_pow2(-a) : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float m = src[j] * inv; /* exact: a power of two, |m| < 2 */
+            if (a < IXT_SKIP && m * 16.0f != rintf(m * 16.0f)) a = IXT_BAD;
+            qh[h * LDH + b * 32 + j] = __float2half_rn(m);
+        }
+        qa[h * NB + b] = a;
+    }
+    for (int i = tid; i < Hi; i += nth) ws[i] = wt[(int64_t)t * Hi + i];
+    __syncthreads();
+    for (int h = tid; h < Hi; h += nth) ixt_range(qa + h * NB, NB, qr2 + 2 * h);
+    const int h0 = warp * 16;
+    for (int ch = blockIdx.x; ch < nch; ch += gridDim.x) {
+        const int w0 = ch * IXT_EB;
+        if (w0 >= ncs) { /* past the query's causal entries (the condition is the block's: no barrier skipped unevenly) */
+            for (int w = w0 + tid; w < n && w < w0 + IXT_EB; w += nth) out[(int64_t)t * ld + w] = -INFINITY;
+            continue;
+        }
+        /* the chunk's keys (zeros past the query's causal entries: their scores are -inf or not written) */
+        for (int it = tid; it < IXT_EB * (DI / 8); it += nth) {
+            const int e = it / (DI / 8), p = it - e * (DI / 8), w = w0 + e;
+            const uint32_t cw = w < n && w < ncs ? *(const uint32_t *)(kt + (int64_t)w * rbytes + 4 * p) : 0u;
+            __half2 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[k] = __floats2half2_rn(dev_e2m1_x2(cw >> (8 * k)), dev_e2m1_x2(cw >> (8 * k + 4)));
+            *(uint4 *)(kh + e * LDH + 8 * p) = *(const uint4 *)v;
+        }
+        for (int it = tid; it < IXT_EB * NB; it += nth) {
+            const int e = it / NB, b = it - e * NB, w = w0 + e;
+            int v = IXT_SKIP;
+            if (w < n && w < ncs) {
+                const uint8_t *kr = kt + (int64_t)w * rbytes;
+                const uint32_t *cw = (const uint32_t *)(kr + b * 16);
+                const uint8_t s = kr[DI / 2 + b];
+                if (s == 0xff) v = IXT_BAD; /* NaN scale: even zero codes give NaN products */
+                else if ((cw[0] | cw[1] | cw[2] | cw[3]) & 0x77777777u) v = s - 127 - 1;
+            }
+            kb[e * NB + b] = v;
+        }
+        __syncthreads();
+        for (int e = tid; e < IXT_EB; e += nth) ixt_range(kb + e * NB, NB, kr2 + 2 * e);
+        __syncthreads();
+        /* the chunk's 8 n-tiles in two halves of 4 (registers) */
+#pragma unroll 1
+        for (int jh = 0; jh < 8; jh += 4) {
+            float dot[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) dot[j][i] = 0.0f;
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                float S[4][4];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) S[j][i] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) {
+                    const int k0 = b * 32 + kk * 16 + 2 * c;
+                    uint32_t A[4];
+                    A[0] = *(const uint32_t *)(qh + (h0 + g) * LDH + k0);
+                    A[1] = *(const uint32_t *)(qh + (h0 + g + 8) * LDH + k0);
+                    A[2] = *(const uint32_t *)(qh + (h0 + g) * LDH + k0 + 8);
+                    A[3] = *(const uint32_t *)(qh + (h0 + g + 8) * LDH + k0 + 8);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const __half *kp = kh + (8 * (jh + j) + g) * LDH + k0;
+                        ixt_mma(S[j], A, *(const uint32_t *)kp, *(const uint32_t *)(kp + 8));
+                    }
+                }
+                const int a0 = qa[(h0 + g) * NB + b], a1 = qa[(h0 + g + 8) * NB + b];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int a = i < 2 ? a0 : a1, e = kb[(8 * (jh + j) + 2 * c + (i & 1)) * NB + b];
+                        if (a < IXT_SKIP && e < IXT_SKIP) dot[j][i] = __fadd_rn(dot[j][i], __fmul_rn(S[j][i], ixt_pow2(a + e)));
+                    }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) ds[(8 * (jh + j) + 2 * c + (i & 1)) * (Hi + 1) + h0 + g + (i < 2 ? 0 : 8)] = dot[j][i];
+        }
+        /* the exactness test per element; the CPU's chain where it fails */
+        for (int x = 0; x < 32; x++) {
+            const int j = x >> 2, i = x & 3;
+            const int h = h0 + g + (i < 2 ? 0 : 8), el = 8 * j + 2 * c + (i & 1), w = w0 + el;
+            if (w >= n || w >= ncs) continue;
+            const int ql = qr2[2 * h], qh2 = qr2[2 * h + 1], kl = kr2[2 * el], kh2 = kr2[2 * el + 1];
+            if (qh2 != IXT_BAD && kh2 != IXT_BAD) {
+                if (ql == IXT_SKIP || kl == IXT_SKIP) continue; /* q or the key all zeros: the dot is +0 */
+                if ((qh2 + kh2) - (ql + kl) <= 8 && ql + kl >= -145 && qh2 + kh2 <= 100)
+                    continue; /* every e_b within 8 of the smallest: sum_b 2^(e_b - emin) <= NB * 2^8 <= 1365 */
+            }
+            int emin = IXT_SKIP, emax = -IXT_SKIP, bad = 0;
+            for (int b = 0; b < NB; b++) {
+                const int a = qa[h * NB + b], e = kb[el * NB + b];
+                if (a == IXT_BAD || e == IXT_BAD) bad = 1;
+                else if (a < IXT_SKIP && e < IXT_SKIP) emin = min(emin, a + e), emax = max(emax, a + e);
+            }
+            if (!bad && emin < IXT_SKIP) {
+                if (emin < -145 || emax > 100 || emax - emin > 11) {
+                    bad = 1;
+                } else {
+                    int sum = 0;
+                    for (int b = 0; b < NB; b++) {
+                        const int a = qa[h * NB + b], e = kb[el * NB + b];
+                        if (a < IXT_SKIP && e < IXT_SKIP) sum += 1 << (a + e - emin);
+                    }
+                    bad = sum > 1365;
+                }
+            }
+            if (bad) {
+                const float *qr = qt + (int64_t)h * DI;
+                const uint8_t *kr = kt + (int64_t)w * rbytes;
+                float d = 0.0f;
+                for (int jj = 0; jj < DI; jj++) d = __fadd_rn(d, __fmul_rn(qr[jj], dev_ikey_at(kr, DI, jj)));
+                ds[el * (Hi + 1) + h] = d;
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < IXT_EB; e += nth) {
+            const int w = w0 + e;
+            if (w >= n) break;
+            float s = -INFINITY;
+            if (w < ncs) {
+                s = 0.0f;
+                const float *de = ds + e * (Hi + 1);
+                for (int hh = 0; hh < Hi; hh++) {
+                    const float d = de[hh];
+                    s = __fadd_rn(s, __fmul_rn(ws[hh], d > 0 ? d : 0));
+                }
+            }
+            out[(int64_t)t * ld + w] = s;
+        }
+        __syncthreads();
+    }
+}
+
+template <int DI> static size_t ixt_smem(int Hi) {
+    return sizeof(__half) * (size_t)(Hi + IXT_EB) * (DI + 8) + sizeof(int) * (size_t)(Hi + IXT_EB) * (DI / 32 + 2) +
+           sizeof(float) * ((size_t)Hi + (size_t)IXT_EB * (Hi + 1));
+}
+
+template <int DI>
+static int ixt_launch(const float *qi, const float *wt, int T, int Hi, const uint8_t *const *keys, const int *ncausal,
+                      const int *nlist, int maxlist, int ld, float *out, cudaStream_t st) {
+    const size_t smem = ixt_smem<DI>(Hi);
+    if (smem > (size_t)dsv4_cuda_dev.smem_optin) return 1;
+    if (smem > 48 * 1024 &&
+        cudaFuncSetAttribute((const void *)ixt_kernel<DI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+        return dsv4_cuda_fail("indexer scores (tensor cores): %zu bytes of shared memory", smem);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)ixt_kernel<DI>, Hi * 2, smem);
+    per_sm = per_sm > 0 ? per_sm : 1;
+    const long nch = (maxlist + IXT_EB - 1) / IXT_EB, want = ((long)per_sm * dsv4_cuda_dev.sm_count + T - 1) / T;
+    dim3 grid((unsigned)(nch < want ? nch : want), (unsigned)T);
+    ixt_kernel<DI><<<grid, Hi * 2, smem, st>>>(qi, wt, Hi, keys, ncausal, nlist, ld, out);
+    return dsv4_cuda_check_launch("indexer scores (tensor cores)");
+}
+
+int dsv4_ixt_scores(const float *qi, const float *wt, int T, int Hi, int Di, const uint8_t *const *keys,
+                               const int *ncausal, const int *nlist, int maxlist, int ld, float *out, cudaStream_t st) {
+    static int off = -1;
+    if (off < 0) off = getenv("DSV4_INDEXER_TC") && !strcmp(getenv("DSV4_INDEXER_TC"), "0");
+    if (off || Hi % 16 || Hi > 64 || T > 65535 || ((uintptr_t)qi & 15)) return 1;
+    if (Di == 128) return ixt_launch<128>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
+    if (Di == 64) return ixt_launch<64>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
+    return 1;
+}
