@@ -18,6 +18,9 @@ static size_t pending(const dsv4_compressor *cm) {
     return cc * (size_t)cm->ratio * cc * (size_t)cm->d;
 }
 
+/* bytes of the seqdev header and the layer table, ahead of the caches */
+static size_t head_bytes(int nlayers) { return al256(sizeof(dsv4_cuda_seqdev)) + al256(sizeof(dsv4_cuda_lstate) * (size_t)nlayers); }
+
 /* Lays the state out from offset 0 (base NULL: only measures); returns the bytes. With a base, fills the
  * host image of the seqdev + layer states (hdr) and the list of score regions to set to -inf. */
 static size_t layout(const dsv4_cuda_model *g, uint8_t *base, dsv4_cuda_seqdev *hdr, dsv4_cuda_lstate *ls,
@@ -25,7 +28,7 @@ static size_t layout(const dsv4_cuda_model *g, uint8_t *base, dsv4_cuda_seqdev *
     const dsv4_model *m = g->m;
     const dsv4_config *c = &m->cfg;
     const int NL = c->n_layers, W = c->window_size, cap = g->cap;
-    size_t o = al256(sizeof(dsv4_cuda_seqdev)) + al256(sizeof(dsv4_cuda_lstate) * (size_t)NL);
+    size_t o = head_bytes(NL);
 #define TAKE(ptr, nfloats) do { size_t nb_ = sizeof(float) * (size_t)(nfloats); if (base) (ptr) = (float *)(base + o); o += al256(nb_); } while (0)
 #define TAKEB(ptr, nbytes) do { size_t nb_ = (size_t)(nbytes); if (base) (ptr) = base + o; o += al256(nb_); } while (0)
     int k = 0;
@@ -92,7 +95,7 @@ dsv4_cuda_seq *dsv4_cuda_seq_fork(const dsv4_cuda_seq *src) {
     if (!s) return NULL;
     /* the same layout at another address: the header and layer table stay the new sequence's own (they hold
      * its pointers), every cache and pending row after them is copied, then the device length */
-    const size_t head = al256(sizeof(dsv4_cuda_seqdev)) + al256(sizeof(dsv4_cuda_lstate) * (size_t)src->g->m->cfg.n_layers);
+    const size_t head = head_bytes(src->g->m->cfg.n_layers);
     const size_t bytes = layout(src->g, NULL, NULL, NULL, NULL, NULL, NULL);
     if (dsv4_cuda_copy((uint8_t *)s->mem + head, (const uint8_t *)src->mem + head, bytes - head, src->g->stream) ||
         dsv4_cuda_copy(&s->dev->len, &src->dev->len, sizeof s->dev->len, src->g->stream)) {
