@@ -25,8 +25,15 @@ int dsv4_moe_tc_selftest(void);
 #define DSV4_MOE_TC_ALU 2    /* the integer MXFP4 decode instead of the e4m3 convert (measured 1-3 % slower) */
 #define DSV4_MOE_TC_PF 4     /* L2 prefetch of weights two units ahead of the register loads (measured 10-25 % slower) */
 #define DSV4_MOE_TC_NO_PDL 8 /* no programmatic dependent launch (measured 3 us slower at batch 1) */
-#define DSV4_MOE_TC_LEGACY 16 /* decode with the weights of two units in registers and 8-warp blocks (before the ring) */
+#define DSV4_MOE_TC_LEGACY 16 /* decode with the weights of two units in registers and 8-warp blocks (before the ring);
+                               * MXFP4 prefill on that register kernel (before moe_pf_kernel) */
 void dsv4_moe_tc_mode(int mode);
+/* TFLOP/s of mma.sync m16n8k16 (f16 in, f32 accumulate) alone: na (8 or 16) independent accumulators a warp, 8-warp
+ * blocks, blocks_per_sm of them an SM (a ceiling for these kernels); -1 on an error. */
+#ifdef __cplusplus
+extern "C"
+#endif
+double dsv4_moe_tc_mma_rate(int na, int blocks_per_sm);
 
 int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,
                     const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out,

@@ -30,6 +30,7 @@
 #include "cuda/kv_cache.h"
 #include "cuda/bench_cuda.h"
 #include "cuda/linear_gemm.h"
+#include "cuda/moe_tc.h"
 #include "quant/formats.h"
 #include "quant/weight.h"
 
@@ -1260,6 +1261,17 @@ static void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int 
     char name[160];
     snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d rerun (bitwise)", tag, dsv4_wfmt_name(f), aq ? " aq" : "", T, K, E);
     check(name, b2, b1, (size_t)T * D, 0, 0);
+    /* the register-buffer kernels (also the prefill before moe_pf_kernel) give the same bits */
+    dsv4_cuda_moe_experts_path(DSV4_MOE_TC_LEGACY);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+    op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
+    sync_ok();
+    dsv4_cuda_moe_experts_path(0);
+    from_dev(b2, dout, sizeof(float) * (size_t)T * D);
+    snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d register kernels == default (bitwise)", tag, dsv4_wfmt_name(f),
+             aq ? " aq" : "", T, K, E);
+    check(name, b2, b1, (size_t)T * D, 0, 0);
     /* up to 8 busy tokens spread over the batch, each alone */
     int nt = 0, bad = 0;
     for (int t = 0; t < T && nt < 8; t += T / 8 > 0 ? T / 8 : 1) {
@@ -1843,7 +1855,7 @@ static void bench_linear_multi(const char *tag, const mspec *s, int n, int views
 }
 
 /* The routed experts of one Flash layer (dim 4096, inter 2048, 256 MXFP4 experts with FP8 act quant, 6 a token) at
- * batch 1, 8 and a 2048-token prefill, random routing (distinct experts a token; plans rotated so that L2 does not
+ * batch 1, 8 and 2048- / 4096-token prefills, random routing (distinct experts a token; plans rotated so that L2 does not
  * serve the weights), the CUDA-core kernel ("old") against the tensor-core one ("new"). GB/s: the active experts'
  * weight bytes over the time. The two paths' y are also compared (the checks' tolerance). */
 static void bench_moe(void) {
@@ -1862,8 +1874,8 @@ static void bench_moe(void) {
     dsv4_cuda_experts ex;
     op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
     const double eb = 2.0 * (double)dsv4_weight_bytes(&h1[0].w) + (double)dsv4_weight_bytes(&h2[0].w);
-    static const int Ts[3] = {1, 8, 2048};
-    for (int ti = 0; ti < 3; ti++) {
+    static const int Ts[4] = {1, 8, 2048, 4096};
+    for (int ti = 0; ti < 4; ti++) {
         const int T = Ts[ti], NP = T <= 8 ? 16 : 2;
         float *x = randn((size_t)T * D, 1.0f);
         float *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D), *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I),
@@ -1895,8 +1907,8 @@ static void bench_moe(void) {
         }
         act /= NP;
         /* modes (dsv4_cuda_moe_experts_path): CUDA-core kernel, tensor cores, the tensor-core kernel before the ring
-         * (weights in registers, 8-warp blocks), and that with the integer MXFP4 decode, with the L2 prefetch; the
-         * ring without programmatic dependent launch */
+         * and before moe_pf_kernel (weights in registers, 8-warp blocks), and that with the integer MXFP4 decode, with
+         * the L2 prefetch; the default without programmatic dependent launch */
         enum { NM = 6 };
         static const int modes[NM] = {1, 0, 16, 18, 20, 8};
         static const char *mname[NM] = {"old (CUDA cores)", "new",           "tc, registers (before)",
@@ -1966,6 +1978,11 @@ static void bench_moe(void) {
     dsv4_cuda_experts_free(&ex);
     for (int e = 0; e < E; e++) dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
     for (int i = 0; i < NH; i++) free_hweight(&h1[i]), free_hweight(&h3[i]), free_hweight(&h2[i]);
+    /* the ceiling: mma.sync alone, as many accumulators a warp as the prefill kernels (16) or half, 8 / 16 warps an SM */
+    for (int na = 8; na <= 16; na += 8)
+        for (int b = 1; b <= 2; b++)
+            printf("time mma.sync m16n8k16 f16->f32 alone: %2d accumulators a warp, %2d warps an SM: %6.1f TFLOP/s\n", na, 8 * b,
+                   dsv4_moe_tc_mma_rate(na, b));
     free(d1), free(d3), free(d2);
 }
 
@@ -2221,6 +2238,11 @@ moe_checks:
     test_moe_experts("T=16", DSV4_WF_NVFP4, DSV4_WF_NVFP4, 1, 0, 16, 3, 8, 1024, 512);
     test_moe_experts("T=12", DSV4_WF_FP8, DSV4_WF_FP8, 1, 0, 12, 3, 8, 1024, 512);
     test_moe_invariant("pq", DSV4_WF_MXFP4, 1, 200, 6, 16, 1024, 512);
+    /* the MXFP4 prefill pipeline (moe_pf_kernel: column slices S <= 2): Flash's K and E at 2048 tokens (S = 1 / 2),
+     * chunks of 64 + rest (S = 1), and tokens alone == in the batch (S = 2) */
+    test_moe_experts("pf", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 1, 0, 2048, 6, 256, 384, 256);
+    test_moe_experts("pf chunks", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 1, 0, 700, 6, 32, 640, 384);
+    test_moe_invariant("pf", DSV4_WF_MXFP4, 1, 300, 6, 16, 768, 768);
     test_moe_invariant("decode", DSV4_WF_MXFP4, 1, 12, 6, 16, 1024, 512);
     test_moe_invariant("", DSV4_WF_MXFP4, 0, 40, 2, 8, 512, 256);
     test_moe_invariant("pq", DSV4_WF_NVFP4, 1, 200, 6, 16, 1024, 512);
