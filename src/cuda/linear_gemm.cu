@@ -331,6 +331,15 @@ extern "C" int dsv4_cuda_linear_gemm_fits(const dsv4_cuda_weight *w, int T) {
            !(((uintptr_t)w->data + (uintptr_t)w->row0 * (uintptr_t)w->cols) & 15) && !(w->scale_f32 && ((uintptr_t)w->scale & 3));
 }
 
+/* The plan of a shape with lg_mu held (the caller unlocks), or NULL with lg_mu released when cuBLASLt is missing or has no
+ * plan for it (the shape stays on the GEMV). */
+static lg_plan *lg_lock_plan(int kind, int N, int K, int T4, int ldd, int ala, int ald, const void *sa, const void *sb) {
+    pthread_mutex_lock(&lg_mu);
+    lg_plan *p = lg_open() ? NULL : lg_plan_get(kind, N, K, T4, ldd, ala, ald, sa, sb);
+    if (!p) pthread_mutex_unlock(&lg_mu);
+    return p;
+}
+
 extern "C" int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, int T, float *y, void *ws, size_t ws_bytes,
                                      void *stream) {
     if (!dsv4_cuda_linear_gemm_fits(w, T)) return 1;
@@ -348,12 +357,8 @@ extern "C" int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, 
     cudaStream_t st = DSV4_STREAM(stream);
 
     const void *sa = wsc, *sb = xs;
-    pthread_mutex_lock(&lg_mu);
-    lg_plan *p = lg_open() ? NULL : lg_plan_get(0, N, K, T4, N, lg_align(A), lg_align(y), sa, sb);
-    if (!p) {
-        pthread_mutex_unlock(&lg_mu);
-        return 1;
-    }
+    lg_plan *p = lg_lock_plan(0, N, K, T4, N, lg_align(A), lg_align(y), sa, sb);
+    if (!p) return 1;
     const int64_t nthr = (int64_t)T4 * L * 32 > (int64_t)NB * L4 ? (int64_t)T4 * L * 32 : (int64_t)NB * L4;
     lg_prep<<<(unsigned)((nthr + 255) / 256), 256, 0, st>>>(x, T4, K, L, q, xs, w->scale, w->scale_f32, w->scale_stride,
                                                             w->row0 / 128, NB, L4, wsc);
@@ -432,12 +437,8 @@ extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const floa
     __nv_bfloat16 *xp = (__nv_bfloat16 *)(base + ox), *wd = (__nv_bfloat16 *)(base + ow);
     const void *A = fp8 ? (const void *)wd : (const void *)(w->data + (size_t)w->row0 * K * 2);
     cudaStream_t st = DSV4_STREAM(stream);
-    pthread_mutex_lock(&lg_mu);
-    lg_plan *p = lg_open() ? NULL : lg_plan_get(1, N, K, T, (int)ldy, lg_align(A), lg_align(y), NULL, NULL);
-    if (!p) {
-        pthread_mutex_unlock(&lg_mu);
-        return 1;
-    }
+    lg_plan *p = lg_lock_plan(1, N, K, T, (int)ldy, lg_align(A), lg_align(y), NULL, NULL);
+    if (!p) return 1;
     const int64_t nx = (int64_t)T * K;
     lg_split<<<(unsigned)((nx + 255) / 256), 256, 0, st>>>(x, ldx, T, K, nt, (int64_t)ps, xp);
     if (fp8) {
