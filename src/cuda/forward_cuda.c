@@ -8,7 +8,7 @@
  *     MoE expert grouping run on the device; nothing is copied back until the logits.
  * A call with at most one token per sequence is a decode step (decode_graph.c: CUDA graphs); anything
  * else runs here in passes of at most tmax rows (long chunks are split; per-token results do not depend
- * on the split). */
+ * on the split). Passes of >= 64 rows take the tensor-core paths (FP8 GEMM, attention: dsv4_cuda_attn_kv8_tc). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -303,11 +303,16 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* index lists (window, then entries), attention, inverse RoPE */
     CK(dsv4_cuda_attn_index(b, L, W, ly->ratio, ly->ratio == 4 ? w->sel : NULL, w->nsel, topk, gl->nidx, w->idx, w->qbase, st));
     /* over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per call bound the split partials
-     * (a row's result does not depend on the rows beside it) */
-    for (int t0 = 0; t0 < T; t0 += GW_ATTN) {
-        int tn = T - t0 < GW_ATTN ? T - t0 : GW_ATTN;
-        CK(dsv4_cuda_attn_kv8(w->q + (size_t)t0 * H * Dh, tn, H, Dh, R, w->qbase + t0, w->kv, w->idx + (size_t)t0 * gl->nidx,
-                              gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh), w->o + (size_t)t0 * H * Dh, w->ascr, st));
+     * (a row's result does not depend on the rows beside it). Prefill passes: tensor cores, the whole pass at once. */
+    if (w->attn_tc && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R)) {
+        CK(dsv4_cuda_attn_kv8_tc(w->q, T, H, Dh, R, w->qbase, w->kv, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
+                                 w->o, st));
+    } else {
+        for (int t0 = 0; t0 < T; t0 += GW_ATTN) {
+            int tn = T - t0 < GW_ATTN ? T - t0 : GW_ATTN;
+            CK(dsv4_cuda_attn_kv8(w->q + (size_t)t0 * H * Dh, tn, H, Dh, R, w->qbase + t0, w->kv, w->idx + (size_t)t0 * gl->nidx,
+                                  gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh), w->o + (size_t)t0 * H * Dh, w->ascr, st));
+        }
     }
     CK(dsv4_cuda_rope(w->o, T, H, Dh, R / 2, gl->rope_freq, b->pos, 1, st));
 
@@ -442,6 +447,7 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
     gws w;
     gpu_ws_carve(g, T, &w);
     w.gemm = w.gemm_ws != NULL; /* not a decode step: the FP8 linears may take the tensor-core GEMM */
+    w.attn_tc = T >= GW_ATTN && dsv4_cuda_attn_tc_enabled(); /* not a decode step: attention on tensor cores */
     CK(gpu_run_layers(g, &w, &b));
     if (mode != DSV4_LOGITS_NONE && logits) {
         CK(dsv4_cuda_hc_head(w.X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, g->norm,

@@ -54,6 +54,7 @@ typedef struct gws {
     void *gemm_ws;   /* FP8 prefill GEMM workspace (linear_gemm.h; NULL when off or T < its minimum) */
     size_t gemm_wsb;
     int gemm;        /* route FP8 act-quant linears through the GEMM: set only for passes that are not decode steps */
+    int attn_tc;     /* attention on tensor cores (dsv4_cuda_attn_kv8_tc): set only for passes that are not decode steps */
 } gws;
 
 /* Where the arrays of a pass's step input (dsv4_cuda_batch) sit in the step buffer. */

@@ -12,7 +12,7 @@
  * scales hold them exactly; the rope dims are rounded to bf16 (the reference keeps them in its
  * activation dtype, bf16 on the GPU).
  *
- * Plain C; the device functions are in kv_cache.cuh, the kernels in attn_kv8.cu. */
+ * Plain C; the device functions are in kv_cache.cuh, the kernels in attn_kv8.cu and attn_kv8_tc.cu (prefill). */
 #ifndef DSV4_CUDA_KV_CACHE_H
 #define DSV4_CUDA_KV_CACHE_H
 
@@ -68,6 +68,16 @@ size_t dsv4_cuda_attn_kv8_scratch(int T, int H, int Dh, int nidx);
  * x warps per block; mode 1: one block per query and head group, 0: one per span when T <= 32), -1 = automatic. The result
  * must not change. */
 void dsv4_cuda_attn_kv8_force(int cfg, int mode);
+/* The same attention on tensor cores, for prefill passes (attn_kv8_tc.cu; decode steps keep dsv4_cuda_attn_kv8): a
+ * block per (query, 64 heads), no scratch, any T. Scores and weights near fp32 (f16 hi + lo terms, fp32 sums), the
+ * order fixed by the query's own list (batch invariant), but not dsv4_cuda_attn_kv8's bits. kv2 rows' non-rope dims
+ * must be FP8-simulated (as forward_cuda's kv is). Fails when !dsv4_cuda_attn_kv8_tc_fits(H, Dh, R) (R <= 64,
+ * Dh - R + 64 <= 512, the shared memory). */
+int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
+                          const int *idx, int nidx, const float *sink, float scale, float *out, void *stream);
+int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R);
+/* 0 when DSV4_CUDA_ATTN_TC=0 (read once): prefill passes then take dsv4_cuda_attn_kv8 */
+int dsv4_cuda_attn_tc_enabled(void);
 
 #ifdef __cplusplus
 }

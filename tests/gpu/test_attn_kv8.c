@@ -12,8 +12,11 @@
  *   5. indexer scores over keys packed in their FP4 format bitwise equal to the scores over the fp32 keys, and
  *      both bitwise equal to the CPU's loop (indexer_topk of src/model/forward_attn.c, written out here);
  *   6. timings (CUDA events around CUDA-graph replays, as in the decode step) at V4-Flash decode shapes,
- *      against the kernels before the rewrite (tests/gpu/legacy_kv8.cu), whose outputs are compared too.
- * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8 [--no-bench]     (scripts/gpu_test.sh runs it) */
+ *      against the kernels before the rewrite (tests/gpu/legacy_kv8.cu), whose outputs are compared too;
+ *   7. the prefill path on tensor cores (dsv4_cuda_attn_kv8_tc): checks 2 and 3 (the same bar against the double
+ *      evaluation, repeatable, queries alone == in the batch; the decode kernel's distance printed), and timings of
+ *      whole 256- and 4096-row passes at Flash shapes against the decode kernel in the forward's 64-row calls.
+ * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8 [--no-bench] [--only-tc]     (scripts/gpu_test.sh runs it) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,8 +124,16 @@ static double tol_worst(const float *got, const float *ref, size_t n, int *bad) 
     return worst;
 }
 
-/* T queries over NS sequences' caches of C rows each; lists of nidx entries */
-static void test_attn(int T, int H, int Dh, int R, int nidx, int C, int with_kv2) {
+/* the path under test: dsv4_cuda_attn_kv8 (decode) or dsv4_cuda_attn_kv8_tc (prefill, tc) */
+static int attn_call(int tc, const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
+                     const int *idx, int nidx, const float *sink, float scale, float *out, float *scratch) {
+    if (tc) return dsv4_cuda_attn_kv8_tc(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, NULL);
+    return dsv4_cuda_attn_kv8(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, NULL);
+}
+
+/* T queries over NS sequences' caches of C rows each; lists of nidx entries. tc: the prefill path, with kv2 rows as
+ * the forward makes them (non-rope dims FP8-simulated, rope dims fp32) */
+static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_kv2, int tc) {
     const int NS = 3, n2 = 8;
     const int64_t rb = dsv4_kv_row_bytes(Dh, R);
     float *rows[3];
@@ -134,8 +145,15 @@ static void test_attn(int T, int H, int Dh, int R, int nidx, int C, int with_kv2
         if (dsv4_cuda_kv_pack(d, Dh, C, Dh, R, dcache[s], NULL, NULL)) exit(1);
         dsv4_cuda_free(d);
     }
-    float *kv2 = malloc(sizeof(float) * n2 * Dh);
-    for (int i = 0; i < n2 * Dh; i++) kv2[i] = nrand();
+    float *kv2;
+    if (tc) {
+        kv2 = make_rows(n2, Dh, R);
+        for (int i = 0; i < n2; i++)
+            for (int d = Dh - R; d < Dh; d++) kv2[(size_t)i * Dh + d] = nrand();
+    } else {
+        kv2 = malloc(sizeof(float) * n2 * Dh);
+        for (int i = 0; i < n2 * Dh; i++) kv2[i] = nrand();
+    }
     float *q = malloc(sizeof(float) * (size_t)T * H * Dh), *sink = malloc(sizeof(float) * H);
     for (size_t i = 0; i < (size_t)T * H * Dh; i++) q[i] = nrand();
     for (int h = 0; h < H; h++) sink[h] = nrand();
@@ -161,11 +179,11 @@ static void test_attn(int T, int H, int Dh, int R, int nidx, int C, int with_kv2
     float *dscr = sc ? dsv4_cuda_alloc(sizeof(float) * sc) : NULL;
     const float scale = 1.0f / sqrtf((float)Dh);
     float *got = malloc(sizeof(float) * (size_t)T * H * Dh), *got2 = malloc(sizeof(float) * (size_t)T * H * Dh);
-    if (dsv4_cuda_attn_kv8(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr, NULL) ||
+    if (attn_call(tc, dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr) ||
         dsv4_cuda_download(got, dout, sizeof(float) * (size_t)T * H * Dh) ||
-        dsv4_cuda_attn_kv8(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr, NULL) ||
+        attn_call(tc, dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr) ||
         dsv4_cuda_download(got2, dout, sizeof(float) * (size_t)T * H * Dh)) {
-        printf("FAIL attn_kv8 T %d H %d Dh %d nidx %d: %s\n", T, H, Dh, nidx, dsv4_cuda_last_error());
+        printf("FAIL attn_kv8%s T %d H %d Dh %d nidx %d: %s\n", tc ? "_tc" : "", T, H, Dh, nidx, dsv4_cuda_last_error());
         fails++;
         return;
     }
@@ -188,7 +206,11 @@ static void test_attn(int T, int H, int Dh, int R, int nidx, int C, int with_kv2
     int bad = 0;
     const double worst = tol_worst(got, ref, (size_t)T * H * Dh, &bad), wtwin = tol_worst(twin, ref, (size_t)T * H * Dh, NULL);
     double wold = -1;
-    {
+    if (tc) { /* the prefill path's "old": the decode kernel */
+        if (!dsv4_cuda_attn_kv8(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr, NULL) &&
+            !dsv4_cuda_download(old, dout, sizeof(float) * (size_t)T * H * Dh))
+            wold = tol_worst(old, ref, (size_t)T * H * Dh, NULL);
+    } else {
         size_t ls = legacy_attn_kv8_scratch(T, H, Dh, nidx);
         float *lscr = ls ? dsv4_cuda_alloc(sizeof(float) * ls) : NULL;
         if (!legacy_attn_kv8(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, lscr, NULL) &&
@@ -197,21 +219,22 @@ static void test_attn(int T, int H, int Dh, int R, int nidx, int C, int with_kv2
         dsv4_cuda_free(lscr);
     }
     int nondet = memcmp(got, got2, sizeof(float) * (size_t)T * H * Dh) != 0;
-    /* batch invariance: query 0 alone */
+    /* batch invariance: query 0 alone (tc: query T - 2 alone too) */
     int var = 0;
-    if (T > 1) {
+    for (int t1 = 0; t1 < T && t1 <= (tc ? T - 2 : 0) && T > 1 && !var; t1 += T - 2 > 0 ? T - 2 : T) {
         float *one = malloc(sizeof(float) * H * Dh);
-        if (dsv4_cuda_attn_kv8(dq, 1, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr, NULL) ||
+        if (attn_call(tc, dq + (size_t)t1 * H * Dh, 1, H, Dh, R, dbase + t1, with_kv2 ? dkv2 : NULL, didx + (size_t)t1 * nidx, nidx,
+                      dsink, scale, dout, dscr) ||
             dsv4_cuda_download(one, dout, sizeof(float) * H * Dh))
             var = 1;
         else
-            var = memcmp(one, got, sizeof(float) * H * Dh) != 0;
-        if (var) printf("     query 0 alone: %s\n", dsv4_cuda_last_error());
+            var = memcmp(one, got + (size_t)t1 * H * Dh, sizeof(float) * H * Dh) != 0;
+        if (var) printf("     query %d alone: %s\n", t1, dsv4_cuda_last_error());
         free(one);
     }
     /* every launch shape: the same bits */
     int shapes = 0, shape_diff = 0;
-    for (int cfg = 0; cfg < 5; cfg++)
+    for (int cfg = 0; cfg < (tc ? 0 : 5); cfg++)
         for (int mode = 0; mode < 2; mode++) {
             dsv4_cuda_attn_kv8_force(cfg, mode);
             if (dsv4_cuda_attn_kv8(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr, NULL) ||
@@ -233,16 +256,19 @@ static void test_attn(int T, int H, int Dh, int R, int nidx, int C, int with_kv2
      * the twin's own sequential fp32 sums sit at ~2.4x the double bar */
     const double wvt = tol_worst(got, twin, (size_t)T * H * Dh, NULL);
     int f = bad || nondet || var || shape_diff || !(wvt <= 10);
-    printf("%s attn_kv8 T %3d H %2d Dh %3d nidx %4d%s: worst %.3f of tolerance (CPU twin %.3f, old kernel %.3f; vs the twin "
+    printf("%s attn_kv8%s T %3d H %2d Dh %3d nidx %4d%s: worst %.3f of tolerance (CPU twin %.3f, %s %.3f; vs the twin "
            "%.3f, bar 10)%s%s, %d of %d launch shapes differ\n",
-           f ? "FAIL" : "ok  ", T, H, Dh, nidx, with_kv2 ? " +chunk rows" : "", worst, wtwin, wold, wvt, nondet ? ", NOT repeatable" : "",
-           var ? ", query 0 alone differs from in the batch" : "", shape_diff, shapes);
+           f ? "FAIL" : "ok  ", tc ? "_tc" : "", T, H, Dh, nidx, with_kv2 ? " +chunk rows" : "", worst, wtwin,
+           tc ? "decode kernel" : "old kernel", wold, wvt, nondet ? ", NOT repeatable" : "",
+           var ? ", a query alone differs from in the batch" : "", shape_diff, shapes);
     fails += f;
     for (int s = 0; s < NS; s++) free(rows[s]), dsv4_cuda_free(dcache[s]);
     free(kv2), free(q), free(sink), free(idx), free(seq), free(base), free(got), free(got2), free(ref), free(twin), free(old);
     dsv4_cuda_free(dq), dsv4_cuda_free(dsink), dsv4_cuda_free(dkv2), dsv4_cuda_free(didx), dsv4_cuda_free(dbase);
     dsv4_cuda_free(dout), dsv4_cuda_free(dscr);
 }
+
+static void test_attn(int T, int H, int Dh, int R, int nidx, int C, int with_kv2) { test_attn_p(T, H, Dh, R, nidx, C, with_kv2, 0); }
 
 /* indexer scores over FP4-packed keys == over the same keys in fp32, bit for bit. qfp4: q as the forward has it
  * (act_quant_fp4 per 32, block magnitudes 2^-4 .. 2^4, every 7th block 2^+-13 and every 11th zero: the tensor-core
@@ -484,6 +510,89 @@ static void bench_attn(void) {
     dsv4_cuda_free(dc), dsv4_cuda_free(dq), dsv4_cuda_free(dsink), dsv4_cuda_free((void *)dbase), dsv4_cuda_free(dout), dsv4_cuda_free(dout2);
 }
 
+/* Prefill passes (forward_cuda.c): TP queries of one sequence, window entries = the pass's own kv rows (kv2,
+ * FP8-simulated, rope dims fp32), compressed entries = random rows of one cache (random codes); the decode kernel in
+ * calls of 64 rows (as the forward ran it) against dsv4_cuda_attn_kv8_tc in one call (CUDA events around graph
+ * replays of the whole pass). */
+typedef struct {
+    const float *q, *kv2, *sink;
+    const uint8_t **base;
+    const int *idx;
+    float *out, *scr;
+    int T, nidx, tc;
+} pf_job;
+
+static int run_pf(const void *ctx, void *st) {
+    const pf_job *j = ctx;
+    const float sc = 1.0f / sqrtf(512.0f);
+    if (j->tc) return dsv4_cuda_attn_kv8_tc(j->q, j->T, 64, 512, 64, j->base, j->kv2, j->idx, j->nidx, j->sink, sc, j->out, st);
+    for (int t0 = 0; t0 < j->T; t0 += 64) {
+        const int tn = j->T - t0 < 64 ? j->T - t0 : 64;
+        if (dsv4_cuda_attn_kv8(j->q + (size_t)t0 * 64 * 512, tn, 64, 512, 64, j->base + t0, j->kv2, j->idx + (size_t)t0 * j->nidx,
+                               j->nidx, j->sink, sc, j->out + (size_t)t0 * 64 * 512, j->scr, st))
+            return -1;
+    }
+    return 0;
+}
+
+static void bench_attn_tc(void) {
+    const int TP = 4096, H = 64, Dh = 512, R = 64, C = 2048, Ts[] = {256, 4096}, nidxs[] = {128, 160, 640};
+    const int64_t rb = dsv4_kv_row_bytes(Dh, R);
+    uint8_t *hc = rand_rows((size_t)C, Dh, R), *dc = dup_dev(hc, (size_t)(C * rb));
+    free(hc);
+    float *kv2 = make_rows(TP, Dh, R);
+    for (int i = 0; i < TP; i++)
+        for (int d = Dh - R; d < Dh; d++) kv2[(size_t)i * Dh + d] = nrand();
+    float *dkv2 = dup_dev(kv2, sizeof(float) * (size_t)TP * Dh);
+    float *q = malloc(sizeof(float) * (size_t)TP * H * Dh), sink[64];
+    for (size_t i = 0; i < (size_t)TP * H * Dh; i++) q[i] = nrand();
+    for (int h = 0; h < H; h++) sink[h] = nrand();
+    float *dq = dup_dev(q, sizeof(float) * (size_t)TP * H * Dh), *dsink = dup_dev(sink, sizeof sink);
+    const uint8_t **base = malloc(sizeof(void *) * TP);
+    for (int t = 0; t < TP; t++) base[t] = dc;
+    const uint8_t **dbase = dup_dev(base, sizeof(void *) * TP);
+    float *d1 = dsv4_cuda_alloc(sizeof(float) * (size_t)TP * H * Dh), *d2 = dsv4_cuda_alloc(sizeof(float) * (size_t)TP * H * Dh);
+    float *scr = dsv4_cuda_alloc(sizeof(float) * (dsv4_cuda_attn_kv8_scratch(64, H, Dh, 640) + 4));
+    float *o1 = malloc(sizeof(float) * (size_t)TP * H * Dh), *o2 = malloc(sizeof(float) * (size_t)TP * H * Dh);
+    int *idx = malloc(sizeof(int) * (size_t)TP * 640);
+    for (int ni = 0; ni < 3; ni++) {
+        const int nidx = nidxs[ni];
+        long nval = 0;
+        for (int t = 0; t < TP; t++)
+            for (int i = 0; i < nidx; i++) {
+                int id = i < 128 ? (t - 127 + i >= 0 ? -2 - (t - 127 + i) : -1) : (int)(brand() % (uint64_t)C);
+                idx[(size_t)t * nidx + i] = id;
+                nval += id != -1;
+            }
+        int *didx = dup_dev(idx, sizeof(int) * (size_t)TP * nidx);
+        for (int ti = 0; ti < 2; ti++) {
+            const int T = Ts[ti];
+            pf_job j = {dq, dkv2, dsink, dbase, didx, d1, scr, T, nidx, 0};
+            const double before = time_us(run_pf, &j, 1);
+            j.out = d2, j.tc = 1;
+            const double after = time_us(run_pf, &j, 1);
+            dsv4_cuda_download(o1, d1, sizeof(float) * (size_t)T * H * Dh);
+            dsv4_cuda_download(o2, d2, sizeof(float) * (size_t)T * H * Dh);
+            double ss = 0, worst = 0;
+            for (size_t i = 0; i < (size_t)T * H * Dh; i++) ss += (double)o1[i] * o1[i];
+            const double rmsv = sqrt(ss / ((double)T * H * Dh));
+            for (size_t i = 0; i < (size_t)T * H * Dh; i++) {
+                double e = fabs((double)o2[i] - o1[i]) / (1e-5 * rmsv + 1e-4 * fabs(o1[i]));
+                if (!(e <= worst)) worst = e;
+            }
+            const double fl = 4.0 * H * Dh * (double)nval * T / TP; /* q.k and p.v, 2 flops a product */
+            printf("%s time attn_kv8 prefill T %4d nidx %3d (64 x 512): decode kernel in 64-row calls %9.1f us, tensor cores "
+                   "%8.1f us (%5.1fx; %.1f -> %.1f TFLOP/s); tc vs decode kernel: worst %.3g of the tolerance\n",
+                   worst <= 100 ? "    " : "FAIL", T, nidx, before, after, before / after, fl / before * 1e-6, fl / after * 1e-6, worst);
+            fails += !(worst <= 100);
+        }
+        dsv4_cuda_free(didx);
+    }
+    free(kv2), free(q), free(base), free(o1), free(o2), free(idx);
+    dsv4_cuda_free(dc), dsv4_cuda_free(dkv2), dsv4_cuda_free(dq), dsv4_cuda_free(dsink), dsv4_cuda_free((void *)dbase);
+    dsv4_cuda_free(d1), dsv4_cuda_free(d2), dsv4_cuda_free(scr);
+}
+
 typedef struct {
     const float *q, *w;
     const uint8_t **keys;
@@ -544,14 +653,33 @@ static void bench_ikeys(void) {
 }
 
 int main(int argc, char **argv) {
-    int bench = 1;
+    int bench = 1, only_tc = 0;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
+        else if (!strcmp(argv[i], "--only-tc")) only_tc = 1;
     rs = 0x9E3779B97F4A7C15ull;
     char err[256];
     if (dsv4_cuda_init(0, NULL, err, sizeof err)) {
         fprintf(stderr, "test_attn_kv8: %s\n", err);
         return 1;
+    }
+    /* the prefill path (tensor cores): Flash shapes (window as the pass's own rows, + 32 / 512 compressed), odd T,
+     * invalid entries, a query without entries (the last of each batch), few heads, two head blocks, odd Dh */
+    test_attn_p(64, 64, 512, 64, 640, 2048, 1, 1);
+    test_attn_p(37, 64, 512, 64, 128, 1024, 1, 1);
+    test_attn_p(33, 64, 512, 64, 160, 1024, 1, 1);
+    test_attn_p(3, 64, 512, 64, 5000, 8192, 0, 1); /* spans of 1024 entries folded through out */
+    test_attn_p(2, 8, 512, 64, 2100, 3000, 1, 1);
+    test_attn_p(2, 128, 512, 64, 300, 1000, 1, 1); /* 2 blocks of 64 heads */
+    test_attn_p(5, 4, 128, 64, 100, 300, 1, 1);    /* few heads, rope dims in the first half */
+    test_attn_p(7, 10, 192, 64, 257, 600, 1, 1);
+    test_attn_p(3, 3, 130, 2, 70, 90, 1, 1);       /* Dh not a multiple of 8 */
+    test_attn_p(4, 8, 384, 64, 1, 10, 0, 1);       /* one entry */
+    test_attn_p(3, 16, 512, 64, 31, 40, 1, 1);     /* one partial tile */
+    if (only_tc) {
+        if (bench) bench_attn_tc();
+        printf("test_attn_kv8: %s\n", fails ? "FAILED" : "all passed");
+        return fails != 0;
     }
     test_pack(512, 64, 300);
     test_pack(128, 64, 100);
@@ -578,6 +706,7 @@ int main(int argc, char **argv) {
     test_ikeys(1, 128, 64, 100);
     test_ikeys(2, 8, 96, 50);     /* the thread-per-entry kernel */
     if (bench) {
+        bench_attn_tc();
         bench_attn();
         bench_ikeys();
     }
