@@ -652,11 +652,40 @@ __global__ void hc_post_kernel(const float *f, float *X, int M, int D, const flo
     }
 }
 
+/* the same with 4 consecutive d per thread (16-byte loads and stores; post and comb read once for 4 values) */
+__global__ void hc_post4_kernel(const float *f, float *X, int M, int D, const float *post, const float *comb) {
+    const int t = blockIdx.y, d = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (d >= D) return;
+    float *Xt = X + (int64_t)t * M * D;
+    const float *pt = post + (int64_t)t * M, *C = comb + (int64_t)t * M * M;
+    float4 old[HC_MAXM];
+#pragma unroll
+    for (int j = 0; j < HC_MAXM; j++) old[j] = j < M ? *(const float4 *)(Xt + (int64_t)j * D + d) : make_float4(0, 0, 0, 0);
+    const float4 fd = *(const float4 *)(f + (int64_t)t * D + d);
+    for (int k = 0; k < M; k++) {
+        const float p = pt[k];
+        float4 acc = make_float4(__fmul_rn(p, fd.x), __fmul_rn(p, fd.y), __fmul_rn(p, fd.z), __fmul_rn(p, fd.w));
+#pragma unroll
+        for (int j = 0; j < HC_MAXM; j++)
+            if (j < M) {
+                const float c = C[j * M + k];
+                acc.x = fmaf(c, old[j].x, acc.x), acc.y = fmaf(c, old[j].y, acc.y);
+                acc.z = fmaf(c, old[j].z, acc.z), acc.w = fmaf(c, old[j].w, acc.w);
+            }
+        *(float4 *)(Xt + (int64_t)k * D + d) = acc;
+    }
+}
+
 extern "C" int dsv4_cuda_hc_post(const float *f, float *X, int T, int M, int D, const float *post, const float *comb,
                                  void *stream) {
     if (T < 0 || M <= 0 || M > HC_MAXM || D <= 0) return dsv4_cuda_fail("hc_post: bad shape (T %d M %d D %d)", T, M, D);
     if (!T) return 0;
-    dim3 grid((D + 255) / 256, T);
-    hc_post_kernel<<<grid, 256, 0, DSV4_STREAM(stream)>>>(f, X, M, D, post, comb);
+    if (D % 4 == 0 && !((uintptr_t)f & 15) && !((uintptr_t)X & 15)) {
+        dim3 grid((D / 4 + 255) / 256, T);
+        hc_post4_kernel<<<grid, 256, 0, DSV4_STREAM(stream)>>>(f, X, M, D, post, comb);
+    } else {
+        dim3 grid((D + 255) / 256, T);
+        hc_post_kernel<<<grid, 256, 0, DSV4_STREAM(stream)>>>(f, X, M, D, post, comb);
+    }
     return dsv4_cuda_check_launch("hc_post");
 }

@@ -139,8 +139,8 @@ extern "C" int dsv4_cuda_act_quant_fp4(float *x, int rows, int n, int64_t ld, in
     return act_quant<1>("act_quant_fp4", x, rows, n, ld, block, stream);
 }
 
-/* ---- Hadamard: one block per row, butterflies in double in shared memory (same additions in
- * the same order as the twin, so the same bits) ---- */
+/* ---- Hadamard: butterflies in double (same additions in the same order as the twin, so the same bits): a warp per
+ * row in registers for n = 32 .. 512, else one block per row in shared memory ---- */
 
 __global__ void __launch_bounds__(256) hadamard_kernel(float *x, int n, int64_t ld) {
     extern __shared__ double hs[];
@@ -160,10 +160,54 @@ __global__ void __launch_bounds__(256) hadamard_kernel(float *x, int n, int64_t 
     for (int i = threadIdx.x; i < n; i += 256) row[i] = (float)__dmul_rn(hs[i], s);
 }
 
+/* n = 32 E (E a power of two up to 32): a warp per row, lane l holding elements l E .. l E + E - 1; the butterflies
+ * with h < E inside a lane, then h = E, 2E, .. between lanes l and l ^ (h / E) by shuffles: the same additions (a the
+ * lower element, b the upper: a + b, a - b) in the same stage order as hadamard_kernel, so the same bits. */
+template <int E>
+__global__ void __launch_bounds__(256) hadamard_warp_kernel(float *x, int rows, int64_t ld) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    float *row = x + r * ld + lane * E;
+    double v[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) v[e] = row[e];
+#pragma unroll
+    for (int h = 1; h < E; h *= 2)
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            if (!(e & h)) {
+                const double a = v[e], b = v[e + h];
+                v[e] = a + b;
+                v[e + h] = a - b;
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2) {
+        const bool up = lane & m;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const double o = __shfl_xor_sync(0xffffffffu, v[e], m);
+            v[e] = up ? o - v[e] : v[e] + o;
+        }
+    }
+    const double s = 1.0 / sqrt((double)(32 * E));
+#pragma unroll
+    for (int e = 0; e < E; e++) row[e] = (float)__dmul_rn(v[e], s);
+}
+
 extern "C" int dsv4_cuda_hadamard(float *x, int rows, int n, int64_t ld, void *stream) {
     if (rows < 0 || n <= 0 || n > 4096 || (n & (n - 1)) || ld < n)
         return dsv4_cuda_fail("hadamard: n %d must be a power of two <= 4096 (rows %d)", n, rows);
     if (!rows) return 0;
-    hadamard_kernel<<<rows, 256, (size_t)n * sizeof(double), DSV4_STREAM(stream)>>>(x, n, ld);
+    cudaStream_t st = DSV4_STREAM(stream);
+    const unsigned wg = (unsigned)(((int64_t)rows + 7) / 8);
+    switch (n) {
+    case 32: hadamard_warp_kernel<1><<<wg, 256, 0, st>>>(x, rows, ld); break;
+    case 64: hadamard_warp_kernel<2><<<wg, 256, 0, st>>>(x, rows, ld); break;
+    case 128: hadamard_warp_kernel<4><<<wg, 256, 0, st>>>(x, rows, ld); break;
+    case 256: hadamard_warp_kernel<8><<<wg, 256, 0, st>>>(x, rows, ld); break;
+    case 512: hadamard_warp_kernel<16><<<wg, 256, 0, st>>>(x, rows, ld); break;
+    default: hadamard_kernel<<<rows, 256, (size_t)n * sizeof(double), st>>>(x, n, ld);
+    }
     return dsv4_cuda_check_launch("hadamard");
 }

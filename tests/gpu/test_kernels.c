@@ -2164,6 +2164,11 @@ gemm_checks:
     test_quant(1, 5, 100, 101, 32);
     test_quant(2, 64, 128, 128, 0);
     test_quant(2, 4, 4096, 4096, 0);
+    test_quant(2, 37, 32, 35, 0);      /* the warp-per-row kernel: n 32 .. 512, rows not a multiple of 8, ld > n */
+    test_quant(2, 11, 64, 64, 0);
+    test_quant(2, 9, 256, 260, 0);
+    test_quant(2, 5, 512, 512, 0);
+    test_quant(2, 3, 1024, 1024, 0);   /* the block-per-row kernel */
     test_quant(3, 64, 128, 128, 32);
     test_quant(3, 7, 512, 512, 32);
 
