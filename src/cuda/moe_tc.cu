@@ -15,7 +15,8 @@
  * 1: 384 blocks on 132 SMs, not 192 of 8 warps), else 8-warp blocks; their dependents launch when the work is done.
  * Prefill, MXFP4 with S <= 2 (moe_pf_kernel): 8 tile pairs a block, each warp holding the accumulators of every
  * slice (unit u adds into set u % S), a 4-stage cp.async pipeline of units (x codes and scales of the chunk's 64
- * tokens, shared, and each warp's weights), one barrier a unit; DSV4_MOE_PF=0 keeps the register kernel.
+ * tokens, shared, and each warp's weights), one barrier a unit; DSV4_MOE_PF=0 keeps the register kernel, DSV4_MOE_PF=2
+ * runs moe_pf2_kernel (the same with no branch between the mma; opt-in until measured).
  * Prefill otherwise, FP8 and DSV4_MOE_TC_LEGACY: a lane keeps its weight loads of the next unit in registers while the
  * current one is computed (the scale bytes' loads, combined right away, made that wait for each unit: one latency a unit).
  * (Opt-in for comparisons, both measured slower: an L2 bulk prefetch of the units after those, and MXFP4 codes to
@@ -973,6 +974,288 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf_kernel(const __grid_c
     mt_cp_wait_all();
 }
 
+/* ---- the same with every set's unit in one basic block (moe_pf2_kernel, DSV4_MOE_PF=2; not yet measured) ----
+ * As moe_pf_kernel, and: one barrier for the S units of one step of every set, whose code is one basic block
+ * (n-tiles a compile-time count, 4 / 6 / 8: no branch between the mma, which in moe_pf_kernel split the mma into
+ * ~30 blocks of 2 with a WARPSYNC each, so the compiler can interleave decode, rescale and mma of both sets); the
+ * next steps' copies issued after them, MP2_DEPTH - S steps ahead. Token columns past the chunk's tokens read
+ * whatever the stage holds (never stored). Per (row, token) the operations of moe_pf_kernel, in its order. */
+#define MP2_DEPTH 6
+template <int N> struct mp_int { static constexpr int value = N; };
+
+template <int GATEUP, int SL>
+__global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_constant__ mt_params P) {
+    constexpr int NT = 8;
+    static_assert(MP2_DEPTH >= 2 * SL, "the steps of one iteration and the next ones in flight");
+    extern __shared__ __align__(16) unsigned char mt_sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    const int ia = blockIdx.y;
+    if (ia >= *P.p.nact) return;
+    const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
+    const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
+    const int R = P.R, C = P.C, NU = P.NU;
+    const int64_t rowq = C / 32;
+    const int nch = (cnt + 63) >> 6, total = P.iters * nch * NU;
+    const unsigned sm_sa = (unsigned)__cvta_generic_to_shared(mt_sm);
+
+    /* loader: step (lit, lchk, lu) into a stage; row pointers cached per tile-pair group / chunk */
+    int lit = 0, lchk = 0, lu = 0, wit = -1, xkey = -1;
+    bool lact = false, xcode = false, xsc = false;
+    const unsigned char *wrow[2][2] = {{NULL, NULL}, {NULL, NULL}}, *wsrow = NULL;
+    const uint8_t *xrc = NULL, *xrs = NULL;
+    auto lstep = [&](int slot) {
+        const unsigned sa = sm_sa + (unsigned)(slot * MP_STAGE);
+        if (lit != wit) {
+            wit = lit;
+            const int tp = (lit * P.gx + (int)blockIdx.x) * MP_WARPS + warp;
+            lact = tp < P.NRP;
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    int r = (GATEUP ? 16 * tp : 32 * tp + 16 * t) + g + 8 * m;
+                    r = r < R ? r : R - 1; /* rows past the end: re-read the last one, never stored */
+                    const dsv4_cuda_weight &w = t ? w1 : w0;
+                    wrow[t][m] = (const unsigned char *)((const uint4 *)w.data + (w.row0 + r) * rowq + c);
+                }
+            const int t = c >> 1, m = c & 1;
+            int r = (GATEUP ? 16 * tp : 32 * tp + 16 * t) + g + 8 * m;
+            r = r < R ? r : R - 1;
+            const dsv4_cuda_weight &w = t ? w1 : w0;
+            wsrow = w.scale + (w.row0 + r) * w.scale_stride;
+        }
+        const int key = lit * nch + lchk;
+        if (key != xkey) {
+            xkey = key;
+            const int c0 = lchk * 64, nt = min(64, cnt - c0), tc = tid >> 2;
+            xcode = tc < nt, xsc = tid < nt;
+            if (xcode) xrc = P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + tc] : off + c0 + tc) * P.xq_ld + (tid & 3) * 64;
+            if (xsc) xrs = P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + tid] : off + c0 + tid) * P.xq_ld + 2 * (int64_t)C;
+        }
+        if (xcode) {
+            const unsigned d = sa + (unsigned)((tid >> 2) * MP_XSTR * 2 + (tid & 3) * 64);
+#pragma unroll
+            for (int q = 0; q < 4; q++) mt_cp16s(d + q * 16, xrc + (int64_t)lu * 256 + q * 16);
+        }
+        if (xsc) mt_cps<4>(sa + MP_XB + tid * 4, xrs + lu * 4);
+        if (lact) {
+            const unsigned w = sa + MP_WOFF + warp * 2048 + lane * 16;
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) mt_cp16s(w + (2 * t + m) * 512, wrow[t][m] + (int64_t)lu * 64);
+            mt_cps<4>(sa + MP_SOFF + warp * 128 + g * 16 + c * 4, wsrow + lu * 4);
+        }
+        if (++lu == NU) {
+            lu = 0;
+            if (++lchk == nch) lchk = 0, lit++;
+        }
+    };
+
+    float acc[SL][2][NT][4];
+    int ewp[SL][2][2];
+    uint32_t sxe[SL][4]; /* the x scales' exponents of the set's last unit, token 8 n + 2 c + kk in byte 2 (n & 1) + kk of word n / 2 */
+#pragma unroll
+    for (int sl = 0; sl < SL; sl++)
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            ewp[sl][t][0] = ewp[sl][t][1] = 127;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[sl][t][n][k] = 0.0f;
+        }
+#pragma unroll
+    for (int sl = 0; sl < SL; sl++)
+#pragma unroll
+        for (int w = 0; w < 4; w++) sxe[sl][w] = 0x7f7f7f7fu;
+
+    /* the next unit of a set from stage st into its accumulators; n-tiles 0 .. NTL - 1, NTL >= ntl a constant (no branch
+     * between the mma). Token columns past nt read whatever the stage holds: an mma column depends only on its own
+     * x column and scale, and those columns are never stored. */
+    auto body = [&](auto ntlc, float (&A)[2][NT][4], int (&EW)[2][2], uint32_t (&SX)[4], const unsigned char *st) {
+        constexpr int NTL = decltype(ntlc)::value;
+        uint4 q[2][2];
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int m = 0; m < 2; m++) q[t][m] = *(const uint4 *)(st + MP_WOFF + warp * 2048 + (2 * t + m) * 512 + lane * 16);
+        const uint4 sw = *(const uint4 *)(st + MP_SOFF + warp * 128 + g * 16);
+        const uint32_t scw[2][2] = {{sw.x, sw.y}, {sw.z, sw.w}};
+        int ew[2][2];
+        uint32_t fq[2][2];
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int m = 0; m < 2; m++) { /* as the ring kernels: the row's four group scales, the largest */
+                const uint32_t w = scw[t][m];
+                const int e = (int)__byte_perm(w, 0u, 0x4440u + c);
+                const int em = max(max((int)__byte_perm(w, 0u, 0x4440u), (int)__byte_perm(w, 0u, 0x4441u)),
+                                   max((int)__byte_perm(w, 0u, 0x4442u), (int)(w >> 24)));
+                fq[t][m] = tc_f16x2_pow2(e - em + MT_F4OFF(0)); /* the register kernel's (k + 15) * 0x04000400 where k >= -14 */
+                ew[t][m] = em;
+            }
+        const float *sxs = (const float *)(st + MP_XB);
+        uint32_t nx[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            uint32_t e0 = 127u, e1 = 127u;
+            if (n < NTL) {
+                const float2 v = *(const float2 *)(sxs + 8 * n + 2 * c);
+                e0 = (uint32_t)mt_exp(v.x), e1 = (uint32_t)mt_exp(v.y);
+            }
+            nx[n >> 1] |= (e0 | e1 << 8) << (16 * (n & 1));
+        }
+        { /* the sums so far into this unit's scale (powers of two: exact; +0 stays +0 at a set's first unit) */
+            float fr[2][2], fx[NT][2];
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) fr[t][m] = mt_pow2(EW[t][m] - ew[t][m]);
+#pragma unroll
+            for (int n = 0; n < NTL; n++)
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) {
+                    const int sh = 8 * (2 * (n & 1) + kk);
+                    fx[n][kk] = mt_pow2((int)((SX[n >> 1] >> sh) & 255u) - (int)((nx[n >> 1] >> sh) & 255u));
+                }
+#pragma unroll
+            for (int n = 0; n < NTL; n++)
+#pragma unroll
+                for (int t = 0; t < 2; t++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) A[t][n][k] = __fmul_rn(__fmul_rn(A[t][n][k], fr[t][k >> 1]), fx[n][k & 1]);
+        }
+#pragma unroll
+        for (int t = 0; t < 2; t++) EW[t][0] = ew[t][0], EW[t][1] = ew[t][1];
+#pragma unroll
+        for (int w = 0; w < 4; w++) SX[w] = nx[w];
+        const uint16_t *xb = (const uint16_t *)st;
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            uint32_t Af[2][2][4];
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) mt_decode<DSV4_WF_MXFP4, 0, 1>(q[t][m], jj, fq[t][m], Af[t][m]);
+            const int js = jj ^ ((c >> 1) & 1);
+            /* as the register kernel: x fragments of 4 n-tiles, k-step 0 of every (tile, n-tile), then k-step 1 */
+#pragma unroll
+            for (int n0 = 0; n0 < NTL; n0 += 4) {
+                uint32_t B[4][4];
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    const uint4 v = n0 + n < NTL ? *(const uint4 *)(xb + (8 * (n0 + n) + g) * MP_XSTR + c * 32 + js * 8) : make_uint4(0, 0, 0, 0);
+                    B[n][0] = v.x, B[n][1] = v.y, B[n][2] = v.z, B[n][3] = v.w;
+                }
+#pragma unroll
+                for (int k = 0; k < 2; k++)
+#pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        if (n0 + n >= NTL) break;
+#pragma unroll
+                        for (int t = 0; t < 2; t++)
+                            tc_mma<0>(A[t][n0 + n], Af[t][0][2 * k], Af[t][1][2 * k], Af[t][0][2 * k + 1], Af[t][1][2 * k + 1],
+                                      B[n][2 * k], B[n][2 * k + 1]);
+                    }
+            }
+        }
+    };
+
+    /* one unit of every set (steps i0 .. i0 + SL - 1, stages sl0 ..), one basic block */
+    auto units = [&](auto ntlc, int sl0) {
+#pragma unroll
+        for (int sl = 0; sl < SL; sl++) {
+            const int sg = sl0 + sl < MP2_DEPTH ? sl0 + sl : sl0 + sl - MP2_DEPTH;
+            body(ntlc, acc[sl], ewp[sl], sxe[sl], mt_sm + (size_t)sg * MP_STAGE);
+        }
+    };
+    /* prologue: steps 0 .. MP2_DEPTH - SL - 1 in flight (one commit group a step, empty ones included) */
+#pragma unroll
+    for (int d = 0; d < MP2_DEPTH - SL; d++) {
+        if (d < total) lstep(d);
+        mt_cp_commit();
+    }
+    int it = 0, chk = 0, sl0 = 0; /* sl0: stage of step i0 */
+    for (int i0 = 0; i0 < total; i0 += SL) {
+        const int tp = (it * P.gx + (int)blockIdx.x) * MP_WARPS + warp, c0 = chk * 64, nt = min(64, cnt - c0), ntl = (nt + 7) >> 3;
+        const bool act = tp < P.NRP;
+        const int u0 = i0 - (it * nch + chk) * NU; /* unit of set 0 */
+        mt_cp_wait<MP2_DEPTH - 2 * SL>(); /* steps i0 .. i0 + SL - 1: this thread's copies landed */
+        __syncthreads();                 /* ... every thread's; and every warp is done with the previous steps' stages */
+        if (act && ntl > 6) units(mp_int<8>(), sl0);
+        else if (act && ntl > 4) units(mp_int<6>(), sl0);
+        else if (act) units(mp_int<4>(), sl0);
+        /* then steps i0 + MP2_DEPTH - SL .. into the previous steps' stages */
+        const int ls0 = sl0 >= SL ? sl0 - SL : sl0 + MP2_DEPTH - SL;
+#pragma unroll
+        for (int sl = 0; sl < SL; sl++) {
+            if (i0 + sl + MP2_DEPTH - SL < total) lstep(ls0 + sl < MP2_DEPTH ? ls0 + sl : ls0 + sl - MP2_DEPTH);
+            mt_cp_commit();
+        }
+        sl0 = sl0 + SL < MP2_DEPTH ? sl0 + SL : sl0 + SL - MP2_DEPTH;
+        if (u0 + SL < NU) continue;
+        /* end of the chunk for this tile pair: each set out of its scale, the sets added in order, store */
+        if (act) {
+#pragma unroll
+            for (int sl = 0; sl < SL; sl++)
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    if (n >= ntl) break;
+#pragma unroll
+                    for (int t = 0; t < 2; t++)
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            const float sxp = __uint_as_float(((sxe[sl][n >> 1] >> (8 * (2 * (n & 1) + (k & 1)))) & 255u) << 23);
+                            acc[sl][t][n][k] = __fmul_rn(__fmul_rn(acc[sl][t][n][k], dev_e8m0((uint8_t)ewp[sl][t][k >> 1])), sxp);
+                        }
+                }
+#pragma unroll
+            for (int sl = 1; sl < SL; sl++)
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    if (n >= ntl) break;
+#pragma unroll
+                    for (int t = 0; t < 2; t++)
+#pragma unroll
+                        for (int k = 0; k < 4; k++) acc[0][t][n][k] = __fadd_rn(acc[0][t][n][k], acc[sl][t][n][k]);
+                }
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                if (n >= ntl) break;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int tk = 8 * n + 2 * c + (k & 1);
+                    if (tk >= nt) continue;
+                    const int64_t slot = off + c0 + tk;
+                    if (GATEUP) {
+                        const int r = 16 * tp + g + 8 * (k >> 1);
+                        if (r < R) P.out[slot * R + r] = mt_swiglu(acc[0][0][n][k], acc[0][1][n][k], P.lim, P.p.rw[slot]);
+                    } else {
+#pragma unroll
+                        for (int t = 0; t < 2; t++) {
+                            const int r = 32 * tp + 16 * t + g + 8 * (k >> 1);
+                            if (r < R) P.out[slot * R + r] = acc[0][t][n][k];
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int sl = 0; sl < SL; sl++)
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) acc[sl][t][n][k] = 0.0f;
+        if (++chk == nch) chk = 0, it++;
+    }
+    mt_cp_wait_all();
+}
+
 /* mma.sync m16n8k16 f16 -> f32 issue rate alone (dsv4_moe_tc_mma_rate): NA independent accumulators a warp */
 template <int NA> __global__ void __launch_bounds__(256) moe_mma_rate_kernel(float *out, int iters) {
     float acc[NA][4];
@@ -1139,7 +1422,7 @@ static int mt_set_smem(const void *fn, size_t smem, int carve) {
 static int mt_sm_smem; /* shared memory of an SM (bytes) */
 
 static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (refused once, or DSV4_MOE_NO_PDL=1) */
-static int mp_off = -1;    /* 1: DSV4_MOE_PF=0, the MXFP4 prefill on the register kernel */
+static int mp_off = -1;    /* DSV4_MOE_PF: 1 ("0"), the MXFP4 prefill on the register kernel; 2 ("2"), on moe_pf2_kernel */
 
 /* nw warps a block; ring: a ring kernel (carve-out hint) */
 template <typename F, typename... A>
@@ -1191,10 +1474,10 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (pq && mt_smem(1, 2, 64, pqw * 128 + pad, pqw, S, RT, 8) > (size_t)dsv4_cuda_dev.smem_optin) pq = 0;
     if (mp_off < 0) {
         const char *e = getenv("DSV4_MOE_PF");
-        mp_off = e && *e == '0';
+        mp_off = e && *e == '0' ? 1 : e && *e == '2' ? 2 : 0;
     }
     /* pf: the MXFP4 prefill on moe_pf_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
-    const int pf = pq && fmt == DSV4_WF_MXFP4 && S <= 2 && !mp_off && !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF)) &&
+    const int pf = pq && fmt == DSV4_WF_MXFP4 && S <= 2 && mp_off != 1 && !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF)) &&
                    (size_t)MP_DEPTH * MP_STAGE <= (size_t)dsv4_cuda_dev.smem_optin;
     const int NT = pq ? 8 : xt == 1 && T <= 8 ? 1 : 2, ntok = pq ? 64 : (T < 8 * NT ? T : 8 * NT);
     int W = pq ? pqw : NU, nw = 0, xb = 2; /* nw: warps a block of a ring kernel (0: the register-buffer kernels) */
@@ -1239,8 +1522,10 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (pf) { /* MXFP4 prefill on the cp.async pipeline: 8 tile pairs a block, two groups of them a block in a row */
         const int nrb = (NRP + MP_WARPS - 1) / MP_WARPS;
         prm.gx = (nrb + 1) / 2, prm.iters = (nrb + prm.gx - 1) / prm.gx;
+        const int v2 = (mp_off == 2 || (mt_mode & DSV4_MOE_TC_PF2)) && (size_t)MP2_DEPTH * MP_STAGE <= (size_t)dsv4_cuda_dev.smem_optin;
         mt_fn fp = gateup ? (S == 2 ? moe_pf_kernel<1, 2> : moe_pf_kernel<1, 1>) : (S == 2 ? moe_pf_kernel<0, 2> : moe_pf_kernel<0, 1>);
-        return mt_launch(fp, dim3(prm.gx, maxslots), MP_WARPS, 1, (size_t)MP_DEPTH * MP_STAGE, st,
+        if (v2) fp = gateup ? (S == 2 ? moe_pf2_kernel<1, 2> : moe_pf2_kernel<1, 1>) : (S == 2 ? moe_pf2_kernel<0, 2> : moe_pf2_kernel<0, 1>);
+        return mt_launch(fp, dim3(prm.gx, maxslots), MP_WARPS, 1, (size_t)(v2 ? MP2_DEPTH : MP_DEPTH) * MP_STAGE, st,
                          gateup ? "moe_experts (gate/up, prefill pipeline)" : "moe_experts (down, prefill pipeline)", prm);
     }
     const int alu = mt_alu == 1 && (mt_mode & DSV4_MOE_TC_ALU);
