@@ -15,8 +15,9 @@
  * 1: 384 blocks on 132 SMs, not 192 of 8 warps), else 8-warp blocks; their dependents launch when the work is done.
  * Prefill, MXFP4 with S <= 2 (moe_pf_kernel): 8 tile pairs a block, each warp holding the accumulators of every
  * slice (unit u adds into set u % S), a 4-stage cp.async pipeline of units (x codes and scales of the chunk's 64
- * tokens, shared, and each warp's weights), one barrier a unit; DSV4_MOE_PF=0 keeps the register kernel, DSV4_MOE_PF=2
- * runs moe_pf2_kernel (the same with no branch between the mma; opt-in until measured).
+ * tokens, shared, and each warp's weights), one barrier a unit; by default as moe_pf2_kernel (the same with no branch
+ * between the mma: 1.14x, H200 Flash 4096 tokens 10.26 -> 9.02 ms, bitwise equal); DSV4_MOE_PF=1 runs moe_pf_kernel,
+ * DSV4_MOE_PF=0 the register kernel.
  * Prefill otherwise, FP8 and DSV4_MOE_TC_LEGACY: a lane keeps its weight loads of the next unit in registers while the
  * current one is computed (the scale bytes' loads, combined right away, made that wait for each unit: one latency a unit).
  * (Opt-in for comparisons, both measured slower: an L2 bulk prefetch of the units after those, and MXFP4 codes to
@@ -974,7 +975,7 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf_kernel(const __grid_c
     mt_cp_wait_all();
 }
 
-/* ---- the same with every set's unit in one basic block (moe_pf2_kernel, DSV4_MOE_PF=2; not yet measured) ----
+/* ---- the same with every set's unit in one basic block (moe_pf2_kernel, the default; 1.14x moe_pf_kernel) ----
  * As moe_pf_kernel, and: one barrier for the S units of one step of every set, whose code is one basic block
  * (n-tiles a compile-time count, 4 / 6 / 8: no branch between the mma, which in moe_pf_kernel split the mma into
  * ~30 blocks of 2 with a WARPSYNC each, so the compiler can interleave decode, rescale and mma of both sets); the
@@ -1422,7 +1423,7 @@ static int mt_set_smem(const void *fn, size_t smem, int carve) {
 static int mt_sm_smem; /* shared memory of an SM (bytes) */
 
 static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (refused once, or DSV4_MOE_NO_PDL=1) */
-static int mp_off = -1;    /* DSV4_MOE_PF: 1 ("0"), the MXFP4 prefill on the register kernel; 2 ("2"), on moe_pf2_kernel */
+static int mp_off = -1;    /* DSV4_MOE_PF: 1 ("0"), the MXFP4 prefill on the register kernel; 3 ("1"), on moe_pf_kernel */
 
 /* nw warps a block; ring: a ring kernel (carve-out hint) */
 template <typename F, typename... A>
@@ -1474,7 +1475,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (pq && mt_smem(1, 2, 64, pqw * 128 + pad, pqw, S, RT, 8) > (size_t)dsv4_cuda_dev.smem_optin) pq = 0;
     if (mp_off < 0) {
         const char *e = getenv("DSV4_MOE_PF");
-        mp_off = e && *e == '0' ? 1 : e && *e == '2' ? 2 : 0;
+        mp_off = e && *e == '0' ? 1 : e && *e == '1' ? 3 : 0;
     }
     /* pf: the MXFP4 prefill on moe_pf_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
     const int pf = pq && fmt == DSV4_WF_MXFP4 && S <= 2 && mp_off != 1 && !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF)) &&
@@ -1522,7 +1523,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (pf) { /* MXFP4 prefill on the cp.async pipeline: 8 tile pairs a block, two groups of them a block in a row */
         const int nrb = (NRP + MP_WARPS - 1) / MP_WARPS;
         prm.gx = (nrb + 1) / 2, prm.iters = (nrb + prm.gx - 1) / prm.gx;
-        const int v2 = (mp_off == 2 || (mt_mode & DSV4_MOE_TC_PF2)) && (size_t)MP2_DEPTH * MP_STAGE <= (size_t)dsv4_cuda_dev.smem_optin;
+        const int v2 = !(mp_off == 3 || (mt_mode & DSV4_MOE_TC_PF1)) && (size_t)MP2_DEPTH * MP_STAGE <= (size_t)dsv4_cuda_dev.smem_optin;
         mt_fn fp = gateup ? (S == 2 ? moe_pf_kernel<1, 2> : moe_pf_kernel<1, 1>) : (S == 2 ? moe_pf_kernel<0, 2> : moe_pf_kernel<0, 1>);
         if (v2) fp = gateup ? (S == 2 ? moe_pf2_kernel<1, 2> : moe_pf2_kernel<1, 1>) : (S == 2 ? moe_pf2_kernel<0, 2> : moe_pf2_kernel<0, 1>);
         return mt_launch(fp, dim3(prm.gx, maxslots), MP_WARPS, 1, (size_t)(v2 ? MP2_DEPTH : MP_DEPTH) * MP_STAGE, st,

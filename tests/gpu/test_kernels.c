@@ -1272,15 +1272,15 @@ static void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int 
     snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d register kernels == default (bitwise)", tag, dsv4_wfmt_name(f),
              aq ? " aq" : "", T, K, E);
     check(name, b2, b1, (size_t)T * D, 0, 0);
-    /* moe_pf2_kernel (MXFP4 prefill, opt-in) gives the same bits */
-    dsv4_cuda_moe_experts_path(DSV4_MOE_TC_PF2);
+    /* moe_pf_kernel (the MXFP4 prefill before moe_pf2_kernel, the default) gives the same bits */
+    dsv4_cuda_moe_experts_path(DSV4_MOE_TC_PF1);
     op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
     op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
     op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
     sync_ok();
     dsv4_cuda_moe_experts_path(0);
     from_dev(b2, dout, sizeof(float) * (size_t)T * D);
-    snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d pf2 == default (bitwise)", tag, dsv4_wfmt_name(f), aq ? " aq" : "", T, K, E);
+    snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d pf1 == default (bitwise)", tag, dsv4_wfmt_name(f), aq ? " aq" : "", T, K, E);
     check(name, b2, b1, (size_t)T * D, 0, 0);
     /* up to 8 busy tokens spread over the batch, each alone */
     int nt = 0, bad = 0;
@@ -1918,12 +1918,12 @@ static void bench_moe(void) {
         act /= NP;
         /* modes (dsv4_cuda_moe_experts_path): CUDA-core kernel, tensor cores, the tensor-core kernel before the ring
          * and before moe_pf_kernel (weights in registers, 8-warp blocks), and that with the integer MXFP4 decode, with
-         * the L2 prefetch; the default without programmatic dependent launch; the prefill on moe_pf2_kernel */
+         * the L2 prefetch; the default without programmatic dependent launch; the prefill on moe_pf_kernel (before pf2) */
         enum { NM = 7 };
         static const int modes[NM] = {1, 0, 16, 18, 20, 8, 32};
         static const char *mname[NM] = {"old (CUDA cores)", "new",           "tc, registers (before)",
                                         "tc, regs + integer decode", "tc, regs + L2 prefetch", "new, no PDL",
-                                        "pf2 (no branch in mma)"};
+                                        "pf1 (moe_pf_kernel)"};
         double us[NM];
         float *yr[NM];
         const size_t ny = (size_t)T * K * D;
@@ -1955,8 +1955,8 @@ static void bench_moe(void) {
             printf("time moe_experts Flash MXFP4 aq T=%-4d (%5.1f experts, %6.1f MB) %-26s %8.1f us %6.0f GB/s (%5.1f%% of copy) %6.1f TFLOP/s%s\n",
                    T, act, gb * 1e3, mname[mi], us[mi], gb / us[mi] * 1e6, g_copy_gbs > 0 ? 100.0 * gb / us[mi] * 1e6 / g_copy_gbs : 0.0,
                    tf / us[mi] * 1e6, mi == 1 ? "  <<" : "");
-        printf("time moe_experts Flash MXFP4 aq T=%-4d: old / new time = %.2fx, before / new = %.2fx, new / pf2 = %.2fx\n", T, us[0] / us[1],
-               us[2] / us[1], us[1] / us[6]);
+        printf("time moe_experts Flash MXFP4 aq T=%-4d: old / new time = %.2fx, before / new = %.2fx, pf1 / new = %.2fx\n", T, us[0] / us[1],
+               us[2] / us[1], us[6] / us[1]);
         {
             /* new against old, for information: the checks' tolerance per element. A few token-expert rows differ
              * more at T=2048 (20 of 12288 on the H200): where an h value sits on an FP8 rounding boundary, the two
