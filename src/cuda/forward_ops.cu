@@ -4,6 +4,7 @@
 #include "common.cuh"
 #include "kv_cache.cuh"
 #include "cuda_model.h"
+#include "indexer.cuh"
 #include "indexer_tc.h"
 
 /* ---- embedding: X[t, j, :] = row tok[t] of the embedding, for the M streams ---- */
@@ -150,20 +151,7 @@ __global__ void __launch_bounds__(IX_THREADS) ixs_kernel(const float *qi, const 
         }
         __syncthreads();
         /* the chain over the heads, a thread per entry (the next chunk's keys load meanwhile) */
-        for (int e = threadIdx.x; e < E; e += IX_THREADS) {
-            const int w = w0 + e;
-            if (w >= n) break;
-            float s = -INFINITY;
-            if (w < ncs) {
-                s = 0.0f;
-                const float *de = ds + e * (Hi + 1);
-                for (int hh = 0; hh < Hi; hh++) {
-                    const float d = de[hh];
-                    s = __fadd_rn(s, __fmul_rn(ws[hh], d > 0 ? d : 0));
-                }
-            }
-            out[(int64_t)t * ld + w] = s;
-        }
+        ix_head_sums(ds, Hi + 1, ws, Hi, w0, E, n, ncs, out + (int64_t)t * ld, threadIdx.x, IX_THREADS);
     }
 }
 

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "indexer.cuh"
 #include "indexer_tc.h"
 #include "kv_cache.cuh"
 
@@ -199,20 +200,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
             }
         }
         __syncthreads();
-        for (int e = tid; e < IXT_EB; e += nth) {
-            const int w = w0 + e;
-            if (w >= n) break;
-            float s = -INFINITY;
-            if (w < ncs) {
-                s = 0.0f;
-                const float *de = ds + e * (Hi + 1);
-                for (int hh = 0; hh < Hi; hh++) {
-                    const float d = de[hh];
-                    s = __fadd_rn(s, __fmul_rn(ws[hh], d > 0 ? d : 0));
-                }
-            }
-            out[(int64_t)t * ld + w] = s;
-        }
+        ix_head_sums(ds, Hi + 1, ws, Hi, w0, IXT_EB, n, ncs, out + (int64_t)t * ld, tid, nth);
         __syncthreads();
     }
 }

@@ -13,11 +13,10 @@
  * Decode (FP4 formats): a cp.async ring of DEPTH units a warp in shared memory (4-5 stages: 3-4 units of weights in
  * flight a warp, counted by commit groups), 16 warps an SM: 4-warp blocks when the chunk's x fits four an SM (batch
  * 1: 384 blocks on 132 SMs, not 192 of 8 warps), else 8-warp blocks; their dependents launch when the work is done.
- * Prefill, MXFP4 with S <= 2 (moe_pf_kernel): 8 tile pairs a block, each warp holding the accumulators of every
- * slice (unit u adds into set u % S), a 4-stage cp.async pipeline of units (x codes and scales of the chunk's 64
- * tokens, shared, and each warp's weights), one barrier a unit; by default as moe_pf2_kernel (the same with no branch
- * between the mma: 1.14x, H200 Flash 4096 tokens 10.26 -> 9.02 ms, bitwise equal); DSV4_MOE_PF=1 runs moe_pf_kernel,
- * DSV4_MOE_PF=0 the register kernel.
+ * Prefill, MXFP4 with S <= 2 (moe_pf2_kernel): 8 tile pairs a block, each warp holding the accumulators of every
+ * slice (unit u adds into set u % S), a 6-stage cp.async pipeline of units (x codes and scales of the chunk's 64
+ * tokens, shared, and each warp's weights), one barrier and one basic block for the S units of a step; DSV4_MOE_PF=0
+ * runs the register kernel.
  * Prefill otherwise, FP8 and DSV4_MOE_TC_LEGACY: a lane keeps its weight loads of the next unit in registers while the
  * current one is computed (the scale bytes' loads, combined right away, made that wait for each unit: one latency a unit).
  * (Opt-in for comparisons, both measured slower: an L2 bulk prefetch of the units after those, and MXFP4 codes to
@@ -30,7 +29,7 @@
  * value goes through the same operations in the same order whatever other tokens share its expert, however
  * many there are, and which variant runs (decode: 8 or 16 tokens a chunk, x act-quantized by each block;
  * prefill: 64 tokens a chunk, x act-quantized once into scratch by moe_quant, staged with cp.async, double
- * buffered, or moe_pf_kernel's pipeline with the slices' sums in one warp, added in the same order): the results are
+ * buffered, or moe_pf2_kernel's pipeline with the slices' sums in one warp, added in the same order): the results are
  * bitwise batch invariant. S depends only on the matrix shape. */
 #include <stdlib.h>
 
@@ -690,297 +689,25 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
     }
 }
 
-/* ---- prefill, MXFP4 (moe_pf_kernel): a cp.async pipeline of units ----
- * 8 warps a block, one tile pair a warp (8 a block: 128 rows of h or 256 of y), the chunk's 64 tokens as 8 n-tiles
+/* ---- prefill, MXFP4 (moe_pf2_kernel): a cp.async pipeline of units ----
+ * 8 warps a block, one tile pair a warp (8 a block: 128 rows of h or 256 of y), the chunk's 64 tokens as n-tiles
  * (the register kernel's mma order and decode), and every column slice in each warp: S <= 2 accumulator sets, unit
  * u adding into set u % S, so the slices' sums meet in registers (added in order at the end, no reduction through
  * shared memory). A step is one unit: its x codes and scales (shared by the 8 warps) and each warp's 32 weight rows
- * with their scale words go into stage (step % MP_DEPTH) by cp.async, MP_DEPTH - 1 steps ahead, one barrier a
- * step. Steps run (tile-pair group, chunk, unit), so the weights of the next group or chunk are in flight across
- * the boundary. Per (row, token) the same operations in the same order as moe_tc_kernel: bitwise its results. */
+ * with their scale words go into a stage of the ring by cp.async; the S units of one step of every set share one
+ * barrier and one basic block (n-tiles a compile-time count, 4 / 6 / 8: no branch between the mma, so the compiler
+ * interleaves decode, rescale and mma of both sets; a first version with a branch per n-tile split the mma into
+ * ~30 blocks of 2 and ran 1.14x slower, bench/NOTES.md); the next steps' copies are issued after them, MP2_DEPTH - S
+ * steps ahead. Steps run (tile-pair group, chunk, unit), so the weights of the next group or chunk are in flight
+ * across the boundary. Token columns past the chunk's tokens read whatever the stage holds (never stored). Per
+ * (row, token) the same operations in the same order as moe_tc_kernel: bitwise its results. */
 #define MP_WARPS 8
-#define MP_DEPTH 4
 #define MP_XSTR 144                          /* halves a staged token row: 128 codes + 16 pad (conflict-free reads) */
 #define MP_XB (64 * MP_XSTR * 2)             /* x codes of a stage */
 #define MP_WOFF (MP_XB + 256)                /* after them the 64 x scales, then the weights: [warp][t][m][lane] 16 B */
 #define MP_SOFF (MP_WOFF + MP_WARPS * 2048)  /* then the scale words: [warp][g][t][m] 4 B */
 #define MP_STAGE (MP_SOFF + MP_WARPS * 128)
 
-template <int GATEUP, int SL>
-__global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf_kernel(const __grid_constant__ mt_params P) {
-    constexpr int NT = 8;
-    extern __shared__ __align__(16) unsigned char mt_sm[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    const int ia = blockIdx.y;
-    if (ia >= *P.p.nact) return;
-    const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
-    const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
-    const int R = P.R, C = P.C, NU = P.NU;
-    const int64_t rowq = C / 32;
-    const int nch = (cnt + 63) >> 6, total = P.iters * nch * NU;
-    const unsigned sm_sa = (unsigned)__cvta_generic_to_shared(mt_sm);
-
-    /* loader: step (lit, lchk, lu) into a stage; row pointers cached per tile-pair group / chunk */
-    int lit = 0, lchk = 0, lu = 0, wit = -1, xkey = -1;
-    bool lact = false, xcode = false, xsc = false;
-    const unsigned char *wrow[2][2] = {{NULL, NULL}, {NULL, NULL}}, *wsrow = NULL;
-    const uint8_t *xrc = NULL, *xrs = NULL;
-    auto lstep = [&](int slot) {
-        const unsigned sa = sm_sa + (unsigned)(slot * MP_STAGE);
-        if (lit != wit) {
-            wit = lit;
-            const int tp = (lit * P.gx + (int)blockIdx.x) * MP_WARPS + warp;
-            lact = tp < P.NRP;
-#pragma unroll
-            for (int t = 0; t < 2; t++)
-#pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    int r = (GATEUP ? 16 * tp : 32 * tp + 16 * t) + g + 8 * m;
-                    r = r < R ? r : R - 1; /* rows past the end: re-read the last one, never stored */
-                    const dsv4_cuda_weight &w = t ? w1 : w0;
-                    wrow[t][m] = (const unsigned char *)((const uint4 *)w.data + (w.row0 + r) * rowq + c);
-                }
-            const int t = c >> 1, m = c & 1;
-            int r = (GATEUP ? 16 * tp : 32 * tp + 16 * t) + g + 8 * m;
-            r = r < R ? r : R - 1;
-            const dsv4_cuda_weight &w = t ? w1 : w0;
-            wsrow = w.scale + (w.row0 + r) * w.scale_stride;
-        }
-        const int key = lit * nch + lchk;
-        if (key != xkey) {
-            xkey = key;
-            const int c0 = lchk * 64, nt = min(64, cnt - c0), tc = tid >> 2;
-            xcode = tc < nt, xsc = tid < nt;
-            if (xcode) xrc = P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + tc] : off + c0 + tc) * P.xq_ld + (tid & 3) * 64;
-            if (xsc) xrs = P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + tid] : off + c0 + tid) * P.xq_ld + 2 * (int64_t)C;
-        }
-        if (xcode) {
-            const unsigned d = sa + (unsigned)((tid >> 2) * MP_XSTR * 2 + (tid & 3) * 64);
-#pragma unroll
-            for (int q = 0; q < 4; q++) mt_cp16s(d + q * 16, xrc + (int64_t)lu * 256 + q * 16);
-        }
-        if (xsc) mt_cps<4>(sa + MP_XB + tid * 4, xrs + lu * 4);
-        if (lact) {
-            const unsigned w = sa + MP_WOFF + warp * 2048 + lane * 16;
-#pragma unroll
-            for (int t = 0; t < 2; t++)
-#pragma unroll
-                for (int m = 0; m < 2; m++) mt_cp16s(w + (2 * t + m) * 512, wrow[t][m] + (int64_t)lu * 64);
-            mt_cps<4>(sa + MP_SOFF + warp * 128 + g * 16 + c * 4, wsrow + lu * 4);
-        }
-        if (++lu == NU) {
-            lu = 0;
-            if (++lchk == nch) lchk = 0, lit++;
-        }
-    };
-
-    float acc[SL][2][NT][4];
-    int ewp[SL][2][2];
-    uint32_t sxe[SL][4]; /* the x scales' exponents of the set's last unit, token 8 n + 2 c + kk in byte 2 (n & 1) + kk of word n / 2 */
-#pragma unroll
-    for (int sl = 0; sl < SL; sl++)
-#pragma unroll
-        for (int t = 0; t < 2; t++) {
-            ewp[sl][t][0] = ewp[sl][t][1] = 127;
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) acc[sl][t][n][k] = 0.0f;
-        }
-#pragma unroll
-    for (int sl = 0; sl < SL; sl++)
-#pragma unroll
-        for (int w = 0; w < 4; w++) sxe[sl][w] = 0x7f7f7f7fu;
-
-    /* unit j of its set (u = j * SL + set) from stage st into one set's accumulators */
-    auto body = [&](float (&A)[2][NT][4], int (&EW)[2][2], uint32_t (&SX)[4], const unsigned char *st, int j, int nt, int ntl) {
-        uint4 q[2][2];
-#pragma unroll
-        for (int t = 0; t < 2; t++)
-#pragma unroll
-            for (int m = 0; m < 2; m++) q[t][m] = *(const uint4 *)(st + MP_WOFF + warp * 2048 + (2 * t + m) * 512 + lane * 16);
-        const uint4 sw = *(const uint4 *)(st + MP_SOFF + warp * 128 + g * 16);
-        const uint32_t scw[2][2] = {{sw.x, sw.y}, {sw.z, sw.w}};
-        int ew[2][2], kq[2][2];
-        uint32_t fq[2][2];
-        bool slow = false;
-#pragma unroll
-        for (int t = 0; t < 2; t++)
-#pragma unroll
-            for (int m = 0; m < 2; m++) { /* as the ring kernels: the row's four group scales, the largest */
-                const uint32_t w = scw[t][m];
-                const int e = (int)__byte_perm(w, 0u, 0x4440u + c);
-                const int em = max(max((int)__byte_perm(w, 0u, 0x4440u), (int)__byte_perm(w, 0u, 0x4441u)),
-                                   max((int)__byte_perm(w, 0u, 0x4442u), (int)(w >> 24)));
-                const int k = e - em + MT_F4OFF(0);
-                kq[t][m] = k, slow |= k < -14;
-                fq[t][m] = (uint32_t)(k + 15) * 0x04000400u;
-                ew[t][m] = em;
-            }
-        if (__any_sync(0xffffffffu, slow)) {
-#pragma unroll
-            for (int t = 0; t < 2; t++)
-#pragma unroll
-                for (int m = 0; m < 2; m++) fq[t][m] = tc_f16x2_pow2(kq[t][m]);
-        }
-        const float *sxs = (const float *)(st + MP_XB);
-        uint32_t nx[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int kk = 0; kk < 2; kk++) {
-                const int tk = 8 * n + 2 * c + kk;
-                const uint32_t e = tk < nt ? (uint32_t)mt_exp(sxs[tk]) : 127u;
-                nx[n >> 1] |= e << (8 * (2 * (n & 1) + kk));
-            }
-        if (j > 0) { /* the sums so far into this unit's scale (powers of two: exact) */
-            float fr[2][2], fx[NT][2];
-#pragma unroll
-            for (int t = 0; t < 2; t++)
-#pragma unroll
-                for (int m = 0; m < 2; m++) fr[t][m] = mt_pow2(EW[t][m] - ew[t][m]);
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int kk = 0; kk < 2; kk++) {
-                    const int sh = 8 * (2 * (n & 1) + kk);
-                    fx[n][kk] = mt_pow2((int)((SX[n >> 1] >> sh) & 255u) - (int)((nx[n >> 1] >> sh) & 255u));
-                }
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                if (n >= ntl) break;
-#pragma unroll
-                for (int t = 0; t < 2; t++)
-#pragma unroll
-                    for (int k = 0; k < 4; k++) A[t][n][k] = __fmul_rn(__fmul_rn(A[t][n][k], fr[t][k >> 1]), fx[n][k & 1]);
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < 2; t++) EW[t][0] = ew[t][0], EW[t][1] = ew[t][1];
-#pragma unroll
-        for (int w = 0; w < 4; w++) SX[w] = nx[w];
-        const uint16_t *xb = (const uint16_t *)st;
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-            uint32_t Af[2][2][4];
-#pragma unroll
-            for (int t = 0; t < 2; t++)
-#pragma unroll
-                for (int m = 0; m < 2; m++) mt_decode<DSV4_WF_MXFP4, 0, 1>(q[t][m], jj, fq[t][m], Af[t][m]);
-            const int js = jj ^ ((c >> 1) & 1);
-            /* as the register kernel: x fragments of 4 n-tiles, k-step 0 of every (tile, n-tile), then k-step 1 */
-#pragma unroll
-            for (int n0 = 0; n0 < NT; n0 += 4) {
-                if (n0 >= ntl) break;
-                uint32_t B[4][4];
-#pragma unroll
-                for (int n = 0; n < 4; n++) {
-                    const int tk = 8 * (n0 + n) + g;
-                    const uint4 v = tk < nt ? *(const uint4 *)(xb + tk * MP_XSTR + c * 32 + js * 8) : make_uint4(0, 0, 0, 0);
-                    B[n][0] = v.x, B[n][1] = v.y, B[n][2] = v.z, B[n][3] = v.w;
-                }
-#pragma unroll
-                for (int k = 0; k < 2; k++)
-#pragma unroll
-                    for (int n = 0; n < 4; n++) {
-                        if (n0 + n >= ntl) break;
-#pragma unroll
-                        for (int t = 0; t < 2; t++)
-                            tc_mma<0>(A[t][n0 + n], Af[t][0][2 * k], Af[t][1][2 * k], Af[t][0][2 * k + 1], Af[t][1][2 * k + 1],
-                                      B[n][2 * k], B[n][2 * k + 1]);
-                    }
-            }
-        }
-    };
-
-    /* prologue: steps 0 .. MP_DEPTH - 2 in flight (one commit group a step, empty ones included) */
-#pragma unroll
-    for (int d = 0; d < MP_DEPTH - 1; d++) {
-        if (d < total) lstep(d);
-        mt_cp_commit();
-    }
-    int it = 0, chk = 0;
-    for (int i0 = 0; i0 < total; i0 += SL) {
-        const int tp = (it * P.gx + (int)blockIdx.x) * MP_WARPS + warp, c0 = chk * 64, nt = min(64, cnt - c0), ntl = (nt + 7) >> 3;
-        const bool act = tp < P.NRP;
-        const int u0 = i0 - (it * nch + chk) * NU; /* unit of set 0 */
-#pragma unroll
-        for (int sl = 0; sl < SL; sl++) {
-            const int i = i0 + sl;
-            mt_cp_wait<MP_DEPTH - 2>(); /* step i's copies (this thread's) landed */
-            __syncthreads();            /* ... every thread's; and every warp is done with step i - 1's stage */
-            if (i + MP_DEPTH - 1 < total) lstep((i + MP_DEPTH - 1) % MP_DEPTH);
-            mt_cp_commit();
-            if (act) body(acc[sl], ewp[sl], sxe[sl], mt_sm + (size_t)(i % MP_DEPTH) * MP_STAGE, u0 / SL, nt, ntl);
-        }
-        if (u0 + SL < NU) continue;
-        /* end of the chunk for this tile pair: each set out of its scale, the sets added in order, store */
-        if (act) {
-#pragma unroll
-            for (int sl = 0; sl < SL; sl++)
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    if (n >= ntl) break;
-#pragma unroll
-                    for (int t = 0; t < 2; t++)
-#pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            const float sxp = __uint_as_float(((sxe[sl][n >> 1] >> (8 * (2 * (n & 1) + (k & 1)))) & 255u) << 23);
-                            acc[sl][t][n][k] = __fmul_rn(__fmul_rn(acc[sl][t][n][k], dev_e8m0((uint8_t)ewp[sl][t][k >> 1])), sxp);
-                        }
-                }
-#pragma unroll
-            for (int sl = 1; sl < SL; sl++)
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    if (n >= ntl) break;
-#pragma unroll
-                    for (int t = 0; t < 2; t++)
-#pragma unroll
-                        for (int k = 0; k < 4; k++) acc[0][t][n][k] = __fadd_rn(acc[0][t][n][k], acc[sl][t][n][k]);
-                }
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                if (n >= ntl) break;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int tk = 8 * n + 2 * c + (k & 1);
-                    if (tk >= nt) continue;
-                    const int64_t slot = off + c0 + tk;
-                    if (GATEUP) {
-                        const int r = 16 * tp + g + 8 * (k >> 1);
-                        if (r < R) P.out[slot * R + r] = mt_swiglu(acc[0][0][n][k], acc[0][1][n][k], P.lim, P.p.rw[slot]);
-                    } else {
-#pragma unroll
-                        for (int t = 0; t < 2; t++) {
-                            const int r = 32 * tp + 16 * t + g + 8 * (k >> 1);
-                            if (r < R) P.out[slot * R + r] = acc[0][t][n][k];
-                        }
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int sl = 0; sl < SL; sl++)
-#pragma unroll
-            for (int t = 0; t < 2; t++)
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int k = 0; k < 4; k++) acc[sl][t][n][k] = 0.0f;
-        if (++chk == nch) chk = 0, it++;
-    }
-    mt_cp_wait_all();
-}
-
-/* ---- the same with every set's unit in one basic block (moe_pf2_kernel, the default; 1.14x moe_pf_kernel) ----
- * As moe_pf_kernel, and: one barrier for the S units of one step of every set, whose code is one basic block
- * (n-tiles a compile-time count, 4 / 6 / 8: no branch between the mma, which in moe_pf_kernel split the mma into
- * ~30 blocks of 2 with a WARPSYNC each, so the compiler can interleave decode, rescale and mma of both sets); the
- * next steps' copies issued after them, MP2_DEPTH - S steps ahead. Token columns past the chunk's tokens read
- * whatever the stage holds (never stored). Per (row, token) the operations of moe_pf_kernel, in its order. */
 #define MP2_DEPTH 6
 template <int N> struct mp_int { static constexpr int value = N; };
 
@@ -1423,7 +1150,7 @@ static int mt_set_smem(const void *fn, size_t smem, int carve) {
 static int mt_sm_smem; /* shared memory of an SM (bytes) */
 
 static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (refused once, or DSV4_MOE_NO_PDL=1) */
-static int mp_off = -1;    /* DSV4_MOE_PF: 1 ("0"), the MXFP4 prefill on the register kernel; 3 ("1"), on moe_pf_kernel */
+static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the register kernel */
 
 /* nw warps a block; ring: a ring kernel (carve-out hint) */
 template <typename F, typename... A>
@@ -1475,11 +1202,11 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (pq && mt_smem(1, 2, 64, pqw * 128 + pad, pqw, S, RT, 8) > (size_t)dsv4_cuda_dev.smem_optin) pq = 0;
     if (mp_off < 0) {
         const char *e = getenv("DSV4_MOE_PF");
-        mp_off = e && *e == '0' ? 1 : e && *e == '1' ? 3 : 0;
+        mp_off = e && *e == '0';
     }
-    /* pf: the MXFP4 prefill on moe_pf_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
+    /* pf: the MXFP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
     const int pf = pq && fmt == DSV4_WF_MXFP4 && S <= 2 && mp_off != 1 && !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF)) &&
-                   (size_t)MP_DEPTH * MP_STAGE <= (size_t)dsv4_cuda_dev.smem_optin;
+                   (size_t)MP2_DEPTH * MP_STAGE <= (size_t)dsv4_cuda_dev.smem_optin;
     const int NT = pq ? 8 : xt == 1 && T <= 8 ? 1 : 2, ntok = pq ? 64 : (T < 8 * NT ? T : 8 * NT);
     int W = pq ? pqw : NU, nw = 0, xb = 2; /* nw: warps a block of a ring kernel (0: the register-buffer kernels) */
     size_t ring = 0, smem;
@@ -1523,10 +1250,8 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (pf) { /* MXFP4 prefill on the cp.async pipeline: 8 tile pairs a block, two groups of them a block in a row */
         const int nrb = (NRP + MP_WARPS - 1) / MP_WARPS;
         prm.gx = (nrb + 1) / 2, prm.iters = (nrb + prm.gx - 1) / prm.gx;
-        const int v2 = !(mp_off == 3 || (mt_mode & DSV4_MOE_TC_PF1)) && (size_t)MP2_DEPTH * MP_STAGE <= (size_t)dsv4_cuda_dev.smem_optin;
-        mt_fn fp = gateup ? (S == 2 ? moe_pf_kernel<1, 2> : moe_pf_kernel<1, 1>) : (S == 2 ? moe_pf_kernel<0, 2> : moe_pf_kernel<0, 1>);
-        if (v2) fp = gateup ? (S == 2 ? moe_pf2_kernel<1, 2> : moe_pf2_kernel<1, 1>) : (S == 2 ? moe_pf2_kernel<0, 2> : moe_pf2_kernel<0, 1>);
-        return mt_launch(fp, dim3(prm.gx, maxslots), MP_WARPS, 1, (size_t)(v2 ? MP2_DEPTH : MP_DEPTH) * MP_STAGE, st,
+        const mt_fn fp = gateup ? (S == 2 ? moe_pf2_kernel<1, 2> : moe_pf2_kernel<1, 1>) : (S == 2 ? moe_pf2_kernel<0, 2> : moe_pf2_kernel<0, 1>);
+        return mt_launch(fp, dim3(prm.gx, maxslots), MP_WARPS, 1, (size_t)MP2_DEPTH * MP_STAGE, st,
                          gateup ? "moe_experts (gate/up, prefill pipeline)" : "moe_experts (down, prefill pipeline)", prm);
     }
     const int alu = mt_alu == 1 && (mt_mode & DSV4_MOE_TC_ALU);

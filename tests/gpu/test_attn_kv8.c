@@ -479,13 +479,7 @@ static void bench_attn(void) {
             /* the new result against the old one (both checked against the CPU above) */
             dsv4_cuda_download(o1, dout, sizeof(float) * (size_t)T * H * Dh);
             dsv4_cuda_download(o2, dout2, sizeof(float) * (size_t)T * H * Dh);
-            double ss = 0, worst = 0;
-            for (size_t i = 0; i < (size_t)T * H * Dh; i++) ss += (double)o1[i] * o1[i];
-            const double rmsv = sqrt(ss / ((double)T * H * Dh));
-            for (size_t i = 0; i < (size_t)T * H * Dh; i++) {
-                double e = fabs((double)o2[i] - o1[i]) / (1e-5 * rmsv + 1e-4 * fabs(o1[i]));
-                if (!(e <= worst)) worst = e;
-            }
+            const double worst = tol_worst(o2, o1, (size_t)T * H * Dh, NULL);
             printf("     time attn_kv8 T %3d nidx %3d (64 x 512): before %8.1f us, after %7.1f us (%5.1fx); new vs old: worst %.3g "
                    "of the tolerance (random FP8 codes: peaked softmax, both kernels' score roundings show)\n",
                    T, nidx, before, after, before / after, worst);
@@ -573,13 +567,7 @@ static void bench_attn_tc(void) {
             const double after = time_us(run_pf, &j, 1);
             dsv4_cuda_download(o1, d1, sizeof(float) * (size_t)T * H * Dh);
             dsv4_cuda_download(o2, d2, sizeof(float) * (size_t)T * H * Dh);
-            double ss = 0, worst = 0;
-            for (size_t i = 0; i < (size_t)T * H * Dh; i++) ss += (double)o1[i] * o1[i];
-            const double rmsv = sqrt(ss / ((double)T * H * Dh));
-            for (size_t i = 0; i < (size_t)T * H * Dh; i++) {
-                double e = fabs((double)o2[i] - o1[i]) / (1e-5 * rmsv + 1e-4 * fabs(o1[i]));
-                if (!(e <= worst)) worst = e;
-            }
+            const double worst = tol_worst(o2, o1, (size_t)T * H * Dh, NULL);
             const double fl = 4.0 * H * Dh * (double)nval * T / TP; /* q.k and p.v, 2 flops a product */
             printf("%s time attn_kv8 prefill T %4d nidx %3d (64 x 512): decode kernel in 64-row calls %9.1f us, tensor cores "
                    "%8.1f us (%5.1fx; %.1f -> %.1f TFLOP/s); tc vs decode kernel: worst %.3g of the tolerance\n",

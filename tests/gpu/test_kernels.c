@@ -1261,7 +1261,7 @@ static void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int 
     char name[160];
     snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d rerun (bitwise)", tag, dsv4_wfmt_name(f), aq ? " aq" : "", T, K, E);
     check(name, b2, b1, (size_t)T * D, 0, 0);
-    /* the register-buffer kernels (also the prefill before moe_pf_kernel) give the same bits */
+    /* the register-buffer kernels (also the prefill before moe_pf2_kernel) give the same bits */
     dsv4_cuda_moe_experts_path(DSV4_MOE_TC_LEGACY);
     op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
     op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
@@ -1271,16 +1271,6 @@ static void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int 
     from_dev(b2, dout, sizeof(float) * (size_t)T * D);
     snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d register kernels == default (bitwise)", tag, dsv4_wfmt_name(f),
              aq ? " aq" : "", T, K, E);
-    check(name, b2, b1, (size_t)T * D, 0, 0);
-    /* moe_pf_kernel (the MXFP4 prefill before moe_pf2_kernel, the default) gives the same bits */
-    dsv4_cuda_moe_experts_path(DSV4_MOE_TC_PF1);
-    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
-    op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
-    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
-    sync_ok();
-    dsv4_cuda_moe_experts_path(0);
-    from_dev(b2, dout, sizeof(float) * (size_t)T * D);
-    snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d pf1 == default (bitwise)", tag, dsv4_wfmt_name(f), aq ? " aq" : "", T, K, E);
     check(name, b2, b1, (size_t)T * D, 0, 0);
     /* up to 8 busy tokens spread over the batch, each alone */
     int nt = 0, bad = 0;
@@ -1917,13 +1907,12 @@ static void bench_moe(void) {
         }
         act /= NP;
         /* modes (dsv4_cuda_moe_experts_path): CUDA-core kernel, tensor cores, the tensor-core kernel before the ring
-         * and before moe_pf_kernel (weights in registers, 8-warp blocks), and that with the integer MXFP4 decode, with
-         * the L2 prefetch; the default without programmatic dependent launch; the prefill on moe_pf_kernel (before pf2) */
-        enum { NM = 7 };
-        static const int modes[NM] = {1, 0, 16, 18, 20, 8, 32};
+         * and before moe_pf2_kernel (weights in registers, 8-warp blocks), and that with the integer MXFP4 decode, with
+         * the L2 prefetch; the default without programmatic dependent launch */
+        enum { NM = 6 };
+        static const int modes[NM] = {1, 0, 16, 18, 20, 8};
         static const char *mname[NM] = {"old (CUDA cores)", "new",           "tc, registers (before)",
-                                        "tc, regs + integer decode", "tc, regs + L2 prefetch", "new, no PDL",
-                                        "pf1 (moe_pf_kernel)"};
+                                        "tc, regs + integer decode", "tc, regs + L2 prefetch", "new, no PDL"};
         double us[NM];
         float *yr[NM];
         const size_t ny = (size_t)T * K * D;
@@ -1955,8 +1944,8 @@ static void bench_moe(void) {
             printf("time moe_experts Flash MXFP4 aq T=%-4d (%5.1f experts, %6.1f MB) %-26s %8.1f us %6.0f GB/s (%5.1f%% of copy) %6.1f TFLOP/s%s\n",
                    T, act, gb * 1e3, mname[mi], us[mi], gb / us[mi] * 1e6, g_copy_gbs > 0 ? 100.0 * gb / us[mi] * 1e6 / g_copy_gbs : 0.0,
                    tf / us[mi] * 1e6, mi == 1 ? "  <<" : "");
-        printf("time moe_experts Flash MXFP4 aq T=%-4d: old / new time = %.2fx, before / new = %.2fx, pf1 / new = %.2fx\n", T, us[0] / us[1],
-               us[2] / us[1], us[6] / us[1]);
+        printf("time moe_experts Flash MXFP4 aq T=%-4d: old / new time = %.2fx, before / new = %.2fx\n", T, us[0] / us[1],
+               us[2] / us[1]);
         {
             /* new against old, for information: the checks' tolerance per element. A few token-expert rows differ
              * more at T=2048 (20 of 12288 on the H200): where an h value sits on an FP8 rounding boundary, the two
@@ -2255,7 +2244,7 @@ moe_checks:
     test_moe_experts("T=16", DSV4_WF_NVFP4, DSV4_WF_NVFP4, 1, 0, 16, 3, 8, 1024, 512);
     test_moe_experts("T=12", DSV4_WF_FP8, DSV4_WF_FP8, 1, 0, 12, 3, 8, 1024, 512);
     test_moe_invariant("pq", DSV4_WF_MXFP4, 1, 200, 6, 16, 1024, 512);
-    /* the MXFP4 prefill pipeline (moe_pf_kernel: column slices S <= 2): Flash's K and E at 2048 tokens (S = 1 / 2),
+    /* the MXFP4 prefill pipeline (moe_pf2_kernel: column slices S <= 2): Flash's K and E at 2048 tokens (S = 1 / 2),
      * chunks of 64 + rest (S = 1), and tokens alone == in the batch (S = 2) */
     test_moe_experts("pf", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 1, 0, 2048, 6, 256, 384, 256);
     test_moe_experts("pf chunks", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 1, 0, 700, 6, 32, 640, 384);
