@@ -62,6 +62,16 @@ __device__ __forceinline__ double rms_sq4(double ss, float4 v) {
     return ss;
 }
 
+/* ---- asynchronous copies global -> shared (cp.async, L2 only) ---- */
+
+__device__ __forceinline__ void dev_cp16(void *sdst, const void *gsrc) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gsrc) : "memory");
+}
+__device__ __forceinline__ void dev_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+/* waits until at most N of this thread's committed groups are still in flight */
+template <int N> __device__ __forceinline__ void dev_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 /* ---- scalar formats (twins of src/quant/formats.c) ---- */
 
 __device__ __forceinline__ float dev_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }

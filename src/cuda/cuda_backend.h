@@ -127,6 +127,19 @@ typedef struct dsv4_cuda_linear_job {
  * depend only on the job list and T (CUDA-graph capture). No job's y may overlap another job's x or y. */
 int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *stream);
 
+/* The same two with a device workspace (256-byte aligned) for x staged once per call: from 24 rows of x the jobs of a
+ * launch then go through a multi-token GEMM that reads each weight once per 64 rows (the GEMV: once per 8-16), every
+ * y row still bitwise what the GEMV gives it (from DSV4_CUDA_LINEAR_WS_MIN_T rows; a workspace too small, or NULL,
+ * just keeps the GEMV). Bytes for T rows
+ * and n jobs of `cols` input columns in all (the sum over the jobs): dsv4_cuda_linear_ws_bytes(T, cols, n); it stops
+ * growing at 256 rows (more rows go in passes of 256). */
+#define DSV4_CUDA_LINEAR_WS_MIN_T 64
+size_t dsv4_cuda_linear_ws_bytes(int T, int64_t cols, int njobs);
+int dsv4_cuda_linear_ws(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *ws, size_t ws_bytes,
+                        void *stream);
+int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *ws, size_t ws_bytes,
+                              void *stream);
+
 /* In place, for each of `rows` rows of n values (row stride ld): x = w * x / sqrt(mean(x^2) + eps);
  * w [n] or NULL (unweighted; per-head norms are rows = T*H, n = ld = head dim).
  * Twin: dsv4_cpu_rmsnorm. */

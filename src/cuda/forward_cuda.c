@@ -128,6 +128,11 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     w->plan.rows = take(base, &o, sizeof(int) * tgk);
     w->plan.tslot = take(base, &o, sizeof(int) * tgk);
     w->plan.rw = take(base, &o, sizeof(float) * tgk);
+    if (T >= DSV4_CUDA_LINEAR_WS_MIN_T) { /* the widest call: wo_a's groups (16 a call), or up to 5 linears of x */
+        const int64_t gcols = (int64_t)(G > 16 ? 16 : (G ? G : 1)) * gin, xcols = (int64_t)5 * D;
+        w->lwsb = dsv4_cuda_linear_ws_bytes(T, gcols > xcols ? gcols : xcols, 16);
+        w->lws = take(base, &o, w->lwsb);
+    }
     if (T >= DSV4_LINEAR_GEMM_MIN_T && dsv4_cuda_linear_gemm_enabled()) {
         const size_t need = gemm_ws_need(g, T);
         if (need > 0) {
@@ -196,9 +201,9 @@ static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, 
             r = dsv4_cuda_linear_gemm_split(wt, x, ldx, T, y, ldy, w->gemm_ws, w->gemm_wsb, g->stream);
         if (r <= 0) return r;
     }
-    if (!ldx && !ldy) return dsv4_cuda_linear(wt, x, 0, T, y, g->stream);
+    if (!ldx && !ldy) return dsv4_cuda_linear_ws(wt, x, 0, T, y, w->lws, w->lwsb, g->stream);
     dsv4_cuda_linear_job j = {*wt, x, ldx, y, ldy};
-    return dsv4_cuda_linear_multi(&j, 1, 0, T, g->stream);
+    return dsv4_cuda_linear_multi_ws(&j, 1, 0, T, w->lws, w->lwsb, g->stream);
 }
 
 static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
@@ -222,7 +227,7 @@ static int lin_multi(dsv4_cuda_model *g, const gws *w, dsv4_cuda_linear_job *jb,
             jb[k++] = jb[i];
         }
     }
-    return dsv4_cuda_linear_multi(jb, k, 0, T, g->stream);
+    return dsv4_cuda_linear_multi_ws(jb, k, 0, T, w->lws, w->lwsb, g->stream);
 }
 
 /* The rest of a compressor, after its projections of x (kvp: wkv, scp: wgate; attention() groups the linears) */
@@ -339,7 +344,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
                 continue;
             }
             if (!(w->gemm && w->gemm_ws && dsv4_cuda_linear_gemm_fits(&jb[0].w, T))) {
-                CK(dsv4_cuda_linear_multi(jb, ng, 0, T, st));
+                CK(dsv4_cuda_linear_multi_ws(jb, ng, 0, T, w->lws, w->lwsb, st));
                 continue;
             }
             for (int i = 0; i < ng; i++) {
@@ -410,7 +415,7 @@ int gpu_run_head(dsv4_cuda_model *g, const gws *w, int T) {
     const int M = c->hc_mult, D = c->dim;
     CK(dsv4_cuda_hc_head(w->X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, g->norm,
                          w->hy, w->hcs, g->stream)); /* + the final RMSNorm */
-    CK(dsv4_cuda_linear(&g->head, w->hy, 0, T, w->logits, g->stream));
+    CK(dsv4_cuda_linear_ws(&g->head, w->hy, 0, T, w->logits, w->lws, w->lwsb, g->stream));
     return 0;
 }
 
@@ -464,7 +469,7 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
                     if (sl[s].last) CK(dsv4_cuda_copy(w.hrow + (size_t)i++ * D, w.hy + (size_t)(t - 1) * D, sizeof(float) * D, g->stream));
                 }
             }
-            CK(dsv4_cuda_linear(&g->head, rows, 0, k, w.logits, g->stream));
+            CK(dsv4_cuda_linear_ws(&g->head, rows, 0, k, w.logits, w.lws, w.lwsb, g->stream));
             CK(dsv4_cuda_download_async(logits + (*row + (size_t)r0) * V, w.logits, sizeof(float) * (size_t)k * V, g->stream));
         }
         *row += (size_t)nout;

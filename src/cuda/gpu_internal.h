@@ -51,6 +51,8 @@ typedef struct gws {
     float *ascr;           /* attention split partials (dsv4_cuda_attn_kv8) for up to GW_ATTN rows */
     void *hcs;             /* mHC pre / head partials (dsv4_cuda_hc_scratch_bytes) */
     dsv4_cuda_moe_plan plan;
+    void *lws;       /* multi-token linears' x staging (dsv4_cuda_linear_ws; NULL below DSV4_CUDA_LINEAR_WS_MIN_T rows) */
+    size_t lwsb;
     void *gemm_ws;   /* FP8 prefill GEMM workspace (linear_gemm.h; NULL when off or T < its minimum) */
     size_t gemm_wsb;
     int gemm;        /* route FP8 act-quant linears through the GEMM: set only for passes that are not decode steps */

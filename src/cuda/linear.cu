@@ -28,28 +28,27 @@
  * Grouped (dsv4_cuda_linear_multi): up to TC_MAXJ jobs (weight, x and y with row strides) of the same format, columns
  * and slicing in one launch, a job table in the kernel parameters; each cluster belongs to one job and runs exactly what
  * that job's own launch would (same S, warps, order), so every row is bitwise the single call's.
- * Odd sizes (columns not a multiple of 128, unaligned views): gemv_any (T <= 16), one element at a time, and
- * gemm_tiled (T > 16), 64 rows x 64 tokens x 128 columns per tile, weights dequantized into shared memory, fp32 FMA. */
+ * Odd sizes (columns not a multiple of 128, unaligned views): gemv_any (T <= 256: every decode batch, so batch
+ * invariant), one element at a time, 8 tokens a pass, and gemm_tiled (longer passes), 64 rows x 64 tokens x 128 columns
+ * per tile, weights dequantized into shared memory, fp32 FMA.
+ * With a workspace (dsv4_cuda_linear_ws, _multi_ws) and T >= DSV4_CUDA_LINEAR_WS_MIN_T the shapes the tensor-core GEMV
+ * takes go through the multi-token GEMM of linear_bi.cu instead, bitwise the GEMV (DSV4_LINEAR_MT=0: the GEMV). */
 #include <cooperative_groups.h>
 #include <stdlib.h>
 
 #include "common.cuh"
-#include "linear_tc.cuh"
+#include "linear_gemv.cuh"
 
 namespace cg = cooperative_groups;
 
 #define GEMV_WARPS 16
+#define DSV4_LINEAR_ELEM_MAXT 256 /* odd shapes: the element GEMV up to this many rows (every decode bucket), then gemm_tiled */
 
-__device__ __forceinline__ float load_x(const void *x, int bf16, int64_t i) {
-    return bf16 ? dev_bf16(((const uint16_t *)x)[i]) : ((const float *)x)[i];
-}
 /* x element i as the linear takes it: rnd (act_bf16 without act quant) rounds an fp32 x to bf16 */
 __device__ __forceinline__ float load_xr(const void *x, int bf16, int rnd, int64_t i) {
     const float v = load_x(x, bf16, i);
     return rnd ? dev_round_bf16(v) : v;
 }
-/* act_bf16 applies: BF16 activations, not overridden by the act quant */
-__host__ __device__ __forceinline__ int x_round_bf16(const dsv4_cuda_weight &w) { return w.act_bf16 && !w.act_quant; }
 
 /* FP8 act_quant of one 128-block held by a warp, 4 values per lane (same result as
  * dsv4_act_quant_fp8 on the block; padding zeros do not change the block's amax). Returns the
@@ -87,147 +86,6 @@ __device__ void stage_x(float *xs, const void *x, int64_t ldx, int xbf16, int rn
         if (aq) warp_act_quant_fp8(v);
 #pragma unroll
         for (int q = 0; q < 4; q++) xs[(size_t)t * Cpad + j0 + q * 32 + lane] = v[q];
-    }
-}
-
-/* ---- tensor-core GEMV ---- */
-
-#define TC_WARPS 16
-#define TC_THREADS (TC_WARPS * 32)
-#define TC_CH 4 /* 16-byte chunks per row per pipeline step: 2 rows x 4 x 16 B = 128 B per lane in flight */
-
-/* Per format: V chunks of a lane per row per 128-column unit, E elements per 16-byte chunk, BF (bf16 mma, else
- * f16), WT weight terms, PADB bytes of padding per staged token row (conflict-free fragment reads). */
-template <int FMT> struct tc_fmt {
-    static constexpr int V = 8, E = 4, BF = 1, WT = 3, PADB = 32; /* F32 */
-};
-template <> struct tc_fmt<DSV4_WF_BF16> { static constexpr int V = 4, E = 8, BF = 1, WT = 1, PADB = 64; };
-template <> struct tc_fmt<DSV4_WF_F16> { static constexpr int V = 4, E = 8, BF = 0, WT = 1, PADB = 64; };
-template <> struct tc_fmt<DSV4_WF_FP8> { static constexpr int V = 2, E = 16, BF = 0, WT = 1, PADB = 16; };
-template <> struct tc_fmt<DSV4_WF_MXFP4> { static constexpr int V = 1, E = 32, BF = 0, WT = 1, PADB = 32; };
-template <> struct tc_fmt<DSV4_WF_NVFP4> { static constexpr int V = 1, E = 32, BF = 0, WT = 1, PADB = 32; };
-
-/* One linear of a launch: its weight, x and y with their row strides (elements), and its share of the grid. The jobs
- * of a launch (dsv4_cuda_linear_multi) share the format, the columns, act_quant / act_bf16 / scale_f32 (read from
- * job 0) and the slicing (S, KG); a block works for one job only (clusters c0 .. c0+ncl-1 of the grid). */
-struct tc_job {
-    dsv4_cuda_weight w;
-    const void *x;
-    float *y;
-    int ldx, ldy; /* row strides (elements) */
-    int NRT, NRG; /* 16-row tiles, row groups (16 / KW tiles per block step) */
-    int c0, ncl;  /* multi-job launches: the job's clusters */
-    int xv;       /* x rows 16-byte (fp32) / 8-byte (bf16) aligned: tc_stage8 loads 4 elements at a time */
-};
-struct tc_params {
-    int xbf16, t0, nt; /* this launch's tokens t0 .. t0+nt-1 (nt <= 8 * NT) */
-    int S, KW, KG;     /* column slices (S = KW warps of a block x KG blocks of a cluster) */
-    int NU, nub, tok;  /* 128-column units, staged units per block (max over blocks), 16-bit slots per staged token row */
-    int nj;            /* jobs */
-    int bpf;           /* steps per warp kept requested into L2 ahead of the register loads (0: two steps, per lane) */
-    int xfast, kick;   /* x staged by tc_stage8 (else tc_stage), the weight loads issued before x is staged (else after) */
-#ifdef DSV4_TC_TRACE
-    unsigned long long *trace; /* experiments: per warp clock64 at 8 points + globaltimer at entry / exit */
-#endif
-};
-#define TC_MAXJ 16 /* jobs per launch */
-template <int NJ> struct tc_args {
-    tc_params p;
-    tc_job j[NJ];
-};
-
-/* Slot of column i (0..127) of a unit in the staged x: chunk i / E is read by lane c = (i / E) % 4, and inside
- * it the elements sit in the order the lane's decoded fragment holds them (FP4: tc_e2m1_perm, with the 16-byte
- * halves of odd lane pairs swapped so that a quarter warp's reads hit distinct banks). */
-template <int FMT> __device__ __forceinline__ int tc_slot(int i) {
-    constexpr int E = tc_fmt<FMT>::E;
-    if (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) {
-        const int ch = i / E, e = i - ch * E;
-        const int q = (e & ~7) + tc_e2m1_slot(e & 7);
-        return ch * E + (((q >> 3) ^ ((ch >> 1) & 1)) << 3) + (q & 7);
-    }
-    return i;
-}
-
-/* Stages the block's x (tokens t0 .. t0+nt-1, units ub0 .. ub0+nub-1) as XT 16-bit terms at tc_slot order, term
- * xt of token t at xs + (xt * nt + t) * tok, and one scale per (token, unit): x = scale * (sum of the terms).
- * A warp takes (token, unit) items TC_SB at a time, their loads in flight together. The act-quant codes come from
- * the hardware e4m3 conversion (round to nearest even, after the same clamp to +-448 and the same power-of-two
- * scale as dsv4_act_quant_fp8; v * (1/s) == v / s exactly for s a power of two), bit-identical to dev_round_e4m3. */
-#define TC_SB 4
-template <int FMT, int XT>
-__device__ void tc_stage(const tc_params &p, const tc_job &J0, const tc_job &J, uint16_t *xs, float *sx, int ub0, int nub) {
-    constexpr int BF = tc_fmt<FMT>::BF;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = p.nt * nub;
-    const int aq = J0.w.act_quant, ab = J0.w.act_bf16;
-    const size_t tstride = (size_t)p.nt * p.tok;
-    for (int it0 = warp; it0 < n; it0 += TC_WARPS * TC_SB) {
-        float v[TC_SB][4];
-#pragma unroll
-        for (int b = 0; b < TC_SB; b++) {
-            const int it = it0 + b * TC_WARPS, t = it / nub, ul = it - t * nub;
-            const int64_t base = (int64_t)(p.t0 + t) * J.ldx + (int64_t)(ub0 + ul) * 128;
-#pragma unroll
-            for (int q = 0; q < 4; q++) v[b][q] = it < n ? load_x(J.x, p.xbf16, base + q * 32 + lane) : 0.0f;
-        }
-#pragma unroll
-        for (int b = 0; b < TC_SB; b++) {
-            const int it = it0 + b * TC_WARPS, t = it / nub, ul = it - t * nub;
-            if (it >= n) break;
-            float s = 1.0f, a = aq ? 1e-4f : 0.0f;
-            uint16_t term[4][3];
-            if (aq || !BF) {
-#pragma unroll
-                for (int q = 0; q < 4; q++) a = fmaxf(a, fabsf(v[b][q]));
-                a = warp_max(a);
-            }
-            if (aq) {
-                s = dev_pow2_ceil(a * (1.0f / 448.0f));
-                const float inv = 1.0f / s; /* exact: s is a power of two */
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const float y = fminf(fmaxf(v[b][q] * inv, -448.0f), 448.0f);
-                    const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3), __NV_E4M3);
-                    if (BF) term[q][0] = __bfloat16_as_ushort(__float2bfloat16_rn(__half2float(__half(h))));
-                    else term[q][0] = h.x;
-                    term[q][1] = term[q][2] = 0;
-                }
-            } else {
-                if (!BF) { /* a power of two that puts the unit's largest |x| in [2^14, 2^15) */
-                    int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 14;
-                    e = e < 1 ? 1 : e;
-                    s = __uint_as_float((uint32_t)e << 23);
-                    const float inv = __uint_as_float((uint32_t)(254 - e) << 23);
-                    /* act_bf16 (one x term; a no-op on bf16 input): bf16(x) * 2^-e, the scale from the unrounded
-                     * largest |x| (if that rounds up a binade it lands on 2^15, still exact in f16) */
-#pragma unroll
-                    for (int q = 0; q < 4; q++) v[b][q] = (XT == 1 && ab ? dev_round_bf16(v[b][q]) : v[b][q]) * inv;
-                }
-                /* bf16 formats with one x term (x_bf16 or act_bf16): the first term, bf16_rn(x), is the rounding */
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    if (BF) {
-                        __nv_bfloat16 h = __float2bfloat16_rn(v[b][q]);
-                        float r = v[b][q] - __bfloat162float(h);
-                        __nv_bfloat16 m = __float2bfloat16_rn(r);
-                        __nv_bfloat16 l = __float2bfloat16_rn(r - __bfloat162float(m));
-                        term[q][0] = __bfloat16_as_ushort(h), term[q][1] = __bfloat16_as_ushort(m), term[q][2] = __bfloat16_as_ushort(l);
-                    } else {
-                        __half h = __float2half_rn(v[b][q]);
-                        __half l = __float2half_rn(v[b][q] - __half2float(h));
-                        term[q][0] = __half_as_ushort(h), term[q][1] = __half_as_ushort(l), term[q][2] = 0;
-                    }
-                }
-            }
-            uint16_t *dst = xs + (size_t)t * p.tok + ul * 128;
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int pos = tc_slot<FMT>(q * 32 + lane);
-#pragma unroll
-                for (int xt = 0; xt < XT; xt++) dst[xt * tstride + pos] = term[q][xt];
-            }
-            if (lane == 0) sx[t * p.nub + ul] = s;
-        }
     }
 }
 
@@ -447,28 +305,6 @@ __device__ __forceinline__ void tc_prefetch(const tc_job &J0, const tc_job &J, i
         }
 }
 
-/* A fragments of sub-step j (elements 8j .. 8j+7, or 0..3 for F32) of one chunk of one row, WT terms x 4 registers:
- * registers 2i / 2i+1 feed k-step i's columns 2c, 2c+1 / 2c+8, 2c+9. f: FP4's f16x2 factor (MXFP4: 2^(e - emax + 6),
- * NVFP4: its group's e4m3 scale times 2^6; the decoded e2m1 values carry 2^-6). */
-template <int FMT>
-__device__ __forceinline__ void tc_decode(const uint4 &q, int j, uint32_t f, uint32_t (&A)[tc_fmt<FMT>::WT][4]) {
-    const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
-    if (FMT == DSV4_WF_FP8) {
-        A[0][0] = tc_e4m3x2_f16x2(wd[2 * j]), A[0][1] = tc_e4m3x2_f16x2(wd[2 * j] >> 16);
-        A[0][2] = tc_e4m3x2_f16x2(wd[2 * j + 1]), A[0][3] = tc_e4m3x2_f16x2(wd[2 * j + 1] >> 16);
-    } else if (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) {
-        uint32_t r[4];
-        tc_e2m1x8_f16x2(wd[j], r);
-#pragma unroll
-        for (int i = 0; i < 4; i++) A[0][i] = tc_hmul2(r[i], f);
-    } else if (FMT == DSV4_WF_BF16 || FMT == DSV4_WF_F16) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) A[0][k] = wd[k];
-    } else { /* F32: three bf16 terms of the chunk's 4 values (one k-step) */
-        tc_f32x2_bf16x3(__uint_as_float(wd[0]), __uint_as_float(wd[1]), A[0][0], A[1][0], A[2][0]);
-        tc_f32x2_bf16x3(__uint_as_float(wd[2]), __uint_as_float(wd[3]), A[0][1], A[1][1], A[2][1]);
-    }
-}
 
 /* NJ: room for the jobs of a launch (1: dsv4_cuda_linear; TC_MAXJ: dsv4_cuda_linear_multi, where each cluster finds
  * its job in the table: the job's rows get exactly the warps, slices and summation order of a launch of its own).
@@ -575,28 +411,9 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
                 const int ch = ch0 + st * CH + i;
                 if (ch >= ch1) break;
                 const int u = ch / V, v = V <= CH ? i % V : ch - u * V, ul = u - ub0;
-                uint32_t fq[2][2] = {{0, 0}, {0, 0}}; /* FP4 factors per row, per half chunk */
-                float sw[2] = {1.0f, 1.0f};
-#pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    if (FMT == DSV4_WF_MXFP4) {
-                        int e = (int)((b.a[m][0] >> (8 * i)) & 0xffu), em = e;
-                        em = max(em, __shfl_xor_sync(0xffffffffu, em, 1));
-                        em = max(em, __shfl_xor_sync(0xffffffffu, em, 2));
-                        fq[m][0] = fq[m][1] = tc_f16x2_pow2(e - em + 6);
-                        sw[m] = dev_e8m0((uint8_t)em);
-                    } else if (FMT == DSV4_WF_NVFP4) {
-                        const uint32_t f = tc_hmul2(tc_e4m3x2_f16x2(b.a[m][i >> 1] >> (16 * (i & 1))), 0x54005400u); /* x 64, exact */
-                        fq[m][0] = (f & 0xffffu) * 0x10001u;
-                        fq[m][1] = (f >> 16) * 0x10001u;
-                        sw[m] = J.w.scale2;
-                    } else if (FMT == DSV4_WF_FP8) {
-                        if ((i % V) == V - 1) {
-                            const uint32_t a = b.a[m][(i + 1) / V - 1];
-                            sw[m] = J0.w.scale_f32 ? __uint_as_float(a) : dev_e8m0((uint8_t)a);
-                        }
-                    }
-                }
+                uint32_t fq[2][2]; /* FP4 factors per row, per half chunk */
+                float sw[2];
+                tc_scales<FMT>(b.a, i, J0.w.scale_f32, J.w.scale2, fq, sw);
                 constexpr int NSUB = E >= 8 ? E / 8 : 1, KS = E >= 8 ? 2 : 1;
 #pragma unroll
                 for (int j = 0; j < NSUB; j++) {
@@ -1055,6 +872,18 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
     return dsv4_cuda_check_launch("linear (tensor-core gemv)");
 }
 
+/* The jobs of one GEMV launch: the multi-token GEMM when T and the workspace allow, else the GEMV. */
+static int tc_mt = -1; /* DSV4_LINEAR_MT=0: the GEMV for every T (measurements) */
+template <int NJ>
+static int tc_any(const tc_job *jobs, int nj, const tc_plan &q, int x_bf16, int T, void *ws, size_t wsb, cudaStream_t st) {
+    if (tc_mt < 0) tc_mt = env_int("DSV4_LINEAR_MT", 1) != 0;
+    if (T >= DSV4_LINEAR_BI_MIN_T && ws && tc_mt) {
+        const int r = dsv4_linear_bi_run(jobs, nj, q.xt, q.S, x_bf16, T, ws, wsb, st);
+        if (r <= 0) return r;
+    }
+    return tc_run<NJ>(jobs, nj, q, x_bf16, T, st);
+}
+
 static int bad_weight(const dsv4_cuda_weight *w, int T) {
     if (!w || !w->data || w->rows <= 0 || w->cols <= 0 || T < 0 || (unsigned)w->fmt >= DSV4_WF_COUNT)
         return dsv4_cuda_fail("linear: bad weight or shape (rows %d cols %d T %d)", w ? w->rows : 0, w ? w->cols : 0, T);
@@ -1065,17 +894,19 @@ static int bad_weight(const dsv4_cuda_weight *w, int T) {
 
 /* y = x . W^T for x rows at stride ldx and y rows at stride ldy (elements); T > 0, the weight checked. */
 static int linear_one(const dsv4_cuda_weight *w, const void *x, int64_t ldx, int x_bf16, int T, float *y, int64_t ldy,
-                      cudaStream_t st) {
+                      void *ws, size_t wsb, cudaStream_t st) {
     const int C = w->cols;
-    /* tensor-core GEMV for every T (16 rows of x per launch): a row's result is the same whatever T is */
+    /* tensor-core GEMV for every T (16 rows of x per launch), or from DSV4_LINEAR_BI_MIN_T rows with a workspace the
+     * multi-token GEMM: a row's result is the same whatever T is */
     const tc_plan q = tc_plan_of(w, x_bf16);
     if (q.ok) {
         tc_job j = {};
         j.w = *w, j.x = x, j.y = y, j.ldx = (int)ldx, j.ldy = (int)ldy;
-        return tc_run<1>(&j, 1, q, x_bf16, T, st);
+        return tc_any<1>(&j, 1, q, x_bf16, T, ws, wsb, st);
     }
-    if (T <= 16) {
-        /* element path: x rows staged in shared memory, 8 tokens per pass */
+    if (T <= DSV4_LINEAR_ELEM_MAXT) {
+        /* element path: x rows staged in shared memory, 8 tokens per pass (a row's result does not depend on T: decode
+         * batches of any bucket; only longer passes take the tiled GEMM, whose summation order differs) */
         int cpad = (C + 127) / 128 * 128;
         int tb = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
         while (tb > 1 && (size_t)tb * cpad * sizeof(float) > (size_t)dsv4_cuda_dev.smem_optin) tb >>= 1;
@@ -1109,13 +940,22 @@ static int linear_one(const dsv4_cuda_weight *w, const void *x, int64_t ldx, int
     return dsv4_cuda_check_launch("linear (gemm)");
 }
 
-extern "C" int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream) {
+extern "C" int dsv4_cuda_linear_ws(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *ws, size_t wsb,
+                                   void *stream) {
     if (bad_weight(w, T)) return -1;
     if (T == 0) return 0;
-    return linear_one(w, x, w->cols, x_bf16, T, y, w->rows, DSV4_STREAM(stream));
+    return linear_one(w, x, w->cols, x_bf16, T, y, w->rows, ws, wsb, DSV4_STREAM(stream));
+}
+extern "C" int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream) {
+    return dsv4_cuda_linear_ws(w, x, x_bf16, T, y, NULL, 0, stream);
 }
 
 extern "C" int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *stream) {
+    return dsv4_cuda_linear_multi_ws(jobs, n, x_bf16, T, NULL, 0, stream);
+}
+
+extern "C" int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *ws, size_t wsb,
+                                         void *stream) {
     if (n < 0 || (n > 0 && !jobs) || T < 0) return dsv4_cuda_fail("linear multi: bad job list (n %d T %d)", n, T);
     for (int i = 0; i < n; i++) {
         const dsv4_cuda_linear_job *jb = &jobs[i];
@@ -1127,7 +967,10 @@ extern "C" int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, i
     }
     if (T == 0 || n == 0) return 0;
     if (n > 64) /* grouped 64 jobs at a time */
-        return dsv4_cuda_linear_multi(jobs, 64, x_bf16, T, stream) || dsv4_cuda_linear_multi(jobs + 64, n - 64, x_bf16, T, stream) ? -1 : 0;
+        return dsv4_cuda_linear_multi_ws(jobs, 64, x_bf16, T, ws, wsb, stream) ||
+                       dsv4_cuda_linear_multi_ws(jobs + 64, n - 64, x_bf16, T, ws, wsb, stream)
+                   ? -1
+                   : 0;
     cudaStream_t st = DSV4_STREAM(stream);
     uint64_t done = 0; /* jobs already launched */
     for (int i = 0; i < n; i++) {
@@ -1135,7 +978,8 @@ extern "C" int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, i
         const dsv4_cuda_linear_job *ji = &jobs[i];
         const tc_plan q = tc_plan_of(&ji->w, x_bf16);
         if (!q.ok) { /* the element path, on its own */
-            if (linear_one(&ji->w, ji->x, ji->ldx ? ji->ldx : ji->w.cols, x_bf16, T, ji->y, ji->ldy ? ji->ldy : ji->w.rows, st))
+            if (linear_one(&ji->w, ji->x, ji->ldx ? ji->ldx : ji->w.cols, x_bf16, T, ji->y, ji->ldy ? ji->ldy : ji->w.rows, ws, wsb,
+                           st))
                 return -1;
             continue;
         }
@@ -1150,7 +994,7 @@ extern "C" int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, i
             t.ldx = jk->ldx ? (int)jk->ldx : jk->w.cols, t.ldy = jk->ldy ? (int)jk->ldy : jk->w.rows;
             done |= 1ull << k;
         }
-        if (nj == 1 ? tc_run<1>(tj, 1, q, x_bf16, T, st) : tc_run<TC_MAXJ>(tj, nj, q, x_bf16, T, st)) return -1;
+        if (nj == 1 ? tc_any<1>(tj, 1, q, x_bf16, T, ws, wsb, st) : tc_any<TC_MAXJ>(tj, nj, q, x_bf16, T, ws, wsb, st)) return -1;
     }
     return 0;
 }

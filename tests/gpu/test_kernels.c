@@ -11,9 +11,10 @@
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|hc|moe|moebench]   (--only linear: the linear checks and timings
+ * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench]   (--only linear: the linear checks and timings
  * alone; --only gemm: those of the FP8 prefill GEMM alone; --only multi: those of the grouped linears, and the single ones
- * they replace; --only hc: those of mHC pre / post / head; --only moe: the MoE grouping / expert / combine checks and the
+ * they replace; --only mt: those of the multi-token GEMM, timed against the GEMV at Flash's shapes; --only hc: those of
+ * mHC pre / post / head; --only moe: the MoE grouping / expert / combine checks and the
  * experts' timings; --only moebench: the experts' timings alone) */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -299,6 +300,61 @@ static void test_linear_invariant(const char *tag, dsv4_wfmt fmt, int R, int C, 
     free(x), free(y16), free(y1), free_hweight(&h);
 }
 
+/* ---- the multi-token GEMM (dsv4_cuda_linear_ws / _multi_ws, linear_bi.cu): every row bitwise the GEMV's ---- */
+
+static void *g_lws; /* set: test_linear_multi's grouped call gets this workspace (its references stay the GEMV) */
+static size_t g_lwsb;
+
+/* dsv4_cuda_linear_ws (the multi-token GEMM from DSV4_CUDA_LINEAR_WS_MIN_T rows; more than 256: passes) against
+ * dsv4_cuda_linear (the GEMV, 16 rows a launch), bitwise, and a rerun; plus the CPU twin's tolerance on a sample of rows */
+static void test_linear_mt(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int sf32, int aq, int ab, int xbf16, int row0) {
+    hweight h = make_weight(fmt, R + row0, C, sf32, aq);
+    h.w.row0 = row0, h.w.rows = R;
+    dsv4_cuda_weight dw;
+    op_ok(dsv4_cuda_weight_upload(&h.w, &dw), "weight upload");
+    dw.act_bf16 = ab;
+    const size_t xn = (size_t)T * C, yn = (size_t)T * R;
+    float *x = rand_wide(xn);
+    uint16_t *xb = malloc(2 * xn);
+    for (size_t i = 0; i < xn; i++) x[i] = xbf16 ? dsv4_bf16_to_f32(xb[i] = dsv4_f32_to_bf16(x[i])) : x[i];
+    void *dx = xbf16 ? dup_to_dev(xb, 2 * xn) : dup_to_dev(x, 4 * xn);
+    float *dy0 = dsv4_cuda_alloc(4 * yn), *dy1 = dsv4_cuda_alloc(4 * yn);
+    const size_t wsb = dsv4_cuda_linear_ws_bytes(T, C, 1);
+    void *ws = dsv4_cuda_alloc(wsb);
+    op_ok(dsv4_cuda_memset(dy1, 0xff, 4 * yn, NULL), "memset");
+    op_ok(dsv4_cuda_linear(&dw, dx, xbf16, T, dy0, NULL), "linear");
+    op_ok(dsv4_cuda_linear_ws(&dw, dx, xbf16, T, dy1, ws, wsb, NULL), "linear ws");
+    sync_ok();
+    float *y0 = malloc(4 * yn), *y1 = malloc(4 * yn);
+    from_dev(y0, dy0, 4 * yn);
+    from_dev(y1, dy1, 4 * yn);
+    size_t nd = 0;
+    for (size_t i = 0; i < yn; i++) nd += memcmp(&y0[i], &y1[i], 4) != 0;
+    op_ok(dsv4_cuda_linear_ws(&dw, dx, xbf16, T, dy1, ws, wsb, NULL), "linear ws");
+    sync_ok();
+    from_dev(y0, dy1, 4 * yn);
+    const int rerun = memcmp(y0, y1, 4 * yn) != 0;
+    g_checks++;
+    if (nd || rerun) g_fail++;
+    printf("%-4s linear mt %s %s %dx%d%s T=%d%s%s%s: bitwise the GEMV (%zu of %zu values differ), rerun %s%s\n",
+           nd || rerun ? "FAIL" : "ok", tag, dsv4_wfmt_name(fmt), R, C, row0 ? "+view" : "", T, aq ? " aq" : "",
+           ab ? " act:bf16" : "", xbf16 ? " x:bf16" : "", nd, yn, rerun ? "differs" : "the same", nd || rerun ? " <<<" : "");
+    /* the twin on the first and last 3 rows (the GEMV's own accuracy, checked at 1e-4 elsewhere) */
+    const int ts[6] = {0, 1, 2, T - 3, T - 2, T - 1};
+    float *xr = malloc(4 * (size_t)C * 6), *ref = malloc(4 * (size_t)R * 6), *got = malloc(4 * (size_t)R * 6);
+    for (int i = 0; i < 6; i++) {
+        memcpy(xr + (size_t)i * C, x + (size_t)ts[i] * C, 4 * (size_t)C);
+        memcpy(got + (size_t)i * R, y1 + (size_t)ts[i] * R, 4 * (size_t)R);
+    }
+    if (ab && !aq) round_bf16(xr, (size_t)C * 6);
+    dsv4_cpu_linear(&h.w, xr, 6, ref);
+    char name[128];
+    snprintf(name, sizeof name, "linear mt %s %s %dx%d T=%d (6 rows)", tag, dsv4_wfmt_name(fmt), R, C, T);
+    check(name, got, ref, (size_t)R * 6, 1e-4 * rms(ref, (size_t)R * 6), 1e-4);
+    dsv4_cuda_free(dx), dsv4_cuda_free(dy0), dsv4_cuda_free(dy1), dsv4_cuda_free(ws), dsv4_cuda_weight_free(&dw);
+    free(x), free(xb), free(y0), free(y1), free(xr), free(ref), free(got), free_hweight(&h);
+}
+
 /* ---- grouped linears (dsv4_cuda_linear_multi) ---- */
 
 typedef struct mspec {
@@ -377,7 +433,8 @@ static void test_linear_multi(const char *tag, const mspec *s, int n, int views,
         jb[i].y = dy[i];
         jb[i].ldy = ys ? ldy : 0;
     }
-    op_ok(dsv4_cuda_linear_multi(jb, n, xbf16, T, NULL), "linear multi");
+    op_ok(g_lws ? dsv4_cuda_linear_multi_ws(jb, n, xbf16, T, g_lws, g_lwsb, NULL) : dsv4_cuda_linear_multi(jb, n, xbf16, T, NULL),
+          "linear multi");
     sync_ok();
     int bad = 0, gap = 0;
     float *yc = ys ? malloc(4 * yall) : NULL;
@@ -414,9 +471,9 @@ static void test_linear_multi(const char *tag, const mspec *s, int n, int views,
     for (int i = 0, k = 0; i < n && k < 80; i++)
         if (!i || s[i].fmt != s[i - 1].fmt || s[i].R != s[i - 1].R || s[i].C != s[i - 1].C)
             k += snprintf(fm + k, sizeof fm - k, "%s%s %dx%d", k ? ", " : "", dsv4_wfmt_name(s[i].fmt), s[i].R, s[i].C);
-    printf("%-4s linear multi %s (%d jobs: %s%s%s%s%s) T=%d: rows bitwise equal to dsv4_cuda_linear (%d of %d jobs differ, %d gap "
+    printf("%-4s linear multi%s %s (%d jobs: %s%s%s%s%s) T=%d: rows bitwise equal to dsv4_cuda_linear (%d of %d jobs differ, %d gap "
            "values written)%s\n",
-           bad || gap ? "FAIL" : "ok", tag, n, fm, views ? "; views" : "", xs ? "; x strided" : "", ys ? "; y strided" : "",
+           bad || gap ? "FAIL" : "ok", g_lws ? " mt" : "", tag, n, fm, views ? "; views" : "", xs ? "; x strided" : "", ys ? "; y strided" : "",
            xbf16 ? "; x:bf16" : "", T, bad, n, gap, bad || gap ? " <<<" : "");
     dsv4_cuda_free(dx), dsv4_cuda_free(dyc), free(x), free(xb), free(yc);
     mweights_free(&m);
@@ -1782,6 +1839,53 @@ static void bench_linear(const char *tag, dsv4_wfmt fmt, int R, int C, const int
     dsv4_cuda_free(dd), dsv4_cuda_free(ds), dsv4_cuda_free(dx), dsv4_cuda_free(dy), free(x), free_hweight(&h);
 }
 
+/* Times y = x . W^T at T rows through the GEMV (dsv4_cuda_linear: 16 rows a launch, 8 for wide BF16 x) and through the
+ * multi-token GEMM (dsv4_cuda_linear_ws); n > 1: n jobs as the wo_a groups (views of one weight, strided x and y) through
+ * dsv4_cuda_linear_multi / _multi_ws. The weights stay where they are (the large ones do not fit L2). */
+static void bench_mt(const char *tag, dsv4_wfmt fmt, int R, int C, int aq, int n, const int *Ts, int nT) {
+    mspec sp[MJ_MAX];
+    for (int i = 0; i < n; i++) sp[i] = (mspec){fmt, R, C, aq, 0, 0};
+    mweights m;
+    mweights_make(&m, sp, n, n > 1);
+    int Tmax = 0;
+    for (int i = 0; i < nT; i++) Tmax = Ts[i] > Tmax ? Ts[i] : Tmax;
+    float *x = randn((size_t)Tmax * C * n, 1.0f);
+    float *dx = dup_to_dev(x, sizeof(float) * (size_t)Tmax * C * n), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)Tmax * R * n);
+    const size_t wsb = dsv4_cuda_linear_ws_bytes(Tmax, (int64_t)C * n, n);
+    void *ws = dsv4_cuda_alloc(wsb);
+    dsv4_cuda_linear_job jb[MJ_MAX];
+    for (int i = 0; i < n; i++) jb[i] = (dsv4_cuda_linear_job){m.w[i], dx + (size_t)i * C, (int64_t)C * n, dy + (size_t)i * R, (int64_t)R * n};
+    for (int i = 0; i < nT; i++) {
+        const int T = Ts[i];
+        double us[2];
+        for (int path = 0; path < 2; path++) {
+            void *w = path ? ws : NULL;
+            const size_t wb = path ? wsb : 0;
+            const int it = 5;
+            cudaEvent_t e0, e1;
+            cudaEventCreate(&e0), cudaEventCreate(&e1);
+            for (int k = 0; k < it + 2; k++) {
+                if (k == 2) cudaEventRecord(e0, 0);
+                op_ok(n > 1 ? dsv4_cuda_linear_multi_ws(jb, n, 0, T, w, wb, NULL) : dsv4_cuda_linear_ws(&m.w[0], dx, 0, T, dy, w, wb, NULL),
+                      "linear");
+            }
+            cudaEventRecord(e1, 0);
+            sync_ok();
+            float ms;
+            cudaEventElapsedTime(&ms, e0, e1);
+            us[path] = 1000.0 * ms / it;
+            cudaEventDestroy(e0), cudaEventDestroy(e1);
+        }
+        const double wbytes = (double)dsv4_weight_bytes(&m.h[0].w);
+        printf("time linear mt %-22s %s %dx %6dx%-5d T=%-4d%s: GEMV %9.1f us, multi-token GEMM %8.1f us (%.1fx; %6.1f TFLOP/s, "
+               "weight %6.0f GB/s)\n",
+               tag, dsv4_wfmt_name(fmt), n, R, C, T, aq ? " aq" : "   ", us[0], us[1], us[0] / us[1], 2.0 * n * R * C * T / us[1] / 1e6,
+               wbytes / us[1] / 1e3);
+    }
+    dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_free(ws), free(x);
+    mweights_free(&m);
+}
+
 /* Times a group of linears at T rows as separate dsv4_cuda_linear calls and as one dsv4_cuda_linear_multi call, the
  * weights rotated through > 256 MiB of copies. views + xs (the wo_a groups): also the forward's former path, each group
  * through copy2d of its slice of x, the linear, copy2d into its slice of y. */
@@ -1988,11 +2092,12 @@ static void bench_moe(void) {
 }
 
 int main(int argc, char **argv) {
-    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0;
+    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "multi")) only_lin = only_multi = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "linear")) only_lin = 1, i++;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "mt")) only_lin = only_mt = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "gemm")) only_lin = only_gemm = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "hc")) only_hc = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moe")) only_moe = 1, i++;
@@ -2010,6 +2115,7 @@ int main(int argc, char **argv) {
     if (only_hc) goto hc_checks;
     if (only_gemm) goto gemm_checks;
     if (only_multi) goto multi_checks;
+    if (only_mt) goto mt_checks;
     if (only_moe == 2) goto checks_done; /* the MoE bench alone (bench/ncu runs) */
     if (only_moe) goto moe_checks;
     /* linear: every format, decode (GEMV, 16-byte path) and odd sizes (element path), prefill (GEMM) */
@@ -2021,6 +2127,8 @@ int main(int argc, char **argv) {
     test_linear("odd x:bf16", DSV4_WF_FP8, 130, 520, 2, 0, 1, 1);
     test_linear("gemm", DSV4_WF_FP8, 300, 640, 37, 0, 1, 0);
     test_linear("gemm odd", DSV4_WF_FP8, 129, 1000, 70, 1, 1, 0);
+    test_linear("gemm odd", DSV4_WF_FP8, 129, 1000, 300, 1, 1, 0); /* past 256 rows: the tiled GEMM */
+    test_linear("gemm odd", DSV4_WF_BF16, 77, 1003, 270, 0, 0, 0);
     test_linear("expert w1", DSV4_WF_MXFP4, 2048, 4096, 1, 0, 0, 0);
     test_linear("expert w2", DSV4_WF_MXFP4, 4096, 2048, 8, 0, 0, 0);
     test_linear("odd", DSV4_WF_MXFP4, 100, 330, 2, 0, 0, 0);
@@ -2072,6 +2180,9 @@ int main(int argc, char **argv) {
     test_linear_invariant("expert", DSV4_WF_NVFP4, 4096, 2048, 0, 0);
     test_linear_invariant("", DSV4_WF_BF16, 4096, 4096, 0, 0);
     test_linear_invariant("hc fn", DSV4_WF_F32, 24, 16384, 0, 0);
+    test_linear_invariant("odd", DSV4_WF_FP8, 200, 1000, 1, 0); /* the element path: T-invariant up to 256 rows */
+    test_linear_invariant("odd", DSV4_WF_NVFP4, 64, 200, 0, 1);
+    test_linear_invariant("odd", DSV4_WF_BF16, 77, 1003, 0, 0);
     /* BF16 activations (act_bf16: linears of models without the FP8 recipe): every format that can carry it (all
      * but act-quant ones), T = 1, 5, 16, 40; odd sizes take the element path (T <= 16) and the tiled GEMM (T = 40) */
     test_linear_bf16act("head-like", DSV4_WF_BF16, 4096, 4096, 0);
@@ -2130,6 +2241,61 @@ multi_checks: {
         test_linear_multi("mixed", mix, 4, 0, 1, 1, 0, 3);
         test_linear_multi("mixed", mix, 4, 0, 1, 0, 0, 20);
         if (only_multi) goto checks_done;
+    }
+    /* the multi-token GEMM (dsv4_cuda_linear_ws): bitwise the GEMV for every format and x kind it takes, rows not a
+     * multiple of its 128-row blocks, views, few rows (many column slices), T from its minimum to more than one pass;
+     * grouped jobs (dsv4_cuda_linear_multi_ws) against the GEMV's single calls; F32 and odd shapes keep the GEMV */
+mt_checks: {
+        test_linear_mt("head-like", DSV4_WF_BF16, 1000, 4096, 200, 0, 0, 0, 0, 0);
+        test_linear_mt("", DSV4_WF_BF16, 4096, 4096, DSV4_CUDA_LINEAR_WS_MIN_T, 0, 0, 0, 0, 0);
+        test_linear_mt("GEMV kept", DSV4_WF_BF16, 4096, 4096, DSV4_CUDA_LINEAR_WS_MIN_T - 1, 0, 0, 0, 0, 0);
+        test_linear_mt("2 passes", DSV4_WF_BF16, 512, 4096, 300, 0, 0, 0, 0, 0);
+        test_linear_mt("", DSV4_WF_BF16, 1024, 4096, 64, 0, 0, 0, 1, 0);
+        test_linear_mt("", DSV4_WF_BF16, 768, 2048, 177, 0, 0, 1, 0, 0);
+        test_linear_mt("gate", DSV4_WF_BF16, 256, 4096, 256, 0, 0, 0, 0, 0);
+        test_linear_mt("few rows", DSV4_WF_BF16, 64, 4096, 140, 0, 0, 0, 0, 0);
+        test_linear_mt("wo_b", DSV4_WF_FP8, 4096, 8192, 64, 0, 1, 0, 0, 0);
+        test_linear_mt("wq_b", DSV4_WF_FP8, 32768, 1024, 80, 0, 1, 0, 0, 0);
+        test_linear_mt("", DSV4_WF_FP8, 1000, 2048, 100, 0, 1, 0, 0, 128);
+        test_linear_mt("f32 scales", DSV4_WF_FP8, 640, 1024, 150, 1, 1, 0, 0, 0);
+        test_linear_mt("no aq", DSV4_WF_FP8, 1024, 2048, 130, 0, 0, 0, 0, 0);
+        test_linear_mt("x:bf16", DSV4_WF_FP8, 1024, 4096, 133, 0, 1, 0, 1, 0);
+        test_linear_mt("expert w1", DSV4_WF_MXFP4, 2048, 4096, 96, 0, 0, 0, 0, 0);
+        test_linear_mt("aq", DSV4_WF_MXFP4, 2048, 2048, 130, 0, 1, 0, 0, 0);
+        test_linear_mt("", DSV4_WF_MXFP4, 500, 1024, 170, 0, 0, 0, 0, 3);
+        test_linear_mt("", DSV4_WF_NVFP4, 1024, 4096, 64, 0, 0, 0, 0, 0);
+        test_linear_mt("", DSV4_WF_NVFP4, 300, 1024, 133, 0, 0, 0, 0, 17);
+        test_linear_mt("", DSV4_WF_NVFP4, 2048, 4096, 140, 0, 0, 1, 0, 0);
+        test_linear_mt("", DSV4_WF_F16, 256, 4096, 150, 0, 0, 0, 0, 0);
+        test_linear_mt("", DSV4_WF_F16, 256, 4096, 150, 0, 0, 1, 0, 0);
+        test_linear_mt("GEMV kept", DSV4_WF_F32, 24, 2048, 130, 0, 0, 0, 0, 0);
+        test_linear_mt("element path kept", DSV4_WF_FP8, 200, 1000, 130, 0, 1, 0, 0, 0);
+        mspec wo8[8], b20[20];
+        for (int i = 0; i < 8; i++) wo8[i] = (mspec){DSV4_WF_FP8, 1024, 4096, 1, 0, 0};
+        for (int i = 0; i < 20; i++) b20[i] = (mspec){DSV4_WF_BF16, 128 + 16 * (i % 3), 1024, 0, 0, 0};
+        const mspec qkv[2] = {{DSV4_WF_FP8, 1024, 4096, 1, 0, 0}, {DSV4_WF_FP8, 512, 4096, 1, 0, 0}};
+        const mspec cmp[5] = {{DSV4_WF_BF16, 1024, 4096, 0, 0, 0}, {DSV4_WF_BF16, 1024, 4096, 0, 0, 0},
+                              {DSV4_WF_BF16, 256, 4096, 0, 0, 0},  {DSV4_WF_BF16, 256, 4096, 0, 0, 0},
+                              {DSV4_WF_BF16, 64, 4096, 0, 0, 0}};
+        const mspec moe3[3] = {{DSV4_WF_BF16, 256, 4096, 0, 0, 0}, {DSV4_WF_FP8, 2048, 4096, 1, 0, 0}, {DSV4_WF_FP8, 2048, 4096, 1, 0, 0}};
+        const mspec nvab[2] = {{DSV4_WF_NVFP4, 1024, 4096, 0, 0, 1}, {DSV4_WF_NVFP4, 512, 4096, 0, 0, 1}};
+        const mspec mix[4] = {{DSV4_WF_FP8, 1024, 4096, 1, 0, 0}, {DSV4_WF_BF16, 77, 1003, 0, 0, 0},
+                              {DSV4_WF_FP8, 512, 4096, 1, 0, 0},  {DSV4_WF_MXFP4, 256, 2048, 0, 0, 0}};
+        g_lwsb = dsv4_cuda_linear_ws_bytes(300, 20 * 4096, 20);
+        g_lws = dsv4_cuda_alloc(g_lwsb);
+        test_linear_multi("wo_a groups Flash", wo8, 8, 1, 1, 1, 0, 64);
+        test_linear_multi("wo_a groups Flash", wo8, 8, 1, 1, 1, 0, 256);
+        test_linear_multi("wo_a groups Flash", wo8, 8, 1, 1, 1, 0, 300);
+        test_linear_multi("wq_a+wkv", qkv, 2, 0, 0, 0, 0, 128);
+        test_linear_multi("wq_a+wkv x:bf16", qkv, 2, 0, 1, 1, 1, 140);
+        test_linear_multi("compressors+wproj", cmp, 5, 0, 0, 0, 0, 100);
+        test_linear_multi("gate+sw1+sw3", moe3, 3, 0, 0, 1, 0, 133);
+        test_linear_multi("act:bf16", nvab, 2, 0, 1, 1, 0, 148);
+        test_linear_multi("20 jobs", b20, 20, 0, 1, 1, 0, 130);
+        test_linear_multi("mixed", mix, 4, 0, 1, 1, 0, 150);
+        dsv4_cuda_free(g_lws);
+        g_lws = NULL, g_lwsb = 0;
+        if (only_mt) goto checks_done;
     }
     /* the FP8 prefill GEMM (cuBLASLt) at Flash shapes: T = 64 .. 2048, K = 1024 .. 8192, N = 512 .. 32768 */
 gemm_checks:
@@ -2294,6 +2460,16 @@ checks_done:
             return g_fail ? 1 : 0;
         }
         if (only_gemm) goto gemm_bench;
+        if (only_mt) { /* Flash's linears at batch 32 .. 256 (decode): GEMV against the multi-token GEMM */
+            static const int TM[4] = {32, 64, 128, 256};
+            bench_mt("head Flash", DSV4_WF_BF16, 129280, 4096, 0, 1, TM, 4);
+            bench_mt("wo_a groups Flash", DSV4_WF_FP8, 1024, 4096, 1, 8, TM, 4);
+            bench_mt("wo_b Flash", DSV4_WF_FP8, 4096, 8192, 1, 1, TM, 4);
+            bench_mt("wq_b Flash", DSV4_WF_FP8, 32768, 1024, 1, 1, TM, 4);
+            bench_mt("gate Flash", DSV4_WF_BF16, 256, 4096, 0, 1, TM, 4);
+            bench_mt("shared w2 Flash", DSV4_WF_FP8, 4096, 2048, 1, 1, TM, 4);
+            return g_fail ? 1 : 0;
+        }
         bench_copy();
         {
             mspec wo8[16];

@@ -1,0 +1,320 @@
+/* linear_bi.cu - the batch-invariant multi-token GEMM: y = x . W^T for many rows of x (a large decode batch, or the
+ * linears of a prefill pass that no cuBLASLt path takes), every y row bitwise what the tensor-core GEMV (linear.cu)
+ * gives that row alone.
+ *
+ * The GEMV stages all of a block's x columns in shared memory, so for wide x only 8-16 tokens fit a launch and a
+ * batch of 256 reads the weight 16-32 times (the BF16 head: 1 GB, 32 times, 9.3 ms a step). Here x goes through
+ * shared memory one 128-column unit at a time instead:
+ *   1. bi_stage: x -> 16-bit terms and a power-of-two scale per (token, unit), once per call, into the workspace,
+ *      by the GEMV's own staging code (tc_stage: same terms, same slot order);
+ *   2. gemm_bi: a block owns 128 weight rows (8 warps x one 16-row mma tile) and 64 tokens; the units stream through
+ *      a cp.async pipeline of NS stages (weight rows and staged x of a unit each), so a weight is read once per 64
+ *      tokens (the 4 token blocks of a row block run side by side: DRAM once, L2 for the rest).
+ * Bitwise equality with the GEMV: each (row, token) gets the very same mma sequence (per unit: fresh accumulators,
+ * the unit's k-steps in the GEMV's order with the same decoded fragments and x terms), the same fmaf by (weight
+ * scale x x scale) per unit, the same column slices (S from the GEMV's plan, a function of the shape only) summed
+ * in the same order. The mma columns (tokens) are independent of each other, so the token grouping does not matter.
+ * Not taken (the caller falls back to the GEMV): F32 weights, more than BI_MAXU units, a workspace too small. */
+#include <string.h>
+
+#include "linear_gemv.cuh"
+
+#define BI_WARPS 8
+#define BI_THREADS (BI_WARPS * 32)
+#define BI_ROWS (BI_WARPS * 16) /* weight rows per block */
+#define BI_TT 64                /* tokens per block */
+#define BI_NTT (BI_TT / 8)      /* 8-token mma column tiles */
+#define BI_MAXT 256             /* tokens staged per pass (the workspace's size) */
+#define BI_MAXU 256             /* 128-column units (32768 columns) */
+#define BI_SMEM (220 * 1024)
+
+/* Shared memory of a pipeline stage: x terms [XT][BI_TT][ROWP] (16-bit; ROWP the GEMV's padded row, so the same
+ * conflict-free fragment reads), the unit's weight rows [BI_ROWS][WROW] (WROW = 64 mod 128 bytes: a quarter warp's two
+ * rows land on distinct banks) and the unit's x scales [BI_TT]. */
+template <int FMT, int XT> struct bi_cfg {
+    static constexpr int V = tc_fmt<FMT>::V;
+    static constexpr int UB = 64 * V; /* bytes of a row's unit */
+    static constexpr int WROW = UB % 128 ? UB : UB + 64;
+    static constexpr int ROWP = 128 + tc_fmt<FMT>::PADB / 2;
+    static constexpr int XB = XT * BI_TT * ROWP * 2;
+    static constexpr int WB = BI_ROWS * WROW;
+    static constexpr int SB = XB + WB + BI_TT * 4;
+    static constexpr int NS = BI_SMEM / SB < 4 ? BI_SMEM / SB : 4;
+    static_assert(NS >= 2, "two stages must fit");
+    static_assert(XB % 16 == 0 && WB % 16 == 0, "16-byte aligned stage parts");
+};
+
+/* One linear of a call: the GEMV's job (weight, x, y, strides), its staged x in the workspace, its first row block. */
+struct bi_job {
+    tc_job t;
+    uint16_t *xg; /* token t's term xt: xg + (t * XT + xt) * NU * 128, units in tc_slot order */
+    float *sg;    /* scale of (token t, unit u): sg[u * Tp + t] */
+    int rb0;      /* the job's row blocks are rb0 .. rb0 + ceil(rows / BI_ROWS) - 1 */
+};
+struct bi_params {
+    int xbf16, T, Tp, S, NU, ntc, nj; /* tokens of this pass, scale row stride, slices, units, token blocks, jobs */
+};
+template <int NJ> struct bi_args {
+    bi_params p;
+    bi_job j[NJ];
+};
+#define BI_NJ TC_MAXJ
+
+/* 1. x of token blockIdx.x, job blockIdx.y -> terms and scales (tc_stage with one token: 16 warps over the units). */
+template <int FMT, int XT>
+__global__ void __launch_bounds__(TC_THREADS) bi_stage(const __grid_constant__ bi_args<BI_NJ> a) {
+    __shared__ float sxs[BI_MAXU];
+    const bi_job &B = a.j[blockIdx.y];
+    const int t = blockIdx.x, NU = a.p.NU;
+    tc_params p = {};
+    p.xbf16 = a.p.xbf16, p.t0 = t, p.nt = 1, p.NU = NU, p.nub = NU, p.tok = NU * 128;
+    tc_stage<FMT, XT>(p, a.j[0].t, B.t, B.xg + (size_t)t * XT * NU * 128, sxs, 0, NU);
+    __syncthreads();
+    for (int u = threadIdx.x; u < NU; u += blockDim.x) B.sg[(size_t)u * a.p.Tp + t] = sxs[u];
+}
+
+/* 2. The GEMM. Block: row block rbg = blockIdx.x / ntc (of the job it falls in), tokens (blockIdx.x % ntc) * 64 ... */
+template <int FMT, int XT>
+__global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__ bi_args<BI_NJ> a) {
+    using F = tc_fmt<FMT>;
+    using C = bi_cfg<FMT, XT>;
+    constexpr int V = F::V, E = F::E, BF = F::BF, NSUB = E / 8, NS = C::NS, ROWP = C::ROWP, WROW = C::WROW, UB = C::UB;
+    constexpr bool FP4 = FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4;
+    static_assert(F::WT == 1 && E >= 8, "one weight term, 16-bit chunks of 8+ elements");
+    extern __shared__ __align__(16) unsigned char bi_sm[];
+    const bi_params &p = a.p;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int rbg = blockIdx.x / p.ntc, tt0 = (blockIdx.x - rbg * p.ntc) * BI_TT;
+    int ji = 0;
+    for (int i = 1; i < p.nj; i++) ji = rbg >= a.j[i].rb0 ? i : ji;
+    const bi_job &B = a.j[ji];
+    const tc_job &J = B.t, &J0 = a.j[0].t;
+    const int rb = rbg - B.rb0, R = J.w.rows, T = p.T, NU = p.NU, S = p.S;
+    const int64_t rowb = (int64_t)(J0.w.cols / E) * 16; /* bytes per stored row */
+    const int rw0 = rb * BI_ROWS + warp * 16 + g;        /* the lane's rows rw0, rw0 + 8 */
+
+    auto issue = [&](int u) { /* unit u's weight rows, x terms and x scales -> stage u % NS */
+        unsigned char *st = bi_sm + (size_t)(u % NS) * C::SB;
+        uint16_t *xs = (uint16_t *)st;
+        unsigned char *ws = st + C::XB;
+        float *ss = (float *)(st + C::XB + C::WB);
+        for (int i = threadIdx.x; i < XT * BI_TT * 16; i += BI_THREADS) {
+            const int row = i >> 4, pc = i & 15, xt = row / BI_TT, tt = row - xt * BI_TT;
+            const int t = tt0 + tt < T ? tt0 + tt : T - 1; /* past the end: a real token, never stored */
+            dev_cp16(xs + (size_t)row * ROWP + pc * 8, B.xg + ((size_t)t * XT + xt) * NU * 128 + (size_t)u * 128 + pc * 8);
+        }
+        constexpr int PPR = UB / 16;
+        for (int i = threadIdx.x; i < BI_ROWS * PPR; i += BI_THREADS) {
+            const int rr = i / PPR, pc = i - rr * PPR;
+            int r = rb * BI_ROWS + rr;
+            r = r < R ? r : R - 1;
+            dev_cp16(ws + (size_t)rr * WROW + pc * 16, J.w.data + ((int64_t)J.w.row0 + r) * rowb + (int64_t)u * UB + pc * 16);
+        }
+        if (threadIdx.x < BI_TT / 4) dev_cp16(ss + threadIdx.x * 4, B.sg + (size_t)u * p.Tp + tt0 + threadIdx.x * 4);
+    };
+    auto ldscale = [&](int u, uint32_t (&s)[2][2]) { /* the lane's weight scale words of unit u, as tc_load packs them */
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            s[m][0] = s[m][1] = 0;
+            int r = rw0 + 8 * m;
+            r = r < R ? r : R - 1;
+            const int64_t Rs = (int64_t)J.w.row0 + r;
+            if (FMT == DSV4_WF_FP8) {
+                const int64_t si = (Rs / 128) * J.w.scale_stride + u;
+                s[m][0] = J0.w.scale_f32 ? __ldg((const uint32_t *)J.w.scale + si) : (uint32_t)__ldg(J.w.scale + si);
+            } else if (FMT == DSV4_WF_MXFP4) {
+                s[m][0] = __ldg(J.w.scale + Rs * J.w.scale_stride + u * 4 + c);
+            } else if (FMT == DSV4_WF_NVFP4) {
+                s[m][0] = __ldg((const uint16_t *)(J.w.scale + Rs * J.w.scale_stride + 2 * (u * 4 + c)));
+            }
+        }
+    };
+
+    float acc[BI_NTT][4], tot[BI_NTT][4];
+#pragma unroll
+    for (int n = 0; n < BI_NTT; n++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[n][k] = tot[n][k] = 0.0f;
+    uint32_t an[2][2];
+    ldscale(0, an);
+    for (int u = 0; u < NS - 1; u++) {
+        if (u < NU) issue(u);
+        dev_cp_commit();
+    }
+    int s = 0, send = NU / S; /* the current slice and its end */
+    for (int u = 0; u < NU; u++) {
+        dev_cp_wait<NS - 2>(); /* unit u has landed (this thread's copies) */
+        __syncthreads();       /* everyone's, and stage (u - 1) % NS is free */
+        if (u + NS - 1 < NU) issue(u + NS - 1);
+        dev_cp_commit();
+        uint32_t ac[2][2] = {{an[0][0], an[0][1]}, {an[1][0], an[1][1]}};
+        if (u + 1 < NU) ldscale(u + 1, an);
+        const unsigned char *st = bi_sm + (size_t)(u % NS) * C::SB;
+        const uint16_t *xs = (const uint16_t *)st;
+        const unsigned char *ws = st + C::XB;
+        const float *ss = (const float *)(st + C::XB + C::WB);
+        /* the unit's A fragments, decoded once (rows g, g + 8 of the warp's tile), and the unit's weight factor */
+        uint32_t A[V][NSUB][2][1][4];
+        float sw[2] = {1.0f, 1.0f};
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            const uint4 q0 = *(const uint4 *)(ws + (size_t)(warp * 16 + g) * WROW + (v * 4 + c) * 16);
+            const uint4 q1 = *(const uint4 *)(ws + (size_t)(warp * 16 + g + 8) * WROW + (v * 4 + c) * 16);
+            uint32_t fq[2][2];
+            float swv[2];
+            tc_scales<FMT>(ac, v, J0.w.scale_f32, J.w.scale2, fq, swv);
+            if (v == V - 1) sw[0] = swv[0], sw[1] = swv[1];
+#pragma unroll
+            for (int j = 0; j < NSUB; j++) {
+                tc_decode<FMT>(q0, j, fq[0][j >> 1], A[v][j][0]);
+                tc_decode<FMT>(q1, j, fq[1][j >> 1], A[v][j][1]);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < BI_NTT; n++) {
+            float cu[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const int tok = g + 8 * n;
+#pragma unroll
+            for (int v = 0; v < V; v++)
+#pragma unroll
+                for (int j = 0; j < NSUB; j++) {
+                    const int js = FP4 ? (j ^ ((c >> 1) & 1)) : j;
+                    uint32_t Bf[XT][4];
+#pragma unroll
+                    for (int xt = 0; xt < XT; xt++) {
+                        const uint4 t4 = *(const uint4 *)(xs + (size_t)(xt * BI_TT + tok) * ROWP + (v * 4 + c) * E + js * 8);
+                        Bf[xt][0] = t4.x, Bf[xt][1] = t4.y, Bf[xt][2] = t4.z, Bf[xt][3] = t4.w;
+                    }
+#pragma unroll
+                    for (int k = 0; k < 2; k++)
+#pragma unroll
+                        for (int xt = 0; xt < XT; xt++)
+                            tc_mma<BF>(cu, A[v][j][0][0][2 * k], A[v][j][1][0][2 * k], A[v][j][0][0][2 * k + 1],
+                                       A[v][j][1][0][2 * k + 1], Bf[xt][2 * k], Bf[xt][2 * k + 1]);
+                }
+            const float xa = ss[2 * c + 8 * n], xb = ss[2 * c + 8 * n + 1];
+            acc[n][0] = fmaf(cu[0], sw[0] * xa, acc[n][0]);
+            acc[n][1] = fmaf(cu[1], sw[0] * xb, acc[n][1]);
+            acc[n][2] = fmaf(cu[2], sw[1] * xa, acc[n][2]);
+            acc[n][3] = fmaf(cu[3], sw[1] * xb, acc[n][3]);
+        }
+        if (u + 1 == send) { /* end of a slice: add it to the earlier slices' sum, in slice order */
+#pragma unroll
+            for (int n = 0; n < BI_NTT; n++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    tot[n][k] = s == 0 ? acc[n][k] : tot[n][k] + acc[n][k];
+                    acc[n][k] = 0.0f;
+                }
+            s++;
+            send = (s + 1) * NU / S;
+        }
+    }
+    dev_cp_wait<0>();
+#pragma unroll
+    for (int n = 0; n < BI_NTT; n++) {
+        const int t = tt0 + 2 * c + 8 * n;
+        float *y0 = J.y + (int64_t)t * J.ldy, *y1 = y0 + J.ldy;
+        if (rw0 < R) {
+            if (t < T) y0[rw0] = tot[n][0];
+            if (t + 1 < T) y1[rw0] = tot[n][1];
+        }
+        if (rw0 + 8 < R) {
+            if (t < T) y0[rw0 + 8] = tot[n][2];
+            if (t + 1 < T) y1[rw0 + 8] = tot[n][3];
+        }
+    }
+}
+
+/* ---- launcher ---- */
+
+typedef void (*bi_fn)(const bi_args<BI_NJ>);
+struct bi_kernels {
+    bi_fn stage, gemm;
+    int smem;
+};
+template <int FMT, int XT> static bi_kernels bi_pick_xt() {
+    return bi_kernels{bi_stage<FMT, XT>, gemm_bi<FMT, XT>, bi_cfg<FMT, XT>::NS * bi_cfg<FMT, XT>::SB};
+}
+template <int FMT> static bi_kernels bi_pick_fmt(int xt) {
+    if (xt == 1) return bi_pick_xt<FMT, 1>();
+    if constexpr (tc_fmt<FMT>::BF) return bi_pick_xt<FMT, 3>();
+    else return bi_pick_xt<FMT, 2>();
+}
+static int bi_pick(int fmt, int xt, bi_kernels *k) {
+    switch (fmt) {
+    case DSV4_WF_BF16: *k = bi_pick_fmt<DSV4_WF_BF16>(xt); return 0;
+    case DSV4_WF_F16: *k = bi_pick_fmt<DSV4_WF_F16>(xt); return 0;
+    case DSV4_WF_FP8: *k = bi_pick_fmt<DSV4_WF_FP8>(xt); return 0;
+    case DSV4_WF_MXFP4: *k = bi_pick_fmt<DSV4_WF_MXFP4>(xt); return 0;
+    case DSV4_WF_NVFP4: *k = bi_pick_fmt<DSV4_WF_NVFP4>(xt); return 0;
+    default: return 1; /* F32: three weight terms (the GEMV) */
+    }
+}
+
+static size_t bi_align(size_t b) { return (b + 255) & ~(size_t)255; }
+static int bi_tp(int T) { return (T + BI_TT - 1) / BI_TT * BI_TT; }
+/* Workspace of one job: staged terms (at most 3) and scales of up to BI_MAXT tokens. */
+static size_t bi_job_bytes(int T, int NU, int xt) {
+    T = T < BI_MAXT ? T : BI_MAXT;
+    return bi_align((size_t)T * xt * NU * 128 * 2) + bi_align((size_t)NU * bi_tp(T) * 4);
+}
+
+extern "C" size_t dsv4_cuda_linear_ws_bytes(int T, int64_t cols, int njobs) {
+    if (T <= 0 || cols <= 0 || njobs <= 0) return 0;
+    T = T < BI_MAXT ? T : BI_MAXT;
+    const int64_t NU = (cols + 127) / 128;
+    return bi_align((size_t)T * 3 * NU * 128 * 2) + bi_align((size_t)NU * bi_tp(T) * 4) + (size_t)njobs * 512;
+}
+
+int dsv4_linear_bi_run(const tc_job *jobs, int nj, int xt, int S, int x_bf16, int T, void *ws, size_t wsb, cudaStream_t st) {
+    const int fmt = jobs[0].w.fmt, NU = jobs[0].w.cols / 128;
+    bi_kernels k;
+    if (!ws || nj < 1 || nj > BI_NJ || NU < 1 || NU > BI_MAXU || bi_pick(fmt, xt, &k)) return 1;
+    const int Tc = T < BI_MAXT ? T : BI_MAXT;
+    int nrb = 0;
+    for (int i = 0; i < nj; i++) nrb += (jobs[i].w.rows + BI_ROWS - 1) / BI_ROWS;
+    /* fewer blocks than a quarter of the SMs below 128 rows: the GEMV's launches are faster (measured, NOTES) */
+    if (T < 128 && nrb * ((Tc + BI_TT - 1) / BI_TT) < 32) return 1;
+    size_t need = 0;
+    for (int i = 0; i < nj; i++) need += bi_job_bytes(Tc, NU, xt);
+    if (need > wsb) return 1;
+    static const void *attr_done[16];
+    int seen = 0;
+    for (int i = 0; i < 16 && attr_done[i]; i++) seen |= attr_done[i] == (const void *)k.gemm;
+    if (!seen) {
+        if (cudaFuncSetAttribute((const void *)k.gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem) != cudaSuccess)
+            return dsv4_cuda_fail("linear (multi-token gemm): cannot raise shared memory to %d bytes", k.smem);
+        for (int i = 0; i < 16; i++)
+            if (!attr_done[i]) {
+                attr_done[i] = (const void *)k.gemm;
+                break;
+            }
+    }
+    bi_args<BI_NJ> a;
+    memset(&a, 0, sizeof a);
+    a.p.xbf16 = x_bf16, a.p.S = S, a.p.NU = NU, a.p.nj = nj, a.p.Tp = bi_tp(Tc);
+    unsigned char *base = (unsigned char *)ws;
+    nrb = 0;
+    for (int i = 0; i < nj; i++) {
+        a.j[i].xg = (uint16_t *)base;
+        base += bi_align((size_t)Tc * xt * NU * 128 * 2);
+        a.j[i].sg = (float *)base;
+        base += bi_align((size_t)NU * bi_tp(Tc) * 4);
+        a.j[i].rb0 = nrb;
+        nrb += (jobs[i].w.rows + BI_ROWS - 1) / BI_ROWS;
+    }
+    const size_t es = x_bf16 ? 2 : 4;
+    for (int t0 = 0; t0 < T; t0 += Tc) {
+        const int nt = T - t0 < Tc ? T - t0 : Tc;
+        a.p.T = nt, a.p.ntc = (nt + BI_TT - 1) / BI_TT;
+        for (int i = 0; i < nj; i++) {
+            a.j[i].t = jobs[i];
+            a.j[i].t.x = (const unsigned char *)jobs[i].x + es * (size_t)t0 * jobs[i].ldx;
+            a.j[i].t.y = jobs[i].y + (size_t)t0 * jobs[i].ldy;
+        }
+        k.stage<<<dim3(nt, nj), TC_THREADS, 0, st>>>(a);
+        k.gemm<<<nrb * a.p.ntc, BI_THREADS, k.smem, st>>>(a);
+    }
+    return dsv4_cuda_check_launch("linear (multi-token gemm)");
+}
