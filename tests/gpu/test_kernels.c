@@ -1959,7 +1959,7 @@ static void bench_linear_multi(const char *tag, const mspec *s, int n, int views
 }
 
 /* The routed experts of one Flash layer (dim 4096, inter 2048, 256 MXFP4 experts with FP8 act quant, 6 a token) at
- * batch 1, 8 and 2048- / 4096-token prefills, random routing (distinct experts a token; plans rotated so that L2 does not
+ * batch 1, 8, 256 and 2048- / 4096-token prefills, random routing (distinct experts a token; plans rotated so that L2 does not
  * serve the weights), the CUDA-core kernel ("old") against the tensor-core one ("new"). GB/s: the active experts'
  * weight bytes over the time. The two paths' y are also compared (the checks' tolerance). */
 static void bench_moe(void) {
@@ -1978,9 +1978,9 @@ static void bench_moe(void) {
     dsv4_cuda_experts ex;
     op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
     const double eb = 2.0 * (double)dsv4_weight_bytes(&h1[0].w) + (double)dsv4_weight_bytes(&h2[0].w);
-    static const int Ts[4] = {1, 8, 2048, 4096};
-    for (int ti = 0; ti < 4; ti++) {
-        const int T = Ts[ti], NP = T <= 8 ? 16 : 2;
+    static const int Ts[5] = {1, 8, 256, 2048, 4096};
+    for (int ti = 0; ti < 5; ti++) {
+        const int T = Ts[ti], NP = T <= 8 ? 16 : T <= 256 ? 4 : 2;
         float *x = randn((size_t)T * D, 1.0f);
         float *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D), *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I),
               *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D);
@@ -2024,10 +2024,10 @@ static void bench_moe(void) {
             dsv4_cuda_moe_experts_path(modes[mi]);
             const int it = T > 8 ? (mi ? 5 : 2) : T == 8 ? 48 : 160;
             /* y of plan 0 for the comparisons (the profiler range of bench/ncu runs: this call of "new" and "before") */
-            if (T <= 8 && (mi == 1 || mi == 2)) dsv4_cuda_profiler_range(1);
+            if ((T <= 8 && (mi == 1 || mi == 2)) || (T == 256 && mi == 1)) dsv4_cuda_profiler_range(1);
             op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[0], 10.0f, dh, dy, NULL), "moe_experts");
             sync_ok();
-            if (T <= 8 && (mi == 1 || mi == 2)) dsv4_cuda_profiler_range(0);
+            if ((T <= 8 && (mi == 1 || mi == 2)) || (T == 256 && mi == 1)) dsv4_cuda_profiler_range(0);
             yr[mi] = malloc(sizeof(float) * ny);
             from_dev(yr[mi], dy, sizeof(float) * ny);
             for (int k = 0; k < 2; k++) op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[(k + 1) % NP], 10.0f, dh, dy, NULL), "moe_experts");
@@ -2416,6 +2416,9 @@ moe_checks:
     test_moe_experts("pf chunks", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 1, 0, 700, 6, 32, 640, 384);
     test_moe_invariant("pf", DSV4_WF_MXFP4, 1, 300, 6, 16, 768, 768);
     test_moe_invariant("decode", DSV4_WF_MXFP4, 1, 12, 6, 16, 1024, 512);
+    /* decode with many expert slots (the ring kernels at a large batch) */
+    test_moe_invariant("decode, many experts", DSV4_WF_MXFP4, 1, 64, 6, 256, 2048, 1024);
+    test_moe_invariant("decode, many experts", DSV4_WF_NVFP4, 0, 64, 6, 256, 2048, 1024);
     test_moe_invariant("", DSV4_WF_MXFP4, 0, 40, 2, 8, 512, 256);
     test_moe_invariant("pq", DSV4_WF_NVFP4, 1, 200, 6, 16, 1024, 512);
     test_moe_invariant("pq", DSV4_WF_FP8, 1, 200, 6, 16, 512, 512);
