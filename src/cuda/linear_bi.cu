@@ -14,7 +14,11 @@
  * the unit's k-steps in the GEMV's order with the same decoded fragments and x terms), the same fmaf by (weight
  * scale x x scale) per unit, the same column slices (S from the GEMV's plan, a function of the shape only) summed
  * in the same order. The mma columns (tokens) are independent of each other, so the token grouping does not matter.
- * Not taken (the caller falls back to the GEMV): F32 weights, more than BI_MAXU units, a workspace too small. */
+ * Few blocks (small weights, few tokens: less than half a wave): the S column slices go to P blocks (S / P each)
+ * instead of one, which write each slice's sums into the workspace, and bi_reduce adds the S slices in order (the
+ * GEMV's: sum = p0, sum += p1, ...).
+ * Not taken (the caller falls back to the GEMV): F32 weights, more than BI_MAXU units, a workspace too small, or
+ * below 128 rows with fewer blocks than a quarter of the SMs even when split. */
 #include <string.h>
 
 #include "linear_gemv.cuh"
@@ -49,10 +53,12 @@ struct bi_job {
     tc_job t;
     uint16_t *xg; /* token t's term xt: xg + (t * XT + xt) * NU * 128, units in tc_slot order */
     float *sg;    /* scale of (token t, unit u): sg[u * Tp + t] */
+    float *part;  /* P > 1: the sums of slice s for (token t, row r) at part[(s * Tp + t) * rows + r] */
     int rb0;      /* the job's row blocks are rb0 .. rb0 + ceil(rows / BI_ROWS) - 1 */
 };
 struct bi_params {
     int xbf16, T, Tp, S, NU, ntc, nj; /* tokens of this pass, scale row stride, slices, units, token blocks, jobs */
+    int P;                            /* blocks over a (row block, token block)'s S slices: 1 (into y), or S / P each */
 };
 template <int NJ> struct bi_args {
     bi_params p;
@@ -84,7 +90,8 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
     extern __shared__ __align__(16) unsigned char bi_sm[];
     const bi_params &p = a.p;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int rbg = blockIdx.x / p.ntc, tt0 = (blockIdx.x - rbg * p.ntc) * BI_TT;
+    /* block = (row block rbg, slice block ps, token block): the token blocks of a weight slice side by side (L2) */
+    const int bq = blockIdx.x / p.ntc, rbg = bq / p.P, ps = bq - rbg * p.P, tt0 = (blockIdx.x - bq * p.ntc) * BI_TT;
     int ji = 0;
     for (int i = 1; i < p.nj; i++) ji = rbg >= a.j[i].rb0 ? i : ji;
     const bi_job &B = a.j[ji];
@@ -135,20 +142,38 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
     for (int n = 0; n < BI_NTT; n++)
 #pragma unroll
         for (int k = 0; k < 4; k++) acc[n][k] = tot[n][k] = 0.0f;
+    /* the block's slices s0 .. s0 + S / P - 1 and their units */
+    const int s0 = ps * (S / p.P), u0 = s0 * NU / S, u1 = (s0 + S / p.P) * NU / S;
+    /* v of the block's (row, token) pairs into rows of ld floats at base (token t's row at base + t * ld) */
+    auto store = [&](float *base, int64_t ld, const float (&v)[BI_NTT][4]) {
+#pragma unroll
+        for (int n = 0; n < BI_NTT; n++) {
+            const int t = tt0 + 2 * c + 8 * n;
+            float *y0 = base + (int64_t)t * ld, *y1 = y0 + ld;
+            if (rw0 < R) {
+                if (t < T) y0[rw0] = v[n][0];
+                if (t + 1 < T) y1[rw0] = v[n][1];
+            }
+            if (rw0 + 8 < R) {
+                if (t < T) y0[rw0 + 8] = v[n][2];
+                if (t + 1 < T) y1[rw0 + 8] = v[n][3];
+            }
+        }
+    };
     uint32_t an[2][2];
-    ldscale(0, an);
-    for (int u = 0; u < NS - 1; u++) {
-        if (u < NU) issue(u);
+    ldscale(u0, an);
+    for (int i = 0; i < NS - 1; i++) {
+        if (u0 + i < u1) issue(u0 + i);
         dev_cp_commit();
     }
-    int s = 0, send = NU / S; /* the current slice and its end */
-    for (int u = 0; u < NU; u++) {
+    int s = s0, send = (s0 + 1) * NU / S; /* the current slice and its end */
+    for (int u = u0; u < u1; u++) {
         dev_cp_wait<NS - 2>(); /* unit u has landed (this thread's copies) */
         __syncthreads();       /* everyone's, and stage (u - 1) % NS is free */
-        if (u + NS - 1 < NU) issue(u + NS - 1);
+        if (u + NS - 1 < u1) issue(u + NS - 1);
         dev_cp_commit();
         uint32_t ac[2][2] = {{an[0][0], an[0][1]}, {an[1][0], an[1][1]}};
-        if (u + 1 < NU) ldscale(u + 1, an);
+        if (u + 1 < u1) ldscale(u + 1, an);
         const unsigned char *st = bi_sm + (size_t)(u % NS) * C::SB;
         const uint16_t *xs = (const uint16_t *)st;
         const unsigned char *ws = st + C::XB;
@@ -198,12 +223,14 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
             acc[n][2] = fmaf(cu[2], sw[1] * xa, acc[n][2]);
             acc[n][3] = fmaf(cu[3], sw[1] * xb, acc[n][3]);
         }
-        if (u + 1 == send) { /* end of a slice: add it to the earlier slices' sum, in slice order */
+        if (u + 1 == send) { /* end of a slice: add it to the earlier slices' sum in slice order (P == 1), or store
+                              * it for bi_reduce (P > 1: the sums as the GEMV's part[]) */
+            if (p.P > 1) store(B.part + (size_t)s * p.Tp * R, R, acc);
 #pragma unroll
             for (int n = 0; n < BI_NTT; n++)
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    tot[n][k] = s == 0 ? acc[n][k] : tot[n][k] + acc[n][k];
+                    if (p.P == 1) tot[n][k] = s == 0 ? acc[n][k] : tot[n][k] + acc[n][k];
                     acc[n][k] = 0.0f;
                 }
             s++;
@@ -211,18 +238,20 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
         }
     }
     dev_cp_wait<0>();
-#pragma unroll
-    for (int n = 0; n < BI_NTT; n++) {
-        const int t = tt0 + 2 * c + 8 * n;
-        float *y0 = J.y + (int64_t)t * J.ldy, *y1 = y0 + J.ldy;
-        if (rw0 < R) {
-            if (t < T) y0[rw0] = tot[n][0];
-            if (t + 1 < T) y1[rw0] = tot[n][1];
-        }
-        if (rw0 + 8 < R) {
-            if (t < T) y0[rw0 + 8] = tot[n][2];
-            if (t + 1 < T) y1[rw0 + 8] = tot[n][3];
-        }
+    if (p.P == 1) store(J.y, J.ldy, tot);
+}
+
+/* 3. (P > 1) y = the S slices' sums added in slice order: y[t, r] = p0, += p1, .. (job blockIdx.y) */
+__global__ void __launch_bounds__(256) bi_reduce(const __grid_constant__ bi_args<BI_NJ> a) {
+    const bi_job &B = a.j[blockIdx.y];
+    const int R = B.t.w.rows, T = a.p.T, S = a.p.S;
+    const size_t n = (size_t)T * R, sl = (size_t)a.p.Tp * R;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const int t = (int)(i / R), r = (int)(i - (size_t)t * R);
+        const float *q = B.part + (size_t)t * R + r;
+        float v = q[0];
+        for (int s = 1; s < S; s++) v += q[s * sl];
+        B.t.y[(int64_t)t * B.t.ldy + r] = v;
     }
 }
 
@@ -254,31 +283,45 @@ static int bi_pick(int fmt, int xt, bi_kernels *k) {
 
 static size_t bi_align(size_t b) { return (b + 255) & ~(size_t)255; }
 static int bi_tp(int T) { return (T + BI_TT - 1) / BI_TT * BI_TT; }
-/* Workspace of one job: staged terms (at most 3) and scales of up to BI_MAXT tokens. */
-static size_t bi_job_bytes(int T, int NU, int xt) {
+/* Workspace of one job: staged terms (at most 3) and scales of up to BI_MAXT tokens, and (P > 1) its slices' sums. */
+static size_t bi_job_bytes(int T, int NU, int xt, int P, int S, int R) {
     T = T < BI_MAXT ? T : BI_MAXT;
-    return bi_align((size_t)T * xt * NU * 128 * 2) + bi_align((size_t)NU * bi_tp(T) * 4);
+    return bi_align((size_t)T * xt * NU * 128 * 2) + bi_align((size_t)NU * bi_tp(T) * 4) +
+           (P > 1 ? bi_align((size_t)S * bi_tp(T) * R * 4) : 0);
 }
+/* room for the split's slice sums in dsv4_cuda_linear_ws_bytes: 16 slices of 4096 rows per row of x */
+#define BI_PART_ROWS (16 * 4096)
 
 extern "C" size_t dsv4_cuda_linear_ws_bytes(int T, int64_t cols, int njobs) {
     if (T <= 0 || cols <= 0 || njobs <= 0) return 0;
     T = T < BI_MAXT ? T : BI_MAXT;
     const int64_t NU = (cols + 127) / 128;
-    return bi_align((size_t)T * 3 * NU * 128 * 2) + bi_align((size_t)NU * bi_tp(T) * 4) + (size_t)njobs * 512;
+    return bi_align((size_t)T * 3 * NU * 128 * 2) + bi_align((size_t)NU * bi_tp(T) * 4) + (size_t)njobs * 768 +
+           (size_t)bi_tp(T) * BI_PART_ROWS * 4;
 }
 
 int dsv4_linear_bi_run(const tc_job *jobs, int nj, int xt, int S, int x_bf16, int T, void *ws, size_t wsb, cudaStream_t st) {
     const int fmt = jobs[0].w.fmt, NU = jobs[0].w.cols / 128;
     bi_kernels k;
     if (!ws || nj < 1 || nj > BI_NJ || NU < 1 || NU > BI_MAXU || bi_pick(fmt, xt, &k)) return 1;
-    const int Tc = T < BI_MAXT ? T : BI_MAXT;
+    const int Tc = T < BI_MAXT ? T : BI_MAXT, ntc = (Tc + BI_TT - 1) / BI_TT;
     int nrb = 0;
     for (int i = 0; i < nj; i++) nrb += (jobs[i].w.rows + BI_ROWS - 1) / BI_ROWS;
-    /* fewer blocks than a quarter of the SMs below 128 rows: the GEMV's launches are faster (measured, NOTES) */
-    if (T < 128 && nrb * ((Tc + BI_TT - 1) / BI_TT) < 32) return 1;
+    /* fewer blocks than half a wave: the slices over P blocks, enough for two waves (if the workspace holds the
+     * slices' sums); measured slower for blocks near a wave (the sums' traffic and the reduction) */
+    int P = 1;
+    if (2 * nrb * ntc < dsv4_cuda_dev.sm_count)
+        while (P < S && nrb * ntc * P < 2 * dsv4_cuda_dev.sm_count) P *= 2;
     size_t need = 0;
-    for (int i = 0; i < nj; i++) need += bi_job_bytes(Tc, NU, xt);
+    for (int pass = 0; pass < 2; pass++) {
+        need = 0;
+        for (int i = 0; i < nj; i++) need += bi_job_bytes(Tc, NU, xt, P, S, jobs[i].w.rows);
+        if (need <= wsb || P == 1) break;
+        P = 1;
+    }
     if (need > wsb) return 1;
+    /* still fewer blocks than a quarter of the SMs below 128 rows: the GEMV's launches are faster (measured, NOTES) */
+    if (T < 128 && nrb * ntc * P < 32) return 1;
     static const void *attr_done[16];
     int seen = 0;
     for (int i = 0; i < 16 && attr_done[i]; i++) seen |= attr_done[i] == (const void *)k.gemm;
@@ -293,14 +336,18 @@ int dsv4_linear_bi_run(const tc_job *jobs, int nj, int xt, int S, int x_bf16, in
     }
     bi_args<BI_NJ> a;
     memset(&a, 0, sizeof a);
-    a.p.xbf16 = x_bf16, a.p.S = S, a.p.NU = NU, a.p.nj = nj, a.p.Tp = bi_tp(Tc);
+    a.p.xbf16 = x_bf16, a.p.S = S, a.p.NU = NU, a.p.nj = nj, a.p.Tp = bi_tp(Tc), a.p.P = P;
     unsigned char *base = (unsigned char *)ws;
     nrb = 0;
+    int rmax = 0;
     for (int i = 0; i < nj; i++) {
         a.j[i].xg = (uint16_t *)base;
         base += bi_align((size_t)Tc * xt * NU * 128 * 2);
         a.j[i].sg = (float *)base;
         base += bi_align((size_t)NU * bi_tp(Tc) * 4);
+        a.j[i].part = (float *)base;
+        if (P > 1) base += bi_align((size_t)S * bi_tp(Tc) * jobs[i].w.rows * 4);
+        rmax = jobs[i].w.rows > rmax ? jobs[i].w.rows : rmax;
         a.j[i].rb0 = nrb;
         nrb += (jobs[i].w.rows + BI_ROWS - 1) / BI_ROWS;
     }
@@ -314,7 +361,12 @@ int dsv4_linear_bi_run(const tc_job *jobs, int nj, int xt, int S, int x_bf16, in
             a.j[i].t.y = jobs[i].y + (size_t)t0 * jobs[i].ldy;
         }
         k.stage<<<dim3(nt, nj), TC_THREADS, 0, st>>>(a);
-        k.gemm<<<nrb * a.p.ntc, BI_THREADS, k.smem, st>>>(a);
+        k.gemm<<<nrb * P * a.p.ntc, BI_THREADS, k.smem, st>>>(a);
+        if (P > 1) {
+            const int64_t n = (int64_t)nt * rmax;
+            const int gx = (int)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
+            bi_reduce<<<dim3(gx, nj), 256, 0, st>>>(a);
+        }
     }
     return dsv4_cuda_check_launch("linear (multi-token gemm)");
 }

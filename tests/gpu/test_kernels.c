@@ -2243,7 +2243,8 @@ multi_checks: {
         if (only_multi) goto checks_done;
     }
     /* the multi-token GEMM (dsv4_cuda_linear_ws): bitwise the GEMV for every format and x kind it takes, rows not a
-     * multiple of its 128-row blocks, views, few rows (many column slices), T from its minimum to more than one pass;
+     * multiple of its 128-row blocks, views, few rows (many column slices; less than a wave of blocks: a slice a block,
+     * then their sums in order), T from its minimum to more than one pass;
      * grouped jobs (dsv4_cuda_linear_multi_ws) against the GEMV's single calls; F32 and odd shapes keep the GEMV */
 mt_checks: {
         test_linear_mt("head-like", DSV4_WF_BF16, 1000, 4096, 200, 0, 0, 0, 0, 0);
@@ -2256,6 +2257,7 @@ mt_checks: {
         test_linear_mt("few rows", DSV4_WF_BF16, 64, 4096, 140, 0, 0, 0, 0, 0);
         test_linear_mt("wo_b", DSV4_WF_FP8, 4096, 8192, 64, 0, 1, 0, 0, 0);
         test_linear_mt("wq_b", DSV4_WF_FP8, 32768, 1024, 80, 0, 1, 0, 0, 0);
+        test_linear_mt("4 slices, a wave", DSV4_WF_FP8, 8192, 4096, 256, 0, 1, 0, 0, 0);
         test_linear_mt("", DSV4_WF_FP8, 1000, 2048, 100, 0, 1, 0, 0, 128);
         test_linear_mt("f32 scales", DSV4_WF_FP8, 640, 1024, 150, 1, 1, 0, 0, 0);
         test_linear_mt("no aq", DSV4_WF_FP8, 1024, 2048, 130, 0, 0, 0, 0, 0);
