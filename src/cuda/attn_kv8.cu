@@ -153,13 +153,6 @@ __device__ __forceinline__ float ak_tree8(const float (&v)[8], int lane) {
     return c;
 }
 
-/* 16 bytes global -> shared, asynchronously (cp.async; waited for by ak_cp_wait) */
-__device__ __forceinline__ void ak_cp16(void *sdst, const void *gsrc) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gsrc));
-}
-__device__ __forceinline__ void ak_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void ak_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 /* Block (query blockIdx.x, heads blockIdx.y * NW * HB .., span blockIdx.z or every span when gridDim.z == 1).
  * Per sub-split: the raw cache rows arrive by cp.async (issued while the previous sub-split computes), are
@@ -214,9 +207,9 @@ __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(cons
         const int nc = min(AK_S, nidx - s * AK_S);
         for (int it = threadIdx.x; it < nc * nchk; it += NT) {
             const int i = it / nchk, k = it - i * nchk, id = sid[i];
-            if (id >= 0) ak_cp16(raw + i * rb + 16 * k, cache + (int64_t)id * rb + 16 * k);
+            if (id >= 0) dev_cp16(raw + i * rb + 16 * k, cache + (int64_t)id * rb + 16 * k);
         }
-        ak_cp_commit();
+        dev_cp_commit();
     };
     if (threadIdx.x < AK_S) ids[threadIdx.x] = fetch(s_begin);
     int nid = threadIdx.x < AK_S && s_begin + 1 < s_end ? fetch(s_begin + 1) : -1;
@@ -245,7 +238,7 @@ __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(cons
                     qv[h][c] = hh < H && d < Dh ? ak_ld4(q + ((int64_t)t * H + hh) * Dh + d, Dh - d, vec)
                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
-            ak_cp_wait();
+            dev_cp_wait<0>();
             if (threadIdx.x < AK_S) {
                 nxt[threadIdx.x] = nid;
                 nid = s + 2 < s_end ? fetch(s + 2) : -1;

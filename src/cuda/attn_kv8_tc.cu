@@ -68,12 +68,6 @@ __device__ __forceinline__ void tc_split8(const float (&v)[8], uint4 &hi, uint4 
     tc_split(v[4], v[5], hi.z, lo.z);
     tc_split(v[6], v[7], hi.w, lo.w);
 }
-__device__ __forceinline__ void tc_cp16(void *sdst, const void *gsrc) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gsrc));
-}
-__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void tc_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 /* the two warps of head group g (named barrier 1 + g) */
 __device__ __forceinline__ void tc_pair_sync(int g) { asm volatile("bar.sync %0, 64;\n" ::"r"(1 + g) : "memory"); }
 
@@ -114,9 +108,9 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         const int nc = min(TC_N, nidx - s * TC_N);
         for (int it = tid; it < nc * nchk; it += TC_NT) {
             const int i = it / nchk, k = it - i * nchk, id = sid[i];
-            if (id >= 0) tc_cp16(raw + i * rb + 16 * k, cache + (int64_t)id * rb + 16 * k);
+            if (id >= 0) dev_cp16(raw + i * rb + 16 * k, cache + (int64_t)id * rb + 16 * k);
         }
-        tc_cp_commit();
+        dev_cp_commit();
     };
     if (tid < TC_N) ids[tid] = fetch(0, tid);
 
@@ -161,7 +155,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
 
     for (int s = 0; s < ns; s++) {
         const int *cid = ids + (s & 1) * TC_N;
-        tc_cp_wait();
+        dev_cp_wait<0>();
         __syncthreads(); /* raw rows in; every warp is done with the previous tile */
         if (tid < TC_N && s + 1 < ns) ids[((s + 1) & 1) * TC_N + tid] = fetch(s + 1, tid);
         /* rows into Kh / Kl: a thread per 8 dims of a row */

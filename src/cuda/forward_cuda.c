@@ -49,7 +49,11 @@ static void *take(uint8_t *base, size_t *o, size_t bytes) {
     return p;
 }
 
-/* the largest input / output features of the FP8 act-quant linears (the GEMM workspace's K and N) */
+/* The forward's use of the split bf16 GEMM (linear_gemm.h): switched on, and the weight's shape and T fit it */
+static int split_takes(const dsv4_cuda_weight *wt, int T) {
+    return dsv4_cuda_linear_gemm_split_enabled() && dsv4_cuda_linear_gemm_split_fits(wt, T);
+}
+
 /* The prefill GEMMs' workspace: the FP8 act-quant weights' largest K and N, and the split path's (weights without act
  * quant that it takes) largest K and FP8 view rows (wo_a: one group's) */
 static size_t gemm_ws_need(const dsv4_cuda_model *g, int T) {
@@ -65,7 +69,7 @@ static size_t gemm_ws_need(const dsv4_cuda_model *g, int T) {
             if (wt->fmt == DSV4_WF_FP8 && wt->act_quant) {
                 if (wt->cols > kq) kq = wt->cols;
                 if (wt->rows > nq) nq = wt->rows;
-            } else if (dsv4_cuda_linear_gemm_split_enabled() && dsv4_cuda_linear_gemm_split_fits(wt, T)) {
+            } else if (split_takes(wt, T)) {
                 const int rows = wt == &gl->wo_a && g->m->cfg.o_groups > 1 ? g->m->cfg.o_lora_rank : wt->rows;
                 if (wt->cols > ks) ks = wt->cols;
                 if (wt->fmt == DSV4_WF_FP8 && rows > nd) nd = rows;
@@ -185,9 +189,7 @@ dsv4_cuda_batch gpu_batch_at(const dsv4_cuda_model *g, int T, int S) {
 /* Whether a linear of the pass goes to a tensor-core GEMM (w->gemm: not a decode step, T large enough): the FP8 one
  * for FP8 act-quant weights (contiguous rows only), the split bf16 one for BF16 / FP8 weights without act quant. */
 static int gemm_takes(const gws *w, const dsv4_cuda_weight *wt, int T, int strided) {
-    return w->gemm && w->gemm_ws &&
-           ((!strided && dsv4_cuda_linear_gemm_fits(wt, T)) ||
-            (dsv4_cuda_linear_gemm_split_enabled() && dsv4_cuda_linear_gemm_split_fits(wt, T)));
+    return w->gemm && w->gemm_ws && ((!strided && dsv4_cuda_linear_gemm_fits(wt, T)) || split_takes(wt, T));
 }
 
 /* A linear of the pass (x rows ldx apart, y rows ldy; 0: contiguous): a GEMM where gemm_takes, everything else (and
@@ -197,7 +199,7 @@ static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, 
     if (w->gemm && w->gemm_ws) {
         int r = 1;
         if (!ldx && !ldy) r = dsv4_cuda_linear_gemm(wt, x, T, y, w->gemm_ws, w->gemm_wsb, g->stream);
-        if (r > 0 && dsv4_cuda_linear_gemm_split_enabled())
+        if (r > 0 && split_takes(wt, T))
             r = dsv4_cuda_linear_gemm_split(wt, x, ldx, T, y, ldy, w->gemm_ws, w->gemm_wsb, g->stream);
         if (r <= 0) return r;
     }
@@ -452,7 +454,7 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
     gws w;
     gpu_ws_carve(g, T, &w);
     w.gemm = w.gemm_ws != NULL; /* not a decode step: the FP8 linears may take the tensor-core GEMM */
-    w.attn_tc = T >= GW_ATTN && dsv4_cuda_attn_tc_enabled(); /* not a decode step: attention on tensor cores */
+    w.attn_tc = T >= GW_ATTN_TC_MIN && dsv4_cuda_attn_tc_enabled(); /* not a decode step: attention on tensor cores */
     CK(gpu_run_layers(g, &w, &b));
     if (mode != DSV4_LOGITS_NONE && logits) {
         CK(dsv4_cuda_hc_head(w.X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, g->norm,

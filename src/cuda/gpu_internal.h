@@ -66,6 +66,7 @@ typedef struct gstepl {
 
 #define DSV4_CUDA_TMAX_DEFAULT 4096 /* rows of a prefill pass (DSV4_CUDA_TMAX overrides) */
 #define GW_ATTN 64 /* attention rows per call (bounds ascr) */
+#define GW_ATTN_TC_MIN 64 /* rows from which a pass (not a decode step) runs its attention on tensor cores */
 
 #define GB_N 9     /* decode buckets 1, 2, 4, .. 256 */
 #define GB_MAX 256

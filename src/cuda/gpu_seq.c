@@ -7,16 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../model/state.h"
 #include "gpu_internal.h"
 #include "kv_cache.h"
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
-
-/* floats of a compressor's pending rows (kv or scores): [c*m, c*d] */
-static size_t pending(const dsv4_compressor *cm) {
-    size_t cc = cm->overlap ? 2 : 1;
-    return cc * (size_t)cm->ratio * cc * (size_t)cm->d;
-}
 
 /* bytes of the seqdev header and the layer table, ahead of the caches */
 static size_t head_bytes(int nlayers) { return al256(sizeof(dsv4_cuda_seqdev)) + al256(sizeof(dsv4_cuda_lstate) * (size_t)nlayers); }
@@ -39,14 +34,14 @@ static size_t layout(const dsv4_cuda_model *g, uint8_t *base, dsv4_cuda_seqdev *
         TAKEB(st.abuf, rows * (size_t)dsv4_kv_row_bytes(c->head_dim, c->rope_head_dim));
         if (ly->ratio == 4) TAKEB(st.ibuf, (size_t)(cap / 4 > 0 ? cap / 4 : 1) * (size_t)dsv4_ikey_row_bytes(c->index_head_dim));
         if (ly->ratio > 0) {
-            TAKE(st.ckv, pending(&ly->cmp));
-            TAKE(st.csc, pending(&ly->cmp));
-            if (base) neg[k] = st.csc, nneg[k++] = pending(&ly->cmp);
+            TAKE(st.ckv, dsv4_cmp_pending_floats(&ly->cmp));
+            TAKE(st.csc, dsv4_cmp_pending_floats(&ly->cmp));
+            if (base) neg[k] = st.csc, nneg[k++] = dsv4_cmp_pending_floats(&ly->cmp);
         }
         if (ly->ratio == 4) {
-            TAKE(st.ikv, pending(&ly->idx_cmp));
-            TAKE(st.isc, pending(&ly->idx_cmp));
-            if (base) neg[k] = st.isc, nneg[k++] = pending(&ly->idx_cmp);
+            TAKE(st.ikv, dsv4_cmp_pending_floats(&ly->idx_cmp));
+            TAKE(st.isc, dsv4_cmp_pending_floats(&ly->idx_cmp));
+            if (base) neg[k] = st.isc, nneg[k++] = dsv4_cmp_pending_floats(&ly->idx_cmp);
         }
         if (base) ls[L] = st;
     }

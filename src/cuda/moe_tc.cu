@@ -168,11 +168,6 @@ __global__ void moe_tc_selftest(int *bad) {
     if (diff) atomicOr(bad, 1);
 }
 
-__device__ __forceinline__ void mt_cp16(void *smem, const void *g) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
-}
-__device__ __forceinline__ void mt_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void mt_cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 /* weights into the ring: 16 bytes read once (L2 only, 256-byte L2 fetch: the row's next units are wanted soon) */
 __device__ __forceinline__ void mt_cp16s(unsigned sa, const void *g) {
@@ -182,7 +177,6 @@ __device__ __forceinline__ void mt_cp16s(unsigned sa, const void *g) {
 template <int B> __device__ __forceinline__ void mt_cps(unsigned sa, const void *g) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(sa), "l"(g), "n"(B) : "memory");
 }
-template <int N> __device__ __forceinline__ void mt_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 /* One unit of a lane's weights: [tile][row g / g+8][chunk], and the scale bytes of tile t in sc[t] (MXFP4 / FP8:
  * byte m = row half m; NVFP4: the chunk's two e4m3 group scales, 16 bits per row half). */
@@ -330,10 +324,10 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
             const int t = i / per, r = i - t * per;
             const int row = GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t;
             const uint8_t *src = P.xq + (int64_t)row * P.xq_ld;
-            if (r < W * 16) mt_cp16(xb + (size_t)t * tok + (r >> 4) * 128 + (r & 15) * 8, src + (int64_t)(u0 + (r >> 4)) * 256 + (r & 15) * 16);
-            else mt_cp16(sb + t * W + (r - W * 16) * 4, src + 2 * (int64_t)C + (int64_t)(u0 + (r - W * 16) * 4) * 4);
+            if (r < W * 16) dev_cp16(xb + (size_t)t * tok + (r >> 4) * 128 + (r & 15) * 8, src + (int64_t)(u0 + (r >> 4)) * 256 + (r & 15) * 16);
+            else dev_cp16(sb + t * W + (r - W * 16) * 4, src + 2 * (int64_t)C + (int64_t)(u0 + (r - W * 16) * 4) * 4);
         }
-        mt_cp_commit();
+        dev_cp_commit();
     };
 
     float acc[2][NT][4];
@@ -646,7 +640,7 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
                 rload(sl, lit, lj);
                 adv(lit, lchk, lj);
             }
-            mt_cp_commit();
+            dev_cp_commit();
             sl++;
         }
         for (int i = 0; i < total; i++) {
@@ -655,9 +649,9 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
                 rload(sl, lit, lj);
                 adv(lit, lchk, lj);
             }
-            mt_cp_commit();
+            dev_cp_commit();
             sl = sl == DEPTH - 1 ? 0 : sl + 1;
-            mt_cp_wait<DEPTH - 1>(); /* step i's copies landed */
+            dev_cp_wait<DEPTH - 1>(); /* step i's copies landed */
             __syncwarp();            /* ... for every lane (the scale words come from the row's lanes) */
             mt_buf<V> b;
             fetch(b, sq);
@@ -904,14 +898,14 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 #pragma unroll
     for (int d = 0; d < MP2_DEPTH - SL; d++) {
         if (d < total) lstep(d);
-        mt_cp_commit();
+        dev_cp_commit();
     }
     int it = 0, chk = 0, sl0 = 0; /* sl0: stage of step i0 */
     for (int i0 = 0; i0 < total; i0 += SL) {
         const int tp = (it * P.gx + (int)blockIdx.x) * MP_WARPS + warp, c0 = chk * 64, nt = min(64, cnt - c0), ntl = (nt + 7) >> 3;
         const bool act = tp < P.NRP;
         const int u0 = i0 - (it * nch + chk) * NU; /* unit of set 0 */
-        mt_cp_wait<MP2_DEPTH - 2 * SL>(); /* steps i0 .. i0 + SL - 1: this thread's copies landed */
+        dev_cp_wait<MP2_DEPTH - 2 * SL>(); /* steps i0 .. i0 + SL - 1: this thread's copies landed */
         __syncthreads();                 /* ... every thread's; and every warp is done with the previous steps' stages */
         if (act && ntl > 6) units(mp_int<8>(), sl0);
         else if (act && ntl > 4) units(mp_int<6>(), sl0);
@@ -921,7 +915,7 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 #pragma unroll
         for (int sl = 0; sl < SL; sl++) {
             if (i0 + sl + MP2_DEPTH - SL < total) lstep(ls0 + sl < MP2_DEPTH ? ls0 + sl : ls0 + sl - MP2_DEPTH);
-            mt_cp_commit();
+            dev_cp_commit();
         }
         sl0 = sl0 + SL < MP2_DEPTH ? sl0 + SL : sl0 + SL - MP2_DEPTH;
         if (u0 + SL < NU) continue;

@@ -10,13 +10,13 @@
 #include <string.h>
 
 /* floats of a compressor's pending rows (kv or scores): [c*m, c*d], c = 2 with overlap */
-static size_t cmp_pending(const dsv4_compressor *cm) {
+size_t dsv4_cmp_pending_floats(const dsv4_compressor *cm) {
     const size_t cc = cm->overlap ? 2 : 1;
     return cc * (size_t)cm->ratio * cc * (size_t)cm->d;
 }
 
 static int cmp_init(dsv4_cmp_state *c, const dsv4_compressor *cm) {
-    const size_t n = cmp_pending(cm);
+    const size_t n = dsv4_cmp_pending_floats(cm);
     c->kv = calloc(n, sizeof(float));
     c->sc = malloc(n * sizeof(float));
     if (!c->kv || !c->sc) return -1;
@@ -65,7 +65,7 @@ fail:
 }
 
 static int cmp_copy(dsv4_cmp_state *d, const dsv4_cmp_state *c, const dsv4_compressor *cm) {
-    const size_t n = cmp_pending(cm);
+    const size_t n = dsv4_cmp_pending_floats(cm);
     memcpy(d->kv, c->kv, n * sizeof(float));
     memcpy(d->sc, c->sc, n * sizeof(float));
     if (c->n > 0) {

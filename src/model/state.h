@@ -32,6 +32,9 @@ void dsv4_seq_state_free(dsv4_seq_state *s);
 dsv4_seq_state *dsv4_seq_state_fork(const dsv4_seq_state *src);
 /* Makes room for `n` more entries in a compressor state; -1 when out of memory. */
 int dsv4_cmp_state_reserve(dsv4_cmp_state *c, int d, int n);
+/* Floats of a compressor's pending rows, kv or scores ([c*m, c*d], c = 2 with overlap): the CPU state's and the GPU
+ * sequence's (src/cuda/gpu_seq.c) size. */
+size_t dsv4_cmp_pending_floats(const dsv4_compressor *cm);
 
 /* Every forward call passes this before it reaches a backend (request.c): the sequences (distinct, of
  * this model), token ids, positions within the context capacity. The call's token count, or -1 with a
