@@ -364,6 +364,27 @@ typedef struct mspec {
 
 #define MJ_MAX 24
 
+/* Flash's grouped linears, the job lists of the checks and timings below: wq_a + wkv; the compressors' wkv / wgate,
+ * the indexer compressor's and weights_proj; the gate + shared w1 / w3; NVFP4 with BF16 activations; mixed formats
+ * (one odd shape: the element path) */
+static const mspec qkv[2] = {{DSV4_WF_FP8, 1024, 4096, 1, 0, 0}, {DSV4_WF_FP8, 512, 4096, 1, 0, 0}};
+static const mspec cmp[5] = {{DSV4_WF_BF16, 1024, 4096, 0, 0, 0}, {DSV4_WF_BF16, 1024, 4096, 0, 0, 0},
+                             {DSV4_WF_BF16, 256, 4096, 0, 0, 0},  {DSV4_WF_BF16, 256, 4096, 0, 0, 0},
+                             {DSV4_WF_BF16, 64, 4096, 0, 0, 0}};
+static const mspec moe3[3] = {{DSV4_WF_BF16, 256, 4096, 0, 0, 0}, {DSV4_WF_FP8, 2048, 4096, 1, 0, 0},
+                              {DSV4_WF_FP8, 2048, 4096, 1, 0, 0}};
+static const mspec nvab[2] = {{DSV4_WF_NVFP4, 1024, 4096, 0, 0, 1}, {DSV4_WF_NVFP4, 512, 4096, 0, 0, 1}};
+static const mspec mix[4] = {{DSV4_WF_FP8, 1024, 4096, 1, 0, 0}, {DSV4_WF_BF16, 77, 1003, 0, 0, 0},
+                             {DSV4_WF_FP8, 512, 4096, 1, 0, 0},  {DSV4_WF_MXFP4, 256, 2048, 0, 0, 0}};
+/* n wo_a groups (views of one FP8 act-quant weight, 1024 rows x 4096 each) */
+static void ms_wo_a(mspec *w, int n) {
+    for (int i = 0; i < n; i++) w[i] = (mspec){DSV4_WF_FP8, 1024, 4096, 1, 0, 0};
+}
+/* 20 small BF16 jobs of three row counts (more jobs than one launch holds) */
+static void ms_b20(mspec *b) {
+    for (int i = 0; i < 20; i++) b[i] = (mspec){DSV4_WF_BF16, 128 + 16 * (i % 3), 1024, 0, 0, 0};
+}
+
 /* The weights of n jobs: views (the wo_a groups): rows i * R .. of one stored weight of spec 0 with n * R rows; else a
  * weight per job. Host copies in h[0 .. nh-1], the stored device weights in d, each job's in w. */
 typedef struct mweights {
@@ -2206,22 +2227,13 @@ int main(int argc, char **argv) {
     /* grouped linears (dsv4_cuda_linear_multi): bitwise the separate calls, T = 1, 3, 16, 40 */
 multi_checks: {
         mspec wo8[8], b20[20];
-        for (int i = 0; i < 8; i++) wo8[i] = (mspec){DSV4_WF_FP8, 1024, 4096, 1, 0, 0};
-        for (int i = 0; i < 20; i++) b20[i] = (mspec){DSV4_WF_BF16, 128 + 16 * (i % 3), 1024, 0, 0, 0};
-        const mspec qkv[2] = {{DSV4_WF_FP8, 1024, 4096, 1, 0, 0}, {DSV4_WF_FP8, 512, 4096, 1, 0, 0}};
-        const mspec cmp[5] = {{DSV4_WF_BF16, 1024, 4096, 0, 0, 0}, {DSV4_WF_BF16, 1024, 4096, 0, 0, 0},
-                              {DSV4_WF_BF16, 256, 4096, 0, 0, 0},  {DSV4_WF_BF16, 256, 4096, 0, 0, 0},
-                              {DSV4_WF_BF16, 64, 4096, 0, 0, 0}};
-        const mspec moe3[3] = {{DSV4_WF_BF16, 256, 4096, 0, 0, 0}, {DSV4_WF_FP8, 2048, 4096, 1, 0, 0}, {DSV4_WF_FP8, 2048, 4096, 1, 0, 0}};
+        ms_wo_a(wo8, 8), ms_b20(b20);
         const mspec mx[3] = {{DSV4_WF_MXFP4, 2048, 2048, 0, 0, 0}, {DSV4_WF_MXFP4, 512, 2048, 0, 0, 0}, {DSV4_WF_MXFP4, 100, 2048, 0, 0, 0}};
         const mspec nv[2] = {{DSV4_WF_NVFP4, 1024, 4096, 0, 0, 0}, {DSV4_WF_NVFP4, 333, 4096, 0, 0, 0}};
-        const mspec nvab[2] = {{DSV4_WF_NVFP4, 1024, 4096, 0, 0, 1}, {DSV4_WF_NVFP4, 512, 4096, 0, 0, 1}};
         const mspec f32[2] = {{DSV4_WF_F32, 24, 2048, 0, 0, 0}, {DSV4_WF_F32, 48, 2048, 0, 0, 0}};
         const mspec f16[2] = {{DSV4_WF_F16, 256, 4096, 0, 0, 0}, {DSV4_WF_F16, 128, 4096, 0, 0, 0}};
         const mspec f8s[2] = {{DSV4_WF_FP8, 512, 1024, 0, 1, 0}, {DSV4_WF_FP8, 640, 1024, 0, 1, 0}};
         const mspec odd[2] = {{DSV4_WF_FP8, 200, 1000, 1, 0, 0}, {DSV4_WF_FP8, 130, 1000, 1, 0, 0}};
-        const mspec mix[4] = {{DSV4_WF_FP8, 1024, 4096, 1, 0, 0}, {DSV4_WF_BF16, 77, 1003, 0, 0, 0},
-                              {DSV4_WF_FP8, 512, 4096, 1, 0, 0},  {DSV4_WF_MXFP4, 256, 2048, 0, 0, 0}};
         test_linear_multi_T("wo_a groups Flash", wo8, 8, 1, 1, 1, 0);
         test_linear_multi_T("wq_a+wkv", qkv, 2, 0, 0, 0, 0);
         test_linear_multi_T("compressors+wproj", cmp, 5, 0, 0, 0, 0);
@@ -2273,16 +2285,7 @@ mt_checks: {
         test_linear_mt("GEMV kept", DSV4_WF_F32, 24, 2048, 130, 0, 0, 0, 0, 0);
         test_linear_mt("element path kept", DSV4_WF_FP8, 200, 1000, 130, 0, 1, 0, 0, 0);
         mspec wo8[8], b20[20];
-        for (int i = 0; i < 8; i++) wo8[i] = (mspec){DSV4_WF_FP8, 1024, 4096, 1, 0, 0};
-        for (int i = 0; i < 20; i++) b20[i] = (mspec){DSV4_WF_BF16, 128 + 16 * (i % 3), 1024, 0, 0, 0};
-        const mspec qkv[2] = {{DSV4_WF_FP8, 1024, 4096, 1, 0, 0}, {DSV4_WF_FP8, 512, 4096, 1, 0, 0}};
-        const mspec cmp[5] = {{DSV4_WF_BF16, 1024, 4096, 0, 0, 0}, {DSV4_WF_BF16, 1024, 4096, 0, 0, 0},
-                              {DSV4_WF_BF16, 256, 4096, 0, 0, 0},  {DSV4_WF_BF16, 256, 4096, 0, 0, 0},
-                              {DSV4_WF_BF16, 64, 4096, 0, 0, 0}};
-        const mspec moe3[3] = {{DSV4_WF_BF16, 256, 4096, 0, 0, 0}, {DSV4_WF_FP8, 2048, 4096, 1, 0, 0}, {DSV4_WF_FP8, 2048, 4096, 1, 0, 0}};
-        const mspec nvab[2] = {{DSV4_WF_NVFP4, 1024, 4096, 0, 0, 1}, {DSV4_WF_NVFP4, 512, 4096, 0, 0, 1}};
-        const mspec mix[4] = {{DSV4_WF_FP8, 1024, 4096, 1, 0, 0}, {DSV4_WF_BF16, 77, 1003, 0, 0, 0},
-                              {DSV4_WF_FP8, 512, 4096, 1, 0, 0},  {DSV4_WF_MXFP4, 256, 2048, 0, 0, 0}};
+        ms_wo_a(wo8, 8), ms_b20(b20);
         g_lwsb = dsv4_cuda_linear_ws_bytes(300, 20 * 4096, 20);
         g_lws = dsv4_cuda_alloc(g_lwsb);
         test_linear_multi("wo_a groups Flash", wo8, 8, 1, 1, 1, 0, 64);
@@ -2478,11 +2481,7 @@ checks_done:
         bench_copy();
         {
             mspec wo8[16];
-            for (int i = 0; i < 16; i++) wo8[i] = (mspec){DSV4_WF_FP8, 1024, 4096, 1, 0, 0};
-            const mspec qkv[2] = {{DSV4_WF_FP8, 1024, 4096, 1, 0, 0}, {DSV4_WF_FP8, 512, 4096, 1, 0, 0}};
-            const mspec cmp[5] = {{DSV4_WF_BF16, 1024, 4096, 0, 0, 0}, {DSV4_WF_BF16, 1024, 4096, 0, 0, 0},
-                                  {DSV4_WF_BF16, 256, 4096, 0, 0, 0},  {DSV4_WF_BF16, 256, 4096, 0, 0, 0},
-                                  {DSV4_WF_BF16, 64, 4096, 0, 0, 0}};
+            ms_wo_a(wo8, 16);
             const mspec sw[2] = {{DSV4_WF_FP8, 2048, 4096, 1, 0, 0}, {DSV4_WF_FP8, 2048, 4096, 1, 0, 0}};
             bench_linear_multi("wo_a 8 groups Flash", wo8, 8, 1, 1, 1);
             bench_linear_multi("wo_a 8 groups Flash", wo8, 8, 1, 1, 8);
