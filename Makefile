@@ -13,7 +13,7 @@ SAN     ?=
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP -Iinclude -Isrc
 LDLIBS  += -lcjson -lpcre2-8 -lmicrohttpd -lm -lpthread -fopenmp $(SAN)
-NVFLAGS ?= -O3 -arch=sm_90a -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude
+NVFLAGS ?= -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude
 
 LIB_SRC  := $(sort $(filter-out src/cuda/%,$(wildcard src/*/*.c)))
 LIB_SRC  := $(filter-out src/cli/%,$(LIB_SRC))
@@ -71,7 +71,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVFLAGS) -c -o $@ $<
+	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libdsv4.a
 	@mkdir -p $(@D)

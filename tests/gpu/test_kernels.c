@@ -11,11 +11,11 @@
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench]   (--only linear: the linear checks and timings
+ * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|topk]   (--only linear: the linear checks and timings
  * alone; --only gemm: those of the FP8 prefill GEMM alone; --only multi: those of the grouped linears, and the single ones
  * they replace; --only mt: those of the multi-token GEMM, timed against the GEMV at Flash's shapes; --only hc: those of
  * mHC pre / post / head; --only moe: the MoE grouping / expert / combine checks and the
- * experts' timings; --only moebench: the experts' timings alone) */
+ * experts' timings; --only moebench: the experts' timings alone; --only topk: the indexer top-k's checks and times) */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -1043,6 +1043,18 @@ static void test_topk(int T, int ld, int k, int levels) {
     char name[128];
     snprintf(name, sizeof name, "topk T=%d n<=%d k=%d %s (exact, torch order)", T, ld, k, levels ? "ties" : "distinct");
     check(name, got, ref, nout, 0, 0);
+    { /* the time of a launch (ties: the one-thread path in shared memory up to 8192 entries a row, else in the scratch) */
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        cudaEventRecord(e0, 0);
+        for (int i = 0; i < 5; i++) dsv4_cuda_topk(dsc, T, ld, dnl, dnc, k, dsel, dnsel, scratch, NULL);
+        cudaEventRecord(e1, 0);
+        sync_ok();
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        printf("time topk T=%d n<=%d k=%d %s: %.1f us\n", T, ld, k, levels ? "ties" : "distinct", 1000.0 * ms / 5);
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
     dsv4_cuda_free(dsc), dsv4_cuda_free(dnl), dsv4_cuda_free(dnc), dsv4_cuda_free(dsel), dsv4_cuda_free(dnsel),
         dsv4_cuda_free(scratch);
     free(sc), free(nl), free(nc), free(tmp), free(ref), free(got), free(sel), free(nsel);
@@ -2113,7 +2125,7 @@ static void bench_moe(void) {
 }
 
 int main(int argc, char **argv) {
-    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0;
+    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0, only_topk = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "multi")) only_lin = only_multi = 1, i++;
@@ -2123,6 +2135,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "hc")) only_hc = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moe")) only_moe = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moebench")) only_moe = 2, i++;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "topk")) only_topk = 1, i++;
     }
     dsv4_cuda_info info;
     char err[256];
@@ -2139,6 +2152,7 @@ int main(int argc, char **argv) {
     if (only_mt) goto mt_checks;
     if (only_moe == 2) goto checks_done; /* the MoE bench alone (bench/ncu runs) */
     if (only_moe) goto moe_checks;
+    if (only_topk) goto topk_checks;
     /* linear: every format, decode (GEMV, 16-byte path) and odd sizes (element path), prefill (GEMM) */
     test_linear("wq_a", DSV4_WF_FP8, 1024, 4096, 1, 0, 1, 0);
     test_linear("wq_b", DSV4_WF_FP8, 4096, 1024, 4, 0, 1, 0);
@@ -2376,6 +2390,7 @@ hc_checks:
     test_swiglu(3, 1000, 1003, 0.0f, 0);
 
     /* device-side decode step pieces: top-k, MoE grouping, grouped experts, attention index lists */
+topk_checks:
     test_topk(6, 1024, 512, 0);      /* Flash: top-512 of context 4096's entries */
     test_topk(5, 4096, 1024, 0);     /* Pro */
     test_topk(7, 300, 16, 5);        /* exact ties (few levels, many zeros): torch's choice and order */
@@ -2383,6 +2398,10 @@ hc_checks:
     test_topk(4, 40000, 64, 3);
     test_topk(3, 50, 64, 0);         /* k > n: every entry, sorted */
     test_topk(6, 3000, 40, 2);       /* k * 64 <= n: torch's partial_sort path, with ties */
+    test_topk(256, 2048, 512, 3);    /* batch 256 at 8K (ratio 4), every row tied: the tie path in shared memory */
+    test_topk(4, 8192, 512, 3);      /* the longest rows it takes; 8193 and more: the scratch (40000 above) */
+    test_topk(3, 8193, 512, 3);
+    if (only_topk) goto checks_done;
 moe_checks:
     test_moe_group(1, 6, 256);
     test_moe_group(8, 6, 256);
