@@ -155,6 +155,10 @@ int dsv4_cuda_event_record(void *ev, void *stream) {
     return cuda_ok(cudaEventRecord((cudaEvent_t)ev, DSV4_STREAM(stream)), "event record");
 }
 
+int dsv4_cuda_stream_wait(void *stream, void *ev) {
+    return cuda_ok(cudaStreamWaitEvent(DSV4_STREAM(stream), (cudaEvent_t)ev, 0), "stream wait");
+}
+
 void dsv4_cuda_profiler_range(int on) {
     (void)(on ? cudaProfilerStart() : cudaProfilerStop()); /* no-ops without a profiler attached */
 }

@@ -69,6 +69,9 @@ void dsv4_cuda_graph_free(void *exec);
 void *dsv4_cuda_event_new(void); /* NULL on failure */
 void dsv4_cuda_event_free(void *ev);
 int dsv4_cuda_event_record(void *ev, void *stream);
+/* What is enqueued on `stream` after this waits for the work recorded in `ev` (on another stream): a fork or a join,
+ * also inside a capture (the other stream's work joins the graph as a parallel branch). */
+int dsv4_cuda_stream_wait(void *stream, void *ev);
 /* Opens / closes the range an external profiler records (Nsight Compute's --profile-from-start off):
  * bench/ncu_profile.sh profiles exactly the runs of `dsv4 bench --profile`. */
 void dsv4_cuda_profiler_range(int on);

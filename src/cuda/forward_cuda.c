@@ -369,17 +369,30 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     CK(lin(g, w, &gl->gate, x, T, w->lgE));
     CK(dsv4_cuda_router(w->lgE, T, E, K, ly->hash ? NULL : gl->gate_bias, ly->hash ? gl->tid2eid : NULL, b->tok,
                         c->route_scale, w->rsel, w->ew, st));
+    /* the shared expert on the second stream, beside the routed experts (a parallel branch of the step's graph; the
+     * same kernels on the same data, so the same bits): at small batches each leaves most of the GPU idle. Serial
+     * while an op profile times the ops one by one. */
+    const int fork = ly->has_shared && g->stream2 && !g->prof;
     if (ly->has_shared) {
+        if (fork) {
+            CK(dsv4_cuda_event_record(g->ev_fork, st));
+            CK(dsv4_cuda_stream_wait(g->stream2, g->ev_fork));
+            g->stream = g->stream2; /* lin / lin_multi enqueue on g->stream */
+        }
         dsv4_cuda_linear_job sj[2] = {ljob(&gl->sw1, x, w->gg), ljob(&gl->sw3, x, w->uu)};
-        CK(lin_multi(g, w, sj, 2, T));
-        CK(dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, st));
-        CK(lin(g, w, &gl->sw2, w->gg, T, w->ye));
+        int rc = lin_multi(g, w, sj, 2, T);
+        if (!rc) rc = dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, g->stream);
+        if (!rc) rc = lin(g, w, &gl->sw2, w->gg, T, w->ye);
+        g->stream = st;
+        CK(rc);
+        if (fork) CK(dsv4_cuda_event_record(g->ev_join, g->stream2));
     }
     /* routed experts, in groups of at most w->tg tokens (each token's result does not depend on its group) */
     for (int g0 = 0; g0 < T; g0 += w->tg) {
         int tg = T - g0 < w->tg ? T - g0 : w->tg;
         CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
         CK(dsv4_cuda_moe_experts(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
+        if (fork && g0 == 0) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the shared expert's y, for the combine */
         CK(dsv4_cuda_moe_combine(w->ys, w->plan.tslot, tg, K, D, ly->has_shared ? w->ye + (size_t)g0 * D : NULL,
                                  out + (size_t)g0 * D, st));
     }
