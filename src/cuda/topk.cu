@@ -11,8 +11,8 @@
  * Ties: where torch's choice or order depends on its algorithm (two selected values equal, or the k-th
  * value equal to an unselected one; -inf aside: those entries are masked and dropped), one thread redoes
  * the row with the CPU's own algorithm (src/cpu/topk_algo.h) on a copy of the row: in shared memory for
- * rows up to TOPK_SMEM_N entries (the block copies it; ~8x faster than the global scratch, whose stores
- * the thread then reads back from L2), else in the scratch. Rare with real scores, common in tiny test
+ * rows up to TOPK_SMEM_N entries (the block copies it; measured ~20 % faster than the global scratch:
+ * 882 us for a tied row of 8192 entries, 1,101 us for 8193), else in the scratch. Rare with real scores, common in tiny test
  * models (ReLU zeros) and with repeated prompt tokens (equal compressed entries). */
 #include "common.cuh"
 #include "cuda_model.h"
