@@ -15,8 +15,10 @@
  * 1: 384 blocks on 132 SMs, not 192 of 8 warps), else 8-warp blocks; their dependents launch when the work is done.
  * Prefill, MXFP4 with S <= 2 (moe_pf2_kernel): 8 tile pairs a block, each warp holding the accumulators of every
  * slice (unit u adds into set u % S), a 6-stage cp.async pipeline of units (x codes and scales of the chunk's 64
- * tokens, shared, and each warp's weights), one barrier and one basic block for the S units of a step; DSV4_MOE_PF=0
- * runs the register kernel.
+ * tokens, shared, and each warp's weights), one barrier and one basic block for the S units of a step, the products on
+ * wgmma m64nNk16 (A: the decoded weights in registers, B: the x codes in shared memory, staged by moe_quant in the
+ * wgmma order; the same bits as the mma.sync chain: wgmma.cuh), DSV4_MOE_WG=0 on mma.sync; DSV4_MOE_PF=0 runs the
+ * register kernel.
  * Prefill otherwise, FP8 and DSV4_MOE_TC_LEGACY: a lane keeps its weight loads of the next unit in registers while the
  * current one is computed (the scale bytes' loads, combined right away, made that wait for each unit: one latency a unit).
  * (Opt-in for comparisons, both measured slower: an L2 bulk prefetch of the units after those, and MXFP4 codes to
@@ -35,6 +37,7 @@
 
 #include "linear_tc.cuh"
 #include "moe_tc.h"
+#include "wgmma.cuh"
 
 #define MT_WARPS 8 /* warps a block of the register-buffer kernels (prefill, FP8, the legacy decode) */
 #define MT_SB 4    /* (token, unit) items in flight per warp while staging x */
@@ -56,6 +59,14 @@ template <int FMT, int XB = 2> __device__ __forceinline__ int mt_slot(int i) {
         return ch * 32 + (((q >> 3) ^ (XB == 2 ? (ch >> 1) & 1 : 0)) << 3) + (q & 7);
     }
     return i;
+}
+
+/* Position of column i (0..127) of a unit in the wgmma order of the staged x (moe_pf2_kernel on wgmma, MXFP4): k-step ks
+ * (0..7) of 16 codes holds at index kk the code that the mma.sync fragments of mt_slot's order read at k-step ks,
+ * index kk (b0: kk = 2c + e, b1: 8 + 2c + e), so each 8-code half is one 16-byte row of a wgmma core matrix. */
+__device__ __forceinline__ int mt_wslot(int i) {
+    const int p = mt_slot<DSV4_WF_MXFP4>(i), c = p >> 5, js = (p >> 3) & 3, k = (p >> 2) & 1, h = (p >> 1) & 1, e = p & 1;
+    return (2 * (js ^ ((c >> 1) & 1)) + k) * 16 + 8 * h + 2 * c + e;
 }
 
 /* One (token, unit) of x held by a warp, 4 values per lane (columns q*32 + lane): XT = 1, the FP8 act quant (codes as
@@ -694,10 +705,16 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
  * ~30 blocks of 2 and ran 1.14x slower, bench/NOTES.md); the next steps' copies are issued after them, MP2_DEPTH - S
  * steps ahead. Steps run (tile-pair group, chunk, unit), so the weights of the next group or chunk are in flight
  * across the boundary. Token columns past the chunk's tokens read whatever the stage holds (never stored). Per
- * (row, token) the same operations in the same order as moe_tc_kernel: bitwise its results. */
+ * (row, token) the same operations in the same order as moe_tc_kernel: bitwise its results.
+ * WG (the default): each warpgroup's 4 warps issue their units' products together as wgmma m64nNk16 (N = 8 x the
+ * n-tiles) with the A fragments of mma.sync, k-step by k-step in the same order, into the same accumulators; the x
+ * codes come in the wgmma order (mt_wslot: per k-step two 8-code halves, the core matrices' rows), a stage's x as
+ * [16-byte piece][token] (MP_WXP bytes a piece). Every warp runs the units (a path ptxas sees as uniform: with the
+ * idle-warp test in the branch it serialized the wgmma), idle warps on whatever their stage rows hold, never stored. */
 #define MP_WARPS 8
 #define MP_XSTR 144                          /* halves a staged token row: 128 codes + 16 pad (conflict-free reads) */
 #define MP_XB (64 * MP_XSTR * 2)             /* x codes of a stage */
+#define MP_WXP (64 * 16)                     /* wgmma order: bytes of one core-matrix column (16 bytes of 64 tokens) */
 #define MP_WOFF (MP_XB + 256)                /* after them the 64 x scales, then the weights: [warp][t][m][lane] 16 B */
 #define MP_SOFF (MP_WOFF + MP_WARPS * 2048)  /* then the scale words: [warp][g][t][m] 4 B */
 #define MP_STAGE (MP_SOFF + MP_WARPS * 128)
@@ -705,7 +722,7 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
 #define MP2_DEPTH 6
 template <int N> struct mp_int { static constexpr int value = N; };
 
-template <int GATEUP, int SL>
+template <int GATEUP, int SL, int WG>
 __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_constant__ mt_params P) {
     constexpr int NT = 8;
     static_assert(MP2_DEPTH >= 2 * SL, "the steps of one iteration and the next ones in flight");
@@ -756,7 +773,11 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
             if (xcode) xrc = P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + tc] : off + c0 + tc) * P.xq_ld + (tid & 3) * 64;
             if (xsc) xrs = P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + tid] : off + c0 + tid) * P.xq_ld + 2 * (int64_t)C;
         }
-        if (xcode) {
+        if (xcode && WG) { /* wgmma order: 16-byte piece p of the token's unit to row `token` of core matrix p */
+            const unsigned d = sa + (unsigned)((tid >> 2) * 16 + (tid & 3) * 4 * MP_WXP);
+#pragma unroll
+            for (int q = 0; q < 4; q++) mt_cp16s(d + q * MP_WXP, xrc + (int64_t)lu * 256 + q * 16);
+        } else if (xcode) {
             const unsigned d = sa + (unsigned)((tid >> 2) * MP_XSTR * 2 + (tid & 3) * 64);
 #pragma unroll
             for (int q = 0; q < 4; q++) mt_cp16s(d + q * 16, xrc + (int64_t)lu * 256 + q * 16);
@@ -797,7 +818,31 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
     /* the next unit of a set from stage st into its accumulators; n-tiles 0 .. NTL - 1, NTL >= ntl a constant (no branch
      * between the mma). Token columns past nt read whatever the stage holds: an mma column depends only on its own
      * x column and scale, and those columns are never stored. */
-    auto body = [&](auto ntlc, float (&A)[2][NT][4], int (&EW)[2][2], uint32_t (&SX)[4], const unsigned char *st) {
+    /* wgmma: the A registers of a set's unit, in use by the tensor cores until the set's group is waited for, at the end
+     * of the set's unit (waiting only after the next set's scales and rescale made ptxas inject a wait of its own there:
+     * 1.27x slower, bench/NOTES.md) */
+    uint32_t Aw[4][2][2][4];
+    auto wg_done = [&](int sl) {
+        wg_wait<0>();
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) wg_keep(Aw[jj][t][m][i]);
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) wg_keep(acc[sl][t][n][k]);
+    };
+    auto body = [&](auto ntlc, int sl, const unsigned char *st) {
+        float (&A)[2][NT][4] = acc[sl];
+        int (&EW)[2][2] = ewp[sl];
+        uint32_t (&SX)[4] = sxe[sl];
         constexpr int NTL = decltype(ntlc)::value;
         uint4 q[2][2];
 #pragma unroll
@@ -854,6 +899,28 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
         for (int t = 0; t < 2; t++) EW[t][0] = ew[t][0], EW[t][1] = ew[t][1];
 #pragma unroll
         for (int w = 0; w < 4; w++) SX[w] = nx[w];
+        if (WG) { /* the warpgroup's 64 rows of each tile x the chunk's tokens: per accumulator the same k-steps in the
+                   * same order as the mma.sync path below (wgmma.cuh: the same bits) */
+            const unsigned xsa = (unsigned)__cvta_generic_to_shared(st);
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+#pragma unroll
+                for (int t = 0; t < 2; t++)
+#pragma unroll
+                    for (int m = 0; m < 2; m++) mt_decode<DSV4_WF_MXFP4, 0, 1>(q[t][m], jj, fq[t][m], Aw[jj][t][m]);
+                wg_fence(); /* the rescaled accumulators and this k-step pair's A registers */
+#pragma unroll
+                for (int k = 0; k < 2; k++)
+#pragma unroll
+                    for (int t = 0; t < 2; t++) {
+                        const uint32_t a[4] = {Aw[jj][t][0][2 * k], Aw[jj][t][1][2 * k], Aw[jj][t][0][2 * k + 1], Aw[jj][t][1][2 * k + 1]};
+                        wg_mma_f16<NTL>(A[t], a, wg_desc(xsa + (unsigned)((2 * jj + k) * 2 * MP_WXP), MP_WXP, 128));
+                    }
+            }
+            wg_commit();
+            wg_done(sl);
+            return;
+        }
         const uint16_t *xb = (const uint16_t *)st;
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
@@ -891,7 +958,7 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 #pragma unroll
         for (int sl = 0; sl < SL; sl++) {
             const int sg = sl0 + sl < MP2_DEPTH ? sl0 + sl : sl0 + sl - MP2_DEPTH;
-            body(ntlc, acc[sl], ewp[sl], sxe[sl], mt_sm + (size_t)sg * MP_STAGE);
+            body(ntlc, sl, mt_sm + (size_t)sg * MP_STAGE);
         }
     };
     /* prologue: steps 0 .. MP2_DEPTH - SL - 1 in flight (one commit group a step, empty ones included) */
@@ -906,10 +973,14 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
         const bool act = tp < P.NRP;
         const int u0 = i0 - (it * nch + chk) * NU; /* unit of set 0 */
         dev_cp_wait<MP2_DEPTH - 2 * SL>(); /* steps i0 .. i0 + SL - 1: this thread's copies landed */
+        if (WG) wg_fence_proxy();          /* ... also for the tensor cores' reads */
         __syncthreads();                 /* ... every thread's; and every warp is done with the previous steps' stages */
-        if (act && ntl > 6) units(mp_int<8>(), sl0);
-        else if (act && ntl > 4) units(mp_int<6>(), sl0);
-        else if (act) units(mp_int<4>(), sl0);
+        /* wgmma: every warp (the 4 of a warpgroup together, on a path the compiler sees as uniform; rows of idle warps
+         * hold whatever the stage holds and are never stored) */
+        const bool run = WG || act;
+        if (run && ntl > 6) units(mp_int<8>(), sl0);
+        else if (run && ntl > 4) units(mp_int<6>(), sl0);
+        else if (run) units(mp_int<4>(), sl0);
         /* then steps i0 + MP2_DEPTH - SL .. into the previous steps' stages */
         const int ls0 = sl0 >= SL ? sl0 - SL : sl0 + MP2_DEPTH - SL;
 #pragma unroll
@@ -993,10 +1064,11 @@ template <int NA> __global__ void __launch_bounds__(256) moe_mma_rate_kernel(flo
     if (sum == 1.0f) out[0] = sum; /* never: keeps the loop */
 }
 
-/* The act quant of rows [rows, C] into the pre-quantized layout, one warp a row, units in order. dst may be src (h):
+/* The act quant of rows [rows, C] into the pre-quantized layout (WO: the codes of a unit in mt_wslot's order), one warp
+ * a row, units in order. dst may be src (h):
  * a unit's codes overwrite floats of unit u / 2 <= u, already read by the whole warp (__syncwarp), and the scales
  * (after the codes) are written once the row is read. */
-template <int FMT>
+template <int FMT, int WO>
 __global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_t sld, uint8_t *dst, int64_t dld, int rows, int C) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -1013,7 +1085,7 @@ __global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_
         uint16_t term[4][1];
         const float sc = mt_quant<1>(v, term);
 #pragma unroll
-        for (int q = 0; q < 4; q++) *(uint16_t *)(dr + (int64_t)u * 256 + 2 * mt_slot<FMT>(q * 32 + lane)) = term[q][0];
+        for (int q = 0; q < 4; q++) *(uint16_t *)(dr + (int64_t)u * 256 + 2 * (WO ? mt_wslot(q * 32 + lane) : mt_slot<FMT>(q * 32 + lane))) = term[q][0];
         if (u == lane) keep0 = sc;
         if (u == lane + 32) keep1 = sc;
     }
@@ -1145,6 +1217,7 @@ static int mt_sm_smem; /* shared memory of an SM (bytes) */
 
 static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (refused once, or DSV4_MOE_NO_PDL=1) */
 static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the register kernel */
+static int mp_wg = -1;     /* DSV4_MOE_WG=0: 0, moe_pf2_kernel on mma.sync rather than wgmma */
 
 /* nw warps a block; ring: a ring kernel (carve-out hint) */
 template <typename F, typename... A>
@@ -1179,8 +1252,9 @@ static int mt_launch(F fn, dim3 grid, int nw, int ring, size_t smem, cudaStream_
 }
 
 typedef void (*mq_fn)(const float *, int64_t, uint8_t *, int64_t, int, int);
-static mq_fn mq_pick(int fmt) {
-    return fmt == DSV4_WF_FP8 ? moe_quant_kernel<DSV4_WF_FP8> : moe_quant_kernel<DSV4_WF_MXFP4>; /* NVFP4: MXFP4's order */
+static mq_fn mq_pick(int fmt, int wo) {
+    if (wo) return moe_quant_kernel<DSV4_WF_MXFP4, 1>;
+    return fmt == DSV4_WF_FP8 ? moe_quant_kernel<DSV4_WF_FP8, 0> : moe_quant_kernel<DSV4_WF_MXFP4, 0>; /* NVFP4: MXFP4's order */
 }
 
 int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,
@@ -1195,12 +1269,14 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     int pq = aq && NU % pqw == 0 && NU <= 64 && (int64_t)T * K >= (int64_t)MT_PQ_AVG * E;
     if (pq && mt_smem(1, 2, 64, pqw * 128 + pad, pqw, S, RT, 8) > (size_t)dsv4_cuda_dev.smem_optin) pq = 0;
     if (mp_off < 0) {
-        const char *e = getenv("DSV4_MOE_PF");
+        const char *e = getenv("DSV4_MOE_PF"), *w = getenv("DSV4_MOE_WG");
         mp_off = e && *e == '0';
+        mp_wg = !(w && *w == '0');
     }
     /* pf: the MXFP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
     const int pf = pq && fmt == DSV4_WF_MXFP4 && S <= 2 && mp_off != 1 && !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF)) &&
                    (size_t)MP2_DEPTH * MP_STAGE <= (size_t)dsv4_cuda_dev.smem_optin;
+    const int wg = pf && mp_wg && !(mt_mode & DSV4_MOE_TC_PF2); /* ... on wgmma (x codes in its order) */
     const int NT = pq ? 8 : xt == 1 && T <= 8 ? 1 : 2, ntok = pq ? 64 : (T < 8 * NT ? T : 8 * NT);
     int W = pq ? pqw : NU, nw = 0, xb = 2; /* nw: warps a block of a ring kernel (0: the register-buffer kernels) */
     size_t ring = 0, smem;
@@ -1238,13 +1314,14 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         const int rows = gateup ? T : T * K;
         const int64_t ld = gateup ? (((int64_t)2 * C + 4 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C;
         uint8_t *dst = gateup ? (uint8_t *)scratch : (uint8_t *)x;
-        if (mt_launch(mq_pick(fmt), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant)", x, (int64_t)C, dst, ld, rows, C)) return -1;
+        if (mt_launch(mq_pick(fmt, wg), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant)", x, (int64_t)C, dst, ld, rows, C)) return -1;
         prm.xq = dst, prm.xq_ld = ld;
     }
     if (pf) { /* MXFP4 prefill on the cp.async pipeline: 8 tile pairs a block, two groups of them a block in a row */
         const int nrb = (NRP + MP_WARPS - 1) / MP_WARPS;
         prm.gx = (nrb + 1) / 2, prm.iters = (nrb + prm.gx - 1) / prm.gx;
-        const mt_fn fp = gateup ? (S == 2 ? moe_pf2_kernel<1, 2> : moe_pf2_kernel<1, 1>) : (S == 2 ? moe_pf2_kernel<0, 2> : moe_pf2_kernel<0, 1>);
+        const mt_fn fp = wg ? (gateup ? (S == 2 ? moe_pf2_kernel<1, 2, 1> : moe_pf2_kernel<1, 1, 1>) : (S == 2 ? moe_pf2_kernel<0, 2, 1> : moe_pf2_kernel<0, 1, 1>))
+                            : (gateup ? (S == 2 ? moe_pf2_kernel<1, 2, 0> : moe_pf2_kernel<1, 1, 0>) : (S == 2 ? moe_pf2_kernel<0, 2, 0> : moe_pf2_kernel<0, 1, 0>));
         return mt_launch(fp, dim3(prm.gx, maxslots), MP_WARPS, 1, (size_t)MP2_DEPTH * MP_STAGE, st,
                          gateup ? "moe_experts (gate/up, prefill pipeline)" : "moe_experts (down, prefill pipeline)", prm);
     }

@@ -2045,22 +2045,25 @@ static void bench_moe(void) {
         act /= NP;
         /* modes (dsv4_cuda_moe_experts_path): CUDA-core kernel, tensor cores, the tensor-core kernel before the ring
          * and before moe_pf2_kernel (weights in registers, 8-warp blocks), and that with the integer MXFP4 decode, with
-         * the L2 prefetch; the default without programmatic dependent launch */
-        enum { NM = 6 };
-        static const int modes[NM] = {1, 0, 16, 18, 20, 8};
+         * the L2 prefetch; the default without programmatic dependent launch; moe_pf2_kernel on mma.sync rather than
+         * wgmma (prefill sizes) */
+        enum { NM = 7 };
+        static const int modes[NM] = {1, 0, 16, 18, 20, 8, 32};
         static const char *mname[NM] = {"old (CUDA cores)", "new",           "tc, registers (before)",
-                                        "tc, regs + integer decode", "tc, regs + L2 prefetch", "new, no PDL"};
+                                        "tc, regs + integer decode", "tc, regs + L2 prefetch", "new, no PDL",
+                                        "prefill on mma.sync"};
         double us[NM];
         float *yr[NM];
         const size_t ny = (size_t)T * K * D;
         for (int mi = 0; mi < NM; mi++) {
             dsv4_cuda_moe_experts_path(modes[mi]);
             const int it = T > 8 ? (mi ? 5 : 2) : T == 8 ? 48 : 160;
-            /* y of plan 0 for the comparisons (the profiler range of bench/ncu runs: this call of "new" and "before") */
-            if ((T <= 8 && (mi == 1 || mi == 2)) || (T == 256 && mi == 1)) dsv4_cuda_profiler_range(1);
+            /* y of plan 0 for the comparisons (the profiler range of bench/ncu runs: this call of "new", and of "before"
+             * at decode sizes) */
+            if ((T <= 8 && (mi == 1 || mi == 2)) || ((T == 256 || T == 2048) && mi == 1)) dsv4_cuda_profiler_range(1);
             op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[0], 10.0f, dh, dy, NULL), "moe_experts");
             sync_ok();
-            if ((T <= 8 && (mi == 1 || mi == 2)) || (T == 256 && mi == 1)) dsv4_cuda_profiler_range(0);
+            if ((T <= 8 && (mi == 1 || mi == 2)) || ((T == 256 || T == 2048) && mi == 1)) dsv4_cuda_profiler_range(0);
             yr[mi] = malloc(sizeof(float) * ny);
             from_dev(yr[mi], dy, sizeof(float) * ny);
             for (int k = 0; k < 2; k++) op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[(k + 1) % NP], 10.0f, dh, dy, NULL), "moe_experts");
