@@ -715,7 +715,8 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
 #define MP_XSTR 144                          /* halves a staged token row: 128 codes + 16 pad (conflict-free reads) */
 #define MP_XB (64 * MP_XSTR * 2)             /* x codes of a stage */
 #define MP_WXP (64 * 16)                     /* wgmma order: bytes of one core-matrix column (16 bytes of 64 tokens) */
-#define MP_WOFF (MP_XB + 256)                /* after them the 64 x scales, then the weights: [warp][t][m][lane] 16 B */
+#define MP_WOFF (MP_XB + 512)                /* after them the 64 x scales and their 64 ratios (moe_quant), then the weights:
+                                              * [warp][t][m][lane] 16 B */
 #define MP_SOFF (MP_WOFF + MP_WARPS * 2048)  /* then the scale words: [warp][g][t][m] 4 B */
 #define MP_STAGE (MP_SOFF + MP_WARPS * 128)
 
@@ -782,7 +783,10 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 #pragma unroll
             for (int q = 0; q < 4; q++) mt_cp16s(d + q * 16, xrc + (int64_t)lu * 256 + q * 16);
         }
-        if (xsc) mt_cps<4>(sa + MP_XB + tid * 4, xrs + lu * 4);
+        if (xsc) {
+            mt_cps<4>(sa + MP_XB + tid * 4, xrs + lu * 4);
+            mt_cps<4>(sa + MP_XB + 256 + tid * 4, xrs + (NU + lu) * 4);
+        }
         if (lact) {
             const unsigned w = sa + MP_WOFF + warp * 2048 + lane * 16;
 #pragma unroll
@@ -799,7 +803,6 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 
     float acc[SL][2][NT][4];
     int ewp[SL][2][2];
-    uint32_t sxe[SL][4]; /* the x scales' exponents of the set's last unit, token 8 n + 2 c + kk in byte 2 (n & 1) + kk of word n / 2 */
 #pragma unroll
     for (int sl = 0; sl < SL; sl++)
 #pragma unroll
@@ -810,10 +813,6 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 #pragma unroll
                 for (int k = 0; k < 4; k++) acc[sl][t][n][k] = 0.0f;
         }
-#pragma unroll
-    for (int sl = 0; sl < SL; sl++)
-#pragma unroll
-        for (int w = 0; w < 4; w++) sxe[sl][w] = 0x7f7f7f7fu;
 
     /* the next unit of a set from stage st into its accumulators; n-tiles 0 .. NTL - 1, NTL >= ntl a constant (no branch
      * between the mma). Token columns past nt read whatever the stage holds: an mma column depends only on its own
@@ -842,7 +841,6 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
     auto body = [&](auto ntlc, int sl, const unsigned char *st) {
         float (&A)[2][NT][4] = acc[sl];
         int (&EW)[2][2] = ewp[sl];
-        uint32_t (&SX)[4] = sxe[sl];
         constexpr int NTL = decltype(ntlc)::value;
         uint4 q[2][2];
 #pragma unroll
@@ -864,17 +862,9 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
                 fq[t][m] = tc_f16x2_pow2(e - em + MT_F4OFF(0)); /* the register kernel's (k + 15) * 0x04000400 where k >= -14 */
                 ew[t][m] = em;
             }
-        const float *sxs = (const float *)(st + MP_XB);
-        uint32_t nx[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            uint32_t e0 = 127u, e1 = 127u;
-            if (n < NTL) {
-                const float2 v = *(const float2 *)(sxs + 8 * n + 2 * c);
-                e0 = (uint32_t)mt_exp(v.x), e1 = (uint32_t)mt_exp(v.y);
-            }
-            nx[n >> 1] |= (e0 | e1 << 8) << (16 * (n & 1));
-        }
+        /* x: the ratio of the set's previous unit's scale to this one's per token, moe_quant's mt_pow2 of the exponent
+         * difference (the register kernels compute the same from the scales) */
+        const float *sxr = (const float *)(st + MP_XB + 256);
         { /* the sums so far into this unit's scale (powers of two: exact; +0 stays +0 at a set's first unit) */
             float fr[2][2], fx[NT][2];
 #pragma unroll
@@ -882,12 +872,10 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 #pragma unroll
                 for (int m = 0; m < 2; m++) fr[t][m] = mt_pow2(EW[t][m] - ew[t][m]);
 #pragma unroll
-            for (int n = 0; n < NTL; n++)
-#pragma unroll
-                for (int kk = 0; kk < 2; kk++) {
-                    const int sh = 8 * (2 * (n & 1) + kk);
-                    fx[n][kk] = mt_pow2((int)((SX[n >> 1] >> sh) & 255u) - (int)((nx[n >> 1] >> sh) & 255u));
-                }
+            for (int n = 0; n < NTL; n++) {
+                const float2 v = *(const float2 *)(sxr + 8 * n + 2 * c);
+                fx[n][0] = v.x, fx[n][1] = v.y;
+            }
 #pragma unroll
             for (int n = 0; n < NTL; n++)
 #pragma unroll
@@ -897,8 +885,6 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
         }
 #pragma unroll
         for (int t = 0; t < 2; t++) EW[t][0] = ew[t][0], EW[t][1] = ew[t][1];
-#pragma unroll
-        for (int w = 0; w < 4; w++) SX[w] = nx[w];
         if (WG) { /* the warpgroup's 64 rows of each tile x the chunk's tokens: per accumulator the same k-steps in the
                    * same order as the mma.sync path below (wgmma.cuh: the same bits) */
             const unsigned xsa = (unsigned)__cvta_generic_to_shared(st);
@@ -988,23 +974,29 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
             if (i0 + sl + MP2_DEPTH - SL < total) lstep(ls0 + sl < MP2_DEPTH ? ls0 + sl : ls0 + sl - MP2_DEPTH);
             dev_cp_commit();
         }
+        const int sc0 = sl0; /* the stages of this step: the sets' last units at the chunk's end (refilled only after the
+                              * next barrier) */
         sl0 = sl0 + SL < MP2_DEPTH ? sl0 + SL : sl0 + SL - MP2_DEPTH;
         if (u0 + SL < NU) continue;
         /* end of the chunk for this tile pair: each set out of its scale, the sets added in order, store */
         if (act) {
 #pragma unroll
-            for (int sl = 0; sl < SL; sl++)
+            for (int sl = 0; sl < SL; sl++) {
+                const int sg = sc0 + sl < MP2_DEPTH ? sc0 + sl : sc0 + sl - MP2_DEPTH;
+                const float *sxs = (const float *)(mt_sm + (size_t)sg * MP_STAGE + MP_XB); /* the unit's x scales */
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
                     if (n >= ntl) break;
+                    const float2 sv = *(const float2 *)(sxs + 8 * n + 2 * c);
 #pragma unroll
                     for (int t = 0; t < 2; t++)
 #pragma unroll
                         for (int k = 0; k < 4; k++) {
-                            const float sxp = __uint_as_float(((sxe[sl][n >> 1] >> (8 * (2 * (n & 1) + (k & 1)))) & 255u) << 23);
+                            const float sxp = k & 1 ? sv.y : sv.x;
                             acc[sl][t][n][k] = __fmul_rn(__fmul_rn(acc[sl][t][n][k], dev_e8m0((uint8_t)ewp[sl][t][k >> 1])), sxp);
                         }
                 }
+            }
 #pragma unroll
             for (int sl = 1; sl < SL; sl++)
 #pragma unroll
@@ -1067,9 +1059,10 @@ template <int NA> __global__ void __launch_bounds__(256) moe_mma_rate_kernel(flo
 /* The act quant of rows [rows, C] into the pre-quantized layout (WO: the codes of a unit in mt_wslot's order), one warp
  * a row, units in order. dst may be src (h):
  * a unit's codes overwrite floats of unit u / 2 <= u, already read by the whole warp (__syncwarp), and the scales
- * (after the codes) are written once the row is read. */
+ * (after the codes) are written once the row is read. S > 0 (moe_pf2_kernel, S column slices): after the NU scales NU
+ * floats 2^(e(u - S) - e(u)) of their exponents (mt_pow2, as the register kernels' rescale computes it), 1 for u < S. */
 template <int FMT, int WO>
-__global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_t sld, uint8_t *dst, int64_t dld, int rows, int C) {
+__global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_t sld, uint8_t *dst, int64_t dld, int rows, int C, int S) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
     const int lane = threadIdx.x & 31, row = blockIdx.x * 8 + (threadIdx.x >> 5), NU = C / 128;
@@ -1093,6 +1086,12 @@ __global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_
     float *ds = (float *)(dr + 2 * (int64_t)C);
     if (lane < NU) ds[lane] = keep0;
     if (lane + 32 < NU) ds[lane + 32] = keep1;
+    if (S > 0) { /* then the ratios 2^(e(u - S) - e(u)) (moe_pf2_kernel's rescale of set u % S; 1 at a set's first unit) */
+        const float p0 = __shfl_sync(0xffffffffu, keep0, (lane - S) & 31), p1 = __shfl_sync(0xffffffffu, keep1, (lane - S) & 31),
+                    p1b = __shfl_sync(0xffffffffu, keep0, (lane + 32 - S) & 31);
+        if (lane < NU) ds[NU + lane] = lane >= S ? mt_pow2(mt_exp(p0) - mt_exp(keep0)) : 1.0f;
+        if (lane + 32 < NU) ds[NU + lane + 32] = mt_pow2(mt_exp(lane >= S ? p1 : p1b) - mt_exp(keep1));
+    }
 }
 
 /* ---- host ---- */
@@ -1251,7 +1250,7 @@ static int mt_launch(F fn, dim3 grid, int nw, int ring, size_t smem, cudaStream_
     return dsv4_cuda_check_launch(what);
 }
 
-typedef void (*mq_fn)(const float *, int64_t, uint8_t *, int64_t, int, int);
+typedef void (*mq_fn)(const float *, int64_t, uint8_t *, int64_t, int, int, int);
 static mq_fn mq_pick(int fmt, int wo) {
     if (wo) return moe_quant_kernel<DSV4_WF_MXFP4, 1>;
     return fmt == DSV4_WF_FP8 ? moe_quant_kernel<DSV4_WF_FP8, 0> : moe_quant_kernel<DSV4_WF_MXFP4, 0>; /* NVFP4: MXFP4's order */
@@ -1312,9 +1311,9 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     prm.pf = mt_mode & DSV4_MOE_TC_PF ? MT_PF : 0;
     if (pq) { /* act quant once: x into the scratch (y), h in place */
         const int rows = gateup ? T : T * K;
-        const int64_t ld = gateup ? (((int64_t)2 * C + 4 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C;
+        const int64_t ld = gateup ? (((int64_t)2 * C + 8 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C; /* codes, scales, ratios */
         uint8_t *dst = gateup ? (uint8_t *)scratch : (uint8_t *)x;
-        if (mt_launch(mq_pick(fmt, wg), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant)", x, (int64_t)C, dst, ld, rows, C)) return -1;
+        if (mt_launch(mq_pick(fmt, wg), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant)", x, (int64_t)C, dst, ld, rows, C, pf ? S : 0)) return -1;
         prm.xq = dst, prm.xq_ld = ld;
     }
     if (pf) { /* MXFP4 prefill on the cp.async pipeline: 8 tile pairs a block, two groups of them a block in a row */
