@@ -268,9 +268,27 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     dsv4_cuda_linear_job qkv[2] = {ljob(&gl->wq_a, x, w->qr), ljob(&gl->wkv, x, w->kv)};
     CK(lin_multi(g, w, qkv, 2, T));
     CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
-    CK(lin(g, w, &gl->wq_b, w->qr, T, w->q));
-    CK(dsv4_cuda_rmsnorm(w->q, T * H, Dh, Dh, NULL, eps, st));
-    CK(dsv4_cuda_rope(w->q, T, H, Dh, R / 2, gl->rope_freq, b->pos, 0, st));
+    /* the query heads (wq_b, norm, RoPE) on the second stream beside the kv row, the compressors and the indexer, joined
+     * before the attention (a parallel branch of the step's graph: the same kernels on the same data, so the same bits).
+     * Only where no linear of either branch stages x in the shared workspaces (decode steps below
+     * DSV4_CUDA_LINEAR_WS_MIN_T rows, no GEMM); serial under an op profile or with DSV4_CUDA_ATTN_FORK=0. */
+    static int attn_fork = -1;
+    if (attn_fork < 0) attn_fork = !(getenv("DSV4_CUDA_ATTN_FORK") && *getenv("DSV4_CUDA_ATTN_FORK") == '0');
+    const int fork = attn_fork && g->stream2 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws);
+    if (fork) {
+        CK(dsv4_cuda_event_record(g->ev_fork, st));
+        CK(dsv4_cuda_stream_wait(g->stream2, g->ev_fork));
+        g->stream = g->stream2; /* lin enqueues on g->stream */
+    }
+    {
+        void *sq = g->stream;
+        int rc = lin(g, w, &gl->wq_b, w->qr, T, w->q);
+        if (!rc) rc = dsv4_cuda_rmsnorm(w->q, T * H, Dh, Dh, NULL, eps, sq);
+        if (!rc) rc = dsv4_cuda_rope(w->q, T, H, Dh, R / 2, gl->rope_freq, b->pos, 0, sq);
+        g->stream = st;
+        CK(rc);
+        if (fork) CK(dsv4_cuda_event_record(g->ev_join, g->stream2));
+    }
     CK(dsv4_cuda_rmsnorm(w->kv, T, Dh, Dh, gl->kv_norm, eps, st));
     CK(dsv4_cuda_rope(w->kv, T, 1, Dh, R / 2, gl->rope_freq, b->pos, 0, st));
     CK(dsv4_cuda_act_quant_fp8(w->kv, T, Dh - R, Dh, 64, st));
@@ -309,6 +327,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
 
     /* index lists (window, then entries), attention, inverse RoPE */
     CK(dsv4_cuda_attn_index(b, L, W, ly->ratio, ly->ratio == 4 ? w->sel : NULL, w->nsel, topk, gl->nidx, w->idx, w->qbase, st));
+    if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the query heads */
     /* over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per call bound the split partials
      * (a row's result does not depend on the rows beside it). Prefill passes: tensor cores, the whole pass at once. */
     if (w->attn_tc && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R)) {

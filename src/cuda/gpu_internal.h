@@ -88,7 +88,8 @@ struct dsv4_cuda_model {
     urec *ur;    /* hash table of uploaded tensors */
     size_t nur;
     void *stream;
-    void *stream2, *ev_fork, *ev_join; /* the shared expert's branch (forward_cuda.c moe): its stream, fork / join events */
+    void *stream2, *ev_fork, *ev_join; /* the parallel branches of a layer (forward_cuda.c: the query heads in attention,
+                                        * the shared expert in moe): their stream, fork / join events */
     int cap;     /* context capacity of every sequence */
     int tmax;    /* most token rows of one pass */
     int qgmax;   /* most queries per indexer score block */
