@@ -27,7 +27,7 @@ __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.asy
 
 /* descriptor of a K-major B tile at shared address sa (16-byte aligned) without swizzle: core matrices of 8 rows (N)
  * x 16 bytes (8 f16 of K) stored as 128 contiguous bytes; lbo: bytes between the two core matrices of a k16 step
- * (K direction), sbo: bytes between 8-row groups (N direction). Verified layout: wg_eq (bench/NOTES.md). */
+ * (K direction), sbo: bytes between 8-row groups (N direction); the layout bench/wgmma_eq.cu checks. */
 __device__ __forceinline__ uint64_t wg_desc(unsigned sa, unsigned lbo, unsigned sbo) {
     return (uint64_t)((sa & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) | ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32);
 }
