@@ -1,11 +1,14 @@
 /* wgmma_eq.cu - does wgmma m64nNk16 f16 -> f32 (A from registers, B in shared memory) give the bits of the same chain
  * of mma.sync m16n8k16? (src/cuda/wgmma.cuh relies on it: the experts' prefill on wgmma keeps the decode kernels'
  * bits.) 264 warpgroups, each a 64-step chain of k16 products from random f16 operands (exponents spread over
- * +-spread binades, some zeros) into fp32 accumulators (+-cspread binades), N = 8 and 32; prints how many of the
- * outputs differ. `make -f bench/Makefile wgmma-eq` (sm_90a; H200 2026-12-01: 0 of 6.5 M differ). */
+ * +-spread binades, some zeros) into fp32 accumulators (+-cspread binades), N = 8 and 32, A from registers (rs) and
+ * A from shared memory (ss, K-major core matrices as B); prints how many outputs of each differ from the mma.sync chain.
+ * `make -f bench/Makefile wgmma-eq` (sm_90a; H200 2026-12-01, rs only: 0 of 6.5 M differ; ss not run yet). */
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <cmath>
 #include <cuda_fp16.h>
 
 __device__ __forceinline__ uint32_t hsh(uint32_t x) {
@@ -32,41 +35,60 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 __device__ __forceinline__ uint64_t desc(unsigned sa) {
     return (uint64_t)((sa & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
 }
-__device__ __forceinline__ void wg8(float (&d)[4], const uint32_t (&a)[4], uint64_t ds) {
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(ds) : "memory");
-}
-__device__ __forceinline__ void wg32(float (&d)[16], const uint32_t (&a)[4], uint64_t ds) {
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(ds) : "memory");
+#define WG_D(i) "+f"(d[i])
+/* d += A . B, m64nNk16: RS (A registers a) or SS (A descriptor da) */
+template <int N, int SS> __device__ __forceinline__ void wgmma(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t da, uint64_t db) {
+    if (N == 8 && !SS)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0; }"
+                     : WG_D(0), WG_D(1), WG_D(2), WG_D(3) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");
+    else if (N == 8)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0; }"
+                     : WG_D(0), WG_D(1), WG_D(2), WG_D(3) : "l"(da), "l"(db) : "memory");
+    else if (!SS)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+                     "{%16,%17,%18,%19}, %20, p, 1, 1, 0; }"
+                     : WG_D(0), WG_D(1), WG_D(2), WG_D(3), WG_D(4), WG_D(5), WG_D(6), WG_D(7), WG_D(8), WG_D(9), WG_D(10), WG_D(11),
+                       WG_D(12), WG_D(13), WG_D(14), WG_D(15)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");
+    else
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+                     "%16, %17, p, 1, 1, 0, 0; }"
+                     : WG_D(0), WG_D(1), WG_D(2), WG_D(3), WG_D(4), WG_D(5), WG_D(6), WG_D(7), WG_D(8), WG_D(9), WG_D(10), WG_D(11),
+                       WG_D(12), WG_D(13), WG_D(14), WG_D(15)
+                     : "l"(da), "l"(db) : "memory");
 }
 
-// N tokens; block = 1 warpgroup; out: [blk][2][64][N]
+/* N tokens; block = 1 warpgroup; dynamic shared memory: A [KS][8 row groups][2 k halves][8 rows][8 halves] (SS), then
+ * B [KS][N / 8][2][8][8]; out: [blk][3][64][N] (mma.sync, wgmma rs, wgmma ss) */
 template <int N>
 __global__ void __launch_bounds__(128) eq_kernel(float *out, int spread, int cspread) {
-    __shared__ __align__(128) uint16_t Bs[KS * N * 16];
+    extern __shared__ __align__(128) uint16_t sm[];
+    uint16_t *As = sm, *Bs = sm + KS * 64 * 16;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3, blk = blockIdx.x;
+    for (int i = tid; i < KS * 64 * 16; i += 128) {
+        const int ks = i / (64 * 16), r = i % (64 * 16), m = r / 16, k = r % 16;
+        As[ks * 64 * 16 + (m / 8) * 128 + (k / 8) * 64 + (m % 8) * 8 + (k % 8)] = Av(blk, ks, m, k, spread);
+    }
     for (int i = tid; i < KS * N * 16; i += 128) {
         const int ks = i / (N * 16), r = i % (N * 16), n = r / 16, k = r % 16;
-        // layout per ks: [n8][kh][8 rows][8 halves]
         Bs[ks * N * 16 + (n / 8) * 128 + (k / 8) * 64 + (n % 8) * 8 + (k % 8)] = Bv<N>(blk, ks, k, n, spread);
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
-    float d0[N / 8][4], d1[N / 2];
+    float d0[N / 8][4], d1[N / 2], d2[N / 2];
     for (int n = 0; n < N / 8; n++)
         for (int q = 0; q < 4; q++) {
             const int row = 16 * warp + g + 8 * (q >> 1), col = 8 * n + 2 * c + (q & 1);
             uint32_t h = hsh(blk * 1000003u + row * 977u + col * 13u + 5u);
             int e = (int)(h % (2 * cspread + 1)) - cspread;
             float v = ldexpf((float)((h >> 8) & 0xffffff) / 16777216.0f * ((h & 1) ? -1.f : 1.f), e);
-            d0[n][q] = v, d1[n * 4 + q] = v;
+            d0[n][q] = v, d1[n * 4 + q] = v, d2[n * 4 + q] = v;
         }
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(Bs);
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(As), sb = (unsigned)__cvta_generic_to_shared(Bs);
     for (int ks = 0; ks < KS; ks++) {
         uint32_t a[4];
         const int r0 = 16 * warp + g;
@@ -79,41 +101,55 @@ __global__ void __launch_bounds__(128) eq_kernel(float *out, int spread, int csp
             const uint32_t b0 = pk(bp[2 * c], bp[2 * c + 1]), b1 = pk(bp[64 + 2 * c], bp[64 + 2 * c + 1]);
             mma16816(d0[n], a[0], a[1], a[2], a[3], b0, b1);
         }
+        const uint64_t da = desc(sa + ks * 64 * 32), db = desc(sb + ks * N * 32);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        if (N == 8) wg8(*(float(*)[4])d1, a, desc(sa + ks * N * 32));
-        else wg32(*(float(*)[16])d1, a, desc(sa + ks * N * 32));
+        wgmma<N, 0>(d1, a, 0, db);
+        wgmma<N, 1>(d2, a, da, db);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     }
     for (int n = 0; n < N / 8; n++)
         for (int q = 0; q < 4; q++) {
             const int row = 16 * warp + g + 8 * (q >> 1), col = 8 * n + 2 * c + (q & 1);
-            out[((size_t)blk * 2 + 0) * 64 * N + row * N + col] = d0[n][q];
-            out[((size_t)blk * 2 + 1) * 64 * N + row * N + col] = d1[n * 4 + q];
+            out[((size_t)blk * 3 + 0) * 64 * N + row * N + col] = d0[n][q];
+            out[((size_t)blk * 3 + 1) * 64 * N + row * N + col] = d1[n * 4 + q];
+            out[((size_t)blk * 3 + 2) * 64 * N + row * N + col] = d2[n * 4 + q];
         }
 }
 
 template <int N> static void run(int nb, int spread, int cspread) {
     float *d;
-    size_t n = (size_t)nb * 2 * 64 * N;
+    const size_t n = (size_t)nb * 3 * 64 * N, smem = (size_t)KS * (64 + N) * 16 * 2;
     cudaMalloc(&d, n * 4);
-    eq_kernel<N><<<nb, 128>>>(d, spread, cspread);
+    cudaFuncSetAttribute(eq_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    eq_kernel<N><<<nb, 128, smem>>>(d, spread, cspread);
     cudaError_t e = cudaDeviceSynchronize();
-    if (e) { printf("err %s\n", cudaGetErrorString(e)); exit(1); }
+    if (e) { printf("error: %s\n", cudaGetErrorString(e)); exit(1); }
     float *h = (float *)malloc(n * 4);
     cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost);
-    long diff = 0, tot = 0; double maxrel = 0;
-    for (int b = 0; b < nb; b++)
-        for (int i = 0; i < 64 * N; i++) {
-            float x = h[((size_t)b * 2) * 64 * N + i], y = h[((size_t)b * 2 + 1) * 64 * N + i];
-            tot++;
-            if (*(uint32_t *)&x != *(uint32_t *)&y) { diff++; double r = fabs(x - y) / (fabs(x) + 1e-30); if (r > maxrel) maxrel = r; }
-        }
-    printf("N=%d spread=%d cspread=%d: %ld of %ld differ (max rel %.3g)\n", N, spread, cspread, diff, tot, maxrel);
-    cudaFree(d); free(h);
+    for (int v = 1; v <= 2; v++) {
+        long diff = 0, tot = 0;
+        double maxrel = 0;
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < 64 * N; i++) {
+                const float x = h[((size_t)b * 3) * 64 * N + i], y = h[((size_t)b * 3 + v) * 64 * N + i];
+                uint32_t xb, yb;
+                memcpy(&xb, &x, 4), memcpy(&yb, &y, 4);
+                tot++;
+                if (xb != yb) {
+                    diff++;
+                    const double r = fabs((double)x - y) / (fabs((double)x) + 1e-30);
+                    if (r > maxrel) maxrel = r;
+                }
+            }
+        printf("%s N=%d spread=%d cspread=%d: %ld of %ld differ from mma.sync (max rel %.3g)\n", v == 1 ? "rs" : "ss", N, spread,
+               cspread, diff, tot, maxrel);
+    }
+    cudaFree(d), free(h);
 }
+
 int main() {
-    int sp[] = {0, 3, 8, 14};
-    for (int i = 0; i < 4; i++) { run<8>(264, sp[i], 0); run<32>(264, sp[i], 0); run<32>(264, sp[i], 20); }
+    const int sp[] = {0, 3, 8, 14};
+    for (int i = 0; i < 4; i++) run<8>(264, sp[i], 0), run<32>(264, sp[i], 0), run<32>(264, sp[i], 20);
     return 0;
 }
