@@ -2437,11 +2437,15 @@ moe_checks:
     test_moe_experts("T=16", DSV4_WF_NVFP4, DSV4_WF_NVFP4, 1, 0, 16, 3, 8, 1024, 512);
     test_moe_experts("T=12", DSV4_WF_FP8, DSV4_WF_FP8, 1, 0, 12, 3, 8, 1024, 512);
     test_moe_invariant("pq", DSV4_WF_MXFP4, 1, 200, 6, 16, 1024, 512);
-    /* the MXFP4 prefill pipeline (moe_pf2_kernel: column slices S <= 2): Flash's K and E at 2048 tokens (S = 1 / 2),
-     * chunks of 64 + rest (S = 1), and tokens alone == in the batch (S = 2) */
+    /* prefill sizes with unit counts that are not a multiple of 4 (NU 3 / 5 / 6 / 2): the decode ring at many tokens an
+     * expert (not the pre-quantized path, which needs NU % 4 == 0) */
     test_moe_experts("pf", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 1, 0, 2048, 6, 256, 384, 256);
     test_moe_experts("pf chunks", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 1, 0, 700, 6, 32, 640, 384);
     test_moe_invariant("pf", DSV4_WF_MXFP4, 1, 300, 6, 16, 768, 768);
+    /* the MXFP4 prefill pipeline (moe_pf2_kernel on wgmma: NU % 4 == 0 and S <= 2, i.e. Flash's widths): ~175 tokens an
+     * expert (chunks of 64, 64 and a rest), gate/up and down, against the register kernels and tokens alone (the ring);
+     * "pq flash" above has one partial chunk an expert; moebench compares it with every other kernel at Flash's E */
+    test_moe_invariant("pf flash", DSV4_WF_MXFP4, 1, 700, 2, 8, 4096, 2048);
     test_moe_invariant("decode", DSV4_WF_MXFP4, 1, 12, 6, 16, 1024, 512);
     /* decode with many expert slots (the ring kernels at a large batch) */
     test_moe_invariant("decode, many experts", DSV4_WF_MXFP4, 1, 64, 6, 256, 2048, 1024);
