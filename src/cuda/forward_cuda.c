@@ -208,6 +208,24 @@ static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, 
     return dsv4_cuda_linear_multi_ws(&j, 1, 0, T, w->lws, w->lwsb, g->stream);
 }
 
+/* A parallel branch of a layer (the query heads, the shared expert): with fork, the ops enqueued between branch_begin and
+ * branch_end go on g->stream2 after what g->stream holds so far (lin / lin_multi enqueue on g->stream, so it is switched);
+ * branch_end switches back to st and records ev_join, which the main stream waits for where it needs the branch's
+ * result. Without fork both are no-ops and the branch runs in line. rc: the branch's status (the stream is restored
+ * either way). */
+static int branch_begin(dsv4_cuda_model *g, int fork) {
+    if (!fork) return 0;
+    if (dsv4_cuda_event_record(g->ev_fork, g->stream) || dsv4_cuda_stream_wait(g->stream2, g->ev_fork)) return -1;
+    g->stream = g->stream2;
+    return 0;
+}
+
+static int branch_end(dsv4_cuda_model *g, void *st, int fork, int rc) {
+    g->stream = st;
+    if (rc) return rc;
+    return fork ? dsv4_cuda_event_record(g->ev_join, g->stream2) : 0;
+}
+
 static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
     return lin_ld(g, w, wt, x, 0, T, y, 0);
 }
@@ -272,22 +290,14 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
      * before the attention (a parallel branch of the step's graph: the same kernels on the same data, so the same bits).
      * Only where no linear of either branch stages x in the shared workspaces (decode steps below
      * DSV4_CUDA_LINEAR_WS_MIN_T rows, no GEMM); serial under an op profile or with DSV4_CUDA_ATTN_FORK=0. */
-    static int attn_fork = -1;
-    if (attn_fork < 0) attn_fork = !(getenv("DSV4_CUDA_ATTN_FORK") && *getenv("DSV4_CUDA_ATTN_FORK") == '0');
-    const int fork = attn_fork && g->stream2 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws);
-    if (fork) {
-        CK(dsv4_cuda_event_record(g->ev_fork, st));
-        CK(dsv4_cuda_stream_wait(g->stream2, g->ev_fork));
-        g->stream = g->stream2; /* lin enqueues on g->stream */
-    }
+    const int fork = g->attn_fork && g->stream2 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws);
+    CK(branch_begin(g, fork));
     {
         void *sq = g->stream;
         int rc = lin(g, w, &gl->wq_b, w->qr, T, w->q);
         if (!rc) rc = dsv4_cuda_rmsnorm(w->q, T * H, Dh, Dh, NULL, eps, sq);
         if (!rc) rc = dsv4_cuda_rope(w->q, T, H, Dh, R / 2, gl->rope_freq, b->pos, 0, sq);
-        g->stream = st;
-        CK(rc);
-        if (fork) CK(dsv4_cuda_event_record(g->ev_join, g->stream2));
+        CK(branch_end(g, st, fork, rc));
     }
     CK(dsv4_cuda_rmsnorm(w->kv, T, Dh, Dh, gl->kv_norm, eps, st));
     CK(dsv4_cuda_rope(w->kv, T, 1, Dh, R / 2, gl->rope_freq, b->pos, 0, st));
@@ -393,18 +403,12 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
      * while an op profile times the ops one by one. */
     const int fork = ly->has_shared && g->stream2 && !g->prof;
     if (ly->has_shared) {
-        if (fork) {
-            CK(dsv4_cuda_event_record(g->ev_fork, st));
-            CK(dsv4_cuda_stream_wait(g->stream2, g->ev_fork));
-            g->stream = g->stream2; /* lin / lin_multi enqueue on g->stream */
-        }
+        CK(branch_begin(g, fork));
         dsv4_cuda_linear_job sj[2] = {ljob(&gl->sw1, x, w->gg), ljob(&gl->sw3, x, w->uu)};
         int rc = lin_multi(g, w, sj, 2, T);
         if (!rc) rc = dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, g->stream);
         if (!rc) rc = lin(g, w, &gl->sw2, w->gg, T, w->ye);
-        g->stream = st;
-        CK(rc);
-        if (fork) CK(dsv4_cuda_event_record(g->ev_join, g->stream2));
+        CK(branch_end(g, st, fork, rc));
     }
     /* routed experts, in groups of at most w->tg tokens (each token's result does not depend on its group) */
     for (int g0 = 0; g0 < T; g0 += w->tg) {

@@ -97,6 +97,7 @@ struct dsv4_cuda_model {
     uint8_t *dstep, *hstep; /* step input: device, pinned host mirror (tmax rows and slots) */
     size_t step_bytes;
     int graphs;            /* decode steps through CUDA graphs */
+    int attn_fork;         /* the query heads on stream2 in small decode steps (DSV4_CUDA_ATTN_FORK=0: serial) */
     int capturing;
     gbucket bk[GB_N];
     int last_bucket;       /* bucket of the last decode step (-1: none) */

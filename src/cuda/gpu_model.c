@@ -284,6 +284,8 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->last_bucket = -1;
     const char *ge = getenv("DSV4_CUDA_GRAPHS");
     g->graphs = !(ge && !strcmp(ge, "0"));
+    const char *fe = getenv("DSV4_CUDA_ATTN_FORK");
+    g->attn_fork = !(fe && !strcmp(fe, "0"));
     /* passes of at most tmax rows (DSV4_CUDA_TMAX, 64 .. 16384: the workspace grows ~1 MB a row at Flash's shapes;
      * longer passes read the routed experts' weights fewer times); the indexer scores at most ~64 MB at a time */
     g->tmax = DSV4_CUDA_TMAX_DEFAULT;
