@@ -12,28 +12,13 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "probe_ops.cuh"
+
 #define NT 64   /* tokens (wgmma N) */
 #define KU 2    /* units of 128 k */
 #define XK 512  /* halves a row of x (a unit: 128) */
 #define XR 1000 /* rows of x */
 
-__host__ __device__ static inline uint32_t hsh(uint32_t x) {
-    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16; return x;
-}
-__host__ __device__ static inline uint16_t rh(uint32_t h, int spread) {
-    int e = 15 + (int)(h % (2 * spread + 1)) - spread;
-    e = e < 1 ? 1 : e > 30 ? 30 : e;
-    const uint32_t m = (h >> 8) & 0x3ff, s = (h >> 20) & 1;
-    if (((h >> 24) & 15) == 0) return 0;
-    return (uint16_t)(s << 15 | e << 10 | m);
-}
-__device__ static inline uint32_t pk(uint16_t a, uint16_t b) { return a | (uint32_t)b << 16; }
-__device__ static inline uint16_t Av(int blk, int ks, int r, int k) { return rh(hsh(0x85ebca6bu ^ (blk * 104729 + ks * 524287 + r * 8191 + k * 31 + 777)), 8); }
-
-__device__ static inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 /* K-major, 128-byte swizzle: start address, SBO = 1024 (8 rows of 128 bytes), layout type 1 (bits 62-63) */
 __device__ static inline uint64_t desc_sw128(unsigned sa) {
     return (uint64_t)((sa & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
@@ -83,11 +68,7 @@ __global__ void __launch_bounds__(128) probe_kernel(const __grid_constant__ CUte
         for (int q = 0; q < 4; q++) d0[n][q] = d1[n][q] = 0.0f;
     for (int ks = 0; ks < KU * 8; ks++) {
         uint32_t a[4];
-        const int r0 = 16 * warp + g;
-        a[0] = pk(Av(blk, ks, r0, 2 * c), Av(blk, ks, r0, 2 * c + 1));
-        a[1] = pk(Av(blk, ks, r0 + 8, 2 * c), Av(blk, ks, r0 + 8, 2 * c + 1));
-        a[2] = pk(Av(blk, ks, r0, 2 * c + 8), Av(blk, ks, r0, 2 * c + 9));
-        a[3] = pk(Av(blk, ks, r0 + 8, 2 * c + 8), Av(blk, ks, r0 + 8, 2 * c + 9));
+        a_frag(a, blk, ks, warp, g, c, 8);
         for (int n = 0; n < NT / 8; n++) { /* B from global: column n = token rw[8 n + g], k = 16 ks + ... */
             const uint16_t *xp = x + (size_t)rw[8 * n + g] * XK + 16 * ks;
             mma16816(d0[n], a, pk(xp[2 * c], xp[2 * c + 1]), pk(xp[2 * c + 8], xp[2 * c + 9]));
@@ -101,7 +82,7 @@ __global__ void __launch_bounds__(128) probe_kernel(const __grid_constant__ CUte
     }
     for (int n = 0; n < NT / 8; n++)
         for (int q = 0; q < 4; q++) {
-            const int row = 16 * warp + g + 8 * (q >> 1), col = 8 * n + 2 * c + (q & 1);
+            const int row = frag_row(warp, g, q), col = frag_col(n, c, q);
             out[((size_t)blk * 2 + 0) * 64 * NT + row * NT + col] = d0[n][q];
             out[((size_t)blk * 2 + 1) * 64 * NT + row * NT + col] = d1[n][q];
         }

@@ -11,27 +11,11 @@
 #include <cmath>
 #include <cuda_fp16.h>
 
-__device__ __forceinline__ uint32_t hsh(uint32_t x) {
-    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16; return x;
-}
-__device__ __forceinline__ uint16_t rh(uint32_t h, int spread) {
-    int e = 15 + (int)(h % (2 * spread + 1)) - spread;
-    e = e < 1 ? 1 : e > 30 ? 30 : e;
-    uint32_t m = (h >> 8) & 0x3ff, s = (h >> 20) & 1;
-    if (((h >> 24) & 15) == 0) return 0; // some zeros
-    return (uint16_t)(s << 15 | e << 10 | m);
-}
-__device__ __forceinline__ uint32_t pk(uint16_t a, uint16_t b) { return a | (uint32_t)b << 16; }
+#include "probe_ops.cuh"
 
 #define KS 64
 template <int N>
 __device__ uint16_t Bv(int blk, int ks, int k, int n, int spread) { return rh(hsh(0x9e3779b9u ^ (blk * 7919 + ks * 131071 + k * 257 + n * 65537 + 12345)), spread); }
-__device__ uint16_t Av(int blk, int ks, int r, int k, int spread) { return rh(hsh(0x85ebca6bu ^ (blk * 104729 + ks * 524287 + r * 8191 + k * 31 + 777)), spread); }
-
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint64_t desc(unsigned sa) {
     return (uint64_t)((sa & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
 }
@@ -82,7 +66,7 @@ __global__ void __launch_bounds__(128) eq_kernel(float *out, int spread, int csp
     float d0[N / 8][4], d1[N / 2], d2[N / 2];
     for (int n = 0; n < N / 8; n++)
         for (int q = 0; q < 4; q++) {
-            const int row = 16 * warp + g + 8 * (q >> 1), col = 8 * n + 2 * c + (q & 1);
+            const int row = frag_row(warp, g, q), col = frag_col(n, c, q);
             uint32_t h = hsh(blk * 1000003u + row * 977u + col * 13u + 5u);
             int e = (int)(h % (2 * cspread + 1)) - cspread;
             float v = ldexpf((float)((h >> 8) & 0xffffff) / 16777216.0f * ((h & 1) ? -1.f : 1.f), e);
@@ -91,15 +75,11 @@ __global__ void __launch_bounds__(128) eq_kernel(float *out, int spread, int csp
     const unsigned sa = (unsigned)__cvta_generic_to_shared(As), sb = (unsigned)__cvta_generic_to_shared(Bs);
     for (int ks = 0; ks < KS; ks++) {
         uint32_t a[4];
-        const int r0 = 16 * warp + g;
-        a[0] = pk(Av(blk, ks, r0, 2 * c, spread), Av(blk, ks, r0, 2 * c + 1, spread));
-        a[1] = pk(Av(blk, ks, r0 + 8, 2 * c, spread), Av(blk, ks, r0 + 8, 2 * c + 1, spread));
-        a[2] = pk(Av(blk, ks, r0, 2 * c + 8, spread), Av(blk, ks, r0, 2 * c + 9, spread));
-        a[3] = pk(Av(blk, ks, r0 + 8, 2 * c + 8, spread), Av(blk, ks, r0 + 8, 2 * c + 9, spread));
+        a_frag(a, blk, ks, warp, g, c, spread);
         for (int n = 0; n < N / 8; n++) {
             const uint16_t *bp = Bs + ks * N * 16 + n * 128 + g * 8;
             const uint32_t b0 = pk(bp[2 * c], bp[2 * c + 1]), b1 = pk(bp[64 + 2 * c], bp[64 + 2 * c + 1]);
-            mma16816(d0[n], a[0], a[1], a[2], a[3], b0, b1);
+            mma16816(d0[n], a, b0, b1);
         }
         const uint64_t da = desc(sa + ks * 64 * 32), db = desc(sb + ks * N * 32);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -110,7 +90,7 @@ __global__ void __launch_bounds__(128) eq_kernel(float *out, int spread, int csp
     }
     for (int n = 0; n < N / 8; n++)
         for (int q = 0; q < 4; q++) {
-            const int row = 16 * warp + g + 8 * (q >> 1), col = 8 * n + 2 * c + (q & 1);
+            const int row = frag_row(warp, g, q), col = frag_col(n, c, q);
             out[((size_t)blk * 3 + 0) * 64 * N + row * N + col] = d0[n][q];
             out[((size_t)blk * 3 + 1) * 64 * N + row * N + col] = d1[n * 4 + q];
             out[((size_t)blk * 3 + 2) * 64 * N + row * N + col] = d2[n * 4 + q];
