@@ -1,6 +1,7 @@
 /* norm_rope_quant.cu - RMSNorm (spec 5), interleaved partial RoPE (spec 6) and the activation
  * rounding simulations of spec 9 and 14.3 (FP8 / FP4 act quant, Hadamard rotation). Twins:
- * dsv4_cpu_rmsnorm, dsv4_cpu_rope, dsv4_act_quant_fp8, dsv4_act_quant_fp4, dsv4_hadamard.
+ * dsv4_cpu_rmsnorm, dsv4_cpu_rope, dsv4_act_quant_fp8, dsv4_act_quant_fp4, dsv4_hadamard; the fused norm + rope + FP8
+ * quant (the decode step's kv row, query heads and compressor entries): those three in order.
  * Products that the twin rounds separately are written with __fmul_rn / __fadd_rn so that nvcc does
  * not contract them into FMAs; the quant and Hadamard kernels are bit-exact. */
 #include "common.cuh"
@@ -97,6 +98,97 @@ extern "C" int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const f
     if (!total) return 0;
     rope_kernel<<<(unsigned)((total + 255) / 256), 256, 0, DSV4_STREAM(stream)>>>(x, T, H, n, npairs, freq, pos, inverse);
     return dsv4_cuda_check_launch("rope");
+}
+
+/* ---- RMSNorm + RoPE (+ FP8 act quant of the first qn values in blocks of qb): one block a contiguous row of n, the
+ * three kernels' operations in their order (the norm's sums as rmsnorm_kernel<RQ>, the rotation as rope_kernel, the
+ * quant as act_quant_kernel<0>), so their bits in one launch; the row staged in shared memory between the steps.
+ * Row r is token r / H's head r % H. ---- */
+
+template <int RQ>
+__global__ void __launch_bounds__(RMS_NT) norm_rope_q8_kernel(float *x, int n, int H, const float *w, float eps, int npairs,
+                                                              const float *freq, const int *pos, int qn, int qb) {
+    extern __shared__ float4 sx4[];
+    __shared__ double part[RMS_NT / 32];
+    float *sx = (float *)sx4;
+    float4 *r4 = (float4 *)(x + (int64_t)blockIdx.x * n);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nq = n >> 2, t = blockIdx.x / H;
+    float4 v[RQ], wv[RQ];
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < RQ; k++) {
+        const int q = tid + k * RMS_NT;
+        if (q < nq) {
+            v[k] = r4[q];
+            if (w) wv[k] = ((const float4 *)w)[q];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < RQ; k++)
+        if (tid + k * RMS_NT < nq) ss = rms_sq4(ss, v[k]);
+    ss = warp_sum_d(ss);
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    ss = rms_sum8(part);
+    const float r = 1.0f / sqrtf((float)(ss / n) + eps);
+#pragma unroll
+    for (int k = 0; k < RQ; k++) {
+        const int q = tid + k * RMS_NT;
+        if (q >= nq) continue;
+        float4 o;
+        if (w) {
+            o.x = __fmul_rn(wv[k].x, __fmul_rn(v[k].x, r)), o.y = __fmul_rn(wv[k].y, __fmul_rn(v[k].y, r));
+            o.z = __fmul_rn(wv[k].z, __fmul_rn(v[k].z, r)), o.w = __fmul_rn(wv[k].w, __fmul_rn(v[k].w, r));
+        } else {
+            o.x = __fmul_rn(v[k].x, r), o.y = __fmul_rn(v[k].y, r), o.z = __fmul_rn(v[k].z, r), o.w = __fmul_rn(v[k].w, r);
+        }
+        sx4[q] = o;
+    }
+    __syncthreads();
+    float *p = sx + n - 2 * npairs;
+    for (int i = tid; i < npairs; i += RMS_NT) {
+        const float ang = __fmul_rn((float)pos[t], freq[i]);
+        const float c = cosf(ang), s = sinf(ang);
+        const float a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        p[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+    __syncthreads();
+    if (qb > 0) {
+        const int nblk = (qn + qb - 1) / qb;
+        for (int bk = warp; bk < nblk; bk += RMS_NT / 32) {
+            const int b0 = bk * qb, b1 = b0 + qb < qn ? b0 + qb : qn;
+            float amax = 1e-4f;
+            for (int i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(sx[i]));
+            amax = warp_max(amax);
+            const float s = dev_pow2_ceil(__fmul_rn(amax, 1.0f / 448.0f));
+            for (int i = b0 + lane; i < b1; i += 32) {
+                const float u = fminf(fmaxf(__fdiv_rn(sx[i], s), -448.0f), 448.0f);
+                sx[i] = dev_round_e4m3(u) * s;
+            }
+        }
+        __syncthreads();
+    }
+    for (int q = tid; q < nq; q += RMS_NT) r4[q] = sx4[q];
+}
+
+extern "C" int dsv4_cuda_norm_rope_q8(float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
+                                      const int *pos, int qn, int qb, void *stream) {
+    if (T < 0 || H <= 0 || n <= 0 || npairs < 0 || 2 * npairs > n || qn < 0 || qn > n || qb < 0 || qb > 1024)
+        return dsv4_cuda_fail("norm_rope_q8: bad shape (T %d H %d n %d pairs %d qn %d qb %d)", T, H, n, npairs, qn, qb);
+    if (!T) return 0;
+    const int rows = T * H, nq = n / 4;
+    const int vec = n % 4 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15) && n * 4 <= 48 * 1024;
+    cudaStream_t st = DSV4_STREAM(stream);
+    if (vec && nq <= RMS_NT) norm_rope_q8_kernel<1><<<rows, RMS_NT, (size_t)n * 4, st>>>(x, n, H, w, eps, npairs, freq, pos, qn, qb);
+    else if (vec && nq <= 4 * RMS_NT) norm_rope_q8_kernel<4><<<rows, RMS_NT, (size_t)n * 4, st>>>(x, n, H, w, eps, npairs, freq, pos, qn, qb);
+    else { /* the three kernels */
+        int rc = dsv4_cuda_rmsnorm(x, rows, n, n, w, eps, stream);
+        if (!rc) rc = dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0, stream);
+        if (!rc && qb > 0) rc = dsv4_cuda_act_quant_fp8(x, rows, qn, n, qb, stream);
+        return rc;
+    }
+    return dsv4_cuda_check_launch("norm_rope_q8");
 }
 
 /* ---- act quant: one warp per (row, block) ---- */
