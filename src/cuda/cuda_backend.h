@@ -153,6 +153,17 @@ int dsv4_cuda_rmsnorm(float *x, int rows, int n, int64_t ld, const float *w, flo
 int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const float *freq, const int *pos, int inverse,
                    void *stream);
 
+/* dsv4_cuda_rmsnorm(x, T * H, n, n, w, eps), dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0) and, with qb > 0,
+ * dsv4_cuda_act_quant_fp8(x, T * H, qn, n, qb) in one launch, the same bits (rows contiguous; n a multiple of 4 up to
+ * 4096 fused, else the three kernels). The decode step's kv row, query heads and compressor entries. */
+int dsv4_cuda_norm_rope_q8(float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
+                           const int *pos, int qn, int qb, void *stream);
+/* [dsv4_cuda_rmsnorm(x, T * H, n, n, w, eps) when norm], dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0),
+ * dsv4_cuda_hadamard(x, T * H, n, n) and dsv4_cuda_act_quant_fp4(x, T * H, n, n, 32) in one launch, the same bits
+ * (n a power of two up to 4096; rows contiguous). The indexer's queries and compressor entries. */
+int dsv4_cuda_rope_hq4(float *x, int T, int H, int n, int norm, const float *w, float eps, int npairs, const float *freq,
+                       const int *pos, void *stream);
+
 /* In place, for each of `rows` rows (stride ld), on its first n values: the FP8 act_quant
  * simulation with blocks of `block` (64 or 128; any block <= 1024 works). Twin: dsv4_act_quant_fp8. */
 int dsv4_cuda_act_quant_fp8(float *x, int rows, int n, int64_t ld, int block, void *stream);

@@ -261,13 +261,10 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
     const int T = b->T, mr = cm->ratio, d = cm->d, R = c->rope_head_dim;
     CK(dsv4_cuda_cmp_batch(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, w->ent, w->rpos, g->stream));
     /* every row is finished (cheap); only the rows that closed a window are stored */
-    CK(dsv4_cuda_rmsnorm(w->ent, T, d, d, gc->norm, c->norm_eps, g->stream));
-    CK(dsv4_cuda_rope(w->ent, T, 1, d, R / 2, gl->rope_freq, w->rpos, 0, g->stream));
-    if (which) {
-        CK(dsv4_cuda_hadamard(w->ent, T, d, d, g->stream));
-        CK(dsv4_cuda_act_quant_fp4(w->ent, T, d, d, 32, g->stream));
-    } else {
-        CK(dsv4_cuda_act_quant_fp8(w->ent, T, d - R, d, 64, g->stream));
+    if (which) { /* norm, rope, Hadamard, FP4 quant: one launch */
+        CK(dsv4_cuda_rope_hq4(w->ent, T, 1, d, 1, gc->norm, c->norm_eps, R / 2, gl->rope_freq, w->rpos, g->stream));
+    } else { /* norm, rope, FP8 quant of the non-rope part: one launch */
+        CK(dsv4_cuda_norm_rope_q8(w->ent, T, 1, d, gc->norm, c->norm_eps, R / 2, gl->rope_freq, w->rpos, d - R, 64, g->stream));
     }
     CK(dsv4_cuda_cmp_store(b, L, which, w->ent, mr, d, R, c->window_size, g->stream));
     return 0;
@@ -295,13 +292,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     {
         void *sq = g->stream;
         int rc = lin(g, w, &gl->wq_b, w->qr, T, w->q);
-        if (!rc) rc = dsv4_cuda_rmsnorm(w->q, T * H, Dh, Dh, NULL, eps, sq);
-        if (!rc) rc = dsv4_cuda_rope(w->q, T, H, Dh, R / 2, gl->rope_freq, b->pos, 0, sq);
+        if (!rc) rc = dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, sq); /* head norm + RoPE */
         CK(branch_end(g, st, fork, rc));
     }
-    CK(dsv4_cuda_rmsnorm(w->kv, T, Dh, Dh, gl->kv_norm, eps, st));
-    CK(dsv4_cuda_rope(w->kv, T, 1, Dh, R / 2, gl->rope_freq, b->pos, 0, st));
-    CK(dsv4_cuda_act_quant_fp8(w->kv, T, Dh - R, Dh, 64, st));
+    CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
 
     /* compressors and indexer keys run first: entries become visible by causality. Their projections of x and the
      * indexer's weights_proj are one grouped linear. */
@@ -319,9 +313,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     if (ly->ratio == 4) {
         CK(run_compressor(g, w, b, L, 1, w->ikvp, w->iscp));
         CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
-        CK(dsv4_cuda_rope(w->qi, T, Hi, Di, R / 2, gl->rope_freq, b->pos, 0, st));
-        CK(dsv4_cuda_hadamard(w->qi, T * Hi, Di, Di, st));
-        CK(dsv4_cuda_act_quant_fp4(w->qi, T * Hi, Di, Di, 32, st));
+        CK(dsv4_cuda_rope_hq4(w->qi, T, Hi, Di, 0, NULL, 0.0f, R / 2, gl->rope_freq, b->pos, st)); /* rope, Hadamard, FP4 */
         CK(dsv4_cuda_scale(w->wt, (int64_t)T * Hi, 1.0f / sqrtf((float)Di) / sqrtf((float)Hi), st));
         /* scores over the whole capacity's list (blocks past a query's list return), then the top-k of the list
          * the reference ranks (entries past the query's own are -inf, picks of them dropped) */

@@ -1,6 +1,7 @@
 /* norm_rope_quant.cu - RMSNorm (spec 5), interleaved partial RoPE (spec 6) and the activation
  * rounding simulations of spec 9 and 14.3 (FP8 / FP4 act quant, Hadamard rotation). Twins:
- * dsv4_cpu_rmsnorm, dsv4_cpu_rope, dsv4_act_quant_fp8, dsv4_act_quant_fp4, dsv4_hadamard.
+ * dsv4_cpu_rmsnorm, dsv4_cpu_rope, dsv4_act_quant_fp8, dsv4_act_quant_fp4, dsv4_hadamard; the fused norm + rope + FP8
+ * quant (the decode step's kv row, query heads and compressor entries): those three in order.
  * Products that the twin rounds separately are written with __fmul_rn / __fadd_rn so that nvcc does
  * not contract them into FMAs; the quant and Hadamard kernels are bit-exact. */
 #include "common.cuh"
@@ -97,6 +98,147 @@ extern "C" int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const f
     if (!total) return 0;
     rope_kernel<<<(unsigned)((total + 255) / 256), 256, 0, DSV4_STREAM(stream)>>>(x, T, H, n, npairs, freq, pos, inverse);
     return dsv4_cuda_check_launch("rope");
+}
+
+/* ---- fused row preparation: [RMSNorm] + RoPE + (FP8 act quant of the first qn values in blocks of qb | Hadamard
+ * rotation + FP4 act quant in blocks of 32 | nothing): one block a contiguous row of n, the separate kernels'
+ * operations in their order (the norm's sums as rmsnorm_kernel<RQ>, the rotation as rope_kernel, the FP8 quant as
+ * act_quant_kernel<0>, the Hadamard butterflies as hadamard_kernel, the FP4 quant as act_quant_kernel<1>), so their
+ * bits in one launch; the row staged in shared memory between the steps (then n doubles for the butterflies). Row r is
+ * token r / H's head r % H. POST: 0 none, 1 FP8 (qn, qb), 2 Hadamard + FP4. ---- */
+
+template <int RQ, int NORM, int POST>
+__global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H, const float *w, float eps, int npairs,
+                                                          const float *freq, const int *pos, int qn, int qb) {
+    extern __shared__ float4 sx4[];
+    __shared__ double part[RMS_NT / 32];
+    float *sx = (float *)sx4;
+    float4 *r4 = (float4 *)(x + (int64_t)blockIdx.x * n);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nq = n >> 2, t = blockIdx.x / H;
+    float4 v[RQ], wv[RQ];
+#pragma unroll
+    for (int k = 0; k < RQ; k++) {
+        const int q = tid + k * RMS_NT;
+        if (q < nq) {
+            v[k] = r4[q];
+            if (NORM && w) wv[k] = ((const float4 *)w)[q];
+        }
+    }
+    float r = 1.0f;
+    if (NORM) {
+        double ss = 0;
+#pragma unroll
+        for (int k = 0; k < RQ; k++)
+            if (tid + k * RMS_NT < nq) ss = rms_sq4(ss, v[k]);
+        ss = warp_sum_d(ss);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        ss = rms_sum8(part);
+        r = 1.0f / sqrtf((float)(ss / n) + eps);
+    }
+#pragma unroll
+    for (int k = 0; k < RQ; k++) {
+        const int q = tid + k * RMS_NT;
+        if (q >= nq) continue;
+        float4 o = v[k];
+        if (NORM && w) {
+            o.x = __fmul_rn(wv[k].x, __fmul_rn(v[k].x, r)), o.y = __fmul_rn(wv[k].y, __fmul_rn(v[k].y, r));
+            o.z = __fmul_rn(wv[k].z, __fmul_rn(v[k].z, r)), o.w = __fmul_rn(wv[k].w, __fmul_rn(v[k].w, r));
+        } else if (NORM) {
+            o.x = __fmul_rn(v[k].x, r), o.y = __fmul_rn(v[k].y, r), o.z = __fmul_rn(v[k].z, r), o.w = __fmul_rn(v[k].w, r);
+        }
+        sx4[q] = o;
+    }
+    __syncthreads();
+    float *p = sx + n - 2 * npairs;
+    for (int i = tid; i < npairs; i += RMS_NT) {
+        const float ang = __fmul_rn((float)pos[t], freq[i]);
+        const float c = cosf(ang), s = sinf(ang);
+        const float a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        p[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+    __syncthreads();
+    if (POST == 1 && qb > 0) {
+        const int nblk = (qn + qb - 1) / qb;
+        for (int bk = warp; bk < nblk; bk += RMS_NT / 32) {
+            const int b0 = bk * qb, b1 = b0 + qb < qn ? b0 + qb : qn;
+            float amax = 1e-4f;
+            for (int i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(sx[i]));
+            amax = warp_max(amax);
+            const float s = dev_pow2_ceil(__fmul_rn(amax, 1.0f / 448.0f));
+            for (int i = b0 + lane; i < b1; i += 32) {
+                const float u = fminf(fmaxf(__fdiv_rn(sx[i], s), -448.0f), 448.0f);
+                sx[i] = dev_round_e4m3(u) * s;
+            }
+        }
+        __syncthreads();
+    }
+    if (POST == 2) { /* hadamard_kernel's butterflies in double, then act_quant_kernel<1> in blocks of 32 */
+        double *hs = (double *)(sx + ((n + 3) & ~3));
+        for (int i = tid; i < n; i += RMS_NT) hs[i] = sx[i];
+        __syncthreads();
+        for (int h = 1; h < n; h *= 2) {
+            for (int q = tid; q < n / 2; q += RMS_NT) {
+                const int j = (q / h) * 2 * h + (q % h);
+                const double a = hs[j], b = hs[j + h];
+                hs[j] = a + b;
+                hs[j + h] = a - b;
+            }
+            __syncthreads();
+        }
+        const double sc = 1.0 / sqrt((double)n);
+        for (int i = tid; i < n; i += RMS_NT) sx[i] = (float)__dmul_rn(hs[i], sc);
+        __syncthreads();
+        for (int bk = warp; bk < (n + 31) / 32; bk += RMS_NT / 32) { /* one lane a value: blocks of 32 */
+            const int i = bk * 32 + lane;
+            float amax = 6.0f * 0x1p-126f;
+            if (i < n) amax = fmaxf(amax, fabsf(sx[i]));
+            amax = warp_max(amax);
+            const float s = dev_pow2_ceil(__fdiv_rn(amax, 6.0f));
+            if (i < n) sx[i] = dev_round_e2m1(fminf(fmaxf(__fdiv_rn(sx[i], s), -6.0f), 6.0f)) * s;
+        }
+        __syncthreads();
+    }
+    for (int q = tid; q < nq; q += RMS_NT) r4[q] = sx4[q];
+}
+
+template <int NORM, int POST>
+static int row_prep(const char *op, float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
+                    const int *pos, int qn, int qb, void *stream) {
+    const int rows = T * H, nq = n / 4;
+    const size_t smem = (size_t)((n + 3) & ~3) * 4 + (POST == 2 ? (size_t)n * 8 : 0);
+    const int vec = n % 4 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15) && smem <= 48 * 1024 - 256 /* + part[] */ &&
+                    (POST != 2 || (n & (n - 1)) == 0);
+    cudaStream_t st = DSV4_STREAM(stream);
+    if (vec && nq <= RMS_NT) row_prep_kernel<1, NORM, POST><<<rows, RMS_NT, smem, st>>>(x, n, H, w, eps, npairs, freq, pos, qn, qb);
+    else if (vec && nq <= 4 * RMS_NT) row_prep_kernel<4, NORM, POST><<<rows, RMS_NT, smem, st>>>(x, n, H, w, eps, npairs, freq, pos, qn, qb);
+    else { /* the separate kernels */
+        int rc = NORM ? dsv4_cuda_rmsnorm(x, rows, n, n, w, eps, stream) : 0;
+        if (!rc) rc = dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0, stream);
+        if (!rc && POST == 1 && qb > 0) rc = dsv4_cuda_act_quant_fp8(x, rows, qn, n, qb, stream);
+        if (!rc && POST == 2) rc = dsv4_cuda_hadamard(x, rows, n, n, stream);
+        if (!rc && POST == 2) rc = dsv4_cuda_act_quant_fp4(x, rows, n, n, 32, stream);
+        return rc;
+    }
+    return dsv4_cuda_check_launch(op);
+}
+
+extern "C" int dsv4_cuda_norm_rope_q8(float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
+                                      const int *pos, int qn, int qb, void *stream) {
+    if (T < 0 || H <= 0 || n <= 0 || npairs < 0 || 2 * npairs > n || qn < 0 || qn > n || qb < 0 || qb > 1024)
+        return dsv4_cuda_fail("norm_rope_q8: bad shape (T %d H %d n %d pairs %d qn %d qb %d)", T, H, n, npairs, qn, qb);
+    if (!T) return 0;
+    return row_prep<1, 1>("norm_rope_q8", x, T, H, n, w, eps, npairs, freq, pos, qn, qb, stream);
+}
+
+extern "C" int dsv4_cuda_rope_hq4(float *x, int T, int H, int n, int norm, const float *w, float eps, int npairs,
+                                  const float *freq, const int *pos, void *stream) {
+    if (T < 0 || H <= 0 || n <= 0 || n > 4096 || (n & (n - 1)) || npairs < 0 || 2 * npairs > n)
+        return dsv4_cuda_fail("rope_hq4: bad shape (T %d H %d n %d pairs %d; n a power of two <= 4096)", T, H, n, npairs);
+    if (!T) return 0;
+    return norm ? row_prep<1, 2>("rope_hq4", x, T, H, n, w, eps, npairs, freq, pos, 0, 0, stream)
+                : row_prep<0, 2>("rope_hq4", x, T, H, n, NULL, eps, npairs, freq, pos, 0, 0, stream);
 }
 
 /* ---- act quant: one warp per (row, block) ---- */

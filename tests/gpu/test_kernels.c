@@ -677,6 +677,57 @@ static void test_rope(int T, int H, int n, int npairs, int inverse) {
     dsv4_cuda_free(dx), dsv4_cuda_free(df), dsv4_cuda_free(dp), free(x), free(freq), free(pos), free(ref), free(got);
 }
 
+static void check_same(const char *name, const float *got, const float *ref, size_t n);
+
+/* the fused [norm] + rope + Hadamard + FP4 quant == the four launches one after the other (bitwise) */
+static void test_rope_hq4(int T, int H, int n, int npairs, int norm, int weighted) {
+    const size_t N = (size_t)T * H * n;
+    float *x = randn(N, 2.0f), *w = weighted ? randn(n, 1.0f) : NULL, *freq = malloc(sizeof(float) * (npairs ? npairs : 1));
+    int *pos = malloc(sizeof(int) * T);
+    for (int i = 0; i < npairs; i++) freq[i] = powf(10000.0f, -2.0f * i / (2.0f * npairs));
+    for (int t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int)(rnd_u32() % 1000000);
+    float *ref = malloc(sizeof(float) * N), *got = malloc(sizeof(float) * N);
+    float *da = dup_to_dev(x, sizeof(float) * N), *db = dup_to_dev(x, sizeof(float) * N), *dw = w ? dup_to_dev(w, sizeof(float) * n) : NULL;
+    float *df = dup_to_dev(freq, sizeof(float) * (npairs ? npairs : 1));
+    int *dp = dup_to_dev(pos, sizeof(int) * T);
+    if (norm) op_ok(dsv4_cuda_rmsnorm(da, T * H, n, n, dw, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_rope(da, T, H, n, npairs, df, dp, 0, NULL), "rope");
+    op_ok(dsv4_cuda_hadamard(da, T * H, n, n, NULL), "hadamard");
+    op_ok(dsv4_cuda_act_quant_fp4(da, T * H, n, n, 32, NULL), "act_quant_fp4");
+    op_ok(dsv4_cuda_rope_hq4(db, T, H, n, norm, dw, 1e-6f, npairs, df, dp, NULL), "rope_hq4");
+    sync_ok();
+    from_dev(ref, da, sizeof(float) * N), from_dev(got, db, sizeof(float) * N);
+    char name[128];
+    snprintf(name, sizeof name, "rope_hq4 T=%d H=%d n=%d pairs=%d %s", T, H, n, npairs, norm ? (weighted ? "norm w" : "norm") : "-");
+    check_same(name, got, ref, N);
+    dsv4_cuda_free(da), dsv4_cuda_free(db), dsv4_cuda_free(dw), dsv4_cuda_free(df), dsv4_cuda_free(dp);
+    free(x), free(w), free(freq), free(pos), free(ref), free(got);
+}
+
+/* the fused norm + rope + FP8 quant == rmsnorm, rope, act_quant_fp8 launched one after the other (bitwise) */
+static void test_norm_rope_q8(int T, int H, int n, int npairs, int weighted, int qn, int qb) {
+    const size_t N = (size_t)T * H * n;
+    float *x = randn(N, 2.0f), *w = weighted ? randn(n, 1.0f) : NULL, *freq = malloc(sizeof(float) * (npairs ? npairs : 1));
+    int *pos = malloc(sizeof(int) * T);
+    for (int i = 0; i < npairs; i++) freq[i] = powf(10000.0f, -2.0f * i / (2.0f * npairs));
+    for (int t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int)(rnd_u32() % 1000000);
+    float *ref = malloc(sizeof(float) * N), *got = malloc(sizeof(float) * N);
+    float *da = dup_to_dev(x, sizeof(float) * N), *db = dup_to_dev(x, sizeof(float) * N), *dw = w ? dup_to_dev(w, sizeof(float) * n) : NULL;
+    float *df = dup_to_dev(freq, sizeof(float) * (npairs ? npairs : 1));
+    int *dp = dup_to_dev(pos, sizeof(int) * T);
+    op_ok(dsv4_cuda_rmsnorm(da, T * H, n, n, dw, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_rope(da, T, H, n, npairs, df, dp, 0, NULL), "rope");
+    if (qb > 0) op_ok(dsv4_cuda_act_quant_fp8(da, T * H, qn, n, qb, NULL), "act_quant_fp8");
+    op_ok(dsv4_cuda_norm_rope_q8(db, T, H, n, dw, 1e-6f, npairs, df, dp, qn, qb, NULL), "norm_rope_q8");
+    sync_ok();
+    from_dev(ref, da, sizeof(float) * N), from_dev(got, db, sizeof(float) * N);
+    char name[128];
+    snprintf(name, sizeof name, "norm_rope_q8 T=%d H=%d n=%d pairs=%d %s qn=%d qb=%d", T, H, n, npairs, weighted ? "w" : "-", qn, qb);
+    check_same(name, got, ref, N);
+    dsv4_cuda_free(da), dsv4_cuda_free(db), dsv4_cuda_free(dw), dsv4_cuda_free(df), dsv4_cuda_free(dp);
+    free(x), free(w), free(freq), free(pos), free(ref), free(got);
+}
+
 /* kind 0: fp8, 1: fp4, 2: hadamard, 3: hadamard then fp4 (the indexer's rotation) */
 static void test_quant(int kind, int rows, int n, int ld, int block) {
     float *x = rand_wide((size_t)rows * ld);
@@ -2346,6 +2397,17 @@ gemm_checks:
     test_rope(5, 64, 512, 32, 1);
     test_rope(3, 64, 128, 32, 0);
     test_rope(2, 3, 70, 5, 1);
+    test_norm_rope_q8(1, 1, 512, 32, 1, 448, 64);   /* the kv row (Flash) */
+    test_norm_rope_q8(7, 1, 512, 32, 1, 448, 64);
+    test_norm_rope_q8(3, 64, 512, 32, 0, 0, 0);     /* the query heads */
+    test_norm_rope_q8(5, 1, 128, 32, 1, 64, 64);    /* a compressor entry of head dim 128 */
+    test_norm_rope_q8(2, 3, 4096, 32, 1, 4032, 128); /* RQ 4 */
+    test_norm_rope_q8(2, 2, 70, 5, 1, 60, 32);       /* the unfused fallback (n % 4 != 0) */
+    test_rope_hq4(3, 64, 128, 32, 0, 0);  /* the indexer's queries (Flash) */
+    test_rope_hq4(1, 64, 128, 32, 0, 0);
+    test_rope_hq4(5, 1, 128, 32, 1, 1);   /* an indexer compressor entry */
+    test_rope_hq4(2, 1, 1024, 32, 1, 1);  /* RQ 1 at its widest, 8 KB of doubles */
+    test_rope_hq4(2, 2, 4096, 32, 1, 0);  /* past 48 KB of shared memory: the separate kernels */
     test_quant(0, 16, 448, 512, 64);   /* window / compressed keys: first Dh - rope values */
     test_quant(0, 8, 4096, 4096, 128); /* act quant of linear inputs */
     test_quant(0, 3, 1000, 1003, 128);
