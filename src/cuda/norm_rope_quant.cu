@@ -203,6 +203,86 @@ __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H
     for (int q = tid; q < nq; q += RMS_NT) r4[q] = sx4[q];
 }
 
+/* The Hadamard form for short rows, n = 32 E (E = 4, 8, 16; RMSNorm only at E = 4): a warp a row, lane l holding
+ * elements l E .. l E + E - 1 (hadamard_warp_kernel's layout, so its butterflies), 8 rows a block. The same bits as
+ * row_prep_kernel<., NORM, 2>: the norm's sum is lane l's quad through warp_sum_d, which is rmsnorm_kernel's for
+ * n <= 128 (the other warps' sums are zeros); RoPE pairs lie inside a lane (E even, n - 2 npairs even); each FP4 block
+ * of 32 is 32 / E lanes, its maximum by shuffles (fmaxf: any order). Row r is token r / H's head r % H. */
+template <int E, int NORM>
+__global__ void __launch_bounds__(256) rope_hq4_warp_kernel(float *x, int rows, int H, const float *w, float eps, int npairs,
+                                                            const float *freq, const int *pos) {
+    const int lane = threadIdx.x & 31, n = 32 * E;
+    const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const int t = (int)(r / H);
+    float4 *row = (float4 *)(x + r * n + lane * E);
+    float v[E];
+#pragma unroll
+    for (int e = 0; e < E; e += 4) *(float4 *)&v[e] = row[e / 4];
+    if (NORM) {
+        static_assert(!NORM || E == 4, "the norm's order is rmsnorm_kernel's only for n <= 128");
+        const float4 q = make_float4(v[0], v[1], v[2], v[3]);
+        const double ss = warp_sum_d(rms_sq4(0.0, q));
+        const float rr = 1.0f / sqrtf((float)(ss / n) + eps);
+        if (w) {
+            const float4 wq = ((const float4 *)w)[lane];
+            v[0] = __fmul_rn(wq.x, __fmul_rn(v[0], rr)), v[1] = __fmul_rn(wq.y, __fmul_rn(v[1], rr));
+            v[2] = __fmul_rn(wq.z, __fmul_rn(v[2], rr)), v[3] = __fmul_rn(wq.w, __fmul_rn(v[3], rr));
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = __fmul_rn(v[e], rr);
+        }
+    }
+    const int r0 = n - 2 * npairs;
+#pragma unroll
+    for (int e = 0; e < E; e += 2) {
+        const int j = lane * E + e;
+        if (j >= r0) {
+            const int i = (j - r0) >> 1;
+            const float ang = __fmul_rn((float)pos[t], freq[i]);
+            const float c = cosf(ang), s = sinf(ang);
+            const float a = v[e], b = v[e + 1];
+            v[e] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+            v[e + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        }
+    }
+    double d[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) d[e] = v[e];
+#pragma unroll
+    for (int h = 1; h < E; h *= 2)
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            if (!(e & h)) {
+                const double a = d[e], b = d[e + h];
+                d[e] = a + b;
+                d[e + h] = a - b;
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2) {
+        const bool up = lane & m;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const double o = __shfl_xor_sync(0xffffffffu, d[e], m);
+            d[e] = up ? o - d[e] : d[e] + o;
+        }
+    }
+    const double sc = 1.0 / sqrt((double)n);
+    float amax = 6.0f * 0x1p-126f;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        v[e] = (float)__dmul_rn(d[e], sc);
+        amax = fmaxf(amax, fabsf(v[e]));
+    }
+#pragma unroll
+    for (int m = 1; m < 32 / E; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const float s = dev_pow2_ceil(__fdiv_rn(amax, 6.0f));
+#pragma unroll
+    for (int e = 0; e < E; e++) v[e] = dev_round_e2m1(fminf(fmaxf(__fdiv_rn(v[e], s), -6.0f), 6.0f)) * s;
+#pragma unroll
+    for (int e = 0; e < E; e += 4) row[e / 4] = *(float4 *)&v[e];
+}
+
 template <int NORM, int POST>
 static int row_prep(const char *op, float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
                     const int *pos, int qn, int qb, void *stream) {
@@ -237,8 +317,18 @@ extern "C" int dsv4_cuda_rope_hq4(float *x, int T, int H, int n, int norm, const
     if (T < 0 || H <= 0 || n <= 0 || n > 4096 || (n & (n - 1)) || npairs < 0 || 2 * npairs > n)
         return dsv4_cuda_fail("rope_hq4: bad shape (T %d H %d n %d pairs %d; n a power of two <= 4096)", T, H, n, npairs);
     if (!T) return 0;
-    return norm ? row_prep<1, 2>("rope_hq4", x, T, H, n, w, eps, npairs, freq, pos, 0, 0, stream)
-                : row_prep<0, 2>("rope_hq4", x, T, H, n, NULL, eps, npairs, freq, pos, 0, 0, stream);
+    const int rows = T * H;
+    const unsigned nb = (unsigned)((rows + 7) / 8);
+    cudaStream_t st = DSV4_STREAM(stream);
+    const int wv = !((uintptr_t)x & 15) && !((uintptr_t)w & 15); /* the warp form: short rows, 16-byte aligned */
+    if (wv && n == 128 && norm) rope_hq4_warp_kernel<4, 1><<<nb, 256, 0, st>>>(x, rows, H, w, eps, npairs, freq, pos);
+    else if (wv && n == 128) rope_hq4_warp_kernel<4, 0><<<nb, 256, 0, st>>>(x, rows, H, NULL, eps, npairs, freq, pos);
+    else if (wv && n == 256 && !norm) rope_hq4_warp_kernel<8, 0><<<nb, 256, 0, st>>>(x, rows, H, NULL, eps, npairs, freq, pos);
+    else if (wv && n == 512 && !norm) rope_hq4_warp_kernel<16, 0><<<nb, 256, 0, st>>>(x, rows, H, NULL, eps, npairs, freq, pos);
+    else
+        return norm ? row_prep<1, 2>("rope_hq4", x, T, H, n, w, eps, npairs, freq, pos, 0, 0, stream)
+                    : row_prep<0, 2>("rope_hq4", x, T, H, n, NULL, eps, npairs, freq, pos, 0, 0, stream);
+    return dsv4_cuda_check_launch("rope_hq4");
 }
 
 /* ---- act quant: one warp per (row, block) ---- */

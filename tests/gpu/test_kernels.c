@@ -2406,6 +2406,12 @@ gemm_checks:
     test_rope_hq4(3, 64, 128, 32, 0, 0);  /* the indexer's queries (Flash) */
     test_rope_hq4(1, 64, 128, 32, 0, 0);
     test_rope_hq4(5, 1, 128, 32, 1, 1);   /* an indexer compressor entry */
+    test_rope_hq4(37, 64, 128, 32, 0, 0); /* the warp form: a prefill's queries, rows not a multiple of 8 */
+    test_rope_hq4(7, 1, 128, 32, 1, 0);   /* the warp form's norm without weights */
+    test_rope_hq4(3, 5, 256, 32, 0, 0);   /* the warp form at n 256, 512 */
+    test_rope_hq4(2, 3, 512, 64, 0, 0);
+    test_rope_hq4(2, 9, 128, 0, 0, 0);    /* no RoPE pairs */
+    test_rope_hq4(3, 2, 256, 32, 1, 1);   /* a norm past 128 values: the block form */
     test_rope_hq4(2, 1, 1024, 32, 1, 1);  /* RQ 1 at its widest, 8 KB of doubles */
     test_rope_hq4(2, 2, 4096, 32, 1, 0);  /* past 48 KB of shared memory: the separate kernels */
     test_quant(0, 16, 448, 512, 64);   /* window / compressed keys: first Dh - rope values */
