@@ -87,13 +87,14 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     const size_t Di = c->index_head_dim, Hi = c->index_n_heads, G = c->o_groups, Ro = c->o_lora_rank;
     const size_t E = c->n_routed_experts, K = c->n_activated_experts, I = c->moe_inter_dim, V = c->vocab_size;
     const size_t NL = c->n_layers, gin = H / (G ? G : 1) * Dh, topk = c->index_topk > 0 ? c->index_topk : 1;
-    size_t cdm = 1, icdm = 1, dmax = Dh > Di ? Dh : Di, nidx = 1, nl = 1;
+    size_t cdm = 1, icdm = 1, dmax = Dh > Di ? Dh : Di, idm = 1, nidx = 1, nl = 1;
     int has_idx = 0;
     for (int L = 0; L < c->n_layers; L++) {
         const dsv4_layer *ly = &g->m->layers[L];
         if (ly->ratio > 0 && (size_t)(ly->cmp.overlap ? 2 : 1) * ly->cmp.d > cdm) cdm = (size_t)(ly->cmp.overlap ? 2 : 1) * ly->cmp.d;
         if (ly->ratio == 4 && (size_t)(ly->idx_cmp.overlap ? 2 : 1) * ly->idx_cmp.d > icdm)
             icdm = (size_t)(ly->idx_cmp.overlap ? 2 : 1) * ly->idx_cmp.d;
+        if (ly->ratio == 4 && (size_t)ly->idx_cmp.d > idm) idm = (size_t)ly->idx_cmp.d;
         if (ly->ratio == 4) has_idx = 1;
         if ((size_t)g->L[L].nidx > nidx) nidx = (size_t)g->L[L].nidx;
     }
@@ -111,12 +112,13 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
 #define TI(field, n) w->field = take(base, &o, sizeof(int) * (n))
     TF(X, t * M * D); TF(x, t * D); TF(y, t * D); TF(post, t * M); TF(comb, t * M * M);
     TF(qr, t * c->q_lora_rank); TF(q, t * H * Dh); TF(kv, t * Dh); TF(o, t * H * Dh);
-    TF(kvp, t * cdm); TF(scp, t * cdm); TF(ikvp, t * icdm); TF(iscp, t * icdm); TF(ent, t * dmax); TF(qi, t * Hi * Di); TF(wt, t * Hi);
+    TF(kvp, t * cdm); TF(scp, t * cdm); TF(ikvp, t * icdm); TF(iscp, t * icdm); TF(ent, t * dmax); TF(ient, t * idm);
+    TF(qi, t * Hi * Di); TF(wt, t * Hi);
     TF(scores, has_idx ? qg * nl : 1);
     TF(og, t * gin); TF(zg, t * Ro); TF(z, t * G * Ro);
     TF(lgE, t * E); TF(ew, t * K); TF(gg, t * I); TF(uu, t * I); TF(ye, t * D);
     TF(hs, tgk * I); TF(ys, tgk * D); TF(hy, t * D); TF(hrow, hr * D); TF(logits, hr * V);
-    TI(rpos, t); TI(sel, t * topk); TI(nsel, t); TI(idx, t * nidx); TI(rsel, t * K); TI(nc4, t); TI(nl4, t);
+    TI(rpos, t); TI(irpos, t); TI(sel, t * topk); TI(nsel, t); TI(idx, t * nidx); TI(rsel, t * K); TI(nc4, t); TI(nl4, t);
     w->tkscratch = take(base, &o, 8 * (has_idx ? qg * nl : 1));
     w->keys = take(base, &o, sizeof(void *) * NL * t);
     w->qbase = take(base, &o, sizeof(void *) * t);
@@ -208,7 +210,7 @@ static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, 
     return dsv4_cuda_linear_multi_ws(&j, 1, 0, T, w->lws, w->lwsb, g->stream);
 }
 
-/* A parallel branch of a layer (the query heads, the shared expert): with fork, the ops enqueued between branch_begin and
+/* A parallel branch of a layer (attention's compressors and indexer or query heads, the shared expert): with fork, the ops enqueued between branch_begin and
  * branch_end go on g->stream2 after what g->stream holds so far (lin / lin_multi enqueue on g->stream, so it is switched);
  * branch_end switches back to st and records ev_join, which the main stream waits for where it needs the branch's
  * result. Without fork both are no-ops and the branch runs in line. rc: the branch's status (the stream is restored
@@ -250,7 +252,8 @@ static int lin_multi(dsv4_cuda_model *g, const gws *w, dsv4_cuda_linear_job *jb,
     return dsv4_cuda_linear_multi_ws(jb, k, 0, T, w->lws, w->lwsb, g->stream);
 }
 
-/* The rest of a compressor, after its projections of x (kvp: wkv, scp: wgate; attention() groups the linears) */
+/* The rest of a compressor, after its projections of x (kvp: wkv, scp: wgate; attention() groups the linears); the
+ * indexer's (which = 1) in its own entry rows (w->ient, w->irpos): the two may run at once */
 static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int which, float *kvp,
                           float *scp) {
     const dsv4_config *c = &g->m->cfg;
@@ -259,14 +262,39 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
     const dsv4_compressor *cm = which ? &ly->idx_cmp : &ly->cmp;
     const gcomp *gc = which ? &gl->idx_cmp : &gl->cmp;
     const int T = b->T, mr = cm->ratio, d = cm->d, R = c->rope_head_dim;
-    CK(dsv4_cuda_cmp_batch(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, w->ent, w->rpos, g->stream));
+    float *ent = which ? w->ient : w->ent;
+    int *rpos = which ? w->irpos : w->rpos;
+    CK(dsv4_cuda_cmp_batch(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, ent, rpos, g->stream));
     /* every row is finished (cheap); only the rows that closed a window are stored */
     if (which) { /* norm, rope, Hadamard, FP4 quant: one launch */
-        CK(dsv4_cuda_rope_hq4(w->ent, T, 1, d, 1, gc->norm, c->norm_eps, R / 2, gl->rope_freq, w->rpos, g->stream));
+        CK(dsv4_cuda_rope_hq4(ent, T, 1, d, 1, gc->norm, c->norm_eps, R / 2, gl->rope_freq, rpos, g->stream));
     } else { /* norm, rope, FP8 quant of the non-rope part: one launch */
-        CK(dsv4_cuda_norm_rope_q8(w->ent, T, 1, d, gc->norm, c->norm_eps, R / 2, gl->rope_freq, w->rpos, d - R, 64, g->stream));
+        CK(dsv4_cuda_norm_rope_q8(ent, T, 1, d, gc->norm, c->norm_eps, R / 2, gl->rope_freq, rpos, d - R, 64, g->stream));
     }
-    CK(dsv4_cuda_cmp_store(b, L, which, w->ent, mr, d, R, c->window_size, g->stream));
+    CK(dsv4_cuda_cmp_store(b, L, which, ent, mr, d, R, c->window_size, g->stream));
+    return 0;
+}
+
+/* The indexer of a ratio-4 layer after its compressor: its queries from qr (wq_b, RoPE, Hadamard, FP4), the scores over
+ * the compressed keys, the top-k of each query's list into w->sel / w->nsel; on g->stream */
+static int run_indexer(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L) {
+    const dsv4_config *c = &g->m->cfg;
+    const glayer *gl = &g->L[L];
+    const int T = b->T, R = c->rope_head_dim, Hi = c->index_n_heads, Di = c->index_head_dim, topk = c->index_topk;
+    void *st = g->stream;
+    CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
+    CK(dsv4_cuda_rope_hq4(w->qi, T, Hi, Di, 0, NULL, 0.0f, R / 2, gl->rope_freq, b->pos, st)); /* rope, Hadamard, FP4 */
+    CK(dsv4_cuda_scale(w->wt, (int64_t)T * Hi, 1.0f / sqrtf((float)Di) / sqrtf((float)Hi), st));
+    /* scores over the whole capacity's list (blocks past a query's list return), then the top-k of the list the
+     * reference ranks (entries past the query's own are -inf, picks of them dropped) */
+    const int nl = g->cap / 4 > 0 ? g->cap / 4 : 1;
+    for (int t0 = 0; t0 < T; t0 += w->qg) {
+        int qn = T - t0 < w->qg ? T - t0 : w->qg;
+        CK(dsv4_cuda_indexer_scores(w->qi + (size_t)t0 * Hi * Di, w->wt + (size_t)t0 * Hi, qn, Hi, Di, w->keys + (size_t)L * T + t0,
+                                    1, w->nc4 + t0, w->nl4 + t0, nl, nl, w->scores, st));
+        CK(dsv4_cuda_topk(w->scores, qn, nl, w->nl4 + t0, w->nc4 + t0, topk, w->sel + (size_t)t0 * topk, w->nsel + t0,
+                          w->tkscratch, st));
+    }
     return 0;
 }
 
@@ -275,30 +303,21 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const dsv4_layer *ly = &g->m->layers[L];
     const glayer *gl = &g->L[L];
     const int T = b->T, H = c->n_heads, Dh = c->head_dim, R = c->rope_head_dim, Lq = c->q_lora_rank;
-    const int W = c->window_size, G = c->o_groups, Ro = c->o_lora_rank, Hi = c->index_n_heads, Di = c->index_head_dim;
+    const int W = c->window_size, G = c->o_groups, Ro = c->o_lora_rank;
     const int topk = c->index_topk;
     const float eps = c->norm_eps;
     void *st = g->stream;
 
-    dsv4_cuda_linear_job qkv[2] = {ljob(&gl->wq_a, x, w->qr), ljob(&gl->wkv, x, w->kv)};
-    CK(lin_multi(g, w, qkv, 2, T));
-    CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
-    /* the query heads (wq_b, norm, RoPE) on the second stream beside the kv row, the compressors and the indexer, joined
-     * before the attention (a parallel branch of the step's graph: the same kernels on the same data, so the same bits).
-     * Only where no linear of either branch stages x in the shared workspaces (decode steps below
-     * DSV4_CUDA_LINEAR_WS_MIN_T rows, no GEMM); serial under an op profile or with DSV4_CUDA_ATTN_FORK=0. */
+    /* Small decode steps run two chains at once (a parallel branch of the step's graph: the same kernels on the same
+     * data, so the same bits), where no linear of either stages x in the shared workspaces (below
+     * DSV4_CUDA_LINEAR_WS_MIN_T rows, no GEMM); serial under an op profile or with DSV4_CUDA_ATTN_FORK=0:
+     * - layers with a compressor: on stream2 the compressors' projections of x (one grouped linear, with the indexer's
+     *   weights_proj), then the indexer's compressor (ratio 4) or the attention compressor (ratio 128), then (ratio 4)
+     *   the indexer after qr; the main stream meanwhile the q / kv projections, the query heads, the kv row and (ratio
+     *   4) the attention compressor once its projections are in (ev_mid);
+     * - sliding-window layers: the query heads (wq_b, norm, RoPE) on stream2 beside the kv row.
+     * Joined (ev_join) before the index lists. */
     const int fork = g->attn_fork && g->stream2 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws);
-    CK(branch_begin(g, fork));
-    {
-        void *sq = g->stream;
-        int rc = lin(g, w, &gl->wq_b, w->qr, T, w->q);
-        if (!rc) rc = dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, sq); /* head norm + RoPE */
-        CK(branch_end(g, st, fork, rc));
-    }
-    CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
-
-    /* compressors and indexer keys run first: entries become visible by causality. Their projections of x and the
-     * indexer's weights_proj are one grouped linear. */
     if (ly->ratio > 0) {
         dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
         int nc = 2;
@@ -307,29 +326,36 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
             cj[nc++] = ljob(&gl->idx_cmp.wgate, x, w->iscp);
             cj[nc++] = ljob(&gl->idx_wproj, x, w->wt);
         }
-        CK(lin_multi(g, w, cj, nc, T));
+        const int idx = ly->ratio == 4;
+        CK(branch_begin(g, fork));
+        int rc = lin_multi(g, w, cj, nc, T);
+        if (!rc && idx && fork) rc = dsv4_cuda_event_record(g->ev_mid, g->stream); /* kvp, scp for the main stream */
+        if (!rc) rc = run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp);
+        CK(branch_end(g, st, fork && !idx, rc));
+    }
+    dsv4_cuda_linear_job qkv[2] = {ljob(&gl->wq_a, x, w->qr), ljob(&gl->wkv, x, w->kv)};
+    CK(lin_multi(g, w, qkv, 2, T));
+    CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
+    if (ly->ratio == 4) { /* the indexer after qr */
+        CK(branch_begin(g, fork));
+        CK(branch_end(g, st, fork, run_indexer(g, w, b, L)));
+    }
+    {   /* the query heads: on stream2 in sliding-window layers */
+        const int qf = fork && ly->ratio == 0;
+        CK(branch_begin(g, qf));
+        int rc = lin(g, w, &gl->wq_b, w->qr, T, w->q);
+        if (!rc) rc = dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream); /* head norm + RoPE */
+        CK(branch_end(g, st, qf, rc));
+    }
+    CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
+    if (ly->ratio == 4) { /* the attention compressor, once its projections are in */
+        if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_mid));
         CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp));
     }
-    if (ly->ratio == 4) {
-        CK(run_compressor(g, w, b, L, 1, w->ikvp, w->iscp));
-        CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
-        CK(dsv4_cuda_rope_hq4(w->qi, T, Hi, Di, 0, NULL, 0.0f, R / 2, gl->rope_freq, b->pos, st)); /* rope, Hadamard, FP4 */
-        CK(dsv4_cuda_scale(w->wt, (int64_t)T * Hi, 1.0f / sqrtf((float)Di) / sqrtf((float)Hi), st));
-        /* scores over the whole capacity's list (blocks past a query's list return), then the top-k of the list
-         * the reference ranks (entries past the query's own are -inf, picks of them dropped) */
-        const int nl = g->cap / 4 > 0 ? g->cap / 4 : 1;
-        for (int t0 = 0; t0 < T; t0 += w->qg) {
-            int qn = T - t0 < w->qg ? T - t0 : w->qg;
-            CK(dsv4_cuda_indexer_scores(w->qi + (size_t)t0 * Hi * Di, w->wt + (size_t)t0 * Hi, qn, Hi, Di,
-                                        w->keys + (size_t)L * T + t0, 1, w->nc4 + t0, w->nl4 + t0, nl, nl, w->scores, st));
-            CK(dsv4_cuda_topk(w->scores, qn, nl, w->nl4 + t0, w->nc4 + t0, topk, w->sel + (size_t)t0 * topk, w->nsel + t0,
-                              w->tkscratch, st));
-        }
-    }
+    if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
 
     /* index lists (window, then entries), attention, inverse RoPE */
     CK(dsv4_cuda_attn_index(b, L, W, ly->ratio, ly->ratio == 4 ? w->sel : NULL, w->nsel, topk, gl->nidx, w->idx, w->qbase, st));
-    if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the query heads */
     /* over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per call bound the split partials
      * (a row's result does not depend on the rows beside it). Prefill passes: tensor cores, the whole pass at once. */
     if (w->attn_tc && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R)) {

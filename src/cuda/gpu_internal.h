@@ -43,8 +43,9 @@ typedef struct gws {
     int T, qg, tg, hr; /* rows; indexer query group, MoE token group, head rows per pass of the head */
     float *X, *x, *y, *post, *comb, *qr, *q, *kv, *o, *kvp, *scp, *ent, *qi, *wt, *scores, *og, *zg, *z;
     float *ikvp, *iscp; /* the indexer compressor's projections (its linears run with the attention compressor's) */
+    float *ient;        /* the indexer compressor's entries (ent: the attention compressor's; both may run at once) */
     float *lgE, *ew, *gg, *uu, *ye, *hs, *ys, *hy, *hrow, *logits;
-    int *rpos, *sel, *nsel, *idx, *rsel, *nc4, *nl4;
+    int *rpos, *irpos, *sel, *nsel, *idx, *rsel, *nc4, *nl4;
     void *tkscratch; /* the top-k's tie path: qg rows of capacity / 4 (value, index) pairs */
     const uint8_t **keys;
     const uint8_t **qbase; /* [T] the attention cache (abuf) of each row's sequence */
@@ -88,8 +89,10 @@ struct dsv4_cuda_model {
     urec *ur;    /* hash table of uploaded tensors */
     size_t nur;
     void *stream;
-    void *stream2, *ev_fork, *ev_join; /* the parallel branches of a layer (forward_cuda.c: the query heads in attention,
-                                        * the shared expert in moe): their stream, fork / join events */
+    void *stream2, *ev_fork, *ev_join, *ev_mid; /* the parallel branches of a layer (forward_cuda.c: the query heads or
+                                                 * the compressors and the indexer in attention, the shared expert in
+                                                 * moe): their stream, fork / join events, ev_mid a result needed
+                                                 * before the join (the attention compressor's projections) */
     int cap;     /* context capacity of every sequence */
     int tmax;    /* most token rows of one pass */
     int qgmax;   /* most queries per indexer score block */
@@ -97,7 +100,7 @@ struct dsv4_cuda_model {
     uint8_t *dstep, *hstep; /* step input: device, pinned host mirror (tmax rows and slots) */
     size_t step_bytes;
     int graphs;            /* decode steps through CUDA graphs */
-    int attn_fork;         /* the query heads on stream2 in small decode steps (DSV4_CUDA_ATTN_FORK=0: serial) */
+    int attn_fork;         /* attention's branches on stream2 in small decode steps (DSV4_CUDA_ATTN_FORK=0: serial) */
     int capturing;
     gbucket bk[GB_N];
     int last_bucket;       /* bucket of the last decode step (-1: none) */
