@@ -110,8 +110,11 @@ for shape in "--seed 11 --dim 256 --heads 8 --layers 4 --experts 16 --active 4 -
     M="$OUT/unseen$i"
     # shellcheck disable=SC2086
     "$BUILD/dsv4" synth -o "$M" $shape >/dev/null 2>"$M.log" || { echo "unseen $i: synth failed"; fail=$((fail + 1)); continue; }
-    awk -v s="$i" 'BEGIN { srand(s); printf "["; for (b = 0; b < 2; b++) { printf "%s[", b ? "," : "";
-        for (t = 0; t < 48; t++) printf "%s%d", t ? "," : "", 10 + int(rand() * 120000); printf "]" } print "]" }' >"$M.json"
+    # the tokens: a Park-Miller sequence (exact in any awk's doubles), the same on every machine; awk's own rand() after
+    # srand(s) is not (mawk's gave other tokens on every device run, and the 80-row scenario's top-1 moved with them)
+    awk -v s="$i" 'BEGIN { x = 7919 * s + 1; printf "["; for (b = 0; b < 2; b++) { printf "%s[", b ? "," : "";
+        for (t = 0; t < 48; t++) { x = (x * 16807) % 2147483647; printf "%s%d", t ? "," : "", 10 + x % 120000 }
+        printf "]" } print "]" }' >"$M.json"
     ok=1
     for dev in cpu cuda; do
         "$BUILD/dsv4" logits -m "$M" --tokens "$M.json" --prefill 30 --chunk 7 --device $dev -o "$M-$dev.safetensors" \
