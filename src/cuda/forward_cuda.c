@@ -210,11 +210,11 @@ static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, 
     return dsv4_cuda_linear_multi_ws(&j, 1, 0, T, w->lws, w->lwsb, g->stream);
 }
 
-/* A parallel branch of a layer (attention's compressors and indexer or query heads, the shared expert): with fork, the ops enqueued between branch_begin and
- * branch_end go on g->stream2 after what g->stream holds so far (lin / lin_multi enqueue on g->stream, so it is switched);
- * branch_end switches back to st and records ev_join, which the main stream waits for where it needs the branch's
- * result. Without fork both are no-ops and the branch runs in line. rc: the branch's status (the stream is restored
- * either way). */
+/* A parallel branch of a layer (attention's indexer, compressor or query heads, the shared expert): with fork, the ops
+ * enqueued between branch_begin and branch_end go on g->stream2 after what g->stream holds so far (lin / lin_multi
+ * enqueue on g->stream, so it is switched); branch_end switches back to st and records ev_join, which the main stream
+ * waits for where it needs the branch's result. Without fork both are no-ops and the branch runs in line. rc: the
+ * branch's status (the stream is restored either way). */
 static int branch_begin(dsv4_cuda_model *g, int fork) {
     if (!fork) return 0;
     if (dsv4_cuda_event_record(g->ev_fork, g->stream) || dsv4_cuda_stream_wait(g->stream2, g->ev_fork)) return -1;
