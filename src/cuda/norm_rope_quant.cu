@@ -10,6 +10,82 @@
  * RQ > 0: 16-byte rows of at most RMS_NT * RQ quads, each thread's quads (and their weights) loaded at once into
  * registers; RQ 0: any row, read twice. ---- */
 
+/* The row's 1 / rms from its quads in registers (thread j holds quads j, j + RMS_NT, .. of the nq): the sums in
+ * common.cuh's order; a block barrier (every thread calls it) */
+template <int RQ>
+__device__ __forceinline__ float rms_inv(const float4 (&v)[RQ], int nq, int n, float eps, double *part) {
+    const int tid = threadIdx.x;
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < RQ; k++)
+        if (tid + k * RMS_NT < nq) ss = rms_sq4(ss, v[k]);
+    ss = warp_sum_d(ss);
+    if ((tid & 31) == 0) part[tid >> 5] = ss;
+    __syncthreads();
+    ss = rms_sum8(part);
+    return 1.0f / sqrtf((float)(ss / n) + eps);
+}
+/* a normalized quad: x r, times its weights wv unless NULL */
+__device__ __forceinline__ float4 rms_apply4(float4 v, const float4 *wv, float r) {
+    if (wv) return make_float4(__fmul_rn(wv->x, __fmul_rn(v.x, r)), __fmul_rn(wv->y, __fmul_rn(v.y, r)),
+                               __fmul_rn(wv->z, __fmul_rn(v.z, r)), __fmul_rn(wv->w, __fmul_rn(v.w, r)));
+    return make_float4(__fmul_rn(v.x, r), __fmul_rn(v.y, r), __fmul_rn(v.z, r), __fmul_rn(v.w, r));
+}
+/* one interleaved RoPE pair (a, b) at angle p x f, backwards with inverse */
+__device__ __forceinline__ void rope_pair(float &a, float &b, float p, float f, int inverse) {
+    const float ang = __fmul_rn(p, f);
+    const float c = cosf(ang);
+    float s = sinf(ang);
+    if (inverse) s = -s;
+    const float x = a, y = b;
+    a = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+    b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+}
+/* the act quant simulation of a block (spec 9): its scale from the block's |max| (floored at amax0), one value */
+template <int FP4> __device__ __forceinline__ float act_amax0() { return FP4 ? 6.0f * 0x1p-126f : 1e-4f; }
+template <int FP4> __device__ __forceinline__ float act_scale(float amax) {
+    return FP4 ? dev_pow2_ceil(__fdiv_rn(amax, 6.0f)) : dev_pow2_ceil(__fmul_rn(amax, 1.0f / 448.0f));
+}
+template <int FP4> __device__ __forceinline__ float act_q(float x, float s) {
+    const float lim = FP4 ? 6.0f : 448.0f, v = fminf(fmaxf(__fdiv_rn(x, s), -lim), lim);
+    return (FP4 ? dev_round_e2m1(v) : dev_round_e4m3(v)) * s;
+}
+/* Hadamard butterflies (double; a the lower element, b the upper: a + b, a - b; stages h = 1, 2, ..):
+ * of a row of n in shared memory by nt threads (a barrier after each stage), */
+__device__ __forceinline__ void hadamard_smem(double *hs, int n, int tid, int nt) {
+    for (int h = 1; h < n; h *= 2) {
+        for (int q = tid; q < n / 2; q += nt) {
+            const int j = (q / h) * 2 * h + (q % h);
+            const double a = hs[j], b = hs[j + h];
+            hs[j] = a + b;
+            hs[j + h] = a - b;
+        }
+        __syncthreads();
+    }
+}
+/* or of a row of 32 E held by a warp, lane l elements l E .. l E + E - 1: h < E inside a lane, then by shuffles */
+template <int E>
+__device__ __forceinline__ void hadamard_warp(double (&v)[E], int lane) {
+#pragma unroll
+    for (int h = 1; h < E; h *= 2)
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            if (!(e & h)) {
+                const double a = v[e], b = v[e + h];
+                v[e] = a + b;
+                v[e + h] = a - b;
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2) {
+        const bool up = lane & m;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const double o = __shfl_xor_sync(0xffffffffu, v[e], m);
+            v[e] = up ? o - v[e] : v[e] + o;
+        }
+    }
+}
+
 template <int RQ>
 __global__ void __launch_bounds__(RMS_NT) rmsnorm_kernel(float *x, int n, int64_t ld, const float *w, float eps) {
     __shared__ double part[RMS_NT / 32];
@@ -27,26 +103,11 @@ __global__ void __launch_bounds__(RMS_NT) rmsnorm_kernel(float *x, int n, int64_
                 if (w) wv[k] = ((const float4 *)w)[q];
             }
         }
-#pragma unroll
-        for (int k = 0; k < RQ; k++)
-            if (tid + k * RMS_NT < nq) ss = rms_sq4(ss, v[k]);
-        ss = warp_sum_d(ss);
-        if ((tid & 31) == 0) part[tid >> 5] = ss;
-        __syncthreads();
-        ss = rms_sum8(part);
-        const float r = 1.0f / sqrtf((float)(ss / n) + eps);
+        const float r = rms_inv<RQ>(v, nq, n, eps, part);
 #pragma unroll
         for (int k = 0; k < RQ; k++) {
             const int q = tid + k * RMS_NT;
-            if (q >= nq) continue;
-            float4 o;
-            if (w) {
-                o.x = __fmul_rn(wv[k].x, __fmul_rn(v[k].x, r)), o.y = __fmul_rn(wv[k].y, __fmul_rn(v[k].y, r));
-                o.z = __fmul_rn(wv[k].z, __fmul_rn(v[k].z, r)), o.w = __fmul_rn(wv[k].w, __fmul_rn(v[k].w, r));
-            } else {
-                o.x = __fmul_rn(v[k].x, r), o.y = __fmul_rn(v[k].y, r), o.z = __fmul_rn(v[k].z, r), o.w = __fmul_rn(v[k].w, r);
-            }
-            r4[q] = o;
+            if (q < nq) r4[q] = rms_apply4(v[k], w ? &wv[k] : NULL, r);
         }
     } else {
         for (int g = tid; g < nq; g += RMS_NT)
@@ -83,12 +144,7 @@ __global__ void rope_kernel(float *x, int T, int H, int n, int npairs, const flo
     int64_t th = g / npairs;
     int t = (int)(th / H);
     float *p = x + th * n + n - 2 * npairs;
-    float ang = __fmul_rn((float)pos[t], freq[i]);
-    float c = cosf(ang), s = sinf(ang);
-    if (inverse) s = -s;
-    float a = p[2 * i], b = p[2 * i + 1];
-    p[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    p[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    rope_pair(p[2 * i], p[2 * i + 1], (float)pos[t], freq[i], inverse);
 }
 
 extern "C" int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const float *freq, const int *pos, int inverse,
@@ -124,53 +180,24 @@ __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H
             if (NORM && w) wv[k] = ((const float4 *)w)[q];
         }
     }
-    float r = 1.0f;
-    if (NORM) {
-        double ss = 0;
-#pragma unroll
-        for (int k = 0; k < RQ; k++)
-            if (tid + k * RMS_NT < nq) ss = rms_sq4(ss, v[k]);
-        ss = warp_sum_d(ss);
-        if (lane == 0) part[warp] = ss;
-        __syncthreads();
-        ss = rms_sum8(part);
-        r = 1.0f / sqrtf((float)(ss / n) + eps);
-    }
+    const float r = NORM ? rms_inv<RQ>(v, nq, n, eps, part) : 1.0f;
 #pragma unroll
     for (int k = 0; k < RQ; k++) {
         const int q = tid + k * RMS_NT;
-        if (q >= nq) continue;
-        float4 o = v[k];
-        if (NORM && w) {
-            o.x = __fmul_rn(wv[k].x, __fmul_rn(v[k].x, r)), o.y = __fmul_rn(wv[k].y, __fmul_rn(v[k].y, r));
-            o.z = __fmul_rn(wv[k].z, __fmul_rn(v[k].z, r)), o.w = __fmul_rn(wv[k].w, __fmul_rn(v[k].w, r));
-        } else if (NORM) {
-            o.x = __fmul_rn(v[k].x, r), o.y = __fmul_rn(v[k].y, r), o.z = __fmul_rn(v[k].z, r), o.w = __fmul_rn(v[k].w, r);
-        }
-        sx4[q] = o;
+        if (q < nq) sx4[q] = NORM ? rms_apply4(v[k], w ? &wv[k] : NULL, r) : v[k];
     }
     __syncthreads();
     float *p = sx + n - 2 * npairs;
-    for (int i = tid; i < npairs; i += RMS_NT) {
-        const float ang = __fmul_rn((float)pos[t], freq[i]);
-        const float c = cosf(ang), s = sinf(ang);
-        const float a = p[2 * i], b = p[2 * i + 1];
-        p[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        p[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-    }
+    for (int i = tid; i < npairs; i += RMS_NT) rope_pair(p[2 * i], p[2 * i + 1], (float)pos[t], freq[i], 0);
     __syncthreads();
     if (POST == 1 && qb > 0) {
         const int nblk = (qn + qb - 1) / qb;
         for (int bk = warp; bk < nblk; bk += RMS_NT / 32) {
             const int b0 = bk * qb, b1 = b0 + qb < qn ? b0 + qb : qn;
-            float amax = 1e-4f;
+            float amax = act_amax0<0>();
             for (int i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(sx[i]));
-            amax = warp_max(amax);
-            const float s = dev_pow2_ceil(__fmul_rn(amax, 1.0f / 448.0f));
-            for (int i = b0 + lane; i < b1; i += 32) {
-                const float u = fminf(fmaxf(__fdiv_rn(sx[i], s), -448.0f), 448.0f);
-                sx[i] = dev_round_e4m3(u) * s;
-            }
+            const float s = act_scale<0>(warp_max(amax));
+            for (int i = b0 + lane; i < b1; i += 32) sx[i] = act_q<0>(sx[i], s);
         }
         __syncthreads();
     }
@@ -178,25 +205,16 @@ __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H
         double *hs = (double *)(sx + ((n + 3) & ~3));
         for (int i = tid; i < n; i += RMS_NT) hs[i] = sx[i];
         __syncthreads();
-        for (int h = 1; h < n; h *= 2) {
-            for (int q = tid; q < n / 2; q += RMS_NT) {
-                const int j = (q / h) * 2 * h + (q % h);
-                const double a = hs[j], b = hs[j + h];
-                hs[j] = a + b;
-                hs[j + h] = a - b;
-            }
-            __syncthreads();
-        }
+        hadamard_smem(hs, n, tid, RMS_NT);
         const double sc = 1.0 / sqrt((double)n);
         for (int i = tid; i < n; i += RMS_NT) sx[i] = (float)__dmul_rn(hs[i], sc);
         __syncthreads();
         for (int bk = warp; bk < (n + 31) / 32; bk += RMS_NT / 32) { /* one lane a value: blocks of 32 */
             const int i = bk * 32 + lane;
-            float amax = 6.0f * 0x1p-126f;
+            float amax = act_amax0<1>();
             if (i < n) amax = fmaxf(amax, fabsf(sx[i]));
-            amax = warp_max(amax);
-            const float s = dev_pow2_ceil(__fdiv_rn(amax, 6.0f));
-            if (i < n) sx[i] = dev_round_e2m1(fminf(fmaxf(__fdiv_rn(sx[i], s), -6.0f), 6.0f)) * s;
+            const float s = act_scale<1>(warp_max(amax));
+            if (i < n) sx[i] = act_q<1>(sx[i], s);
         }
         __syncthreads();
     }
@@ -224,51 +242,20 @@ __global__ void __launch_bounds__(256) rope_hq4_warp_kernel(float *x, int rows, 
         const float4 q = make_float4(v[0], v[1], v[2], v[3]);
         const double ss = warp_sum_d(rms_sq4(0.0, q));
         const float rr = 1.0f / sqrtf((float)(ss / n) + eps);
-        if (w) {
-            const float4 wq = ((const float4 *)w)[lane];
-            v[0] = __fmul_rn(wq.x, __fmul_rn(v[0], rr)), v[1] = __fmul_rn(wq.y, __fmul_rn(v[1], rr));
-            v[2] = __fmul_rn(wq.z, __fmul_rn(v[2], rr)), v[3] = __fmul_rn(wq.w, __fmul_rn(v[3], rr));
-        } else {
-#pragma unroll
-            for (int e = 0; e < 4; e++) v[e] = __fmul_rn(v[e], rr);
-        }
+        *(float4 *)&v[0] = rms_apply4(q, w ? (const float4 *)w + lane : NULL, rr);
     }
     const int r0 = n - 2 * npairs;
 #pragma unroll
     for (int e = 0; e < E; e += 2) {
         const int j = lane * E + e;
-        if (j >= r0) {
-            const int i = (j - r0) >> 1;
-            const float ang = __fmul_rn((float)pos[t], freq[i]);
-            const float c = cosf(ang), s = sinf(ang);
-            const float a = v[e], b = v[e + 1];
-            v[e] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-            v[e + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-        }
+        if (j >= r0) rope_pair(v[e], v[e + 1], (float)pos[t], freq[(j - r0) >> 1], 0);
     }
     double d[E];
 #pragma unroll
     for (int e = 0; e < E; e++) d[e] = v[e];
-#pragma unroll
-    for (int h = 1; h < E; h *= 2)
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            if (!(e & h)) {
-                const double a = d[e], b = d[e + h];
-                d[e] = a + b;
-                d[e + h] = a - b;
-            }
-#pragma unroll
-    for (int m = 1; m < 32; m *= 2) {
-        const bool up = lane & m;
-#pragma unroll
-        for (int e = 0; e < E; e++) {
-            const double o = __shfl_xor_sync(0xffffffffu, d[e], m);
-            d[e] = up ? o - d[e] : d[e] + o;
-        }
-    }
+    hadamard_warp<E>(d, lane);
     const double sc = 1.0 / sqrt((double)n);
-    float amax = 6.0f * 0x1p-126f;
+    float amax = act_amax0<1>();
 #pragma unroll
     for (int e = 0; e < E; e++) {
         v[e] = (float)__dmul_rn(d[e], sc);
@@ -276,9 +263,9 @@ __global__ void __launch_bounds__(256) rope_hq4_warp_kernel(float *x, int rows, 
     }
 #pragma unroll
     for (int m = 1; m < 32 / E; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    const float s = dev_pow2_ceil(__fdiv_rn(amax, 6.0f));
+    const float s = act_scale<1>(amax);
 #pragma unroll
-    for (int e = 0; e < E; e++) v[e] = dev_round_e2m1(fminf(fmaxf(__fdiv_rn(v[e], s), -6.0f), 6.0f)) * s;
+    for (int e = 0; e < E; e++) v[e] = act_q<1>(v[e], s);
 #pragma unroll
     for (int e = 0; e < E; e += 4) row[e / 4] = *(float4 *)&v[e];
 }
@@ -341,15 +328,10 @@ __global__ void act_quant_kernel(float *x, int rows, int n, int64_t ld, int bloc
     int r = (int)(g / nblk), b0 = (int)(g % nblk) * block;
     int b1 = b0 + block < n ? b0 + block : n;
     float *p = x + (int64_t)r * ld;
-    float amax = FP4 ? 6.0f * 0x1p-126f : 1e-4f;
+    float amax = act_amax0<FP4>();
     for (int i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(p[i]));
-    amax = warp_max(amax);
-    float s = FP4 ? dev_pow2_ceil(__fdiv_rn(amax, 6.0f)) : dev_pow2_ceil(__fmul_rn(amax, 1.0f / 448.0f));
-    const float lim = FP4 ? 6.0f : 448.0f;
-    for (int i = b0 + lane; i < b1; i += 32) {
-        float v = fminf(fmaxf(__fdiv_rn(p[i], s), -lim), lim);
-        p[i] = (FP4 ? dev_round_e2m1(v) : dev_round_e4m3(v)) * s;
-    }
+    const float s = act_scale<FP4>(warp_max(amax));
+    for (int i = b0 + lane; i < b1; i += 32) p[i] = act_q<FP4>(p[i], s);
 }
 
 template <int FP4>
@@ -379,15 +361,7 @@ __global__ void __launch_bounds__(256) hadamard_kernel(float *x, int n, int64_t 
     float *row = x + (int64_t)blockIdx.x * ld;
     for (int i = threadIdx.x; i < n; i += 256) hs[i] = row[i];
     __syncthreads();
-    for (int h = 1; h < n; h *= 2) {
-        for (int p = threadIdx.x; p < n / 2; p += 256) {
-            int j = (p / h) * 2 * h + (p % h);
-            double a = hs[j], b = hs[j + h];
-            hs[j] = a + b;
-            hs[j + h] = a - b;
-        }
-        __syncthreads();
-    }
+    hadamard_smem(hs, n, threadIdx.x, 256);
     double s = 1.0 / sqrt((double)n);
     for (int i = threadIdx.x; i < n; i += 256) row[i] = (float)__dmul_rn(hs[i], s);
 }
@@ -404,24 +378,7 @@ __global__ void __launch_bounds__(256) hadamard_warp_kernel(float *x, int rows, 
     double v[E];
 #pragma unroll
     for (int e = 0; e < E; e++) v[e] = row[e];
-#pragma unroll
-    for (int h = 1; h < E; h *= 2)
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            if (!(e & h)) {
-                const double a = v[e], b = v[e + h];
-                v[e] = a + b;
-                v[e + h] = a - b;
-            }
-#pragma unroll
-    for (int m = 1; m < 32; m *= 2) {
-        const bool up = lane & m;
-#pragma unroll
-        for (int e = 0; e < E; e++) {
-            const double o = __shfl_xor_sync(0xffffffffu, v[e], m);
-            v[e] = up ? o - v[e] : v[e] + o;
-        }
-    }
+    hadamard_warp<E>(v, lane);
     const double s = 1.0 / sqrt((double)(32 * E));
 #pragma unroll
     for (int e = 0; e < E; e++) row[e] = (float)__dmul_rn(v[e], s);

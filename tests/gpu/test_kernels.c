@@ -679,53 +679,60 @@ static void test_rope(int T, int H, int n, int npairs, int inverse) {
 
 static void check_same(const char *name, const float *got, const float *ref, size_t n);
 
+/* A fused row-preparation check: x [T, H, n] random on the device twice (da for the separate launches, db for the fused
+ * one), optional norm weights, RoPE frequencies and positions; prep_done compares the two results bitwise */
+typedef struct {
+    size_t N;
+    float *x, *w, *freq, *da, *db, *dw, *df;
+    int *pos, *dp;
+} prep_case;
+
+static prep_case prep_new(int T, int H, int n, int npairs, int weighted) {
+    prep_case c;
+    c.N = (size_t)T * H * n;
+    c.x = randn(c.N, 2.0f), c.w = weighted ? randn(n, 1.0f) : NULL, c.freq = malloc(sizeof(float) * (npairs ? npairs : 1));
+    c.pos = malloc(sizeof(int) * T);
+    for (int i = 0; i < npairs; i++) c.freq[i] = powf(10000.0f, -2.0f * i / (2.0f * npairs));
+    for (int t = 0; t < T; t++) c.pos[t] = t == 0 ? 0 : (int)(rnd_u32() % 1000000);
+    c.da = dup_to_dev(c.x, sizeof(float) * c.N), c.db = dup_to_dev(c.x, sizeof(float) * c.N);
+    c.dw = c.w ? dup_to_dev(c.w, sizeof(float) * n) : NULL;
+    c.df = dup_to_dev(c.freq, sizeof(float) * (npairs ? npairs : 1));
+    c.dp = dup_to_dev(c.pos, sizeof(int) * T);
+    return c;
+}
+
+static void prep_done(prep_case *c, const char *name) {
+    float *ref = malloc(sizeof(float) * c->N), *got = malloc(sizeof(float) * c->N);
+    sync_ok();
+    from_dev(ref, c->da, sizeof(float) * c->N), from_dev(got, c->db, sizeof(float) * c->N);
+    check_same(name, got, ref, c->N);
+    dsv4_cuda_free(c->da), dsv4_cuda_free(c->db), dsv4_cuda_free(c->dw), dsv4_cuda_free(c->df), dsv4_cuda_free(c->dp);
+    free(c->x), free(c->w), free(c->freq), free(c->pos), free(ref), free(got);
+}
+
 /* the fused [norm] + rope + Hadamard + FP4 quant == the four launches one after the other (bitwise) */
 static void test_rope_hq4(int T, int H, int n, int npairs, int norm, int weighted) {
-    const size_t N = (size_t)T * H * n;
-    float *x = randn(N, 2.0f), *w = weighted ? randn(n, 1.0f) : NULL, *freq = malloc(sizeof(float) * (npairs ? npairs : 1));
-    int *pos = malloc(sizeof(int) * T);
-    for (int i = 0; i < npairs; i++) freq[i] = powf(10000.0f, -2.0f * i / (2.0f * npairs));
-    for (int t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int)(rnd_u32() % 1000000);
-    float *ref = malloc(sizeof(float) * N), *got = malloc(sizeof(float) * N);
-    float *da = dup_to_dev(x, sizeof(float) * N), *db = dup_to_dev(x, sizeof(float) * N), *dw = w ? dup_to_dev(w, sizeof(float) * n) : NULL;
-    float *df = dup_to_dev(freq, sizeof(float) * (npairs ? npairs : 1));
-    int *dp = dup_to_dev(pos, sizeof(int) * T);
-    if (norm) op_ok(dsv4_cuda_rmsnorm(da, T * H, n, n, dw, 1e-6f, NULL), "rmsnorm");
-    op_ok(dsv4_cuda_rope(da, T, H, n, npairs, df, dp, 0, NULL), "rope");
-    op_ok(dsv4_cuda_hadamard(da, T * H, n, n, NULL), "hadamard");
-    op_ok(dsv4_cuda_act_quant_fp4(da, T * H, n, n, 32, NULL), "act_quant_fp4");
-    op_ok(dsv4_cuda_rope_hq4(db, T, H, n, norm, dw, 1e-6f, npairs, df, dp, NULL), "rope_hq4");
-    sync_ok();
-    from_dev(ref, da, sizeof(float) * N), from_dev(got, db, sizeof(float) * N);
+    prep_case c = prep_new(T, H, n, npairs, weighted);
+    if (norm) op_ok(dsv4_cuda_rmsnorm(c.da, T * H, n, n, c.dw, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_rope(c.da, T, H, n, npairs, c.df, c.dp, 0, NULL), "rope");
+    op_ok(dsv4_cuda_hadamard(c.da, T * H, n, n, NULL), "hadamard");
+    op_ok(dsv4_cuda_act_quant_fp4(c.da, T * H, n, n, 32, NULL), "act_quant_fp4");
+    op_ok(dsv4_cuda_rope_hq4(c.db, T, H, n, norm, c.dw, 1e-6f, npairs, c.df, c.dp, NULL), "rope_hq4");
     char name[128];
     snprintf(name, sizeof name, "rope_hq4 T=%d H=%d n=%d pairs=%d %s", T, H, n, npairs, norm ? (weighted ? "norm w" : "norm") : "-");
-    check_same(name, got, ref, N);
-    dsv4_cuda_free(da), dsv4_cuda_free(db), dsv4_cuda_free(dw), dsv4_cuda_free(df), dsv4_cuda_free(dp);
-    free(x), free(w), free(freq), free(pos), free(ref), free(got);
+    prep_done(&c, name);
 }
 
 /* the fused norm + rope + FP8 quant == rmsnorm, rope, act_quant_fp8 launched one after the other (bitwise) */
 static void test_norm_rope_q8(int T, int H, int n, int npairs, int weighted, int qn, int qb) {
-    const size_t N = (size_t)T * H * n;
-    float *x = randn(N, 2.0f), *w = weighted ? randn(n, 1.0f) : NULL, *freq = malloc(sizeof(float) * (npairs ? npairs : 1));
-    int *pos = malloc(sizeof(int) * T);
-    for (int i = 0; i < npairs; i++) freq[i] = powf(10000.0f, -2.0f * i / (2.0f * npairs));
-    for (int t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int)(rnd_u32() % 1000000);
-    float *ref = malloc(sizeof(float) * N), *got = malloc(sizeof(float) * N);
-    float *da = dup_to_dev(x, sizeof(float) * N), *db = dup_to_dev(x, sizeof(float) * N), *dw = w ? dup_to_dev(w, sizeof(float) * n) : NULL;
-    float *df = dup_to_dev(freq, sizeof(float) * (npairs ? npairs : 1));
-    int *dp = dup_to_dev(pos, sizeof(int) * T);
-    op_ok(dsv4_cuda_rmsnorm(da, T * H, n, n, dw, 1e-6f, NULL), "rmsnorm");
-    op_ok(dsv4_cuda_rope(da, T, H, n, npairs, df, dp, 0, NULL), "rope");
-    if (qb > 0) op_ok(dsv4_cuda_act_quant_fp8(da, T * H, qn, n, qb, NULL), "act_quant_fp8");
-    op_ok(dsv4_cuda_norm_rope_q8(db, T, H, n, dw, 1e-6f, npairs, df, dp, qn, qb, NULL), "norm_rope_q8");
-    sync_ok();
-    from_dev(ref, da, sizeof(float) * N), from_dev(got, db, sizeof(float) * N);
+    prep_case c = prep_new(T, H, n, npairs, weighted);
+    op_ok(dsv4_cuda_rmsnorm(c.da, T * H, n, n, c.dw, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_rope(c.da, T, H, n, npairs, c.df, c.dp, 0, NULL), "rope");
+    if (qb > 0) op_ok(dsv4_cuda_act_quant_fp8(c.da, T * H, qn, n, qb, NULL), "act_quant_fp8");
+    op_ok(dsv4_cuda_norm_rope_q8(c.db, T, H, n, c.dw, 1e-6f, npairs, c.df, c.dp, qn, qb, NULL), "norm_rope_q8");
     char name[128];
     snprintf(name, sizeof name, "norm_rope_q8 T=%d H=%d n=%d pairs=%d %s qn=%d qb=%d", T, H, n, npairs, weighted ? "w" : "-", qn, qb);
-    check_same(name, got, ref, N);
-    dsv4_cuda_free(da), dsv4_cuda_free(db), dsv4_cuda_free(dw), dsv4_cuda_free(df), dsv4_cuda_free(dp);
-    free(x), free(w), free(freq), free(pos), free(ref), free(got);
+    prep_done(&c, name);
 }
 
 /* kind 0: fp8, 1: fp4, 2: hadamard, 3: hadamard then fp4 (the indexer's rotation) */
