@@ -210,11 +210,11 @@ static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, 
     return dsv4_cuda_linear_multi_ws(&j, 1, 0, T, w->lws, w->lwsb, g->stream);
 }
 
-/* A parallel branch of a layer (attention's compressors and indexer or query heads, the shared expert): with fork, the ops enqueued between branch_begin and
- * branch_end go on g->stream2 after what g->stream holds so far (lin / lin_multi enqueue on g->stream, so it is switched);
- * branch_end switches back to st and records ev_join, which the main stream waits for where it needs the branch's
- * result. Without fork both are no-ops and the branch runs in line. rc: the branch's status (the stream is restored
- * either way). */
+/* A parallel branch of a layer (attention's indexer, compressor or query heads, the shared expert): with fork, the ops
+ * enqueued between branch_begin and branch_end go on g->stream2 after what g->stream holds so far (lin / lin_multi
+ * enqueue on g->stream, so it is switched); branch_end switches back to st and records ev_join, which the main stream
+ * waits for where it needs the branch's result. Without fork both are no-ops and the branch runs in line. rc: the
+ * branch's status (the stream is restored either way). */
 static int branch_begin(dsv4_cuda_model *g, int fork) {
     if (!fork) return 0;
     if (dsv4_cuda_event_record(g->ev_fork, g->stream) || dsv4_cuda_stream_wait(g->stream2, g->ev_fork)) return -1;
@@ -226,6 +226,32 @@ static int branch_end(dsv4_cuda_model *g, void *st, int fork, int rc) {
     g->stream = st;
     if (rc) return rc;
     return fork ? dsv4_cuda_event_record(g->ev_join, g->stream2) : 0;
+}
+
+/* Tail work on stream2: ops that only later passes read (a compressor's pending rows), or whose input main rewrites
+ * only much later (the window ring store reads w->kv). Enqueued between tail_begin and tail_end after what the main
+ * stream holds so far (after_main; else after stream2's own work), and not waited for at once: tail_join makes the
+ * main stream wait for all of it, before the next layer's q / kv projections rewrite w->kv and at the end of the
+ * layers (a graph capture needs every stream joined). Without fork the ops run in line. */
+static int tail_begin(dsv4_cuda_model *g, int fork, int after_main) {
+    if (fork && !after_main) { /* stream2 is already after what the tail needs */
+        g->stream = g->stream2;
+        return 0;
+    }
+    return branch_begin(g, fork);
+}
+
+static int tail_end(dsv4_cuda_model *g, void *st, int fork, int rc) {
+    g->stream = st;
+    if (rc || !fork) return rc;
+    g->tail = 1;
+    return dsv4_cuda_event_record(g->ev_tail, g->stream2);
+}
+
+static int tail_join(dsv4_cuda_model *g) {
+    if (!g->tail) return 0;
+    g->tail = 0;
+    return dsv4_cuda_stream_wait(g->stream, g->ev_tail);
 }
 
 static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
@@ -253,9 +279,17 @@ static int lin_multi(dsv4_cuda_model *g, const gws *w, dsv4_cuda_linear_job *jb,
 }
 
 /* The rest of a compressor, after its projections of x (kvp: wkv, scp: wgate; attention() groups the linears); the
- * indexer's (which = 1) in its own entry rows (w->ient, w->irpos): the two may run at once */
+ * indexer's (which = 1) in its own entry rows (w->ient, w->irpos): the two may run at once. Without state the caller
+ * updates the pending rows later (cmp_state, after these kernels). */
+static int cmp_state(dsv4_cuda_model *g, const dsv4_cuda_batch *b, int L, int which, float *kvp, float *scp) {
+    const dsv4_layer *ly = &g->m->layers[L];
+    const dsv4_compressor *cm = which ? &ly->idx_cmp : &ly->cmp;
+    const gcomp *gc = which ? &g->L[L].idx_cmp : &g->L[L].cmp;
+    return dsv4_cuda_cmp_state(b, L, which, kvp, scp, gc->ape, cm->ratio, cm->d, cm->overlap, g->stream);
+}
+
 static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int which, float *kvp,
-                          float *scp) {
+                          float *scp, int state) {
     const dsv4_config *c = &g->m->cfg;
     const dsv4_layer *ly = &g->m->layers[L];
     const glayer *gl = &g->L[L];
@@ -264,7 +298,8 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
     const int T = b->T, mr = cm->ratio, d = cm->d, R = c->rope_head_dim;
     float *ent = which ? w->ient : w->ent;
     int *rpos = which ? w->irpos : w->rpos;
-    CK(dsv4_cuda_cmp_batch(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, ent, rpos, g->stream));
+    CK(dsv4_cuda_cmp_emit(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, ent, rpos, g->stream));
+    if (state) CK(dsv4_cuda_cmp_state(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, g->stream));
     /* every row is finished (cheap); only the rows that closed a window are stored */
     if (which) { /* norm, rope, Hadamard, FP4 quant: one launch */
         CK(dsv4_cuda_rope_hq4(ent, T, 1, d, 1, gc->norm, c->norm_eps, R / 2, gl->rope_freq, rpos, g->stream));
@@ -311,34 +346,39 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* Small decode steps run two chains at once (a parallel branch of the step's graph: the same kernels on the same
      * data, so the same bits), where no linear of either stages x in the shared workspaces (below
      * DSV4_CUDA_LINEAR_WS_MIN_T rows, no GEMM); serial under an op profile or with DSV4_CUDA_ATTN_FORK=0:
-     * - layers with a compressor: on stream2 the compressors' projections of x (one grouped linear, with the indexer's
-     *   weights_proj), then the indexer's compressor (ratio 4) or the attention compressor (ratio 128), then (ratio 4)
-     *   the indexer after qr; the main stream meanwhile the q / kv projections, the query heads, the kv row and (ratio
-     *   4) the attention compressor once its projections are in (ev_mid);
+     * - ratio 4: on stream2 the indexer's projections of x (its compressor's wkv, wgate and weights_proj, one grouped
+     *   linear), its compressor, then after qr its queries, scores and top-k (its compressor's pending rows after
+     *   that, as tail work); the main stream meanwhile the q / kv projections, the query heads, the kv row, then the
+     *   attention compressor's projections and the compressor;
+     * - ratio 128: on stream2 the compressor's projections and the compressor, beside the same main chain;
      * - sliding-window layers: the query heads (wq_b, norm, RoPE) on stream2 beside the kv row.
-     * Joined (ev_join) before the index lists. */
+     * Joined (ev_join) before the index lists. Serial passes group all the compressors' projections in one linear. */
     const int fork = g->attn_fork && g->stream2 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws);
-    if (ly->ratio > 0) {
-        dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
-        int nc = 2;
-        if (ly->ratio == 4) {
-            cj[nc++] = ljob(&gl->idx_cmp.wkv, x, w->ikvp);
-            cj[nc++] = ljob(&gl->idx_cmp.wgate, x, w->iscp);
-            cj[nc++] = ljob(&gl->idx_wproj, x, w->wt);
-        }
-        const int idx = ly->ratio == 4;
+    const int idx = ly->ratio == 4;
+    dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
+    int nc = 2;
+    if (idx) {
+        cj[nc++] = ljob(&gl->idx_cmp.wkv, x, w->ikvp);
+        cj[nc++] = ljob(&gl->idx_cmp.wgate, x, w->iscp);
+        cj[nc++] = ljob(&gl->idx_wproj, x, w->wt);
+    }
+    if (ly->ratio > 0) { /* forked ratio 4: the indexer's jobs only (cj + 2), the attention compressor's come later */
         CK(branch_begin(g, fork));
-        int rc = lin_multi(g, w, cj, nc, T);
-        if (!rc && idx && fork) rc = dsv4_cuda_event_record(g->ev_mid, g->stream); /* kvp, scp for the main stream */
-        if (!rc) rc = run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp);
+        int rc = fork && idx ? lin_multi(g, w, cj + 2, 3, T) : lin_multi(g, w, cj, nc, T);
+        if (!rc) rc = run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp, !(fork && idx));
         CK(branch_end(g, st, fork && !idx, rc));
     }
+    CK(tail_join(g)); /* the previous layer's ring store read w->kv */
     dsv4_cuda_linear_job qkv[2] = {ljob(&gl->wq_a, x, w->qr), ljob(&gl->wkv, x, w->kv)};
     CK(lin_multi(g, w, qkv, 2, T));
     CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
-    if (ly->ratio == 4) { /* the indexer after qr */
+    if (idx) { /* the indexer after qr; its compressor's pending rows after the join */
         CK(branch_begin(g, fork));
         CK(branch_end(g, st, fork, run_indexer(g, w, b, L)));
+        if (fork) {
+            CK(tail_begin(g, fork, 0));
+            CK(tail_end(g, st, fork, cmp_state(g, b, L, 1, w->ikvp, w->iscp)));
+        }
     }
     {   /* the query heads: on stream2 in sliding-window layers */
         const int qf = fork && ly->ratio == 0;
@@ -348,9 +388,9 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         CK(branch_end(g, st, qf, rc));
     }
     CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
-    if (ly->ratio == 4) { /* the attention compressor, once its projections are in */
-        if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_mid));
-        CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp));
+    if (idx) { /* the attention compressor (its projections here when forked) */
+        if (fork) CK(lin_multi(g, w, cj, 2, T));
+        CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1));
     }
     if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
 
@@ -368,10 +408,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
                                   gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh), w->o + (size_t)t0 * H * Dh, w->ascr, st));
         }
     }
+    /* the pass's raw kv into each sequence's window ring (after attention read the older rows): tail work */
+    CK(tail_begin(g, fork, 1));
+    CK(tail_end(g, st, fork, dsv4_cuda_ring_store(b, L, w->kv, W, Dh, R, g->stream)));
     CK(dsv4_cuda_rope(w->o, T, H, Dh, R / 2, gl->rope_freq, b->pos, 1, st));
-
-    /* the pass's raw kv into each sequence's window ring (after attention read the older rows) */
-    CK(dsv4_cuda_ring_store(b, L, w->kv, W, Dh, R, st));
 
     /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
@@ -455,6 +495,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
 
 int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
     const dsv4_config *c = &g->m->cfg;
+    g->tail = 0;
     CK(dsv4_cuda_step_meta(b, c->n_layers, g->cap / 4 > 0 ? g->cap / 4 : 1, w->keys, w->nc4, w->nl4, g->stream));
     CK(dsv4_cuda_embed(&g->embed, b->tok, b->T, c->hc_mult, w->X, g->stream));
     for (int L = 0; L < c->n_layers; L++) {
@@ -462,6 +503,7 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
         CK(sub_block(g, w, b, L, 1));
     }
     gprof_layer(g, -1);
+    CK(tail_join(g));
     CK(dsv4_cuda_seq_advance(b, g->stream));
     return 0;
 }
