@@ -333,13 +333,21 @@ static int run_indexer(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *
     return 0;
 }
 
+/* The attention's index lists (window, then compressed entries: the indexer's picks in ratio-4 layers, every closed
+ * window otherwise, which depends on the positions only), on g->stream */
+static int attn_index(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L) {
+    const dsv4_config *c = &g->m->cfg;
+    const int ratio = g->m->layers[L].ratio;
+    return dsv4_cuda_attn_index(b, L, c->window_size, ratio, ratio == 4 ? w->sel : NULL, w->nsel, c->index_topk, g->L[L].nidx,
+                                w->idx, w->qbase, g->stream);
+}
+
 static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, const float *x, float *out) {
     const dsv4_config *c = &g->m->cfg;
     const dsv4_layer *ly = &g->m->layers[L];
     const glayer *gl = &g->L[L];
     const int T = b->T, H = c->n_heads, Dh = c->head_dim, R = c->rope_head_dim, Lq = c->q_lora_rank;
     const int W = c->window_size, G = c->o_groups, Ro = c->o_lora_rank;
-    const int topk = c->index_topk;
     const float eps = c->norm_eps;
     void *st = g->stream;
 
@@ -366,6 +374,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         CK(branch_begin(g, fork));
         int rc = fork && idx ? lin_multi(g, w, cj + 2, 3, T) : lin_multi(g, w, cj, nc, T);
         if (!rc) rc = run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp, !(fork && idx));
+        if (!rc && fork && !idx) rc = attn_index(g, w, b, L); /* ratio 128: the index lists at the branch's end */
         CK(branch_end(g, st, fork && !idx, rc));
     }
     CK(tail_join(g)); /* the previous layer's ring store read w->kv */
@@ -374,7 +383,9 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
     if (idx) { /* the indexer after qr; its compressor's pending rows after the join */
         CK(branch_begin(g, fork));
-        CK(branch_end(g, st, fork, run_indexer(g, w, b, L)));
+        int rc = run_indexer(g, w, b, L);
+        if (!rc && fork) rc = attn_index(g, w, b, L); /* the index lists after the top-k, on the indexer's stream */
+        CK(branch_end(g, st, fork, rc));
         if (fork) {
             CK(tail_begin(g, fork, 0));
             CK(tail_end(g, st, fork, cmp_state(g, b, L, 1, w->ikvp, w->iscp)));
@@ -392,10 +403,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         if (fork) CK(lin_multi(g, w, cj, 2, T));
         CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1));
     }
+    if (!fork || ly->ratio == 0) CK(attn_index(g, w, b, L)); /* the index lists (positions only, without the indexer) */
     if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
 
-    /* index lists (window, then entries), attention, inverse RoPE */
-    CK(dsv4_cuda_attn_index(b, L, W, ly->ratio, ly->ratio == 4 ? w->sel : NULL, w->nsel, topk, gl->nidx, w->idx, w->qbase, st));
+    /* attention, inverse RoPE */
     /* over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per call bound the split partials
      * (a row's result does not depend on the rows beside it). Prefill passes: tensor cores, the whole pass at once. */
     if (w->attn_tc && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R)) {
