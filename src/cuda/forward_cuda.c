@@ -355,12 +355,13 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
      * data, so the same bits), where no linear of either stages x in the shared workspaces (below
      * DSV4_CUDA_LINEAR_WS_MIN_T rows, no GEMM); serial under an op profile or with DSV4_CUDA_ATTN_FORK=0:
      * - ratio 4: on stream2 the indexer's projections of x (its compressor's wkv, wgate and weights_proj, one grouped
-     *   linear), its compressor, then after qr its queries, scores and top-k (its compressor's pending rows after
-     *   that, as tail work); the main stream meanwhile the q / kv projections, the query heads, the kv row, then the
-     *   attention compressor's projections and the compressor;
-     * - ratio 128: on stream2 the compressor's projections and the compressor, beside the same main chain;
-     * - sliding-window layers: the query heads (wq_b, norm, RoPE) on stream2 beside the kv row.
-     * Joined (ev_join) before the index lists. Serial passes group all the compressors' projections in one linear. */
+     *   linear), its compressor, then after qr its queries, scores, top-k and the index lists (its compressor's
+     *   pending rows after that, as tail work); the main stream meanwhile the q / kv projections, the query heads, the
+     *   kv row, then the attention compressor's projections and the compressor;
+     * - ratio 128: on stream2 the compressor's projections, the compressor and the index lists, beside the same main
+     *   chain;
+     * - sliding-window layers: the query heads (wq_b, norm, RoPE) on stream2 beside the kv row and the index lists.
+     * Joined (ev_join) before the attention. Serial passes group all the compressors' projections in one linear. */
     const int fork = g->attn_fork && g->stream2 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws);
     const int idx = ly->ratio == 4;
     dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
