@@ -41,6 +41,10 @@ static int ck_debug(const dsv4_cuda_model *g, int line) {
 #define CK(call) do { if ((call)) return gpu_fail("forward_cuda.c", __LINE__, dsv4_cuda_last_error()); if (ck_debug(g, __LINE__)) return -1; \
                          if (g->prof) gprof_mark(g, #call, __LINE__); } while (0)
 
+/* CK inside a parallel branch: the branch's status in rc (the caller restores the stream whatever it is), and the op
+ * marked for the profile like CK's */
+#define BR(call) do { if (!rc) { rc = (call); if (!rc && g->prof) gprof_mark(g, #call, __LINE__); } } while (0)
+
 /* ---- the workspace of a pass and the step input ---- */
 
 static void *take(uint8_t *base, size_t *o, size_t bytes) {
@@ -373,9 +377,13 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     }
     if (ly->ratio > 0) { /* forked ratio 4: the indexer's jobs only (cj + 2), the attention compressor's come later */
         CK(branch_begin(g, fork));
-        int rc = fork && idx ? lin_multi(g, w, cj + 2, 3, T) : lin_multi(g, w, cj, nc, T);
-        if (!rc) rc = run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp, !(fork && idx));
-        if (!rc && fork && !idx) rc = attn_index(g, w, b, L); /* ratio 128: the index lists at the branch's end */
+        int rc = 0;
+        if (fork && idx)
+            BR(lin_multi(g, w, cj + 2, 3, T));
+        else
+            BR(lin_multi(g, w, cj, nc, T));
+        BR(run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp, !(fork && idx)));
+        if (fork && !idx) BR(attn_index(g, w, b, L)); /* ratio 128: the index lists at the branch's end */
         CK(branch_end(g, st, fork && !idx, rc));
     }
     CK(tail_join(g)); /* the previous layer's ring store read w->kv */
@@ -384,8 +392,9 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
     if (idx) { /* the indexer after qr; its compressor's pending rows after the join */
         CK(branch_begin(g, fork));
-        int rc = run_indexer(g, w, b, L);
-        if (!rc && fork) rc = attn_index(g, w, b, L); /* the index lists after the top-k, on the indexer's stream */
+        int rc = 0;
+        BR(run_indexer(g, w, b, L));
+        if (fork) BR(attn_index(g, w, b, L)); /* the index lists after the top-k, on the indexer's stream */
         CK(branch_end(g, st, fork, rc));
         if (fork) {
             CK(tail_begin(g, fork, 0));
@@ -395,8 +404,9 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     {   /* the query heads: on stream2 in sliding-window layers */
         const int qf = fork && ly->ratio == 0;
         CK(branch_begin(g, qf));
-        int rc = lin(g, w, &gl->wq_b, w->qr, T, w->q);
-        if (!rc) rc = dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream); /* head norm + RoPE */
+        int rc = 0;
+        BR(lin(g, w, &gl->wq_b, w->qr, T, w->q));
+        BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream)); /* head norm + RoPE */
         CK(branch_end(g, st, qf, rc));
     }
     CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
@@ -475,9 +485,10 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     if (ly->has_shared) {
         CK(branch_begin(g, fork));
         dsv4_cuda_linear_job sj[2] = {ljob(&gl->sw1, x, w->gg), ljob(&gl->sw3, x, w->uu)};
-        int rc = lin_multi(g, w, sj, 2, T);
-        if (!rc) rc = dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, g->stream);
-        if (!rc) rc = lin(g, w, &gl->sw2, w->gg, T, w->ye);
+        int rc = 0;
+        BR(lin_multi(g, w, sj, 2, T));
+        BR(dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, g->stream));
+        BR(lin(g, w, &gl->sw2, w->gg, T, w->ye));
         CK(branch_end(g, st, fork, rc));
     }
     /* routed experts, in groups of at most w->tg tokens (each token's result does not depend on its group) */
