@@ -39,6 +39,9 @@ void dsv4_cuda_model_free(dsv4_cuda_model *g);
 /* Decode steps through CUDA graphs (1, the default unless DSV4_CUDA_GRAPHS=0) or the same launches
  * one by one (0; the results are bitwise the same). */
 void dsv4_cuda_set_graphs(dsv4_cuda_model *g, int on);
+/* Tests: attention's parallel branches of small decode steps on (1) or off (0: serial; DSV4_CUDA_ATTN_FORK=0) for the
+ * launches that follow; graphs captured before keep what they captured. Returns the previous setting. */
+int dsv4_cuda_set_attn_fork(dsv4_cuda_model *g, int on);
 /* How many decode-step graphs (layers or head of a bucket) have been captured so far. */
 int dsv4_cuda_graphs_captured(const dsv4_cuda_model *g);
 

@@ -344,6 +344,11 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
 }
 
 void dsv4_cuda_set_graphs(dsv4_cuda_model *g, int on) { g->graphs = on != 0; }
+int dsv4_cuda_set_attn_fork(dsv4_cuda_model *g, int on) {
+    const int was = g->attn_fork;
+    g->attn_fork = on != 0;
+    return was;
+}
 
 void dsv4_cuda_model_free(dsv4_cuda_model *g) {
     if (!g) return;

@@ -5,9 +5,10 @@
  *   2. batch invariance: a sequence's logits are bitwise the same alone (bucket 1), in a batch of 3
  *      (bucket 4, one idle slot), of 5 (bucket 8, three idle slots), of 8 and of 40 (bucket 64: the linears'
  *      multi-token GEMM), with the other sequences at other positions;
- *   3. the device's sequence lengths equal the host's; a request past the context capacity
+ *   3. attention's parallel branches on stream2 (DSV4_CUDA_ATTN_FORK) bitwise the serial launches (batches 1 and 5);
+ *   4. the device's sequence lengths equal the host's; a request past the context capacity
  *      (dsv4_set_max_context) is refused and leaves the sequence untouched;
- *   4. sampling inside the step (dsv4_decode_sample): the ids equal the CPU sampler (src/engine/sample.c)
+ *   5. sampling inside the step (dsv4_decode_sample): the ids equal the CPU sampler (src/engine/sample.c)
  *      on the logits of the same step of an identical sequence, greedy and seeded temperature / top-k /
  *      top-p / min-p, with the last ids of the vocabulary masked, with graphs and without.
  * usage: test_decode MODEL_DIR...   exit 1 on any failure */
@@ -223,6 +224,18 @@ static int test_model(const char *dir) {
         same(fx, "graph == no graph, batch 40 (bucket 64)", b40[1], b40[0], n);
         same(fx, "batch invariance: alone == in a batch of 8", a[1], b8[1], n);
         same(fx, "batch invariance: alone == in a batch of 40", a[1], b40[1], n);
+        /* attention's second stream (the indexer, compressors, query heads, tail work) off: the serial order of an op
+         * profile, the same kernels on the same data, so the same bits (prefill chunks below 64 rows included) */
+        float *s1o = malloc(sizeof(float) * n), *s5o = malloc(sizeof(float) * n);
+        const int was = dsv4_cuda_set_attn_fork(m->gpu, 0);
+        const int src = run(m, 0, 1, len1, s1, steps, 0, s1o) || run(m, 0, 5, len5, s5, steps, 2, s5o);
+        dsv4_cuda_set_attn_fork(m->gpu, was);
+        report(!src, "serial decode runs");
+        if (!src && was) {
+            same(fx, "second stream == serial, batch 1", a[0], s1o, n);
+            same(fx, "second stream == serial, batch 5", b5[0], s5o, n);
+        }
+        free(s1o), free(s5o);
         for (int gr = 0; gr < 2; gr++) free(a[gr]), free(b3[gr]), free(b5[gr]), free(b8[gr]), free(b40[gr]);
     }
     { /* dsv4_seq_fork: a forked prompt continues as a fresh sequence fed the same tokens (graphs on) */
