@@ -417,23 +417,25 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     if (!fork || ly->ratio == 0) CK(attn_index(g, w, b, L)); /* the index lists (positions only, without the indexer) */
     if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
 
-    /* attention, inverse RoPE */
-    /* over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per call bound the split partials
-     * (a row's result does not depend on the rows beside it). Prefill passes: tensor cores, the whole pass at once. */
-    if (w->attn_tc && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R)) {
+    /* attention and its output's inverse RoPE over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per
+     * call bound the split partials (a row's result does not depend on the rows beside it), the inverse RoPE in the
+     * same kernels. Prefill passes: tensor cores, the whole pass at once, then the inverse RoPE. */
+    const int tc = w->attn_tc && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R);
+    if (tc) {
         CK(dsv4_cuda_attn_kv8_tc(w->q, T, H, Dh, R, w->qbase, w->kv, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
                                  w->o, st));
     } else {
         for (int t0 = 0; t0 < T; t0 += GW_ATTN) {
             int tn = T - t0 < GW_ATTN ? T - t0 : GW_ATTN;
-            CK(dsv4_cuda_attn_kv8(w->q + (size_t)t0 * H * Dh, tn, H, Dh, R, w->qbase + t0, w->kv, w->idx + (size_t)t0 * gl->nidx,
-                                  gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh), w->o + (size_t)t0 * H * Dh, w->ascr, st));
+            CK(dsv4_cuda_attn_kv8_rope(w->q + (size_t)t0 * H * Dh, tn, H, Dh, R, w->qbase + t0, w->kv,
+                                       w->idx + (size_t)t0 * gl->nidx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
+                                       gl->rope_freq, b->pos + t0, w->o + (size_t)t0 * H * Dh, w->ascr, st));
         }
     }
     /* the pass's raw kv into each sequence's window ring (after attention read the older rows): tail work */
     CK(tail_begin(g, fork, 1));
     CK(tail_end(g, st, fork, dsv4_cuda_ring_store(b, L, w->kv, W, Dh, R, g->stream)));
-    CK(dsv4_cuda_rope(w->o, T, H, Dh, R / 2, gl->rope_freq, b->pos, 1, st));
+    if (tc) CK(dsv4_cuda_rope(w->o, T, H, Dh, R / 2, gl->rope_freq, b->pos, 1, st));
 
     /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
