@@ -125,6 +125,29 @@ __device__ __forceinline__ void ak_st4(float *p, int n, float4 v, int vec) {
     if (n > 2) p[2] = v.z;
     if (n > 3) p[3] = v.w;
 }
+/* The output's inverse RoPE (rope_kernel with inverse = 1: the same operations, so the same bits as storing and then
+ * rotating): the pairs of the last R dims, pair i at angle pos x freq[i]; freq NULL: none */
+struct ak_rope {
+    const float *freq;
+    const int *pos;
+};
+__device__ __forceinline__ void ak_unrot(float &a, float &b, float p, float f) {
+    const float ang = __fmul_rn(p, f);
+    const float c = cosf(ang), s = -sinf(ang);
+    const float x = a, y = b;
+    a = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+    b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+}
+/* v holds dims d .. d + 3 (d a multiple of 4; those past Dh unused) of query t's row */
+__device__ __forceinline__ float4 ak_rope4(float4 v, int d, int Dh, int R, ak_rope ro, int t) {
+    const int r0 = Dh - R;
+    if (!ro.freq || d < r0) return v;
+    const float p = (float)ro.pos[t];
+    const int i = (d - r0) >> 1;
+    ak_unrot(v.x, v.y, p, ro.freq[i]);
+    if (d + 2 < Dh) ak_unrot(v.z, v.w, p, ro.freq[i + 1]);
+    return v;
+}
 __device__ __forceinline__ float4 ak_fma4(float p, float4 k, float4 a) {
     return make_float4(fmaf(p, k.x, a.x), fmaf(p, k.y, a.y), fmaf(p, k.z, a.z), fmaf(p, k.w, a.w));
 }
@@ -161,7 +184,7 @@ template <int DPL4, int HB, int NW>
 __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(const float *q, int H, int Dh, int R,
                                                            const uint8_t *const *base, const float *kv2, const int *idx,
                                                            int nidx, const float *sink, float scale, float *out,
-                                                           float *part, int ns, int SP, int nspan, int vec) {
+                                                           float *part, int ns, int SP, int nspan, int vec, ak_rope orope) {
     constexpr int DPAD = 128 * DPL4, NT = NW * 32;
     const unsigned F = 0xffffffffu;
     extern __shared__ __align__(16) float smem[];
@@ -407,7 +430,7 @@ __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(cons
                 const int d = 128 * c + 4 * lane;
                 if (d >= Dh) break;
                 const float4 o = tot ? *(const float4 *)(Ot + (warp * HB + h) * DPAD + d) : Os[h][c];
-                ak_st4(out + ((int64_t)t * H + hh) * Dh + d, Dh - d, ak_fin4(o, den), vec);
+                ak_st4(out + ((int64_t)t * H + hh) * Dh + d, Dh - d, ak_rope4(ak_fin4(o, den), d, Dh, R, orope, t), vec);
             }
         }
     }
@@ -416,7 +439,8 @@ __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(cons
 /* one block per (head, query): folds the query's span states in order (the full mode's operations); the states come in
  * AK_CB at a time, all loads in flight, then fold in order */
 #define AK_CB 16
-__global__ void attn_kv8_combine(const float *part, int H, int Dh, int nspan, const float *sink, float *out, int vec) {
+__global__ void attn_kv8_combine(const float *part, int H, int Dh, int R, int nspan, const float *sink, float *out, int vec,
+                                 ak_rope ro) {
     const int h = blockIdx.x, t = blockIdx.y, nq4 = (Dh + 3) >> 2;
     const int64_t pst = ak_pst(Dh);
     const float *pp = part + ((int64_t)t * H + h) * nspan * pst;
@@ -445,7 +469,8 @@ __global__ void attn_kv8_combine(const float *part, int H, int Dh, int nspan, co
                 M = Mn;
             }
         }
-        ak_st4(out + ((int64_t)t * H + h) * Dh + 4 * c, Dh - 4 * c, ak_fin4(O, ak_den(M, L, sk)), vec);
+        ak_st4(out + ((int64_t)t * H + h) * Dh + 4 * c, Dh - 4 * c, ak_rope4(ak_fin4(O, ak_den(M, L, sk)), 4 * c, Dh, R, ro, t),
+               vec);
     }
 }
 
@@ -476,7 +501,7 @@ extern "C" size_t dsv4_cuda_attn_kv8_scratch(int T, int H, int Dh, int nidx) {
 template <int DPL4, int HB, int NW>
 static int ak_launch(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                      const int *idx, int nidx, const float *sink, float scale, float *out, float *scratch, ak_geom g,
-                     int full, int vec, cudaStream_t st) {
+                     int full, int vec, ak_rope ro, cudaStream_t st) {
     const size_t smem = ak_smem(Dh, R, DPL4, HB, NW, full && g.nspan > 1);
     if (smem > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("attn_kv8: %zu bytes of shared memory", smem);
     if (smem > 48 * 1024 &&
@@ -485,10 +510,10 @@ static int ak_launch(const float *q, int T, int H, int Dh, int R, const uint8_t 
         return dsv4_cuda_fail("attn_kv8: cannot raise shared memory to %zu bytes", smem);
     dim3 grid(T, (H + NW * HB - 1) / (NW * HB), full ? 1 : g.nspan);
     attn_kv8_kernel<DPL4, HB, NW><<<grid, NW * 32, smem, st>>>(q, H, Dh, R, base, kv2, idx, nidx, sink, scale, out,
-                                                               scratch, g.ns, g.sp, g.nspan, vec);
+                                                               scratch, g.ns, g.sp, g.nspan, vec, ro);
     if (dsv4_cuda_check_launch("attn_kv8")) return -1;
     if (!full) {
-        attn_kv8_combine<<<dim3(H, T), 128, 0, st>>>(scratch, H, Dh, g.nspan, sink, out, vec);
+        attn_kv8_combine<<<dim3(H, T), 128, 0, st>>>(scratch, H, Dh, R, g.nspan, sink, out, vec, ro);
         return dsv4_cuda_check_launch("attn_kv8_combine");
     }
     return 0;
@@ -497,19 +522,26 @@ static int ak_launch(const float *q, int T, int H, int Dh, int R, const uint8_t 
 template <int DPL4>
 static int ak_launch_cfg(int ci, const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
                          const float *kv2, const int *idx, int nidx, const float *sink, float scale, float *out,
-                         float *scratch, ak_geom g, int full, int vec, cudaStream_t st) {
+                         float *scratch, ak_geom g, int full, int vec, ak_rope ro, cudaStream_t st) {
     switch (ci) {
-    case 0: return ak_launch<DPL4, 4, 8>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, st);
-    case 1: return ak_launch<DPL4, 4, 4>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, st);
-    case 2: return ak_launch<DPL4, 2, 4>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, st);
-    case 3: return ak_launch<DPL4, 1, 4>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, st);
-    default: return ak_launch<DPL4, 1, 2>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, st);
+    case 0: return ak_launch<DPL4, 4, 8>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, ro, st);
+    case 1: return ak_launch<DPL4, 4, 4>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, ro, st);
+    case 2: return ak_launch<DPL4, 2, 4>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, ro, st);
+    case 3: return ak_launch<DPL4, 1, 4>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, ro, st);
+    default: return ak_launch<DPL4, 1, 2>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, ro, st);
     }
 }
 
 extern "C" int dsv4_cuda_attn_kv8(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
                                   const float *kv2, const int *idx, int nidx, const float *sink, float scale, float *out,
                                   float *scratch, void *stream) {
+    return dsv4_cuda_attn_kv8_rope(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, scratch, stream);
+}
+
+extern "C" int dsv4_cuda_attn_kv8_rope(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
+                                       const float *kv2, const int *idx, int nidx, const float *sink, float scale,
+                                       const float *freq, const int *pos, float *out, float *scratch, void *stream) {
+    const ak_rope ro = {freq, pos};
     if (T < 0 || H <= 0 || Dh <= R || (Dh - R) % 64 || R % 2 || Dh > AK_MAXD || nidx < 0)
         return dsv4_cuda_fail("attn_kv8: bad shape (T %d H %d Dh %d R %d nidx %d)", T, H, Dh, R, nidx);
     if (!T) return 0;
@@ -517,7 +549,7 @@ extern "C" int dsv4_cuda_attn_kv8(const float *q, int T, int H, int Dh, int R, c
     if (nidx == 0) { /* no entries anywhere: zeros */
         if (cudaMemsetAsync(out, 0, sizeof(float) * (size_t)T * H * Dh, st) != cudaSuccess)
             return dsv4_cuda_fail("attn_kv8: memset failed");
-        return 0;
+        return 0; /* zeros rotate to zeros */
     }
     const ak_geom g = ak_geometry(nidx);
     /* the launch shape changes no operation (see the top of the file), so it may depend on T. T <= AK_PMAX_T: a
@@ -541,9 +573,9 @@ extern "C" int dsv4_cuda_attn_kv8(const float *q, int T, int H, int Dh, int R, c
     const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)out & 15) && !((uintptr_t)kv2 & 15);
     if (!full && ((uintptr_t)scratch & 15)) return dsv4_cuda_fail("attn_kv8: scratch not 16-byte aligned");
     switch ((Dh + 127) / 128) {
-    case 1: return ak_launch_cfg<1>(ci, q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, st);
-    case 2: return ak_launch_cfg<2>(ci, q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, st);
-    case 3: return ak_launch_cfg<3>(ci, q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, st);
-    default: return ak_launch_cfg<4>(ci, q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, st);
+    case 1: return ak_launch_cfg<1>(ci, q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, ro, st);
+    case 2: return ak_launch_cfg<2>(ci, q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, ro, st);
+    case 3: return ak_launch_cfg<3>(ci, q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, ro, st);
+    default: return ak_launch_cfg<4>(ci, q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, g, full, vec, ro, st);
     }
 }

@@ -157,6 +157,12 @@ int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int maxlist, cons
  * Twin: compress_tokens() of src/model/forward_attn.c up to the RMSNorm. */
 int dsv4_cuda_cmp_batch(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
                         const float *ape, int mr, int d, int overlap, float *ent, int *rpos, void *stream);
+/* Its two halves, in this order (the state kernel overwrites pending rows the entries read): the entries (ent, rpos),
+ * then the pending rows of each slot's state at the pass end, which only later passes read. */
+int dsv4_cuda_cmp_emit(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
+                       const float *ape, int mr, int d, int overlap, float *ent, int *rpos, void *stream);
+int dsv4_cuda_cmp_state(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
+                        const float *ape, int mr, int d, int overlap, void *stream);
 /* The finished entries of the tokens that closed a window go to their sequence's cache: entry
  * w = (pos + 1) / m - 1 to abuf row W + w, packed (which 0; R = the rope dims), or ibuf row w (which 1). */
 int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, const float *ent, int mr, int d, int R, int W,

@@ -41,6 +41,10 @@ static int ck_debug(const dsv4_cuda_model *g, int line) {
 #define CK(call) do { if ((call)) return gpu_fail("forward_cuda.c", __LINE__, dsv4_cuda_last_error()); if (ck_debug(g, __LINE__)) return -1; \
                          if (g->prof) gprof_mark(g, #call, __LINE__); } while (0)
 
+/* CK inside a parallel branch: the branch's status in rc (the caller restores the stream whatever it is), and the op
+ * marked for the profile like CK's */
+#define BR(call) do { if (!rc) { rc = (call); if (!rc && g->prof) gprof_mark(g, #call, __LINE__); } } while (0)
+
 /* ---- the workspace of a pass and the step input ---- */
 
 static void *take(uint8_t *base, size_t *o, size_t bytes) {
@@ -228,6 +232,32 @@ static int branch_end(dsv4_cuda_model *g, void *st, int fork, int rc) {
     return fork ? dsv4_cuda_event_record(g->ev_join, g->stream2) : 0;
 }
 
+/* Tail work on stream2: ops that only later passes read (a compressor's pending rows), or whose input main rewrites
+ * only much later (the window ring store reads w->kv). Enqueued between tail_begin and tail_end after what the main
+ * stream holds so far (after_main; else after stream2's own work), and not waited for at once: tail_join makes the
+ * main stream wait for all of it, before the next layer's q / kv projections rewrite w->kv and at the end of the
+ * layers (a graph capture needs every stream joined). Without fork the ops run in line. */
+static int tail_begin(dsv4_cuda_model *g, int fork, int after_main) {
+    if (fork && !after_main) { /* stream2 is already after what the tail needs */
+        g->stream = g->stream2;
+        return 0;
+    }
+    return branch_begin(g, fork);
+}
+
+static int tail_end(dsv4_cuda_model *g, void *st, int fork, int rc) {
+    g->stream = st;
+    if (rc || !fork) return rc;
+    g->tail = 1;
+    return dsv4_cuda_event_record(g->ev_tail, g->stream2);
+}
+
+static int tail_join(dsv4_cuda_model *g) {
+    if (!g->tail) return 0;
+    g->tail = 0;
+    return dsv4_cuda_stream_wait(g->stream, g->ev_tail);
+}
+
 static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
     return lin_ld(g, w, wt, x, 0, T, y, 0);
 }
@@ -253,9 +283,17 @@ static int lin_multi(dsv4_cuda_model *g, const gws *w, dsv4_cuda_linear_job *jb,
 }
 
 /* The rest of a compressor, after its projections of x (kvp: wkv, scp: wgate; attention() groups the linears); the
- * indexer's (which = 1) in its own entry rows (w->ient, w->irpos): the two may run at once */
+ * indexer's (which = 1) in its own entry rows (w->ient, w->irpos): the two may run at once. Without state the caller
+ * updates the pending rows later (cmp_state, after these kernels). */
+static int cmp_state(dsv4_cuda_model *g, const dsv4_cuda_batch *b, int L, int which, float *kvp, float *scp) {
+    const dsv4_layer *ly = &g->m->layers[L];
+    const dsv4_compressor *cm = which ? &ly->idx_cmp : &ly->cmp;
+    const gcomp *gc = which ? &g->L[L].idx_cmp : &g->L[L].cmp;
+    return dsv4_cuda_cmp_state(b, L, which, kvp, scp, gc->ape, cm->ratio, cm->d, cm->overlap, g->stream);
+}
+
 static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int which, float *kvp,
-                          float *scp) {
+                          float *scp, int state) {
     const dsv4_config *c = &g->m->cfg;
     const dsv4_layer *ly = &g->m->layers[L];
     const glayer *gl = &g->L[L];
@@ -264,7 +302,8 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
     const int T = b->T, mr = cm->ratio, d = cm->d, R = c->rope_head_dim;
     float *ent = which ? w->ient : w->ent;
     int *rpos = which ? w->irpos : w->rpos;
-    CK(dsv4_cuda_cmp_batch(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, ent, rpos, g->stream));
+    CK(dsv4_cuda_cmp_emit(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, ent, rpos, g->stream));
+    if (state) CK(dsv4_cuda_cmp_state(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, g->stream));
     /* every row is finished (cheap); only the rows that closed a window are stored */
     if (which) { /* norm, rope, Hadamard, FP4 quant: one launch */
         CK(dsv4_cuda_rope_hq4(ent, T, 1, d, 1, gc->norm, c->norm_eps, R / 2, gl->rope_freq, rpos, g->stream));
@@ -298,80 +337,105 @@ static int run_indexer(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *
     return 0;
 }
 
+/* The attention's index lists (window, then compressed entries: the indexer's picks in ratio-4 layers, every closed
+ * window otherwise, which depends on the positions only), on g->stream */
+static int attn_index(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L) {
+    const dsv4_config *c = &g->m->cfg;
+    const int ratio = g->m->layers[L].ratio;
+    return dsv4_cuda_attn_index(b, L, c->window_size, ratio, ratio == 4 ? w->sel : NULL, w->nsel, c->index_topk, g->L[L].nidx,
+                                w->idx, w->qbase, g->stream);
+}
+
 static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, const float *x, float *out) {
     const dsv4_config *c = &g->m->cfg;
     const dsv4_layer *ly = &g->m->layers[L];
     const glayer *gl = &g->L[L];
     const int T = b->T, H = c->n_heads, Dh = c->head_dim, R = c->rope_head_dim, Lq = c->q_lora_rank;
     const int W = c->window_size, G = c->o_groups, Ro = c->o_lora_rank;
-    const int topk = c->index_topk;
     const float eps = c->norm_eps;
     void *st = g->stream;
 
     /* Small decode steps run two chains at once (a parallel branch of the step's graph: the same kernels on the same
      * data, so the same bits), where no linear of either stages x in the shared workspaces (below
      * DSV4_CUDA_LINEAR_WS_MIN_T rows, no GEMM); serial under an op profile or with DSV4_CUDA_ATTN_FORK=0:
-     * - layers with a compressor: on stream2 the compressors' projections of x (one grouped linear, with the indexer's
-     *   weights_proj), then the indexer's compressor (ratio 4) or the attention compressor (ratio 128), then (ratio 4)
-     *   the indexer after qr; the main stream meanwhile the q / kv projections, the query heads, the kv row and (ratio
-     *   4) the attention compressor once its projections are in (ev_mid);
-     * - sliding-window layers: the query heads (wq_b, norm, RoPE) on stream2 beside the kv row.
-     * Joined (ev_join) before the index lists. */
+     * - ratio 4: on stream2 the indexer's projections of x (its compressor's wkv, wgate and weights_proj, one grouped
+     *   linear), its compressor, then after qr its queries, scores, top-k and the index lists (its compressor's
+     *   pending rows after that, as tail work); the main stream meanwhile the q / kv projections, the query heads, the
+     *   kv row, then the attention compressor's projections and the compressor;
+     * - ratio 128: on stream2 the compressor's projections, the compressor and the index lists, beside the same main
+     *   chain;
+     * - sliding-window layers: the query heads (wq_b, norm, RoPE) on stream2 beside the kv row and the index lists.
+     * Joined (ev_join) before the attention. Serial passes group all the compressors' projections in one linear. */
     const int fork = g->attn_fork && g->stream2 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws);
-    if (ly->ratio > 0) {
-        dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
-        int nc = 2;
-        if (ly->ratio == 4) {
-            cj[nc++] = ljob(&gl->idx_cmp.wkv, x, w->ikvp);
-            cj[nc++] = ljob(&gl->idx_cmp.wgate, x, w->iscp);
-            cj[nc++] = ljob(&gl->idx_wproj, x, w->wt);
-        }
-        const int idx = ly->ratio == 4;
+    const int idx = ly->ratio == 4;
+    dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
+    int nc = 2;
+    if (idx) {
+        cj[nc++] = ljob(&gl->idx_cmp.wkv, x, w->ikvp);
+        cj[nc++] = ljob(&gl->idx_cmp.wgate, x, w->iscp);
+        cj[nc++] = ljob(&gl->idx_wproj, x, w->wt);
+    }
+    if (ly->ratio > 0) { /* forked ratio 4: the indexer's jobs only (cj + 2), the attention compressor's come later */
         CK(branch_begin(g, fork));
-        int rc = lin_multi(g, w, cj, nc, T);
-        if (!rc && idx && fork) rc = dsv4_cuda_event_record(g->ev_mid, g->stream); /* kvp, scp for the main stream */
-        if (!rc) rc = run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp);
+        int rc = 0;
+        if (fork && idx)
+            BR(lin_multi(g, w, cj + 2, 3, T));
+        else
+            BR(lin_multi(g, w, cj, nc, T));
+        BR(run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp, !(fork && idx)));
+        if (fork && !idx) BR(attn_index(g, w, b, L)); /* ratio 128: the index lists at the branch's end */
         CK(branch_end(g, st, fork && !idx, rc));
     }
+    CK(tail_join(g)); /* the previous layer's ring store read w->kv */
     dsv4_cuda_linear_job qkv[2] = {ljob(&gl->wq_a, x, w->qr), ljob(&gl->wkv, x, w->kv)};
     CK(lin_multi(g, w, qkv, 2, T));
     CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
-    if (ly->ratio == 4) { /* the indexer after qr */
+    if (idx) { /* the indexer after qr; its compressor's pending rows after the join */
         CK(branch_begin(g, fork));
-        CK(branch_end(g, st, fork, run_indexer(g, w, b, L)));
+        int rc = 0;
+        BR(run_indexer(g, w, b, L));
+        if (fork) BR(attn_index(g, w, b, L)); /* the index lists after the top-k, on the indexer's stream */
+        CK(branch_end(g, st, fork, rc));
+        if (fork) {
+            CK(tail_begin(g, fork, 0));
+            CK(tail_end(g, st, fork, cmp_state(g, b, L, 1, w->ikvp, w->iscp)));
+        }
     }
     {   /* the query heads: on stream2 in sliding-window layers */
         const int qf = fork && ly->ratio == 0;
         CK(branch_begin(g, qf));
-        int rc = lin(g, w, &gl->wq_b, w->qr, T, w->q);
-        if (!rc) rc = dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream); /* head norm + RoPE */
+        int rc = 0;
+        BR(lin(g, w, &gl->wq_b, w->qr, T, w->q));
+        BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream)); /* head norm + RoPE */
         CK(branch_end(g, st, qf, rc));
     }
     CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
-    if (ly->ratio == 4) { /* the attention compressor, once its projections are in */
-        if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_mid));
-        CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp));
+    if (idx) { /* the attention compressor (its projections here when forked) */
+        if (fork) CK(lin_multi(g, w, cj, 2, T));
+        CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1));
     }
+    if (!fork || ly->ratio == 0) CK(attn_index(g, w, b, L)); /* the index lists (positions only, without the indexer) */
     if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
 
-    /* index lists (window, then entries), attention, inverse RoPE */
-    CK(dsv4_cuda_attn_index(b, L, W, ly->ratio, ly->ratio == 4 ? w->sel : NULL, w->nsel, topk, gl->nidx, w->idx, w->qbase, st));
-    /* over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per call bound the split partials
-     * (a row's result does not depend on the rows beside it). Prefill passes: tensor cores, the whole pass at once. */
-    if (w->attn_tc && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R)) {
+    /* attention and its output's inverse RoPE over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per
+     * call bound the split partials (a row's result does not depend on the rows beside it), the inverse RoPE in the
+     * same kernels. Prefill passes: tensor cores, the whole pass at once, then the inverse RoPE. */
+    const int tc = w->attn_tc && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R);
+    if (tc) {
         CK(dsv4_cuda_attn_kv8_tc(w->q, T, H, Dh, R, w->qbase, w->kv, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
                                  w->o, st));
     } else {
         for (int t0 = 0; t0 < T; t0 += GW_ATTN) {
             int tn = T - t0 < GW_ATTN ? T - t0 : GW_ATTN;
-            CK(dsv4_cuda_attn_kv8(w->q + (size_t)t0 * H * Dh, tn, H, Dh, R, w->qbase + t0, w->kv, w->idx + (size_t)t0 * gl->nidx,
-                                  gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh), w->o + (size_t)t0 * H * Dh, w->ascr, st));
+            CK(dsv4_cuda_attn_kv8_rope(w->q + (size_t)t0 * H * Dh, tn, H, Dh, R, w->qbase + t0, w->kv,
+                                       w->idx + (size_t)t0 * gl->nidx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
+                                       gl->rope_freq, b->pos + t0, w->o + (size_t)t0 * H * Dh, w->ascr, st));
         }
     }
-    CK(dsv4_cuda_rope(w->o, T, H, Dh, R / 2, gl->rope_freq, b->pos, 1, st));
-
-    /* the pass's raw kv into each sequence's window ring (after attention read the older rows) */
-    CK(dsv4_cuda_ring_store(b, L, w->kv, W, Dh, R, st));
+    /* the pass's raw kv into each sequence's window ring (after attention read the older rows): tail work */
+    CK(tail_begin(g, fork, 1));
+    CK(tail_end(g, st, fork, dsv4_cuda_ring_store(b, L, w->kv, W, Dh, R, g->stream)));
+    if (tc) CK(dsv4_cuda_rope(w->o, T, H, Dh, R / 2, gl->rope_freq, b->pos, 1, st));
 
     /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
@@ -423,9 +487,10 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     if (ly->has_shared) {
         CK(branch_begin(g, fork));
         dsv4_cuda_linear_job sj[2] = {ljob(&gl->sw1, x, w->gg), ljob(&gl->sw3, x, w->uu)};
-        int rc = lin_multi(g, w, sj, 2, T);
-        if (!rc) rc = dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, g->stream);
-        if (!rc) rc = lin(g, w, &gl->sw2, w->gg, T, w->ye);
+        int rc = 0;
+        BR(lin_multi(g, w, sj, 2, T));
+        BR(dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, g->stream));
+        BR(lin(g, w, &gl->sw2, w->gg, T, w->ye));
         CK(branch_end(g, st, fork, rc));
     }
     /* routed experts, in groups of at most w->tg tokens (each token's result does not depend on its group) */
@@ -455,6 +520,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
 
 int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
     const dsv4_config *c = &g->m->cfg;
+    g->tail = 0;
     CK(dsv4_cuda_step_meta(b, c->n_layers, g->cap / 4 > 0 ? g->cap / 4 : 1, w->keys, w->nc4, w->nl4, g->stream));
     CK(dsv4_cuda_embed(&g->embed, b->tok, b->T, c->hc_mult, w->X, g->stream));
     for (int L = 0; L < c->n_layers; L++) {
@@ -462,6 +528,7 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
         CK(sub_block(g, w, b, L, 1));
     }
     gprof_layer(g, -1);
+    CK(tail_join(g));
     CK(dsv4_cuda_seq_advance(b, g->stream));
     return 0;
 }

@@ -89,10 +89,11 @@ struct dsv4_cuda_model {
     urec *ur;    /* hash table of uploaded tensors */
     size_t nur;
     void *stream;
-    void *stream2, *ev_fork, *ev_join, *ev_mid; /* the parallel branches of a layer (forward_cuda.c: the query heads or
-                                                 * the compressors and the indexer in attention, the shared expert in
-                                                 * moe): their stream, fork / join events, ev_mid a result needed
-                                                 * before the join (the attention compressor's projections) */
+    void *stream2, *ev_fork, *ev_join, *ev_tail; /* the parallel branches of a layer (forward_cuda.c: the indexer
+                                                  * or compressor or query heads in attention, the shared expert in
+                                                  * moe): their stream, fork / join events; ev_tail: the end of the
+                                                  * tail work (window ring store, pending rows) enqueued on stream2 */
+    int tail;    /* tail work on stream2 not yet waited for by the main stream */
     int cap;     /* context capacity of every sequence */
     int tmax;    /* most token rows of one pass */
     int qgmax;   /* most queries per indexer score block */

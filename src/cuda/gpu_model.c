@@ -299,7 +299,7 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     if (g->qgmax < 1) g->qgmax = 1;
     int rc = 0;
     if (!(g->stream = dsv4_cuda_stream_new()) || !(g->stream2 = dsv4_cuda_stream_new()) || !(g->ev_fork = dsv4_cuda_event_new()) ||
-        !(g->ev_join = dsv4_cuda_event_new()) || !(g->ev_mid = dsv4_cuda_event_new()))
+        !(g->ev_join = dsv4_cuda_event_new()) || !(g->ev_tail = dsv4_cuda_event_new()))
         rc = -1;
     if (!rc) rc = upload_weights(g, verbose);
     if (!rc && !(g->L = calloc((size_t)c->n_layers, sizeof(glayer)))) rc = -1;
@@ -367,7 +367,7 @@ void dsv4_cuda_model_free(dsv4_cuda_model *g) {
     dsv4_cuda_stream_free(g->stream2);
     dsv4_cuda_event_free(g->ev_fork);
     dsv4_cuda_event_free(g->ev_join);
-    dsv4_cuda_event_free(g->ev_mid);
+    dsv4_cuda_event_free(g->ev_tail);
     free(g->L);
     free(g->bufs);
     free(g->ur);

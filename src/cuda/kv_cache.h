@@ -61,6 +61,12 @@ int dsv4_cuda_kv_unpack(const uint8_t *src, int n, int Dh, int R, float *dst, in
 int dsv4_cuda_attn_kv8(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                        const int *idx, int nidx, const float *sink, float scale, float *out, float *scratch,
                        void *stream);
+/* The same, then the inverse RoPE of each output row's last R dims (pair i at angle pos[t] x freq[i]): the bits of
+ * dsv4_cuda_attn_kv8 followed by dsv4_cuda_rope(out, T, H, Dh, R / 2, freq, pos, 1), in one pass over out (freq
+ * NULL: no rotation). */
+int dsv4_cuda_attn_kv8_rope(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
+                            const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
+                            float *out, float *scratch, void *stream);
 /* Floats of scratch dsv4_cuda_attn_kv8 needs for T queries, H heads, nidx entries (0 when nidx <= 32; never
  * more than for T = 32). */
 size_t dsv4_cuda_attn_kv8_scratch(int T, int H, int Dh, int nidx);

@@ -142,16 +142,35 @@ __global__ void cmp_state_kernel(dsv4_cuda_batch b, int L, int which, const floa
     ssc[cur] = nsc;
 }
 
+static int cmp_args(const dsv4_cuda_batch *b, int mr, int d, const char *op) {
+    if (mr <= 0 || d <= 0 || b->S < 0 || b->T < 0 || b->T > 65535)
+        return dsv4_cuda_fail("%s: bad arguments (m %d d %d T %d)", op, mr, d, b->T);
+    return 0;
+}
+
+extern "C" int dsv4_cuda_cmp_emit(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
+                                  const float *ape, int mr, int d, int overlap, float *ent, int *rpos, void *stream) {
+    if (cmp_args(b, mr, d, "cmp_emit")) return -1;
+    if (!b->S || !b->T) return 0;
+    cmp_emit_kernel<<<dim3((d + 127) / 128, b->T), 128, 0, DSV4_STREAM(stream)>>>(*b, L, which, kvp, scp, ape, mr, d, overlap,
+                                                                                  ent, rpos);
+    return dsv4_cuda_check_launch("cmp_emit");
+}
+
+extern "C" int dsv4_cuda_cmp_state(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
+                                   const float *ape, int mr, int d, int overlap, void *stream) {
+    if (cmp_args(b, mr, d, "cmp_state")) return -1;
+    if (!b->S || !b->T) return 0;
+    const int64_t ne = (int64_t)mr * (overlap ? 2 : 1) * d;
+    cmp_state_kernel<<<dim3((unsigned)((ne + 255) / 256), b->S), 256, 0, DSV4_STREAM(stream)>>>(*b, L, which, kvp, scp, ape,
+                                                                                                mr, d, overlap);
+    return dsv4_cuda_check_launch("cmp_state");
+}
+
 extern "C" int dsv4_cuda_cmp_batch(const dsv4_cuda_batch *b, int L, int which, const float *kvp, const float *scp,
                                    const float *ape, int mr, int d, int overlap, float *ent, int *rpos, void *stream) {
-    if (mr <= 0 || d <= 0 || b->S < 0 || b->T < 0 || b->T > 65535)
-        return dsv4_cuda_fail("cmp_batch: bad arguments (m %d d %d T %d)", mr, d, b->T);
-    if (!b->S || !b->T) return 0;
-    cudaStream_t st = DSV4_STREAM(stream);
-    cmp_emit_kernel<<<dim3((d + 127) / 128, b->T), 128, 0, st>>>(*b, L, which, kvp, scp, ape, mr, d, overlap, ent, rpos);
-    const int64_t ne = (int64_t)mr * (overlap ? 2 : 1) * d;
-    cmp_state_kernel<<<dim3((unsigned)((ne + 255) / 256), b->S), 256, 0, st>>>(*b, L, which, kvp, scp, ape, mr, d, overlap);
-    return dsv4_cuda_check_launch("cmp_batch");
+    if (dsv4_cuda_cmp_emit(b, L, which, kvp, scp, ape, mr, d, overlap, ent, rpos, stream)) return -1;
+    return dsv4_cuda_cmp_state(b, L, which, kvp, scp, ape, mr, d, overlap, stream);
 }
 
 /* ---- row copies into the caches: one block per row ---- */

@@ -252,15 +252,47 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
             shapes++;
         }
     dsv4_cuda_attn_kv8_force(-1, -1);
+    /* the output's inverse RoPE in the same kernels (decode path): bitwise attn_kv8 then dsv4_cuda_rope(inverse), at
+     * every launch shape (mode -1: the shape attn_kv8 picks) */
+    int rope_diff = 0, rope_shapes = 0;
+    if (!tc && R > 0) {
+        float *freq = malloc(sizeof(float) * (size_t)(R / 2));
+        int *pos = malloc(sizeof(int) * T);
+        for (int i = 0; i < R / 2; i++) freq[i] = powf(10000.0f, -2.0f * i / (float)R);
+        for (int t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int)(urand() * 1000000);
+        float *dfreq = dup_dev(freq, sizeof(float) * (size_t)(R / 2));
+        int *dpos = dup_dev(pos, sizeof(int) * T);
+        float *dout2 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * H * Dh);
+        float *ra = malloc(sizeof(float) * (size_t)T * H * Dh), *rf = malloc(sizeof(float) * (size_t)T * H * Dh);
+        for (int cfg = -1; cfg < 5; cfg++)
+            for (int mode = 0; mode < (cfg < 0 ? 1 : 2); mode++) {
+                dsv4_cuda_attn_kv8_force(cfg, cfg < 0 ? -1 : mode);
+                if (dsv4_cuda_attn_kv8(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr, NULL) ||
+                    dsv4_cuda_rope(dout, T, H, Dh, R / 2, dfreq, dpos, 1, NULL) ||
+                    dsv4_cuda_attn_kv8_rope(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dfreq, dpos,
+                                            dout2, dscr, NULL) ||
+                    dsv4_cuda_download(ra, dout, sizeof(float) * (size_t)T * H * Dh) ||
+                    dsv4_cuda_download(rf, dout2, sizeof(float) * (size_t)T * H * Dh)) {
+                    printf("     rope, shape %d mode %d: %s\n", cfg, mode, dsv4_cuda_last_error());
+                    rope_diff++;
+                } else if (memcmp(ra, rf, sizeof(float) * (size_t)T * H * Dh)) {
+                    printf("     rope, shape %d mode %d: the fused inverse RoPE differs\n", cfg, mode);
+                    rope_diff++;
+                }
+                rope_shapes++;
+            }
+        dsv4_cuda_attn_kv8_force(-1, -1);
+        free(freq), free(pos), free(ra), free(rf), dsv4_cuda_free(dfreq), dsv4_cuda_free(dpos), dsv4_cuda_free(dout2);
+    }
     /* against the CPU twin too: within 10x the double bar (1e-4 rms + 1e-3 relative, still 4x under a bf16 rounding);
      * the twin's own sequential fp32 sums sit at ~2.4x the double bar */
     const double wvt = tol_worst(got, twin, (size_t)T * H * Dh, NULL);
-    int f = bad || nondet || var || shape_diff || !(wvt <= 10);
+    int f = bad || nondet || var || shape_diff || rope_diff || !(wvt <= 10);
     printf("%s attn_kv8%s T %3d H %2d Dh %3d nidx %4d%s: worst %.3f of tolerance (CPU twin %.3f, %s %.3f; vs the twin "
-           "%.3f, bar 10)%s%s, %d of %d launch shapes differ\n",
+           "%.3f, bar 10)%s%s, %d of %d launch shapes differ, fused inverse RoPE %d of %d\n",
            f ? "FAIL" : "ok  ", tc ? "_tc" : "", T, H, Dh, nidx, with_kv2 ? " +chunk rows" : "", worst, wtwin,
            tc ? "decode kernel" : "old kernel", wold, wvt, nondet ? ", NOT repeatable" : "",
-           var ? ", a query alone differs from in the batch" : "", shape_diff, shapes);
+           var ? ", a query alone differs from in the batch" : "", shape_diff, shapes, rope_diff, rope_shapes);
     fails += f;
     for (int s = 0; s < NS; s++) free(rows[s]), dsv4_cuda_free(dcache[s]);
     free(kv2), free(q), free(sink), free(idx), free(seq), free(base), free(got), free(got2), free(ref), free(twin), free(old);

@@ -224,7 +224,7 @@ static int test_model(const char *dir) {
         same(fx, "graph == no graph, batch 40 (bucket 64)", b40[1], b40[0], n);
         same(fx, "batch invariance: alone == in a batch of 8", a[1], b8[1], n);
         same(fx, "batch invariance: alone == in a batch of 40", a[1], b40[1], n);
-        /* attention's second stream (the indexer, compressors, query heads) off: the serial order of an op
+        /* attention's second stream (the indexer, compressors, query heads, tail work) off: the serial order of an op
          * profile, the same kernels on the same data, so the same bits (prefill chunks below 64 rows included) */
         float *s1o = malloc(sizeof(float) * n), *s5o = malloc(sizeof(float) * n);
         const int was = dsv4_cuda_set_attn_fork(m->gpu, 0);
