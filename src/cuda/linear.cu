@@ -376,9 +376,9 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     if (p.bpf > 0) {
         bpf(0, p.bpf);
-    } else if (nsteps > 0) {
+    } else if (nsteps > 0 && p.prew > 0) {
         tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0, ch1, g, c);
-        if (nsteps > 1) tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0 + CH, ch1, g, c);
+        if (nsteps > 1 && p.prew > 1) tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0 + CH, ch1, g, c);
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
     TC_TR(1);
@@ -738,8 +738,10 @@ static int tc_no_pdl = -1;
  * tc_bpf_max, before the grid dependency wait and then that far ahead (DSV4_LINEAR_BPF_MB, DSV4_LINEAR_BPF_MAX); 0 (the
  * default: it measured slower, up to 1.2x on 16-1000 MB matrices) keeps the two-step per-lane prefetch before the wait.
  * tc_xfast: x staged by tc_stage8 (DSV4_LINEAR_XFAST=0: tc_stage, as before). tc_kick: the weight loads go right behind
- * x's first loads (default; DSV4_LINEAR_KICK=0: after x is staged, with 4 passes of x loads in flight). */
-static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 1;
+ * x's first loads (default; DSV4_LINEAR_KICK=0: after x is staged, with 4 passes of x loads in flight). tc_prew: weight
+ * steps per warp asked of L2 before the grid dependency wait (DSV4_LINEAR_PREW 0, 1, 2 = default): the x loads after
+ * the wait queue behind these requests (NOTES "Decode GEMV fixed cost"), while they overlap the previous kernel. */
+static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 1, tc_prew = 2;
 #ifdef DSV4_TC_TRACE
 static unsigned long long *tc_trace; /* experiments: the next launch records its timeline here */
 extern "C" void dsv4_cuda_linear_trace(void *buf) { tc_trace = (unsigned long long *)buf; }
@@ -783,6 +785,8 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
         tc_bpf_max = env_int("DSV4_LINEAR_BPF_MAX", tc_bpf_max);
         tc_xfast = env_int("DSV4_LINEAR_XFAST", tc_xfast) != 0;
         tc_kick = env_int("DSV4_LINEAR_KICK", tc_kick) != 0;
+        tc_prew = env_int("DSV4_LINEAR_PREW", tc_prew);
+        tc_prew = tc_prew < 0 ? 0 : tc_prew > 2 ? 2 : tc_prew;
     }
     const int fmt = jobs[0].w.fmt, S = q.S, KG = q.KG, KW = S / KG, RW = TC_WARPS / KW;
     const size_t cap = (size_t)dsv4_cuda_dev.smem_optin;
@@ -792,6 +796,7 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
     a.p.xbf16 = x_bf16;
     a.p.S = S, a.p.KW = KW, a.p.KG = KG;
     a.p.NU = q.NU, a.p.nub = q.nub, a.p.tok = tc_tok(fmt, q.nub), a.p.nj = nj, a.p.xfast = tc_xfast, a.p.kick = tc_kick;
+    a.p.prew = tc_prew;
 #ifdef DSV4_TC_TRACE
     a.p.trace = tc_trace;
     tc_trace = NULL;
