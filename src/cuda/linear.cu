@@ -739,9 +739,10 @@ static int tc_no_pdl = -1;
  * default: it measured slower, up to 1.2x on 16-1000 MB matrices) keeps the two-step per-lane prefetch before the wait.
  * tc_xfast: x staged by tc_stage8 (DSV4_LINEAR_XFAST=0: tc_stage, as before). tc_kick: the weight loads go right behind
  * x's first loads (default; DSV4_LINEAR_KICK=0: after x is staged, with 4 passes of x loads in flight). tc_prew: weight
- * steps per warp asked of L2 before the grid dependency wait (DSV4_LINEAR_PREW 0, 1, 2 = default): the x loads after
- * the wait queue behind these requests (NOTES "Decode GEMV fixed cost"), while they overlap the previous kernel. */
-static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 1, tc_prew = 2;
+ * steps per warp asked of L2 before the grid dependency wait (DSV4_LINEAR_PREW 0 = default, 1, 2): the x loads after
+ * the wait queue behind these requests (NOTES "Decode GEMV fixed cost"); session 11's A/B: 0 was 1.5 % faster at
+ * batch 1 than 2 (RESULTS "Session 11"). */
+static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 1, tc_prew = 0;
 #ifdef DSV4_TC_TRACE
 static unsigned long long *tc_trace; /* experiments: the next launch records its timeline here */
 extern "C" void dsv4_cuda_linear_trace(void *buf) { tc_trace = (unsigned long long *)buf; }
