@@ -221,10 +221,13 @@ typedef struct dsv4_cuda_moe_plan {
 } dsv4_cuda_moe_plan;
 
 /* Builds the plan from the router's picks sel [T, K] (expert ids) and weights w [T, K]; rows t with
- * sid[t] < 0 (idle) pick nothing. T <= DSV4_MOE_GROUP_MAXT. */
+ * sid[t] < 0 (idle) pick nothing. T <= dsv4_cuda_moe_group_maxt(K, E) <= DSV4_MOE_GROUP_MAXT. */
 #define DSV4_MOE_GROUP_MAXT 4096
 int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                         const dsv4_cuda_moe_plan *p, void *stream);
+/* The most tokens one moe_group call takes for E experts (a multiple of 32; its token bitmaps live in shared memory:
+ * 4096 for Flash's 256 experts, 3200 for Pro's 384); 0 when none fit. */
+int dsv4_cuda_moe_group_maxt(int K, int E);
 /* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),
  * y[i] = h[i] . w2^T ([T*K, D]). One launch each over (active expert, block of output rows) with a fixed
  * shape for maxslots = min(E, T*K) experts; blocks past *nact return. FP8 / MXFP4 / NVFP4 experts with

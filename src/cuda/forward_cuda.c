@@ -108,7 +108,10 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     memset(w, 0, sizeof *w);
     w->T = T;
     w->qg = T < g->qgmax ? T : g->qgmax;
-    w->tg = T < DSV4_MOE_GROUP_MAXT ? T : DSV4_MOE_GROUP_MAXT; /* routed experts' token groups (weights read once a group) */
+    {   /* routed experts' token groups (weights read once a group; Pro's 384 experts: at most 3200 tokens) */
+        const int gmax = dsv4_cuda_moe_group_maxt(K, E);
+        w->tg = T < gmax ? T : gmax;
+    }
     w->hr = T < 256 ? T : 256;
     const size_t qg = (size_t)w->qg, tgk = (size_t)w->tg * K, hr = (size_t)w->hr;
     size_t o = 0;
@@ -493,9 +496,12 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
         BR(lin(g, w, &gl->sw2, w->gg, T, w->ye));
         CK(branch_end(g, st, fork, rc));
     }
-    /* routed experts, in groups of at most w->tg tokens (each token's result does not depend on its group) */
-    for (int g0 = 0; g0 < T; g0 += w->tg) {
-        int tg = T - g0 < w->tg ? T - g0 : w->tg;
+    /* routed experts, in equal groups of at most w->tg tokens (each token's result does not depend on its group) */
+    if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
+    const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;
+    const int gsz = even < w->tg ? even : w->tg;
+    for (int g0 = 0; g0 < T; g0 += gsz) {
+        int tg = T - g0 < gsz ? T - g0 : gsz;
         CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
         CK(dsv4_cuda_moe_experts(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
         if (fork && g0 == 0) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the shared expert's y, for the combine */

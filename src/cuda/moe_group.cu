@@ -144,16 +144,31 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
     }
 }
 
+/* The kernel's shared memory for T tokens: the [E][NW] bitmap, the experts' first slots, the cached picks, the
+ * [E][NW] prefix counts. */
+static size_t group_smem(int T, int K, int E) {
+    size_t smem = sizeof(uint32_t) * (size_t)E * ((T + 31) / 32) + sizeof(int) * (size_t)E;
+    if (T * K <= GROUP_CACHE) smem += sizeof(int) * (2 * (size_t)T * K + T);
+    return smem + sizeof(uint16_t) * (size_t)E * ((T + 31) / 32); /* prefix counts per bitmap word */
+}
+
+extern "C" int dsv4_cuda_moe_group_maxt(int K, int E) {
+    if (K < 1 || K > GROUP_MAXK || E < 1) return 0;
+    for (int T = GROUP_MAXT; T > 0; T -= 32)
+        if (group_smem(T, K, E) <= (size_t)dsv4_cuda_dev.smem_optin) return T;
+    return 0;
+}
+
 extern "C" int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                                    const dsv4_cuda_moe_plan *p, void *stream) {
     if (T < 0 || T > GROUP_MAXT || K < 1 || K > GROUP_MAXK || E < 1)
         return dsv4_cuda_fail("moe_group: bad arguments (T %d K %d E %d)", T, K, E);
     if (!T) return dsv4_cuda_memset(p->nact, 0, sizeof(int), stream);
     const int cache = T * K <= GROUP_CACHE;
-    size_t smem = sizeof(uint32_t) * (size_t)E * ((T + 31) / 32) + sizeof(int) * (size_t)E;
-    if (cache) smem += sizeof(int) * (2 * (size_t)T * K + T);
-    smem += sizeof(uint16_t) * (size_t)E * ((T + 31) / 32); /* prefix counts per bitmap word */
-    if (smem > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("moe_group: %d experts x %d tokens do not fit", E, T);
+    const size_t smem = group_smem(T, K, E);
+    if (smem > (size_t)dsv4_cuda_dev.smem_optin)
+        return dsv4_cuda_fail("moe_group: %d experts x %d tokens do not fit (at most %d tokens a group)", E, T,
+                              dsv4_cuda_moe_group_maxt(K, E));
     void (*kern)(const int *, const float *, const int *, int, int, int, dsv4_cuda_moe_plan) =
         cache ? moe_group_kernel<1> : moe_group_kernel<0>;
     if (smem > 48 * 1024 &&

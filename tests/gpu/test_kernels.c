@@ -1227,6 +1227,32 @@ static void test_moe_group(int T, int K, int E) {
     hplan_free(&r), hplan_free(&g), free(sel), free(sid), free(w), free(vr), free(vg);
 }
 
+/* Pro's 384 experts: the largest group whose token bitmaps fit in shared memory (forward_cuda.c splits a pass into
+ * groups of at most that many tokens), exact there, and a clean error one group size past it; Flash's 256 experts take
+ * the whole 4096. */
+static void test_moe_group_limit(void) {
+    const int gmax = dsv4_cuda_moe_group_maxt(6, 384), gflash = dsv4_cuda_moe_group_maxt(6, 256);
+    const int ok = gmax >= 2048 && gmax < DSV4_MOE_GROUP_MAXT && gmax % 32 == 0 && gflash == DSV4_MOE_GROUP_MAXT;
+    g_checks++, g_fail += !ok;
+    printf("%-4s moe_group_maxt: %d tokens for 384 experts, %d for 256%s\n", ok ? "ok" : "FAIL", gmax, gflash, ok ? "" : " <<<");
+    if (!ok || gmax + 32 > DSV4_MOE_GROUP_MAXT) return;
+    test_moe_group(gmax, 6, 384);
+    const int T = gmax + 32, K = 6, E = 384;
+    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
+    float *w = malloc(sizeof(float) * (size_t)T * K);
+    rand_picks(T, K, E, sel, w, sid);
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    const int rc = dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL);
+    const char *msg = dsv4_cuda_last_error();
+    const int clean = rc != 0 && msg && strstr(msg, "do not fit");
+    sync_ok();
+    g_checks++, g_fail += !clean;
+    printf("%-4s moe_group T=%d E=%d refused: %s%s\n", clean ? "ok" : "FAIL", T, E, msg ? msg : "(no message)", clean ? "" : " <<<");
+    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dplan_free(&dp), free(sel), free(sid), free(w);
+}
+
 /* ---- grouped experts + combine (twin: per token, its distinct experts in increasing id:
  * SwiGLU(x w1, x w3) * weight, then w2, summed; then + shared) ---- */
 
@@ -2500,6 +2526,7 @@ moe_checks:
     test_moe_experts("odd", DSV4_WF_FP8, DSV4_WF_BF16, 0, 1, 6, 2, 5, 200, 72);
     test_moe_group(2048, 6, 256);
     test_moe_group(4096, 6, 256); /* the largest group: bitmap + prefix counts in shared memory */
+    test_moe_group_limit();
     /* tensor cores: act quant at decode sizes (8 / 16 tokens a chunk) and on the pre-quantized 64-token path (>= 16
      * rows per expert on average; more than 64 rows: several chunks), every format */
     test_moe_experts("T=1 aq", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 1, 0, 1, 6, 32, 4096, 2048);
