@@ -2,9 +2,9 @@
  * dsv4_cuda_attn_kv8 on tensor cores (mma.sync m16n8k16, f16 operands, fp32 accumulate). Decode steps keep
  * dsv4_cuda_attn_kv8 (attn_kv8.cu), untouched.
  *
- * A block takes one query and HB (64; or 32) of its heads (they share the query's entry list): warp (g, hf) of
- * HB / 8 holds heads 16 g .. 16 g + 15 and dims 256 hf .. 256 hf + 255 (of 512: q and rows zero-padded). The list
- * goes in tiles of N (32; or 16) entries (rows by cp.async while the previous tile computes):
+ * A block takes one query and 64 of its heads (they share the query's entry list): warp (g, hf) of 8 holds heads
+ * 16 g .. 16 g + 15 and dims 256 hf .. 256 hf + 255 (of 512: q and rows zero-padded). The list goes in tiles of 32
+ * entries (rows by cp.async while the previous tile computes):
  *  - rows decoded into shared memory as f16: FP8 code x e8m0 scale (exact, see Range), rope dims as hi + lo
  *    (hi = f16(v), lo = f16(v - hi)); q likewise as hi + lo. Scores qh.k + ql.k (+ qh.k_lo on the rope dims): ~2^-22
  *    relative per product, fp32 sums;
@@ -13,7 +13,7 @@
  *    max m, sum l of the fp32 p);
  *  - p 2^12 = ph + pl (f16 each); O[16 heads x 256 dims] += ph.V + pl.V (+ ph.V_lo on the rope dims), fp32 in
  *    registers.
- * Long lists: O goes into out after every 1024 entries (TC_SPAN; out = out e^(m' - m) + O), so that no tensor-core
+ * Long lists: O goes into out after every TC_F tiles (1024 entries; out = out e^(m' - m) + O), so that no tensor-core
  * accumulator takes more than a span's terms. out = O / (l + exp(sink - m)); zeros for a query without entries. Every sum's order depends only on the query's own
  * list (batch invariant, repeatable); the bits are not dsv4_cuda_attn_kv8's (another order: ~1e-6 relative).
  * Range: f16 holds an FP8 value exactly when it is 0 or 2^-21 <= |v| < 65504 (kv_norm'd rows are; smaller ones keep
@@ -24,20 +24,13 @@
 #include "common.cuh"
 #include "kv_cache.cuh"
 
+#define TC_N 32   /* entries per tile */
 #define TC_D 512  /* dims per row in shared memory (zero-padded) */
+#define TC_HB 64  /* heads per block */
+#define TC_NT 256 /* threads: 8 warps */
 #define TC_LO 64  /* dims with a lo term in the rows: nope .. nope + 63 (the rope dims) */
 #define TC_PS 4096.0f /* p is split as p x 2^12 (f16 subnormals only below p 2^-26); O carries the factor */
-#define TC_SPAN 1024  /* entries per span: O (the tensor cores' running sum) goes into out after each, fp32 in order */
-#define TC_QB 8       /* q load: 8-value pieces a thread loads before it splits and stores them (one latency a batch) */
-#define TC_WB 4       /* the pass's own rows: 8-value pieces a thread loads before it decodes them */
-/* Two launch shapes (DSV4_CUDA_ATTN_TC_SHAPE): HB heads a block (4 HB / 16 warps: warp (g, hf) heads 16 g.., dims
- * 256 hf..) and N entries a tile. 64 / 32 (the default): one 203 KB block an SM; 32 / 16: ~98 KB, two blocks an SM,
- * so one block's decode, barriers and softmax may overlap the other's mma, but each query's two blocks decode its
- * rows twice and every tile's fixed steps serve half the entries: measured 6-34 % slower (bench/NOTES.md, session 11). */
-template <int HB, int N> struct tc_shape {
-    static constexpr int NT = HB * 4, NW = NT / 32, NG = HB / 16, NB = N / 8, KS = N / 16, F = TC_SPAN / N;
-    static_assert(HB % 16 == 0 && N % 16 == 0 && N <= 32, "tile shape");
-};
+#define TC_F 32       /* tiles per span: O (the tensor cores' running sum) goes into out after each, fp32 in order */
 
 /* halves from a row's start to its 16-byte chunk c: chunks XOR-swizzled by row (ldmatrix without bank conflicts) */
 __device__ __forceinline__ int tc_sw(int r, int c) { return (c ^ (r & 7)) << 3; }
@@ -78,31 +71,27 @@ __device__ __forceinline__ void tc_split8(const float (&v)[8], uint4 &hi, uint4 
 /* the two warps of head group g (named barrier 1 + g) */
 __device__ __forceinline__ void tc_pair_sync(int g) { asm volatile("bar.sync %0, 64;\n" ::"r"(1 + g) : "memory"); }
 
-template <int HB, int N> static size_t tc_smem(int Dh, int R) {
-    typedef tc_shape<HB, N> S;
-    return sizeof(__half) * ((size_t)2 * HB * TC_D + (size_t)N * TC_D + (size_t)N * TC_LO) +
-           sizeof(float) * S::NW * 4 * S::NB * 32 + sizeof(int) * 2 * N + (size_t)N * dsv4_kv_row_bytes(Dh, R);
+static size_t tc_smem(int Dh, int R) {
+    return sizeof(__half) * ((size_t)2 * TC_HB * TC_D + (size_t)TC_N * TC_D + (size_t)TC_N * TC_LO) +
+           sizeof(float) * 8 * 16 * TC_N + sizeof(int) * 2 * TC_N + (size_t)TC_N * dsv4_kv_row_bytes(Dh, R);
 }
 
-/* Block (query blockIdx.x, heads blockIdx.y * HB ..). vec: q and kv2 rows 16-byte aligned, Dh % 4 == 0. */
-template <int HB, int N>
-__global__ void __launch_bounds__(HB * 4, 256 / (HB * 4)) attn_kv8_tc_kernel(const float *q, int H, int Dh, int R,
+/* Block (query blockIdx.x, heads blockIdx.y * 64 ..). vec: q and kv2 rows 16-byte aligned, Dh % 4 == 0. */
+__global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, int H, int Dh, int R,
                                                               const uint8_t *const *base, const float *kv2,
                                                               const int *idx, int nidx, const float *sink, float scale,
                                                               float *out, int vec) {
-    typedef tc_shape<HB, N> SH;
-    constexpr int TC_N = N, TC_HB = HB, TC_NT = SH::NT, NG = SH::NG, NB = SH::NB, NV = 4 * NB, TC_F = SH::F;
     extern __shared__ __align__(16) uint8_t tsm[];
-    __half *Qh = (__half *)tsm;              /* [HB heads][512] q hi */
-    __half *Ql = Qh + TC_HB * TC_D;          /* [HB][512] q lo */
-    __half *Kh = Ql + TC_HB * TC_D;          /* [N entries][512] rows (hi) */
-    __half *Kl = Kh + TC_N * TC_D;           /* [N][64] lo of dims nope .. nope + 63 */
-    float *Sx = (float *)(Kl + TC_N * TC_LO); /* [warps][4 NB][32 lanes] partial scores, fragment order */
-    int *ids = (int *)(Sx + SH::NW * NV * 32); /* [2][N] entry ids, double-buffered */
-    uint8_t *raw = (uint8_t *)(ids + 2 * TC_N); /* [N][rb] cache rows as stored */
+    __half *Qh = (__half *)tsm;              /* [64 heads][512] q hi */
+    __half *Ql = Qh + TC_HB * TC_D;          /* [64][512] q lo */
+    __half *Kh = Ql + TC_HB * TC_D;          /* [32 entries][512] rows (hi) */
+    __half *Kl = Kh + TC_N * TC_D;           /* [32][64] lo of dims nope .. nope + 63 */
+    float *Sx = (float *)(Kl + TC_N * TC_LO); /* [8 warps][16][32] partial scores, fragment order */
+    int *ids = (int *)(Sx + 8 * 16 * TC_N);  /* [2][32] entry ids, double-buffered */
+    uint8_t *raw = (uint8_t *)(ids + 2 * TC_N); /* [32][rb] cache rows as stored */
 
     const int t = blockIdx.x, h0 = blockIdx.y * TC_HB, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = warp % NG, hf = warp / NG, gr = lane >> 2, tq = lane & 3;
+    const int g = warp & 3, hf = warp >> 2, gr = lane >> 2, tq = lane & 3;
     const int64_t rb = dsv4_kv_row_bytes(Dh, R);
     const int nope = Dh - R, ro = dsv4_kv_rope_off(Dh, R), nchk = (int)(rb >> 4), ns = (nidx + TC_N - 1) / TC_N;
     const uint8_t *cache = base ? base[t] : NULL;
@@ -125,47 +114,27 @@ __global__ void __launch_bounds__(HB * 4, 256 / (HB * 4)) attn_kv8_tc_kernel(con
     };
     if (tid < TC_N) ids[tid] = fetch(0, tid);
 
-    /* q of the block's heads as hi + lo (zeros past H and Dh): TC_QB pieces a thread loaded at once, then split */
-    static_assert((TC_HB * (TC_D / 8) / TC_NT) % TC_QB == 0, "q batches");
-    const bool qfull = vec && Dh == TC_D && h0 + TC_HB <= H; /* every piece a whole float4 pair: no branches */
-    for (int u0 = tid; u0 < TC_HB * (TC_D / 8); u0 += TC_QB * TC_NT) {
-        float v[TC_QB][8];
-        if (qfull) {
-#pragma unroll
-            for (int b = 0; b < TC_QB; b++) {
-                const int u = u0 + b * TC_NT;
-                const float *src = q + ((int64_t)t * H + h0 + (u >> 6)) * Dh + 8 * (u & 63);
-                const float4 a = __ldg((const float4 *)src), e = __ldg((const float4 *)(src + 4));
-                v[b][0] = a.x, v[b][1] = a.y, v[b][2] = a.z, v[b][3] = a.w;
-                v[b][4] = e.x, v[b][5] = e.y, v[b][6] = e.z, v[b][7] = e.w;
-            }
-        } else
-#pragma unroll
-        for (int b = 0; b < TC_QB; b++) {
-            const int u = u0 + b * TC_NT, r = u >> 6, c = u & 63, hh = h0 + r, d0 = 8 * c;
-            if (hh < H && d0 < Dh) {
-                const float *src = q + ((int64_t)t * H + hh) * Dh + d0;
-                if (vec && d0 + 8 <= Dh) {
-                    const float4 a = __ldg((const float4 *)src), e = __ldg((const float4 *)(src + 4));
-                    v[b][0] = a.x, v[b][1] = a.y, v[b][2] = a.z, v[b][3] = a.w;
-                    v[b][4] = e.x, v[b][5] = e.y, v[b][6] = e.z, v[b][7] = e.w;
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 8; j++) v[b][j] = d0 + j < Dh ? src[j] : 0.0f;
-                }
+    /* q of the block's heads as hi + lo (zeros past H and Dh) */
+    for (int u = tid; u < TC_HB * (TC_D / 8); u += TC_NT) {
+        const int r = u >> 6, c = u & 63, hh = h0 + r, d0 = 8 * c;
+        float v[8];
+        if (hh < H && d0 < Dh) {
+            const float *src = q + ((int64_t)t * H + hh) * Dh + d0;
+            if (vec && d0 + 8 <= Dh) {
+                const float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
+                v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
             } else {
 #pragma unroll
-                for (int j = 0; j < 8; j++) v[b][j] = 0.0f;
+                for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? src[j] : 0.0f;
             }
-        }
+        } else {
 #pragma unroll
-        for (int b = 0; b < TC_QB; b++) {
-            const int u = u0 + b * TC_NT, r = u >> 6, c = u & 63;
-            uint4 hi, lo;
-            tc_split8(v[b], hi, lo);
-            *(uint4 *)(Qh + r * TC_D + tc_sw(r, c)) = hi;
-            *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
+            for (int j = 0; j < 8; j++) v[j] = 0.0f;
         }
+        uint4 hi, lo;
+        tc_split8(v, hi, lo);
+        *(uint4 *)(Qh + r * TC_D + tc_sw(r, c)) = hi;
+        *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
     }
     __syncthreads();
     issue(0, ids);
@@ -189,25 +158,9 @@ __global__ void __launch_bounds__(HB * 4, 256 / (HB * 4)) attn_kv8_tc_kernel(con
         dev_cp_wait<0>();
         __syncthreads(); /* raw rows in; every warp is done with the previous tile */
         if (tid < TC_N && s + 1 < ns) ids[((s + 1) & 1) * TC_N + tid] = fetch(s + 1, tid);
-        /* rows into Kh / Kl: a thread per 8 dims of a row, KD pieces a thread. The pass's own rows (fp32, plain
-         * loads): the pieces of TC_WB at a time loaded first (one latency a batch), then decoded in order. */
-        constexpr int KD = TC_N * (TC_D / 8) / TC_NT;
-        static_assert(KD % TC_WB == 0, "window row batches");
-#pragma unroll 1
-        for (int k0 = 0; k0 < KD; k0 += TC_WB) {
-        float4 wv[TC_WB][2];
-#pragma unroll
-        for (int b = 0; b < TC_WB; b++) {
-            const int u = tid + (k0 + b) * TC_NT, d0 = 8 * (u & 63), id = cid[u >> 6];
-            wv[b][0] = wv[b][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (vec && id < -1 && d0 + 8 <= Dh) {
-                const float4 *row = (const float4 *)(kv2 + (int64_t)(-id - 2) * Dh + d0);
-                wv[b][0] = __ldg(row), wv[b][1] = __ldg(row + 1);
-            }
-        }
-#pragma unroll
-        for (int b = 0; b < TC_WB; b++) {
-            const int k = k0 + b;
+        /* rows into Kh / Kl: a thread per 8 dims of a row */
+#pragma unroll 4
+        for (int k = 0; k < TC_N * (TC_D / 8) / TC_NT; k++) {
             const int u = tid + k * TC_NT, i = u >> 6, c = u & 63, d0 = 8 * c, id = cid[i];
             float v[8];
 #pragma unroll
@@ -234,8 +187,8 @@ __global__ void __launch_bounds__(HB * 4, 256 / (HB * 4)) attn_kv8_tc_kernel(con
             } else if (id < -1 && d0 < Dh) {
                 const float *row = kv2 + (int64_t)(-id - 2) * Dh + d0;
                 if (vec && d0 + 8 <= Dh) {
-                    const float4 a = wv[b][0], e = wv[b][1];
-                    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = e.x, v[5] = e.y, v[6] = e.z, v[7] = e.w;
+                    const float4 a = *(const float4 *)row, b = *(const float4 *)(row + 4);
+                    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
                 } else {
 #pragma unroll
                     for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? row[j] : 0.0f;
@@ -251,59 +204,63 @@ __global__ void __launch_bounds__(HB * 4, 256 / (HB * 4)) attn_kv8_tc_kernel(con
             }
             *(uint4 *)(Kh + i * TC_D + tc_sw(i, c)) = hi;
         }
-        }
         __syncthreads(); /* Kh / Kl and the next ids are in; raw is free */
         if (s + 1 < ns) issue(s + 1, ids + ((s + 1) & 1) * TC_N);
 
-        /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators; n-tile n = entries
-         * 8 n .. 8 n + 7 (ldmatrix x4 b[h]: entries 16 h .., two n-tiles) */
-        float sa[NB][4], sb[NB][4];
+        /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators */
+        float sa[4][4], sb[4][4];
 #pragma unroll
-        for (int n = 0; n < NB; n++)
+        for (int n = 0; n < 4; n++)
 #pragma unroll
             for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
 #pragma unroll 4
         for (int kk = 0; kk < 16; kk++) {
             const int c0 = 32 * hf + 2 * kk;
-            uint32_t a[4], al[4], b[SH::KS][4];
+            uint32_t a[4], al[4], b0[4], b1[4];
             tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
             tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
-#pragma unroll
-            for (int h = 0; h < SH::KS; h++) tc_ldsm4(b[h], Kh + (rk + 16 * h) * TC_D + tc_sw(rk + 16 * h, c0 + ck));
-#pragma unroll
-            for (int h = 0; h < SH::KS; h++) tc_mma(sa[2 * h], a, b[h][0], b[h][1]), tc_mma(sa[2 * h + 1], a, b[h][2], b[h][3]);
-#pragma unroll
-            for (int h = 0; h < SH::KS; h++) tc_mma(sb[2 * h], al, b[h][0], b[h][1]), tc_mma(sb[2 * h + 1], al, b[h][2], b[h][3]);
+            tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
+            tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
+            tc_mma(sa[0], a, b0[0], b0[1]);
+            tc_mma(sa[1], a, b0[2], b0[3]);
+            tc_mma(sa[2], a, b1[0], b1[1]);
+            tc_mma(sa[3], a, b1[2], b1[3]);
+            tc_mma(sb[0], al, b0[0], b0[1]);
+            tc_mma(sb[1], al, b0[2], b0[3]);
+            tc_mma(sb[2], al, b1[0], b1[1]);
+            tc_mma(sb[3], al, b1[2], b1[3]);
         }
         if (lo_mine) { /* q hi . k lo over the rope dims */
 #pragma unroll
             for (int kk = 0; kk < TC_LO / 16; kk++) {
-                uint32_t a[4], b[SH::KS][4];
+                uint32_t a[4], b0[4], b1[4];
                 tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
-#pragma unroll
-                for (int h = 0; h < SH::KS; h++) tc_ldsm4(b[h], Kl + (rk + 16 * h) * TC_LO + tc_sw(rk + 16 * h, 2 * kk + ck));
-#pragma unroll
-                for (int h = 0; h < SH::KS; h++) tc_mma(sb[2 * h], a, b[h][0], b[h][1]), tc_mma(sb[2 * h + 1], a, b[h][2], b[h][3]);
+                tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
+                tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
+                tc_mma(sb[0], a, b0[0], b0[1]);
+                tc_mma(sb[1], a, b0[2], b0[3]);
+                tc_mma(sb[2], a, b1[0], b1[1]);
+                tc_mma(sb[3], a, b1[2], b1[3]);
             }
         }
         /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
-        float S[NV];
+        float S[16];
 #pragma unroll
-        for (int n = 0; n < NB; n++)
+        for (int n = 0; n < 4; n++)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 S[4 * n + j] = sa[n][j] + sb[n][j];
-                Sx[(warp * NV + 4 * n + j) * 32 + lane] = S[4 * n + j];
+                Sx[(warp * 16 + 4 * n + j) * TC_N + lane] = S[4 * n + j];
             }
         tc_pair_sync(g);
 #pragma unroll
-        for (int v = 0; v < NV; v++) S[v] += Sx[((warp ^ NG) * NV + v) * 32 + lane];
+        for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
 
         /* online softmax; S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
-        const unsigned vm = __ballot_sync(0xffffffffu, lane < TC_N && cid[lane < TC_N ? lane : 0] != -1);
+        const unsigned vm = __ballot_sync(0xffffffffu, cid[lane] != -1);
         float mt0 = -INFINITY, mt1 = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < NB; n++)
+        for (int n = 0; n < 4; n++)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int e = 8 * n + 2 * tq + (j & 1);
@@ -320,7 +277,7 @@ __global__ void __launch_bounds__(HB * 4, 256 / (HB * 4)) attn_kv8_tc_kernel(con
         const float a0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), a1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
         float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
-        for (int v = 0; v < NV; v++) {
+        for (int v = 0; v < 16; v++) {
             const float mn = (v & 2) ? mn1 : mn0;
             const float p = S[v] == -INFINITY ? 0.0f : expf(S[v] - mn);
             S[v] = p;
@@ -338,11 +295,11 @@ __global__ void __launch_bounds__(HB * 4, 256 / (HB * 4)) attn_kv8_tc_kernel(con
             for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
 
         /* p x 2^12 as A operands (k-steps of 16 entries): hi and lo */
-        uint32_t ph[SH::KS][4], pl[SH::KS][4];
+        uint32_t ph[2][4], pl[2][4];
 #pragma unroll
-        for (int v = 0; v < NV; v++) S[v] *= TC_PS;
+        for (int v = 0; v < 16; v++) S[v] *= TC_PS;
 #pragma unroll
-        for (int j = 0; j < SH::KS; j++) {
+        for (int j = 0; j < 2; j++) {
             tc_split(S[8 * j + 0], S[8 * j + 1], ph[j][0], pl[j][0]);
             tc_split(S[8 * j + 2], S[8 * j + 3], ph[j][1], pl[j][1]);
             tc_split(S[8 * j + 4], S[8 * j + 5], ph[j][2], pl[j][2]);
@@ -353,7 +310,7 @@ __global__ void __launch_bounds__(HB * 4, 256 / (HB * 4)) attn_kv8_tc_kernel(con
         for (int dp = 0; dp < 16; dp++) {
             const int c0 = 32 * hf + 2 * dp;
 #pragma unroll
-            for (int j = 0; j < SH::KS; j++) {
+            for (int j = 0; j < 2; j++) {
                 uint32_t b[4];
                 tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
                 tc_mma(O[2 * dp], ph[j], b[0], b[1]);
@@ -364,7 +321,7 @@ __global__ void __launch_bounds__(HB * 4, 256 / (HB * 4)) attn_kv8_tc_kernel(con
             const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
             if (lo_mine && dl >= 0 && dl < TC_LO) {
 #pragma unroll
-                for (int j = 0; j < SH::KS; j++) {
+                for (int j = 0; j < 2; j++) {
                     uint32_t b[4];
                     tc_ldsm4t(b, Kl + (16 * j + rv) * TC_LO + tc_sw(16 * j + rv, (dl >> 3) + cv));
                     tc_mma(O[2 * dp], ph[j], b[0], b[1]);
@@ -419,38 +376,9 @@ extern "C" int dsv4_cuda_attn_tc_enabled(void) {
     return on;
 }
 
-/* the launch shape: DSV4_CUDA_ATTN_TC_SHAPE=64 (64 heads a block, 32-entry tiles: the default) or 32 (32 heads,
- * 16-entry tiles) */
-static int tc_hb(void) {
-    static int hb = 0;
-    if (!hb) {
-        const char *e = getenv("DSV4_CUDA_ATTN_TC_SHAPE");
-        hb = e && *e && atoi(e) == 32 ? 32 : 64;
-    }
-    return hb;
-}
-
 extern "C" int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R) {
-    const size_t smem = tc_hb() == 64 ? tc_smem<64, 32>(Dh, R) : tc_smem<32, 16>(Dh, R);
     return H > 0 && Dh <= TC_D && Dh > R && R >= 0 && R <= TC_LO && R % 2 == 0 && (Dh - R) % 64 == 0 &&
-           Dh - R + TC_LO <= TC_D && smem <= (size_t)dsv4_cuda_dev.smem_optin;
-}
-
-template <int HB, int N>
-static int tc_launch(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
-                     const int *idx, int nidx, const float *sink, float scale, float *out, cudaStream_t st) {
-    const size_t smem = tc_smem<HB, N>(Dh, R);
-    static size_t raised = 0;
-    if (smem > raised) {
-        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel<HB, N>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess)
-            return dsv4_cuda_fail("attn_kv8_tc: cannot raise shared memory to %zu bytes", smem);
-        raised = smem;
-    }
-    const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)kv2 & 15);
-    attn_kv8_tc_kernel<HB, N><<<dim3(T, (H + HB - 1) / HB), tc_shape<HB, N>::NT, smem, st>>>(
-        q, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, vec);
-    return dsv4_cuda_check_launch("attn_kv8_tc");
+           Dh - R + TC_LO <= TC_D && tc_smem(Dh, R) <= (size_t)dsv4_cuda_dev.smem_optin;
 }
 
 extern "C" int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
@@ -465,6 +393,16 @@ extern "C" int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R
             return dsv4_cuda_fail("attn_kv8_tc: memset failed");
         return 0;
     }
-    if (tc_hb() == 64) return tc_launch<64, 32>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, st);
-    return tc_launch<32, 16>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, st);
+    const size_t smem = tc_smem(Dh, R);
+    static size_t raised = 0;
+    if (smem > raised) {
+        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess)
+            return dsv4_cuda_fail("attn_kv8_tc: cannot raise shared memory to %zu bytes", smem);
+        raised = smem;
+    }
+    const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)kv2 & 15);
+    attn_kv8_tc_kernel<<<dim3(T, (H + TC_HB - 1) / TC_HB), TC_NT, smem, st>>>(q, H, Dh, R, base, kv2, idx, nidx, sink,
+                                                                             scale, out, vec);
+    return dsv4_cuda_check_launch("attn_kv8_tc");
 }

@@ -690,16 +690,13 @@ int main(int argc, char **argv) {
     test_attn_p(33, 64, 512, 64, 160, 1024, 1, 1);
     test_attn_p(3, 64, 512, 64, 5000, 8192, 0, 1); /* spans of 1024 entries folded through out */
     test_attn_p(2, 8, 512, 64, 2100, 3000, 1, 1);
-    test_attn_p(2, 128, 512, 64, 300, 1000, 1, 1); /* several head blocks (4 of 32, or 2 of 64) */
-    test_attn_p(3, 48, 512, 64, 200, 500, 1, 1);   /* a partial second head block (32 heads a block) */
+    test_attn_p(2, 128, 512, 64, 300, 1000, 1, 1); /* 2 blocks of 64 heads */
     test_attn_p(5, 4, 128, 64, 100, 300, 1, 1);    /* few heads, rope dims in the first half */
     test_attn_p(7, 10, 192, 64, 257, 600, 1, 1);
     test_attn_p(3, 3, 130, 2, 70, 90, 1, 1);       /* Dh not a multiple of 8 */
     test_attn_p(4, 8, 384, 64, 1, 10, 0, 1);       /* one entry */
     test_attn_p(3, 16, 512, 64, 31, 40, 1, 1);     /* one partial tile */
     if (only_tc) {
-        const char *shp = getenv("DSV4_CUDA_ATTN_TC_SHAPE");
-        printf("attn_kv8_tc launch shape: %s\n", shp && atoi(shp) == 32 ? "32 heads a block, 16-entry tiles" : "64 heads a block, 32-entry tiles");
         if (bench) bench_attn_tc();
         printf("test_attn_kv8: %s\n", fails ? "FAILED" : "all passed");
         return fails != 0;
