@@ -43,9 +43,10 @@ all: $(BUILD)/dsv4
 ifeq ($(CUDA),1)
 GPU_TEST_OBJ := $(addprefix $(BUILD)/src/,cpu/ops.o cpu/topk.o quant/formats.o quant/weight.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 all: $(BUILD)/tests/gpu/test_kernels
-$(BUILD)/tests/gpu/test_kernels: tests/gpu/test_kernels.c $(GPU_TEST_OBJ)
+KT_SRC := tests/gpu/test_kernels.c $(wildcard tests/gpu/kt_*.c)
+$(BUILD)/tests/gpu/test_kernels: $(KT_SRC) tests/gpu/kt.h $(GPU_TEST_OBJ)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $^ -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $(KT_SRC) $(GPU_TEST_OBJ) -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
 # the KV cache format and the attention that reads it, against dsv4_cpu_sparse_attn
 all: $(BUILD)/tests/gpu/test_attn_kv8
 $(BUILD)/tests/gpu/test_attn_kv8: tests/gpu/test_attn_kv8.c $(GPU_TEST_OBJ) $(BUILD)/tests/gpu/legacy_kv8.cu.o

@@ -1,0 +1,447 @@
+/* kt_moe.c - test_kernels: the router, SwiGLU, the MoE grouping (exact), the grouped experts and combine in every
+ * format, and the experts' batch invariance. */
+#include "kt.h"
+
+/* ---- router, SwiGLU: twins copied from src/model/forward_moe.c (static there) ---- */
+
+static float softplusf_ref(float z) { return z > 20.0f ? z : log1pf(expf(z)); }
+
+static void swiglu_ref(float *g, const float *u, int n, float lim, float weight) {
+    for (int i = 0; i < n; i++) {
+        float gi = g[i], ui = u[i];
+        if (lim > 0) {
+            gi = fminf(gi, lim);
+            ui = fminf(fmaxf(ui, -lim), lim);
+        }
+        g[i] = gi / (1.0f + expf(-gi)) * ui * weight;
+    }
+}
+
+static int cmp_pair(const void *a, const void *b) {
+    const float *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+void test_router(int T, int E, int K, int hash) {
+    const int V = 1000;
+    float *lg = randn((size_t)T * E, 2.0f), *bias = randn(E, 0.1f);
+    int *tok = malloc(sizeof(int) * T), *tid2eid = malloc(sizeof(int) * (size_t)V * K);
+    for (int t = 0; t < T; t++) tok[t] = (int)(rnd_u32() % V);
+    for (int i = 0; i < V * K; i++) tid2eid[i] = (int)(rnd_u32() % E);
+    const float rsc = 1.5f;
+    /* reference: (expert, weight) pairs sorted by expert, per token */
+    float *ref = malloc(sizeof(float) * (size_t)T * K * 2), *got = malloc(sizeof(float) * (size_t)T * K * 2);
+    float *st = malloc(sizeof(float) * E), *bs = malloc(sizeof(float) * E);
+    int *sel = malloc(sizeof(int) * K);
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) st[e] = sqrtf(softplusf_ref(lg[(size_t)t * E + e]));
+        if (hash) memcpy(sel, tid2eid + (size_t)tok[t] * K, sizeof(int) * K);
+        else {
+            for (int e = 0; e < E; e++) bs[e] = st[e] + bias[e];
+            dsv4_topk_torch(bs, E, K, sel);
+        }
+        float sum = 0;
+        for (int k = 0; k < K; k++) sum += st[sel[k]];
+        for (int k = 0; k < K; k++) {
+            ref[((size_t)t * K + k) * 2] = (float)sel[k];
+            ref[((size_t)t * K + k) * 2 + 1] = st[sel[k]] / sum * rsc;
+        }
+        if (!hash) qsort(ref + (size_t)t * K * 2, K, 2 * sizeof(float), cmp_pair);
+    }
+    float *dlg = dup_to_dev(lg, sizeof(float) * (size_t)T * E), *db = dup_to_dev(bias, sizeof(float) * E),
+          *dw = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K);
+    int *dtok = dup_to_dev(tok, sizeof(int) * T), *dt2e = dup_to_dev(tid2eid, sizeof(int) * (size_t)V * K),
+        *dsel = dsv4_cuda_alloc(sizeof(int) * (size_t)T * K);
+    op_ok(dsv4_cuda_router(dlg, T, E, K, db, hash ? dt2e : NULL, dtok, rsc, dsel, dw, NULL), "router");
+    sync_ok();
+    int *gsel = malloc(sizeof(int) * (size_t)T * K);
+    float *gw = malloc(sizeof(float) * (size_t)T * K);
+    from_dev(gsel, dsel, sizeof(int) * (size_t)T * K);
+    from_dev(gw, dw, sizeof(float) * (size_t)T * K);
+    for (int t = 0; t < T; t++) {
+        for (int k = 0; k < K; k++) {
+            got[((size_t)t * K + k) * 2] = (float)gsel[(size_t)t * K + k];
+            got[((size_t)t * K + k) * 2 + 1] = gw[(size_t)t * K + k];
+        }
+        if (!hash) qsort(got + (size_t)t * K * 2, K, 2 * sizeof(float), cmp_pair);
+    }
+    char name[128];
+    snprintf(name, sizeof name, "router%s T=%d E=%d K=%d (expert, weight)", hash ? " hash" : " bias-topk", T, E, K);
+    check(name, got, ref, (size_t)T * K * 2, 1e-7, 1e-5);
+    dsv4_cuda_free(dlg), dsv4_cuda_free(db), dsv4_cuda_free(dw), dsv4_cuda_free(dtok), dsv4_cuda_free(dt2e), dsv4_cuda_free(dsel);
+    free(lg), free(bias), free(tok), free(tid2eid), free(ref), free(got), free(st), free(bs), free(sel), free(gsel), free(gw);
+}
+
+void test_swiglu(int T, int I, int ld, float lim, int weighted) {
+    float *g = randn((size_t)T * ld, 6.0f), *u = randn((size_t)T * ld, 6.0f), *rw = weighted ? randn(T, 1.0f) : NULL;
+    float *ref = malloc(sizeof(float) * (size_t)T * I), *got = malloc(sizeof(float) * (size_t)T * I);
+    for (int t = 0; t < T; t++) {
+        memcpy(ref + (size_t)t * I, g + (size_t)t * ld, sizeof(float) * I);
+        swiglu_ref(ref + (size_t)t * I, u + (size_t)t * ld, I, lim, rw ? rw[t] : 1.0f);
+    }
+    float *dg = dup_to_dev(g, sizeof(float) * (size_t)T * ld), *du = dup_to_dev(u, sizeof(float) * (size_t)T * ld),
+          *drw = rw ? dup_to_dev(rw, sizeof(float) * T) : NULL, *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * I);
+    op_ok(dsv4_cuda_swiglu(dg, du, ld, T, I, lim, drw, dout, NULL), "swiglu");
+    sync_ok();
+    from_dev(got, dout, sizeof(float) * (size_t)T * I);
+    char name[128];
+    snprintf(name, sizeof name, "swiglu T=%d I=%d ld=%d lim=%g%s", T, I, ld, lim, weighted ? " weighted" : "");
+    check(name, got, ref, (size_t)T * I, 1e-6, 4e-6); /* expf: a few ulp apart */
+    dsv4_cuda_free(dg), dsv4_cuda_free(du), dsv4_cuda_free(drw), dsv4_cuda_free(dout);
+    free(g), free(u), free(rw), free(ref), free(got);
+}
+
+/* ---- MoE grouping (twin: the definition in cuda_model.h) ---- */
+
+typedef struct {
+    int nact, *act_e, *act_off, *act_cnt, *rows, *tslot;
+    float *rw;
+} hplan;
+
+static int pick_used_ref(const int *sel, const int *sid, int t, int k, int K, int E) {
+    if (sid[t] < 0) return -1;
+    int e = sel[t * K + k];
+    if (e < 0 || e >= E) return -1;
+    for (int j = 0; j < k; j++)
+        if (sel[t * K + j] == e) return -1;
+    return e;
+}
+
+static void group_ref(const int *sel, const float *w, const int *sid, int T, int K, int E, hplan *p) {
+    int *cnt = calloc((size_t)E, sizeof(int)), *base = calloc((size_t)E, sizeof(int)), *fill = calloc((size_t)E, sizeof(int));
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e = pick_used_ref(sel, sid, t, k, K, E);
+            if (e >= 0) cnt[e]++;
+        }
+    p->nact = 0;
+    for (int e = 0, o = 0; e < E; e++) {
+        base[e] = o;
+        if (cnt[e]) p->act_e[p->nact] = e, p->act_off[p->nact] = o, p->act_cnt[p->nact] = cnt[e], p->nact++;
+        o += cnt[e];
+    }
+    for (int t = 0; t < T; t++) {
+        int ns = 0, sl[64];
+        for (int k = 0; k < K; k++) {
+            int e = pick_used_ref(sel, sid, t, k, K, E);
+            if (e < 0) continue;
+            int slot = base[e] + fill[e]++;
+            p->rows[slot] = t, p->rw[slot] = w[t * K + k];
+            int i = ns++;
+            while (i > 0 && sl[i - 1] > slot) sl[i] = sl[i - 1], i--;
+            sl[i] = slot;
+        }
+        for (int k = 0; k < K; k++) p->tslot[t * K + k] = k < ns ? sl[k] : -1;
+    }
+    free(cnt), free(base), free(fill);
+}
+
+static hplan hplan_new(int T, int K, int E) {
+    hplan p = {0, calloc(E, sizeof(int)), calloc(E, sizeof(int)), calloc(E, sizeof(int)), calloc((size_t)T * K, sizeof(int)),
+               calloc((size_t)T * K, sizeof(int)), calloc((size_t)T * K, sizeof(float))};
+    return p;
+}
+static void hplan_free(hplan *p) { free(p->act_e), free(p->act_off), free(p->act_cnt), free(p->rows), free(p->tslot), free(p->rw); }
+
+dsv4_cuda_moe_plan dplan_new(int T, int K, int E) {
+    dsv4_cuda_moe_plan p = {dsv4_cuda_alloc(sizeof(int)), dsv4_cuda_alloc(sizeof(int) * E), dsv4_cuda_alloc(sizeof(int) * E),
+                            dsv4_cuda_alloc(sizeof(int) * E), dsv4_cuda_alloc(sizeof(int) * (size_t)T * K),
+                            dsv4_cuda_alloc(sizeof(int) * (size_t)T * K), dsv4_cuda_alloc(sizeof(float) * (size_t)T * K)};
+    return p;
+}
+void dplan_free(dsv4_cuda_moe_plan *p) {
+    dsv4_cuda_free(p->nact), dsv4_cuda_free(p->act_e), dsv4_cuda_free(p->act_off), dsv4_cuda_free(p->act_cnt);
+    dsv4_cuda_free(p->rows), dsv4_cuda_free(p->tslot), dsv4_cuda_free(p->rw);
+}
+
+/* random picks: some repeated within a token, some out of range, some tokens idle */
+static void rand_picks(int T, int K, int E, int *sel, float *w, int *sid) {
+    for (int t = 0; t < T; t++) {
+        sid[t] = rnd_uni() < 0.15f && T > 1 ? -1 : t;
+        for (int k = 0; k < K; k++) {
+            float u = rnd_uni();
+            sel[t * K + k] = u < 0.05f ? -1 : u < 0.12f && k ? sel[t * K + k - 1] : (int)(rnd_u32() % (uint32_t)E);
+            w[t * K + k] = 0.1f + rnd_uni();
+        }
+    }
+}
+
+void test_moe_group(int T, int K, int E) {
+    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
+    float *w = malloc(sizeof(float) * (size_t)T * K);
+    rand_picks(T, K, E, sel, w, sid);
+    hplan r = hplan_new(T, K, E), g = hplan_new(T, K, E);
+    group_ref(sel, w, sid, T, K, E, &r);
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+    sync_ok();
+    from_dev(&g.nact, dp.nact, sizeof(int));
+    int na = g.nact >= 0 && g.nact <= E ? g.nact : 0, ns = 0;
+    from_dev(g.act_e, dp.act_e, sizeof(int) * na), from_dev(g.act_off, dp.act_off, sizeof(int) * na);
+    from_dev(g.act_cnt, dp.act_cnt, sizeof(int) * na), from_dev(g.tslot, dp.tslot, sizeof(int) * (size_t)T * K);
+    for (int a = 0; a < r.nact; a++) ns += r.act_cnt[a];
+    from_dev(g.rows, dp.rows, sizeof(int) * ns), from_dev(g.rw, dp.rw, sizeof(float) * ns);
+    /* everything as one float vector: nact, the active lists, rows, weights, tslot */
+    size_t n = 1 + 3 * (size_t)E + 2 * (size_t)ns + (size_t)T * K, o = 0;
+    float *vr = calloc(n, sizeof(float)), *vg = calloc(n, sizeof(float));
+    vr[o] = (float)r.nact, vg[o++] = (float)g.nact;
+    for (int a = 0; a < E; a++, o += 3) {
+        if (a < r.nact) vr[o] = (float)r.act_e[a], vr[o + 1] = (float)r.act_off[a], vr[o + 2] = (float)r.act_cnt[a];
+        if (a < na) vg[o] = (float)g.act_e[a], vg[o + 1] = (float)g.act_off[a], vg[o + 2] = (float)g.act_cnt[a];
+    }
+    for (int i = 0; i < ns; i++, o += 2) vr[o] = (float)r.rows[i], vr[o + 1] = r.rw[i], vg[o] = (float)g.rows[i], vg[o + 1] = g.rw[i];
+    for (int i = 0; i < T * K; i++, o++) vr[o] = (float)r.tslot[i], vg[o] = (float)g.tslot[i];
+    char name[128];
+    snprintf(name, sizeof name, "moe_group T=%d K=%d E=%d (%d active, exact)", T, K, E, r.nact);
+    check(name, vg, vr, n, 0, 0);
+    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dplan_free(&dp);
+    hplan_free(&r), hplan_free(&g), free(sel), free(sid), free(w), free(vr), free(vg);
+}
+
+/* Pro's 384 experts: the largest group whose token bitmaps fit in shared memory (forward_cuda.c splits a pass into
+ * groups of at most that many tokens), exact there, and a clean error one group size past it; Flash's 256 experts take
+ * the whole 4096. */
+void test_moe_group_limit(void) {
+    const int gmax = dsv4_cuda_moe_group_maxt(6, 384), gflash = dsv4_cuda_moe_group_maxt(6, 256);
+    const int ok = gmax >= 2048 && gmax < DSV4_MOE_GROUP_MAXT && gmax % 32 == 0 && gflash == DSV4_MOE_GROUP_MAXT;
+    g_checks++, g_fail += !ok;
+    printf("%-4s moe_group_maxt: %d tokens for 384 experts, %d for 256%s\n", ok ? "ok" : "FAIL", gmax, gflash, ok ? "" : " <<<");
+    if (!ok || gmax + 32 > DSV4_MOE_GROUP_MAXT) return;
+    test_moe_group(gmax, 6, 384);
+    const int T = gmax + 32, K = 6, E = 384;
+    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
+    float *w = malloc(sizeof(float) * (size_t)T * K);
+    rand_picks(T, K, E, sel, w, sid);
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    const int rc = dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL);
+    const char *msg = dsv4_cuda_last_error();
+    const int clean = rc != 0 && msg && strstr(msg, "do not fit");
+    sync_ok();
+    g_checks++, g_fail += !clean;
+    printf("%-4s moe_group T=%d E=%d refused: %s%s\n", clean ? "ok" : "FAIL", T, E, msg ? msg : "(no message)", clean ? "" : " <<<");
+    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dplan_free(&dp), free(sel), free(sid), free(w);
+}
+
+/* ---- grouped experts + combine (twin: per token, its distinct experts in increasing id:
+ * SwiGLU(x w1, x w3) * weight, then w2, summed; then + shared) ---- */
+
+/* ab: the weights have act_bf16 (BF16 activations): the twin rounds x and h to bf16 before their products */
+void test_moe_experts(const char *tag, dsv4_wfmt f13, dsv4_wfmt f2, int aq, int ab, int T, int K, int E, int D, int I) {
+    const float lim = 10.0f;
+    hweight *h1 = malloc(sizeof(hweight) * E), *h3 = malloc(sizeof(hweight) * E), *h2 = malloc(sizeof(hweight) * E);
+    dsv4_cuda_weight *d1 = malloc(sizeof(dsv4_cuda_weight) * E), *d3 = malloc(sizeof(dsv4_cuda_weight) * E),
+                     *d2 = malloc(sizeof(dsv4_cuda_weight) * E);
+    for (int e = 0; e < E; e++) {
+        h1[e] = make_weight(f13, I, D, 0, aq), h3[e] = make_weight(f13, I, D, 0, aq), h2[e] = make_weight(f2, D, I, 0, aq);
+        op_ok(dsv4_cuda_weight_upload(&h1[e].w, &d1[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&h3[e].w, &d3[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&h2[e].w, &d2[e]), "upload");
+        d1[e].act_bf16 = d3[e].act_bf16 = d2[e].act_bf16 = ab;
+    }
+    dsv4_cuda_experts ex;
+    op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
+    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
+    float *w = malloc(sizeof(float) * (size_t)T * K), *x = randn((size_t)T * D, 1.0f), *sh = randn((size_t)T * D, 0.5f);
+    rand_picks(T, K, E, sel, w, sid);
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K), *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D),
+          *dsh = dup_to_dev(sh, sizeof(float) * (size_t)T * D), *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I),
+          *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D), *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+    op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, dsh, dout, NULL), "moe_combine");
+    sync_ok();
+    float *ref = malloc(sizeof(float) * (size_t)T * D), *got = malloc(sizeof(float) * (size_t)T * D);
+    from_dev(got, dout, sizeof(float) * (size_t)T * D);
+    char name[160];
+    snprintf(name, sizeof name, "moe_experts %s %s/%s%s%s T=%d K=%d E=%d D=%d I=%d (%s path)", tag, dsv4_wfmt_name(f13),
+             dsv4_wfmt_name(f2), aq ? " aq" : "", ab ? " act:bf16" : "", T, K, E, D, I, ex.vec13 && ex.vec2 ? "vector" : "element");
+    /* reference */
+    float *g = malloc(sizeof(float) * I), *u = malloc(sizeof(float) * I), *y = malloc(sizeof(float) * D);
+    if (!ab && !aq) { /* nothing rounded between the two projections: the twin's own h */
+        for (int t = 0; t < T; t++) {
+            float *o = ref + (size_t)t * D;
+            memset(o, 0, sizeof(float) * D);
+            for (int e = 0; e < E; e++) {
+                int k = 0;
+                for (; k < K; k++)
+                    if (pick_used_ref(sel, sid, t, k, K, E) == e) break;
+                if (k == K) continue;
+                dsv4_cpu_linear(&h1[e].w, x + (size_t)t * D, 1, g);
+                dsv4_cpu_linear(&h3[e].w, x + (size_t)t * D, 1, u);
+                swiglu_ref(g, u, I, lim, w[t * K + k]);
+                dsv4_cpu_linear(&h2[e].w, g, 1, y);
+                for (int d = 0; d < D; d++) o[d] += y[d];
+            }
+            for (int d = 0; d < D; d++) o[d] += sh[(size_t)t * D + d];
+        }
+    } else if (aq) {
+        /* FP8 act quant (x and h quantized in blocks of 128 before their products): the down projection's twin
+         * quantizes the device's h, not its own, which may sit on the other side of an e4m3 rounding boundary (a whole
+         * step on one term: 3.5 on an output of 1215, 1.3x the bar, once the inputs changed in session 4). With 16 or
+         * more rows per expert the device replaces h by its codes in place, so h comes from each token run alone (T = 1:
+         * h stays fp32; the experts are batch invariant, so it is the batch's h bit for bit) and is checked against the
+         * twin's own h. Each token's experts in increasing id, as the combine sums them. */
+        hplan r = hplan_new(1, K, E);
+        dsv4_cuda_moe_plan p1 = dplan_new(1, K, E);
+        int *ds1 = dsv4_cuda_alloc(sizeof(int) * K), *di1 = dsv4_cuda_alloc(sizeof(int));
+        float *dw1 = dsv4_cuda_alloc(sizeof(float) * K), *dh1 = dsv4_cuda_alloc(sizeof(float) * (size_t)K * I),
+              *dy1 = dsv4_cuda_alloc(sizeof(float) * (size_t)K * D);
+        float *h1g = malloc(sizeof(float) * (size_t)K * I), *hg = malloc(sizeof(float) * ((size_t)T * K * I + 1)),
+              *hr = malloc(sizeof(float) * ((size_t)T * K * I + 1));
+        size_t nh = 0;
+        for (int t = 0; t < T; t++) {
+            float *o = ref + (size_t)t * D;
+            memset(o, 0, sizeof(float) * D);
+            group_ref(sel + (size_t)t * K, w + (size_t)t * K, sid + t, 1, K, E, &r);
+            if (r.nact) {
+                op_ok(dsv4_cuda_upload(ds1, sel + (size_t)t * K, sizeof(int) * K) || dsv4_cuda_upload(di1, sid + t, sizeof(int)) ||
+                          dsv4_cuda_upload(dw1, w + (size_t)t * K, sizeof(float) * K),
+                      "upload");
+                op_ok(dsv4_cuda_moe_group(ds1, dw1, di1, 1, K, E, &p1, NULL), "moe_group");
+                op_ok(dsv4_cuda_moe_experts(&ex, dx + (size_t)t * D, 1, K, &p1, lim, dh1, dy1, NULL), "moe_experts");
+                sync_ok();
+                from_dev(h1g, dh1, sizeof(float) * (size_t)r.nact * I);
+            }
+            for (int a = 0; a < r.nact; a++) {
+                const int e = r.act_e[a], i = r.act_off[a];
+                float *hi = hr + nh * I;
+                dsv4_cpu_linear(&h1[e].w, x + (size_t)t * D, 1, hi);
+                dsv4_cpu_linear(&h3[e].w, x + (size_t)t * D, 1, u);
+                swiglu_ref(hi, u, I, lim, r.rw[i]);
+                memcpy(hg + nh * I, h1g + (size_t)i * I, sizeof(float) * I);
+                dsv4_cpu_linear(&h2[e].w, h1g + (size_t)i * I, 1, y);
+                for (int d = 0; d < D; d++) o[d] += y[d];
+                nh++;
+            }
+            for (int d = 0; d < D; d++) o[d] += sh[(size_t)t * D + d];
+        }
+        if (nh) {
+            char hname[176];
+            snprintf(hname, sizeof hname, "%s h", name);
+            check(hname, hg, hr, nh * I, 2e-4 * rms(hr, nh * I), 2e-4);
+        }
+        hplan_free(&r), dplan_free(&p1), free(h1g), free(hg), free(hr);
+        dsv4_cuda_free(ds1), dsv4_cuda_free(di1), dsv4_cuda_free(dw1), dsv4_cuda_free(dh1), dsv4_cuda_free(dy1);
+    } else {
+        /* BF16 activations: x and h rounded to bf16 before their products. h is checked on its own, and the down
+         * projection's twin rounds the device's h (the twin's own h may sit on the other side of a bf16 rounding
+         * boundary: a whole bf16 step on one term). Slots from group_ref (test_moe_group: equal to the device's);
+         * each token's experts in increasing id, as the combine sums them. */
+        hplan r = hplan_new(T, K, E);
+        group_ref(sel, w, sid, T, K, E, &r);
+        int ns = 0;
+        for (int a = 0; a < r.nact; a++) ns += r.act_cnt[a];
+        float *xr = malloc(sizeof(float) * (size_t)T * D), *hg = malloc(sizeof(float) * ((size_t)ns * I + 1)),
+              *hr = malloc(sizeof(float) * ((size_t)ns * I + 1));
+        memcpy(xr, x, sizeof(float) * (size_t)T * D);
+        if (!aq) round_bf16(xr, (size_t)T * D);
+        from_dev(hg, dh, sizeof(float) * (size_t)ns * I);
+        memset(ref, 0, sizeof(float) * (size_t)T * D);
+        for (int a = 0; a < r.nact; a++)
+            for (int i = r.act_off[a]; i < r.act_off[a] + r.act_cnt[a]; i++) {
+                const int e = r.act_e[a], t = r.rows[i];
+                float *hi = hr + (size_t)i * I;
+                dsv4_cpu_linear(&h1[e].w, xr + (size_t)t * D, 1, hi);
+                dsv4_cpu_linear(&h3[e].w, xr + (size_t)t * D, 1, u);
+                swiglu_ref(hi, u, I, lim, r.rw[i]);
+                memcpy(g, hg + (size_t)i * I, sizeof(float) * I);
+                if (!aq) round_bf16(g, (size_t)I);
+                dsv4_cpu_linear(&h2[e].w, g, 1, y);
+                for (int d = 0; d < D; d++) ref[(size_t)t * D + d] += y[d];
+            }
+        for (size_t i = 0; i < (size_t)T * D; i++) ref[i] += sh[i];
+        char hname[176];
+        snprintf(hname, sizeof hname, "%s h", name);
+        check(hname, hg, hr, (size_t)ns * I, 2e-4 * rms(hr, (size_t)ns * I), 2e-4);
+        hplan_free(&r), free(xr), free(hg), free(hr);
+    }
+    check(name, got, ref, (size_t)T * D, 2e-4 * rms(ref, (size_t)T * D), 2e-4);
+    dsv4_cuda_experts_free(&ex);
+    for (int e = 0; e < E; e++) {
+        dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
+        free_hweight(&h1[e]), free_hweight(&h3[e]), free_hweight(&h2[e]);
+    }
+    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dsh);
+    dsv4_cuda_free(dh), dsv4_cuda_free(dy), dsv4_cuda_free(dout), dplan_free(&dp);
+    free(h1), free(h3), free(h2), free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(sh);
+    free(ref), free(got), free(g), free(u), free(y);
+}
+
+/* Batch invariance of the grouped experts: token t's output row is bitwise the same in the batch of T tokens
+ * (other tokens, other experts active, the 64-token pre-quantized path when T*K >= 16*E with act quant) as
+ * alone (T = 1), and on a rerun of the batch. */
+void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int E, int D, int I) {
+    const float lim = 10.0f;
+    dsv4_cuda_weight *d1 = malloc(sizeof(dsv4_cuda_weight) * E), *d3 = malloc(sizeof(dsv4_cuda_weight) * E),
+                     *d2 = malloc(sizeof(dsv4_cuda_weight) * E);
+    for (int e = 0; e < E; e++) {
+        hweight a = make_weight(f, I, D, 0, aq), b = make_weight(f, I, D, 0, aq), c = make_weight(f, D, I, 0, aq);
+        op_ok(dsv4_cuda_weight_upload(&a.w, &d1[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&b.w, &d3[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&c.w, &d2[e]), "upload");
+        free_hweight(&a), free_hweight(&b), free_hweight(&c);
+    }
+    dsv4_cuda_experts ex;
+    op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
+    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
+    float *w = malloc(sizeof(float) * (size_t)T * K), *x = rand_wide((size_t)T * D);
+    rand_picks(T, K, E, sel, w, sid);
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K), *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D),
+          *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D),
+          *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    float *b1 = malloc(sizeof(float) * (size_t)T * D), *b2 = malloc(sizeof(float) * (size_t)T * D), *one = malloc(sizeof(float) * D);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    for (int rep = 0; rep < 2; rep++) {
+        op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+        op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
+        op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
+        sync_ok();
+        from_dev(rep ? b2 : b1, dout, sizeof(float) * (size_t)T * D);
+    }
+    char name[160];
+    snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d rerun (bitwise)", tag, dsv4_wfmt_name(f), aq ? " aq" : "", T, K, E);
+    check(name, b2, b1, (size_t)T * D, 0, 0);
+    /* the register-buffer kernels (also the prefill before moe_pf2_kernel) give the same bits */
+    dsv4_cuda_moe_experts_path(DSV4_MOE_TC_LEGACY);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+    op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
+    sync_ok();
+    dsv4_cuda_moe_experts_path(0);
+    from_dev(b2, dout, sizeof(float) * (size_t)T * D);
+    snprintf(name, sizeof name, "moe_experts %s %s%s T=%d K=%d E=%d register kernels == default (bitwise)", tag, dsv4_wfmt_name(f),
+             aq ? " aq" : "", T, K, E);
+    check(name, b2, b1, (size_t)T * D, 0, 0);
+    /* up to 8 busy tokens spread over the batch, each alone */
+    int nt = 0, bad = 0;
+    for (int t = 0; t < T && nt < 8; t += T / 8 > 0 ? T / 8 : 1) {
+        if (sid[t] < 0) continue;
+        int s0 = 0;
+        float *dw1 = dw + (size_t)t * K, *dx1 = dx + (size_t)t * D;
+        int *dsel1 = dsel + (size_t)t * K, *dsid1 = dup_to_dev(&s0, sizeof(int));
+        op_ok(dsv4_cuda_moe_group(dsel1, dw1, dsid1, 1, K, E, &dp, NULL), "moe_group");
+        op_ok(dsv4_cuda_moe_experts(&ex, dx1, 1, K, &dp, lim, dh, dy, NULL), "moe_experts");
+        op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, 1, K, D, NULL, dout, NULL), "moe_combine");
+        sync_ok();
+        from_dev(one, dout, sizeof(float) * D);
+        bad += memcmp(one, b1 + (size_t)t * D, sizeof(float) * D) != 0;
+        dsv4_cuda_free(dsid1);
+        nt++;
+    }
+    g_checks++;
+    if (bad) g_fail++;
+    printf("%-4s moe_experts %s %s%s T=%d K=%d E=%d D=%d I=%d: %d tokens alone == in the batch (bitwise)%s\n", bad ? "FAIL" : "ok",
+           tag, dsv4_wfmt_name(f), aq ? " aq" : "", T, K, E, D, I, nt - bad, bad ? " <<<" : "");
+    dsv4_cuda_experts_free(&ex);
+    for (int e = 0; e < E; e++) dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
+    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
+    dsv4_cuda_free(dout), dplan_free(&dp);
+    free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(b1), free(b2), free(one);
+}
