@@ -1,0 +1,73 @@
+#!/bin/sh
+# device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
+# went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
+# the device tool sets it, else ./device-run), and a summary line per run to stdout.
+#   sh bench/device_run.sh [PART...]     PART: suite flash pro nvfp4 (default: flash pro)
+#     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
+#            the build)
+#     flash  Flash, 4 layers: batch 1, 8, 64 at 4K with the 8K prefill; batch 256 at 8K; batch 1 at 64K (~60 s)
+#     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
+#     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill (checkpoints
+#            removed afterwards)
+# DSV4=path picks the binary (default build-dev/dsv4, else build-cuda/dsv4). Exit status 1 if a part failed.
+set -u
+parts=${*:-flash pro}
+dir=${OUT:-device-run}
+mkdir -p "$dir"
+export TMPDIR="${TMPDIR:-/dev/shm}"
+if [ -d build-gfw-deps ]; then
+    deps=$(cd build-gfw-deps && pwd)
+    export LD_LIBRARY_PATH="/usr/local/cuda/lib64:$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+bin=${DSV4:-}
+if [ -z "$bin" ]; then
+    if [ -x build-dev/dsv4 ]; then bin=build-dev/dsv4; else bin=build-cuda/dsv4; fi
+fi
+fail=0
+
+# one `dsv4 bench` run: its tables into the part's file, the step / prefill lines to stdout
+run() {
+    part=$1
+    shift
+    echo "== $part: dsv4 bench $*" | tee -a "$dir/$part.txt"
+    if ! timeout 300 "$bin" bench "$@" >>"$dir/$part.txt" 2>>"$dir/$part.err"; then
+        echo "$part: dsv4 bench $* failed: $(tail -n 1 "$dir/$part.err")"
+        fail=1
+    fi
+    grep -E '^prefill|^ +[0-9]+ +[0-9]+ \|' "$dir/$part.txt" | tail -n 4
+}
+
+for p in $parts; do
+    case $p in
+    suite)
+        if [ -n "${deps:-}" ]; then
+            BUILD=build-dev DSV4_DEPS=build-gfw-deps timeout 560 sh scripts/gpu_test.sh --no-bench >"$dir/suite.txt" 2>&1
+        else
+            BUILD=build-dev timeout 560 sh scripts/gpu_test.sh --no-bench >"$dir/suite.txt" 2>&1
+        fi
+        rc=$?
+        grep -E 'FAIL|all passed|checks,|scenarios|passed,' "$dir/suite.txt" | tail -n 12
+        echo "suite: exit $rc"
+        [ "$rc" = 0 ] || fail=1
+        if [ -z "${DSV4:-}" ] && [ -x build-dev/dsv4 ]; then bin=build-dev/dsv4; fi
+        ;;
+    flash)
+        F="--synthetic flash --layers 4"
+        run flash $F --batch 1,8,64 --context 4096 --prompt 8192 --steps 10 --keep
+        run flash $F --batch 256 --context 8192 --prompt 0 --steps 3 --replays 20 --keep
+        run flash $F --batch 1 --context 65536 --prompt 0 --steps 10 --keep
+        ;;
+    pro)
+        run pro --synthetic pro --layers 3 --batch 1,8 --context 4096 --prompt 8192 --steps 10 --keep
+        ;;
+    nvfp4)
+        run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
+        run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
+        ;;
+    *)
+        sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+        exit 2
+        ;;
+    esac
+done
+exit $fail
