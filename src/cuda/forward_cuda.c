@@ -306,7 +306,7 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
     float *ent = which ? w->ient : w->ent;
     int *rpos = which ? w->irpos : w->rpos;
     CK(dsv4_cuda_cmp_emit(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, ent, rpos, g->stream));
-    if (state) CK(dsv4_cuda_cmp_state(b, L, which, kvp, scp, gc->ape, mr, d, cm->overlap, g->stream));
+    if (state) CK(cmp_state(g, b, L, which, kvp, scp));
     /* every row is finished (cheap); only the rows that closed a window are stored */
     if (which) { /* norm, rope, Hadamard, FP4 quant: one launch */
         CK(dsv4_cuda_rope_hq4(ent, T, 1, d, 1, gc->norm, c->norm_eps, R / 2, gl->rope_freq, rpos, g->stream));
