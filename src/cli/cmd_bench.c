@@ -514,6 +514,10 @@ int dsv4_cmd_bench(int argc, char **argv) {
                     fprintf(stderr, "dsv4 bench: the decode profile failed (projection by layer average)\n");
                 else
                     have_split = 1;
+                unsigned long long tk[3]; /* the indexer top-k's rows since the last batch (steps, replays, profile) */
+                if (!dsv4_cuda_topk_counts(tk, 1) && tk[0])
+                    fprintf(stderr, "dsv4 bench: batch %d context %d: indexer top-k rows %llu, with order ties only %llu, "
+                                    "with boundary ties %llu (the one-thread path)\n", B, C, tk[0], tk[1], tk[2]);
             }
 #endif
             R->t_head = R->t_step - R->t_layers;

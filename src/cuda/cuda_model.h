@@ -181,16 +181,30 @@ int dsv4_cuda_attn_index(const dsv4_cuda_batch *b, int L, int W, int ratio, cons
  * step leaves the same length). */
 int dsv4_cuda_seq_advance(const dsv4_cuda_batch *b, void *stream);
 
+/* ---- L2 prefetch (l2_prefetch.cu) ---- */
+
+#define DSV4_L2PF_MAXW 8
+/* Asks L2 for the bytes of up to DSV4_L2PF_MAXW weights (each view's rows and block scales; at most cap bytes of rows in
+ * all, 0 = no limit) with cp.async.bulk.prefetch.L2: no result, no value changed; the kernel returns once the
+ * requests are issued. */
+int dsv4_cuda_l2_prefetch(const dsv4_cuda_weight *const *ws, int n, size_t cap, void *stream);
+
 /* ---- indexer top-k (topk.cu) ---- */
 
 /* The CPU engine's indexer selection (indexer_topk of src/model/forward_attn.c) for each of T rows of
  * scores (row stride ld): dsv4_topk_torch of the first nlist[t] values with k' = min(k, nlist[t]), then
  * the picks >= ncausal[t] dropped, the order kept: sel [T, k] (the rest unwritten), nsel [T] = picks
- * kept. A radix select where the values involved are distinct; rows with exact ties are redone by one
- * thread with the CPU's algorithm on scratch (ld tk_elem = 8 bytes each per row). The result depends
- * only on the row. k <= 2048, nlist[t] <= ld. */
+ * kept. A radix select where the values involved are distinct; rows where the k-th value ties an unselected
+ * one are redone by one thread with the CPU's algorithm on scratch (ld tk_elem = 8 bytes each per row); equal
+ * values all selected: by increasing index (see dsv4_cuda_topk_set_exact_order). The result depends only on the
+ * row. k <= 2048, nlist[t] <= ld. */
 int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel, int *nsel,
                    void *scratch, void *stream);
+/* Equal values that are all selected keep the order by increasing index (default) or, on = 1, torch's order by the
+ * one-thread path (DSV4_TOPK_EXACT_ORDER=1); on = -1: from the environment again. */
+void dsv4_cuda_topk_set_exact_order(int on);
+/* c = rows ranked, rows with order ties only, rows with boundary ties (the one-thread path) since the last reset. */
+int dsv4_cuda_topk_counts(unsigned long long c[3], int reset);
 
 /* ---- MoE on the device (moe_group.cu) ---- */
 

@@ -64,6 +64,16 @@ __device__ void block_scan2(int a, int b, int *ea, int *eb, int *ta, int *tb) {
     __syncthreads();
 }
 
+/* A token's rank among its expert's tokens: the prefix count of its group of 4 bitmap words, the words before its own
+ * in the group, the bits below it in its word (one count per 4 words keeps 384 experts x 4096 tokens in shared memory:
+ * Pro's 4096-row prefill passes in one group). */
+__device__ __forceinline__ int group_rank(const uint32_t *bm, const uint16_t *pre, int t) {
+    const int w = t >> 5;
+    int r = pre[w >> 2] + __popc(bm[w] & ((1u << (t & 31)) - 1u));
+    for (int v = w & ~3; v < w; v++) r += __popc(bm[v]);
+    return r;
+}
+
 /* CACHE (T * K <= GROUP_CACHE): the picks and slot ids are read from global memory once, into shared memory, and each
  * pick's expert (or -1) is decided once; else every step reads them. Any block size (a multiple of 32, <= 1024) gives
  * the same plan. */
@@ -73,11 +83,11 @@ template <int CACHE>
 __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel, const float *ew, const int *sid, int T, int K,
                                                                   int E, dsv4_cuda_moe_plan p) {
     extern __shared__ uint32_t gsm[];
-    const int NW = (T + 31) / 32, TK = T * K;
+    const int NW = (T + 31) / 32, NQ = (NW + 3) / 4, TK = T * K;
     uint32_t *bm = gsm;                          /* [E][NW]: token bitmap of each expert */
     int *base = (int *)(bm + (size_t)E * NW);    /* [E]: first slot of each expert */
     int *pe = base + E;                          /* CACHE: [T * K] each pick's expert, -1 when unused */
-    uint16_t *pre = (uint16_t *)(pe + (CACHE ? 2 * TK + T : 0)); /* [E][NW]: the expert's tokens below word w */
+    uint16_t *pre = (uint16_t *)(pe + (CACHE ? 2 * TK + T : 0)); /* [E][NQ]: the expert's tokens below word 4q */
     int *ssel = pe + (CACHE ? TK : 0), *ssid = ssel + (CACHE ? TK : 0); /* CACHE: [T * K] sel, [T] sid */
     const int tid = threadIdx.x, nth = blockDim.x;
     const float ew0 = CACHE && tid < TK ? ew[tid] : 0.0f; /* the first pick's weight, loaded early */
@@ -100,7 +110,10 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
     int cnt = 0, act = 0;
     for (int e = e0; e < e1; e++) {
         int c = 0;
-        for (int w = 0; w < NW; w++) pre[e * NW + w] = (uint16_t)c, c += __popc(bm[e * NW + w]);
+        for (int w = 0; w < NW; w++) {
+            if (!(w & 3)) pre[e * NQ + (w >> 2)] = (uint16_t)c;
+            c += __popc(bm[e * NW + w]);
+        }
         base[e] = c;
         cnt += c;
         act += c > 0;
@@ -124,7 +137,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
     for (int q = tid; q < TK; q += nth) {
         int t = q / K, e;
         if (CACHE ? (e = pe[q]) < 0 : !pick_used(sel, sid, t, q - t * K, K, E, &e)) continue;
-        const int rank = pre[e * NW + (t >> 5)] + __popc(bm[e * NW + (t >> 5)] & ((1u << (t & 31)) - 1u));
+        const int rank = group_rank(bm + e * NW, pre + e * NQ, t);
         const int slot = base[e] + rank;
         p.rows[slot] = t;
         p.rw[slot] = CACHE && q == tid ? ew0 : ew[q];
@@ -135,7 +148,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
         for (int k = 0; k < K; k++) {
             int e;
             if (CACHE ? (e = pe[t * K + k]) < 0 : !pick_used(sel, sid, t, k, K, E, &e)) continue;
-            const int rank = pre[e * NW + (t >> 5)] + __popc(bm[e * NW + (t >> 5)] & ((1u << (t & 31)) - 1u));
+            const int rank = group_rank(bm + e * NW, pre + e * NQ, t);
             int v = base[e] + rank, i = ns++;
             while (i > 0 && sl[i - 1] > v) sl[i] = sl[i - 1], i--;
             sl[i] = v;
@@ -145,11 +158,11 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
 }
 
 /* The kernel's shared memory for T tokens: the [E][NW] bitmap, the experts' first slots, the cached picks, the
- * [E][NW] prefix counts. */
+ * [E][NW / 4] prefix counts. */
 static size_t group_smem(int T, int K, int E) {
     size_t smem = sizeof(uint32_t) * (size_t)E * ((T + 31) / 32) + sizeof(int) * (size_t)E;
     if (T * K <= GROUP_CACHE) smem += sizeof(int) * (2 * (size_t)T * K + T);
-    return smem + sizeof(uint16_t) * (size_t)E * ((T + 31) / 32); /* prefix counts per bitmap word */
+    return smem + sizeof(uint16_t) * (size_t)E * ((T + 127) / 128); /* prefix counts per 4 bitmap words */
 }
 
 extern "C" int dsv4_cuda_moe_group_maxt(int K, int E) {

@@ -8,12 +8,20 @@
  * count, typically after 3-4 of the 8 digits). The keys at or above the found prefix are exactly k; they
  * are gathered and sorted (bitonic, in shared memory) into decreasing order, which is torch's order
  * when the values are distinct.
- * Ties: where torch's choice or order depends on its algorithm (two selected values equal, or the k-th
- * value equal to an unselected one; -inf aside: those entries are masked and dropped), one thread redoes
- * the row with the CPU's own algorithm (src/cpu/topk_algo.h) on a copy of the row: in shared memory for
+ * Ties: where torch's choice depends on its algorithm (the k-th value equal to an unselected one, "boundary
+ * ties"; -inf aside: those entries are masked and dropped), one thread redoes the row with the CPU's own
+ * algorithm (src/cpu/topk_algo.h) on a copy of the row: in shared memory for
  * rows up to TOPK_SMEM_N entries (the block copies it; measured ~20 % faster than the global scratch:
  * 882 us for a tied row of 8192 entries, 1,101 us for 8193), else in the scratch. Rare with real scores, common in tiny test
- * models (ReLU zeros) and with repeated prompt tokens (equal compressed entries). */
+ * models (ReLU zeros) and with repeated prompt tokens (equal compressed entries).
+ * Equal values that are all selected ("order ties": the set is the same whatever the algorithm, only the order
+ * of the equal entries is torch's own) keep the fast path's order, equal values by increasing index, unless
+ * DSV4_TOPK_EXACT_ORDER=1 (then torch's order by the one-thread path, as the CPU engine has it): the attention
+ * then adds the same entries in another order, a rounding-level difference from the CPU engine, and the
+ * result still depends only on the row (batch invariant, deterministic).
+ * Counters (dsv4_cuda_topk_counts): rows, rows with order ties only, rows with boundary ties. */
+#include <stdlib.h>
+
 #include "common.cuh"
 #include "cuda_model.h"
 
@@ -35,8 +43,10 @@ __device__ __forceinline__ float key_value(uint64_t key) {
 }
 __device__ __forceinline__ int key_index(uint64_t key) { return (int)(0xffffffffu - (uint32_t)key); }
 
+__device__ unsigned long long topk_count[3]; /* rows, rows with order ties only, rows with boundary ties */
+
 __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal,
-                                                            int k, int *sel, int *nsel, tk_elem *scratch) {
+                                                            int k, int exact_order, int *sel, int *nsel, tk_elem *scratch) {
     extern __shared__ tk_elem tk_row[]; /* [ld] when ld <= TOPK_SMEM_N (the tie path's copy), else none */
     __shared__ int hist[256];
     __shared__ uint64_t keys[TOPK_MAXK];
@@ -132,7 +142,12 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
             if (key_value(keys[i]) == vk) atomicAdd(&nsel_eq, 1);
     }
     __syncthreads();
-    const int tied = tie || neq > nsel_eq;
+    const int boundary = neq > nsel_eq, tied = boundary || (tie && exact_order);
+    if (tid == 0) {
+        atomicAdd(&topk_count[0], 1ull);
+        if (boundary) atomicAdd(&topk_count[2], 1ull);
+        else if (tie) atomicAdd(&topk_count[1], 1ull);
+    }
     if (tied) { /* torch's selection and order, by one thread, on a copy of the row */
         tk_elem *q = ld <= TOPK_SMEM_N ? tk_row : scratch + (int64_t)t * ld;
         for (int i = tid; i < n; i += blockDim.x) q[i].v = row[i], q[i].i = i;
@@ -157,6 +172,8 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
     }
 }
 
+static int tk_exact_order = -1; /* DSV4_TOPK_EXACT_ORDER, read at the first launch */
+
 extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel,
                               int *nsel, void *scratch, void *stream) {
     if (T < 0 || k < 1 || k > TOPK_MAXK || ld < 1 || !scratch) return dsv4_cuda_fail("topk: bad arguments (T %d k %d)", T, k);
@@ -168,6 +185,23 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
             return dsv4_cuda_fail("topk: cannot raise shared memory to %zu bytes", (size_t)TOPK_SMEM_N * sizeof(tk_elem));
         smem_set = 1;
     }
-    topk_kernel<<<T, TOPK_THREADS, smem, DSV4_STREAM(stream)>>>(scores, ld, nlist, ncausal, k, sel, nsel, (tk_elem *)scratch);
+    if (tk_exact_order < 0) {
+        const char *e = getenv("DSV4_TOPK_EXACT_ORDER");
+        tk_exact_order = e && *e && *e != '0';
+    }
+    topk_kernel<<<T, TOPK_THREADS, smem, DSV4_STREAM(stream)>>>(scores, ld, nlist, ncausal, k, tk_exact_order, sel, nsel,
+                                                               (tk_elem *)scratch);
     return dsv4_cuda_check_launch("topk");
+}
+
+extern "C" void dsv4_cuda_topk_set_exact_order(int on) { tk_exact_order = on < 0 ? -1 : on != 0; }
+
+extern "C" int dsv4_cuda_topk_counts(unsigned long long c[3], int reset) {
+    if (cudaMemcpyFromSymbol(c, topk_count, sizeof(unsigned long long) * 3) != cudaSuccess)
+        return dsv4_cuda_fail("topk: cannot read the counters");
+    if (reset) {
+        const unsigned long long z[3] = {0, 0, 0};
+        if (cudaMemcpyToSymbol(topk_count, z, sizeof z) != cudaSuccess) return dsv4_cuda_fail("topk: cannot reset the counters");
+    }
+    return 0;
 }

@@ -67,6 +67,8 @@ typedef struct mweights {
 
 /* kt_util.c: helpers, random weights */
 uint32_t rnd_u32(void);
+uint64_t rnd_state_get(void); /* the random stream's state, to replay it */
+void rnd_state_set(uint64_t s);
 float rnd_uni(void);
 float rnd_n(void);
 float *randn(size_t n, float sd);

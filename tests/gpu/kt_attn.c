@@ -39,7 +39,7 @@ void test_attn(int T, int H, int Dh, int N, int nidx, const int *nvalid, int ben
     char name[128];
     snprintf(name, sizeof name, "sparse_attn T=%d H=%d Dh=%d nidx=%d", T, H, Dh, nidx);
     check(name, got, ref, (size_t)T * H * Dh, 1e-5 * rms(ref, (size_t)T * H * Dh), 1e-4);
-    if (bench) {
+    {
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0), cudaEventCreate(&e1);
         const int it = 50;
@@ -58,19 +58,32 @@ void test_attn(int T, int H, int Dh, int N, int nidx, const int *nvalid, int ben
 
 
 /* ---- device top-k (twin: the CPU engine's indexer selection: dsv4_topk_torch of the first nlist
- * scores, k' = min(k, nlist), picks >= ncausal dropped) ---- */
+ * scores, k' = min(k, nlist), picks >= ncausal dropped; by default, where the k-th value ties no unselected
+ * one, the same set ordered by decreasing value, equal values by increasing index: dsv4_cuda_topk_set_exact_order) ---- */
+
+static const float *tk_row_vals;
+static int tk_cmp_order(const void *a, const void *b) {
+    const int i = *(const int *)a, j = *(const int *)b;
+    const float x = tk_row_vals[i], y = tk_row_vals[j];
+    if (x != y) return x > y ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
 
 /* T rows of ld scores; row t ranks nlist[t] entries of which ncausal[t] are real (the rest -inf, as the
- * masked prefill list); levels > 0: scores from that many values (many exact ties), else continuous */
-void test_topk(int T, int ld, int k, int levels) {
+ * masked prefill list); levels > 0: scores from that many values (many exact ties); -1: continuous with a fifth of the
+ * odd entries equal to the one before (ties mostly among the selected: the fast path's order); 0: continuous */
+static void test_topk_rule(int T, int ld, int k, int levels, int exact) {
     float *sc = malloc(sizeof(float) * (size_t)T * ld);
     int *nl = malloc(sizeof(int) * T), *nc = malloc(sizeof(int) * T), *tmp = malloc(sizeof(int) * (size_t)(k + ld));
     for (int t = 0; t < T; t++) {
         nl[t] = t == 0 ? ld : t == 1 ? 0 : t == 2 ? (k > 1 && k - 1 < ld ? k - 1 : ld) : 1 + (int)(rnd_u32() % (uint32_t)ld);
         nc[t] = t % 3 == 2 ? (int)(rnd_u32() % (uint32_t)(nl[t] + 1)) : nl[t]; /* some rows with masked entries */
+        float prev = 0.0f;
         for (int i = 0; i < ld; i++) {
             float v = levels > 0 ? (float)(int)(rnd_uni() * levels) - levels / 2 : rnd_n();
             if (levels > 0 && rnd_uni() < 0.3f) v = 0.0f;
+            if (levels < 0 && (i & 1) && rnd_uni() < 0.2f) v = prev; /* pairs of equal values (repeated entries) */
+            prev = v;
             sc[(size_t)t * ld + i] = i < nc[t] ? v : -INFINITY;
         }
     }
@@ -78,7 +91,15 @@ void test_topk(int T, int ld, int k, int levels) {
     float *ref = calloc(nout, sizeof(float)), *got = calloc(nout, sizeof(float));
     for (int t = 0; t < T; t++) {
         int kk = k < nl[t] ? k : nl[t], kept = 0;
-        if (kk > 0) dsv4_topk_torch(sc + (size_t)t * ld, nl[t], kk, tmp);
+        const float *r = sc + (size_t)t * ld;
+        if (kk > 0) dsv4_topk_torch(r, nl[t], kk, tmp);
+        if (kk > 0 && !exact) { /* no boundary tie: the set, by value then index */
+            const float vk = r[tmp[kk - 1]];
+            int neq = 0, nsel_eq = 0;
+            for (int i = 0; i < nl[t] && vk != -INFINITY; i++) neq += r[i] == vk;
+            for (int i = 0; i < kk; i++) nsel_eq += r[tmp[i]] == vk;
+            if (vk == -INFINITY || neq == nsel_eq) tk_row_vals = r, qsort(tmp, (size_t)kk, sizeof(int), tk_cmp_order);
+        }
         for (int i = 0; i < kk; i++)
             if (tmp[i] < nc[t]) ref[(size_t)t * (k + 1) + 1 + kept++] = (float)tmp[i];
         ref[(size_t)t * (k + 1)] = (float)kept;
@@ -87,6 +108,9 @@ void test_topk(int T, int ld, int k, int levels) {
     int *dnl = dup_to_dev(nl, sizeof(int) * T), *dnc = dup_to_dev(nc, sizeof(int) * T);
     int *dsel = dsv4_cuda_alloc(sizeof(int) * (size_t)T * k), *dnsel = dsv4_cuda_alloc(sizeof(int) * T);
     void *scratch = dsv4_cuda_alloc((size_t)8 * T * ld);
+    dsv4_cuda_topk_set_exact_order(exact);
+    unsigned long long cnt[3];
+    op_ok(dsv4_cuda_topk_counts(cnt, 1), "topk counters");
     op_ok(dsv4_cuda_topk(dsc, T, ld, dnl, dnc, k, dsel, dnsel, scratch, NULL), "topk");
     sync_ok();
     int *sel = malloc(sizeof(int) * (size_t)T * k), *nsel = malloc(sizeof(int) * T);
@@ -96,8 +120,10 @@ void test_topk(int T, int ld, int k, int levels) {
         got[(size_t)t * (k + 1)] = (float)nsel[t];
         for (int i = 0; i < nsel[t] && i < k; i++) got[(size_t)t * (k + 1) + 1 + i] = (float)sel[(size_t)t * k + i];
     }
-    char name[128];
-    snprintf(name, sizeof name, "topk T=%d n<=%d k=%d %s (exact, torch order)", T, ld, k, levels ? "ties" : "distinct");
+    op_ok(dsv4_cuda_topk_counts(cnt, 1), "topk counters");
+    char name[160];
+    snprintf(name, sizeof name, "topk T=%d n<=%d k=%d %s (exact, %s; rows %llu, order ties %llu, boundary ties %llu)", T, ld, k,
+             levels > 0 ? "ties" : levels ? "pairs" : "distinct", exact ? "torch order" : "equal values by index", cnt[0], cnt[1], cnt[2]);
     check(name, got, ref, nout, 0, 0);
     { /* the time of a launch (ties: the one-thread path in shared memory up to 8192 entries a row, else in the scratch) */
         cudaEvent_t e0, e1;
@@ -108,12 +134,22 @@ void test_topk(int T, int ld, int k, int levels) {
         sync_ok();
         float ms = 0;
         cudaEventElapsedTime(&ms, e0, e1);
-        printf("time topk T=%d n<=%d k=%d %s: %.1f us\n", T, ld, k, levels ? "ties" : "distinct", 1000.0 * ms / 5);
+        printf("time topk T=%d n<=%d k=%d %s%s: %.1f us\n", T, ld, k, levels > 0 ? "ties" : levels ? "pairs" : "distinct", exact ? " (torch order)" : "",
+               1000.0 * ms / 5);
         cudaEventDestroy(e0), cudaEventDestroy(e1);
     }
     dsv4_cuda_free(dsc), dsv4_cuda_free(dnl), dsv4_cuda_free(dnc), dsv4_cuda_free(dsel), dsv4_cuda_free(dnsel),
         dsv4_cuda_free(scratch);
     free(sc), free(nl), free(nc), free(tmp), free(ref), free(got), free(sel), free(nsel);
+    dsv4_cuda_topk_set_exact_order(-1);
+}
+
+/* both rules on the same rows (the random stream restarted for the second) */
+void test_topk(int T, int ld, int k, int levels) {
+    const uint64_t st = rnd_state_get();
+    test_topk_rule(T, ld, k, levels, 1);
+    rnd_state_set(st);
+    test_topk_rule(T, ld, k, levels, 0);
 }
 
 /* ---- attention index lists (twin: the list loop of dsv4_attention_fwd) ---- */

@@ -200,17 +200,21 @@ void test_moe_group(int T, int K, int E) {
     hplan_free(&r), hplan_free(&g), free(sel), free(sid), free(w), free(vr), free(vg);
 }
 
-/* Pro's 384 experts: the largest group whose token bitmaps fit in shared memory (forward_cuda.c splits a pass into
- * groups of at most that many tokens), exact there, and a clean error one group size past it; Flash's 256 experts take
- * the whole 4096. */
+/* Flash's 256 and Pro's 384 experts take a whole 4096-token group (the token bitmaps and one prefix count per 4 bitmap
+ * words fit in shared memory), exact at Pro's 4096; 640 experts: the largest group that fits (forward_cuda.c splits a
+ * pass into groups of at most that many tokens), exact there, and a clean error one group size past it. */
 void test_moe_group_limit(void) {
-    const int gmax = dsv4_cuda_moe_group_maxt(6, 384), gflash = dsv4_cuda_moe_group_maxt(6, 256);
-    const int ok = gmax >= 2048 && gmax < DSV4_MOE_GROUP_MAXT && gmax % 32 == 0 && gflash == DSV4_MOE_GROUP_MAXT;
+    const int gmax = dsv4_cuda_moe_group_maxt(6, 640), gpro = dsv4_cuda_moe_group_maxt(6, 384),
+              gflash = dsv4_cuda_moe_group_maxt(6, 256);
+    const int ok = gmax >= 2048 && gmax < DSV4_MOE_GROUP_MAXT && gmax % 32 == 0 && gpro == DSV4_MOE_GROUP_MAXT &&
+                   gflash == DSV4_MOE_GROUP_MAXT;
     g_checks++, g_fail += !ok;
-    printf("%-4s moe_group_maxt: %d tokens for 384 experts, %d for 256%s\n", ok ? "ok" : "FAIL", gmax, gflash, ok ? "" : " <<<");
+    printf("%-4s moe_group_maxt: %d tokens for 640 experts, %d for 384, %d for 256%s\n", ok ? "ok" : "FAIL", gmax, gpro, gflash,
+           ok ? "" : " <<<");
     if (!ok || gmax + 32 > DSV4_MOE_GROUP_MAXT) return;
-    test_moe_group(gmax, 6, 384);
-    const int T = gmax + 32, K = 6, E = 384;
+    test_moe_group(DSV4_MOE_GROUP_MAXT, 6, 384);
+    test_moe_group(gmax, 6, 640);
+    const int T = gmax + 32, K = 6, E = 640;
     int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
     float *w = malloc(sizeof(float) * (size_t)T * K);
     rand_picks(T, K, E, sel, w, sid);

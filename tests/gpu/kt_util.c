@@ -11,6 +11,8 @@ uint32_t rnd_u32(void) {
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
     return (uint32_t)(rng >> 11);
 }
+uint64_t rnd_state_get(void) { return rng; }
+void rnd_state_set(uint64_t s) { rng = s; }
 float rnd_uni(void) { return (float)((rnd_u32() >> 8) * (1.0 / 16777216.0)); } /* [0, 1) */
 float rnd_n(void) {
     float u = rnd_uni() + 1e-7f, v = rnd_uni();
