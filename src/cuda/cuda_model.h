@@ -181,14 +181,6 @@ int dsv4_cuda_attn_index(const dsv4_cuda_batch *b, int L, int W, int ratio, cons
  * step leaves the same length). */
 int dsv4_cuda_seq_advance(const dsv4_cuda_batch *b, void *stream);
 
-/* ---- L2 prefetch (l2_prefetch.cu) ---- */
-
-#define DSV4_L2PF_MAXW 8
-/* Asks L2 for the bytes of up to DSV4_L2PF_MAXW weights (each view's rows and block scales; at most cap bytes of rows in
- * all, 0 = no limit) with cp.async.bulk.prefetch.L2: no result, no value changed; the kernel returns once the
- * requests are issued. */
-int dsv4_cuda_l2_prefetch(const dsv4_cuda_weight *const *ws, int n, size_t cap, void *stream);
-
 /* ---- indexer top-k (topk.cu) ---- */
 
 /* The CPU engine's indexer selection (indexer_topk of src/model/forward_attn.c) for each of T rows of
@@ -239,6 +231,15 @@ typedef struct dsv4_cuda_moe_plan {
 #define DSV4_MOE_GROUP_MAXT 4096
 int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                         const dsv4_cuda_moe_plan *p, void *stream);
+/* L2 prefetch (l2_prefetch.cu): asks L2 for the bytes of up to DSV4_L2PF_MAXW weights (each view's rows and block
+ * scales; at most cap bytes of rows in all, 0 = no limit) with cp.async.bulk.prefetch.L2, or of the matrices of the
+ * plan's active experts (which: 1 = w1 and w3, 2 = w2; maxact: the most active experts, the grid). No result, no value
+ * changed; the kernels return once the requests are issued. */
+#define DSV4_L2PF_MAXW 8
+int dsv4_cuda_l2_prefetch(const dsv4_cuda_weight *const *ws, int n, size_t cap, void *stream);
+int dsv4_cuda_l2_prefetch_experts(const dsv4_cuda_experts *ex, const dsv4_cuda_moe_plan *p, int maxact, int which,
+                                  void *stream);
+
 /* The most tokens one moe_group call takes for E experts (a multiple of 32; its token bitmaps live in shared memory:
  * 4096 for Flash's 256 experts, 3200 for Pro's 384); 0 when none fit. */
 int dsv4_cuda_moe_group_maxt(int K, int E);

@@ -270,6 +270,8 @@ enum {
     PF_OB = 4,     /* before wo_a: wo_b (at most DSV4_CUDA_L2PF_MB of it: wo_a is still in L2) */
     PF_FFN = 8,    /* before wo_b: the gate and the shared expert */
     PF_NEXT = 16,  /* after the routed experts: the next layer's wq_a, wkv, wq_b */
+    PF_EX2 = 32,   /* after the grouping: the active experts' w2 (during their gate / up) */
+    PF_EX13 = 64,  /* after the grouping: the active experts' w1 and w3 (beside their own kernel's reads) */
 };
 
 static int l2pf(dsv4_cuda_model *g, const gws *w, int point, const dsv4_cuda_weight *w0, const dsv4_cuda_weight *w1,
@@ -278,6 +280,16 @@ static int l2pf(dsv4_cuda_model *g, const gws *w, int point, const dsv4_cuda_wei
     const dsv4_cuda_weight *ws[4] = {w0, w1, w2, w3};
     if (dsv4_cuda_event_record(g->ev_pf, g->stream) || dsv4_cuda_stream_wait(g->stream3, g->ev_pf) ||
         dsv4_cuda_l2_prefetch(ws, 4, point == PF_OB ? g->l2pf_cap : 0, g->stream3) || dsv4_cuda_event_record(g->ev_pfj, g->stream3))
+        return -1;
+    g->pf_pending = 1;
+    return 0;
+}
+
+static int l2pf_experts(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_experts *ex, int maxact) {
+    const int which = (g->l2pf & PF_EX13 ? 1 : 0) | (g->l2pf & PF_EX2 ? 2 : 0);
+    if (!which || !g->stream3 || g->prof || w->lws || (w->gemm && w->gemm_ws)) return 0;
+    if (dsv4_cuda_event_record(g->ev_pf, g->stream) || dsv4_cuda_stream_wait(g->stream3, g->ev_pf) ||
+        dsv4_cuda_l2_prefetch_experts(ex, &w->plan, maxact, which, g->stream3) || dsv4_cuda_event_record(g->ev_pfj, g->stream3))
         return -1;
     g->pf_pending = 1;
     return 0;
@@ -537,6 +549,7 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     for (int g0 = 0; g0 < T; g0 += gsz) {
         int tg = T - g0 < gsz ? T - g0 : gsz;
         CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
+        CK(l2pf_experts(g, w, &gl->ex, tg * K < E ? tg * K : E));
         CK(dsv4_cuda_moe_experts(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
         if (g0 == 0 && L + 1 < c->n_layers)
             CK(l2pf(g, w, PF_NEXT, &g->L[L + 1].wq_a, &g->L[L + 1].wkv, &g->L[L + 1].wq_b, NULL));

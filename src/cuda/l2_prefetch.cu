@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(PF_THREADS) l2pf_kernel(pf_ranges r) {
 }
 
 /* bytes of a view's rows (from row0) and of its scale rows */
-static void weight_ranges(const dsv4_cuda_weight *w, pf_ranges *r, size_t *left) {
+__host__ __device__ static void weight_ranges(const dsv4_cuda_weight *w, pf_ranges *r, size_t *left) {
     size_t rb; /* bytes a row */
     switch (w->fmt) {
     case DSV4_WF_F32: rb = (size_t)w->cols * 4; break;
@@ -59,6 +59,33 @@ static void weight_ranges(const dsv4_cuda_weight *w, pf_ranges *r, size_t *left)
     }
     const uintptr_t a = (uintptr_t)(w->scale + s0), a16 = (a + 15) & ~(uintptr_t)15;
     if (sb > a16 - a + 16) r->p[r->count] = (const uint8_t *)a16, r->n[r->count++] = sb - (a16 - a);
+}
+
+/* block a: the chosen matrices of active expert a (a thread a chunk) */
+__global__ void __launch_bounds__(PF_THREADS) l2pf_experts_kernel(dsv4_cuda_experts ex, dsv4_cuda_moe_plan p, int which) {
+    const int a = blockIdx.x;
+    if (a >= *p.nact) return;
+    const int e = p.act_e[a];
+    pf_ranges r;
+    r.count = 0;
+    size_t left = (size_t)-1;
+    if (which & 1) weight_ranges(&ex.w1[e], &r, &left), weight_ranges(&ex.w3[e], &r, &left);
+    if (which & 2) weight_ranges(&ex.w2[e], &r, &left);
+    for (int j = 0; j < r.count; j++) {
+        const unsigned long long n = r.n[j], nch = (n + PF_CHUNK - 1) / PF_CHUNK;
+        for (unsigned long long c = threadIdx.x; c < nch; c += blockDim.x) {
+            const unsigned long long o = c * PF_CHUNK, rest = n - o;
+            const unsigned sz = (unsigned)((rest < PF_CHUNK ? rest : PF_CHUNK) & ~15ull);
+            if (sz) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(r.p[j] + o), "r"(sz) : "memory");
+        }
+    }
+}
+
+extern "C" int dsv4_cuda_l2_prefetch_experts(const dsv4_cuda_experts *ex, const dsv4_cuda_moe_plan *p, int maxact, int which,
+                                             void *stream) {
+    if (maxact < 1 || !(which & 3)) return 0;
+    l2pf_experts_kernel<<<maxact, PF_THREADS, 0, DSV4_STREAM(stream)>>>(*ex, *p, which);
+    return dsv4_cuda_check_launch("l2_prefetch_experts");
 }
 
 extern "C" int dsv4_cuda_l2_prefetch(const dsv4_cuda_weight *const *ws, int n, size_t cap, void *stream) {
