@@ -29,6 +29,7 @@
 
 __global__ void kv_pack_kernel(const float *src, int64_t sld, int n, int Dh, int R, uint8_t *dst, int64_t rb,
                                const int *rows) {
+    dev_pdl_enter();
     int r = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (r >= n) return;
     int to = rows ? rows[r] : r;
@@ -37,6 +38,7 @@ __global__ void kv_pack_kernel(const float *src, int64_t sld, int n, int Dh, int
 }
 
 __global__ void ikey_pack_kernel(const float *src, int64_t sld, int n, int Di, uint8_t *dst, int64_t rb, const int *rows) {
+    dev_pdl_enter();
     int r = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (r >= n) return;
     int to = rows ? rows[r] : r;
@@ -47,11 +49,12 @@ __global__ void ikey_pack_kernel(const float *src, int64_t sld, int n, int Di, u
 extern "C" int dsv4_cuda_ikey_pack(const float *src, int64_t sld, int n, int Di, uint8_t *dst, const int *rows, void *stream) {
     if (n < 0 || Di <= 0 || Di % 32 || sld < Di) return dsv4_cuda_fail("ikey_pack: bad shape (n %d Di %d)", n, Di);
     if (!n) return 0;
-    ikey_pack_kernel<<<(n + 7) / 8, 256, 0, DSV4_STREAM(stream)>>>(src, sld, n, Di, dst, dsv4_ikey_row_bytes(Di), rows);
+    dev_launch(ikey_pack_kernel, (n + 7) / 8, 256, 0, DSV4_STREAM(stream), src, sld, n, Di, dst, dsv4_ikey_row_bytes(Di), rows);
     return dsv4_cuda_check_launch("ikey_pack");
 }
 
 __global__ void kv_unpack_kernel(const uint8_t *src, int n, int Dh, int R, int64_t rb, float *dst, int64_t dld) {
+    dev_pdl_enter();
     int r = blockIdx.x;
     for (int d = threadIdx.x; d < Dh; d += blockDim.x) dst[(int64_t)r * dld + d] = dev_kv_at(src + (int64_t)r * rb, Dh, R, d);
 }
@@ -61,14 +64,14 @@ extern "C" int dsv4_cuda_kv_pack(const float *src, int64_t sld, int n, int Dh, i
     if (n < 0 || R < 0 || Dh <= R || (Dh - R) % 64 || R % 2 || sld < Dh)
         return dsv4_cuda_fail("kv_pack: bad shape (n %d Dh %d R %d)", n, Dh, R);
     if (!n) return 0;
-    kv_pack_kernel<<<(n + 7) / 8, 256, 0, DSV4_STREAM(stream)>>>(src, sld, n, Dh, R, dst, dsv4_kv_row_bytes(Dh, R), rows);
+    dev_launch(kv_pack_kernel, (n + 7) / 8, 256, 0, DSV4_STREAM(stream), src, sld, n, Dh, R, dst, dsv4_kv_row_bytes(Dh, R), rows);
     return dsv4_cuda_check_launch("kv_pack");
 }
 
 extern "C" int dsv4_cuda_kv_unpack(const uint8_t *src, int n, int Dh, int R, float *dst, int64_t dld, void *stream) {
     if (n < 0 || Dh <= R || (Dh - R) % 64 || dld < Dh) return dsv4_cuda_fail("kv_unpack: bad shape (n %d Dh %d R %d)", n, Dh, R);
     if (!n) return 0;
-    kv_unpack_kernel<<<n, 128, 0, DSV4_STREAM(stream)>>>(src, n, Dh, R, dsv4_kv_row_bytes(Dh, R), dst, dld);
+    dev_launch(kv_unpack_kernel, n, 128, 0, DSV4_STREAM(stream), src, n, Dh, R, dsv4_kv_row_bytes(Dh, R), dst, dld);
     return dsv4_cuda_check_launch("kv_unpack");
 }
 
@@ -185,6 +188,7 @@ __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(cons
                                                            const uint8_t *const *base, const float *kv2, const int *idx,
                                                            int nidx, const float *sink, float scale, float *out,
                                                            float *part, int ns, int SP, int nspan, int vec, ak_rope orope) {
+    dev_pdl_enter();
     constexpr int DPAD = 128 * DPL4, NT = NW * 32;
     const unsigned F = 0xffffffffu;
     extern __shared__ __align__(16) float smem[];
@@ -441,6 +445,7 @@ __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(cons
 #define AK_CB 16
 __global__ void attn_kv8_combine(const float *part, int H, int Dh, int R, int nspan, const float *sink, float *out, int vec,
                                  ak_rope ro) {
+    dev_pdl_enter();
     const int h = blockIdx.x, t = blockIdx.y, nq4 = (Dh + 3) >> 2;
     const int64_t pst = ak_pst(Dh);
     const float *pp = part + ((int64_t)t * H + h) * nspan * pst;
@@ -509,11 +514,11 @@ static int ak_launch(const float *q, int T, int H, int Dh, int R, const uint8_t 
                              (int)smem) != cudaSuccess)
         return dsv4_cuda_fail("attn_kv8: cannot raise shared memory to %zu bytes", smem);
     dim3 grid(T, (H + NW * HB - 1) / (NW * HB), full ? 1 : g.nspan);
-    attn_kv8_kernel<DPL4, HB, NW><<<grid, NW * 32, smem, st>>>(q, H, Dh, R, base, kv2, idx, nidx, sink, scale, out,
-                                                               scratch, g.ns, g.sp, g.nspan, vec, ro);
+    dev_launch(attn_kv8_kernel<DPL4, HB, NW>, grid, NW * 32, smem, st, q, H, Dh, R, base, kv2, idx, nidx, sink, scale, out,
+               scratch, g.ns, g.sp, g.nspan, vec, ro);
     if (dsv4_cuda_check_launch("attn_kv8")) return -1;
     if (!full) {
-        attn_kv8_combine<<<dim3(H, T), 128, 0, st>>>(scratch, H, Dh, R, g.nspan, sink, out, vec, ro);
+        dev_launch(attn_kv8_combine, dim3(H, T), 128, 0, st, scratch, H, Dh, R, g.nspan, sink, out, vec, ro);
         return dsv4_cuda_check_launch("attn_kv8_combine");
     }
     return 0;

@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                                                               const uint8_t *const *base, const float *kv2,
                                                               const int *idx, int nidx, const float *sink, float scale,
                                                               float *out, int vec) {
+    dev_pdl_enter();
     extern __shared__ __align__(16) uint8_t tsm[];
     __half *Qh = (__half *)tsm;              /* [64 heads][512] q hi */
     __half *Ql = Qh + TC_HB * TC_D;          /* [64][512] q lo */
@@ -402,7 +403,7 @@ extern "C" int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R
         raised = smem;
     }
     const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)kv2 & 15);
-    attn_kv8_tc_kernel<<<dim3(T, (H + TC_HB - 1) / TC_HB), TC_NT, smem, st>>>(q, H, Dh, R, base, kv2, idx, nidx, sink,
-                                                                             scale, out, vec);
+    dev_launch(attn_kv8_tc_kernel, dim3(T, (H + TC_HB - 1) / TC_HB), TC_NT, smem, st, q, H, Dh, R, base, kv2, idx, nidx, sink,
+               scale, out, vec);
     return dsv4_cuda_check_launch("attn_kv8_tc");
 }

@@ -2,6 +2,7 @@
  * CUDA backend (cuda_backend.h). */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_profiler_api.h>
@@ -24,6 +25,16 @@ int dsv4_cuda_check_launch(const char *op) {
     if (e != cudaSuccess) return dsv4_cuda_fail("%s: kernel launch failed: %s", op, cudaGetErrorString(e));
     return 0;
 }
+
+static int g_pdl_small = -1;
+int dsv4_cuda_pdl_small(void) {
+    if (g_pdl_small < 0) {
+        const char *e = getenv("DSV4_CUDA_PDL_SMALL");
+        g_pdl_small = !(e && !strcmp(e, "0"));
+    }
+    return g_pdl_small;
+}
+void dsv4_cuda_pdl_small_refused(void) { g_pdl_small = 0; }
 
 static int cuda_ok(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return 0;

@@ -28,6 +28,38 @@ extern dsv4_cuda_props dsv4_cuda_dev;
 
 #define DSV4_STREAM(s) ((cudaStream_t)(s))
 
+/* ---- programmatic dependent launch of the small kernels ----
+ * The GEMV, mHC pre and the experts' kernels set it up themselves (they load what does not depend on the previous
+ * kernel before their wait). The other kernels of the decode chain are launched through dev_launch: with the
+ * programmatic-stream-serialization attribute (DSV4_CUDA_PDL_SMALL=0: plain launches), so that the next kernel's
+ * launch overlaps this one's tail; each begins with dev_pdl_enter: it waits for the previous grid (all of it,
+ * memory included) before touching any memory, then lets its own dependents launch. The same values either way. */
+__device__ __forceinline__ void dev_pdl_enter() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+/* 1 when the small kernels are launched with the attribute (backend.cu; DSV4_CUDA_PDL_SMALL, default on; a launch
+ * refused with it turns it off for the process) */
+int dsv4_cuda_pdl_small(void);
+void dsv4_cuda_pdl_small_refused(void);
+template <typename... KA, typename... A>
+inline cudaError_t dev_launch(void (*kern)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = dsv4_cuda_pdl_small() ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, args...);
+    if (e != cudaSuccess && cfg.numAttrs) { /* no programmatic dependent launch here: plain stream order */
+        (void)cudaGetLastError();
+        dsv4_cuda_pdl_small_refused();
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, kern, args...);
+    }
+    return e;
+}
+
 /* ---- reductions ---- */
 
 __device__ __forceinline__ float warp_sum(float v) {

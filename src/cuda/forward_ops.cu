@@ -10,6 +10,7 @@
 /* ---- embedding: X[t, j, :] = row tok[t] of the embedding, for the M streams ---- */
 
 __global__ void embed_kernel(dsv4_cuda_weight w, const int *tok, int M, int D, float *X) {
+    dev_pdl_enter();
     const int t = blockIdx.y;
     const int r = tok[t];
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) {
@@ -22,24 +23,26 @@ extern "C" int dsv4_cuda_embed(const dsv4_cuda_weight *w, const int *tok, int T,
     if (T < 0 || M <= 0) return dsv4_cuda_fail("embed: bad shape (T %d M %d)", T, M);
     if (!T) return 0;
     dim3 grid((w->cols + 255) / 256, T);
-    embed_kernel<<<grid, 256, 0, DSV4_STREAM(stream)>>>(*w, tok, M, w->cols, X);
+    dev_launch(embed_kernel, grid, 256, 0, DSV4_STREAM(stream), *w, tok, M, w->cols, X);
     return dsv4_cuda_check_launch("embed");
 }
 
 /* ---- fills and copies ---- */
 
 __global__ void fill_kernel(float *x, int64_t n, float v) {
+    dev_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) x[i] = v;
 }
 
 extern "C" int dsv4_cuda_fill(float *x, int64_t n, float v, void *stream) {
     if (n <= 0) return 0;
     int64_t blocks = (n + 255) / 256;
-    fill_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, DSV4_STREAM(stream)>>>(x, n, v);
+    dev_launch(fill_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, DSV4_STREAM(stream), x, n, v);
     return dsv4_cuda_check_launch("fill");
 }
 
 __global__ void scale_kernel(float *x, int64_t n, float s) {
+    dev_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] = __fmul_rn(x[i], s);
 }
@@ -47,7 +50,7 @@ __global__ void scale_kernel(float *x, int64_t n, float s) {
 extern "C" int dsv4_cuda_scale(float *x, int64_t n, float s, void *stream) {
     if (n <= 0) return 0;
     int64_t blocks = (n + 255) / 256;
-    scale_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, DSV4_STREAM(stream)>>>(x, n, s);
+    dev_launch(scale_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, DSV4_STREAM(stream), x, n, s);
     return dsv4_cuda_check_launch("scale");
 }
 
@@ -82,6 +85,7 @@ extern "C" int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64
 template <int DI>
 __global__ void __launch_bounds__(IX_THREADS) ixs_kernel(const float *qi, const float *wt, int Hi, const uint8_t *const *keys,
                                                          int fp4, const int *ncausal, const int *nlist, int ld, float *out) {
+    dev_pdl_enter();
     constexpr int QLD = DI + 4; /* q rows 4 banks apart: the row-per-thread float4 reads of a quarter warp are conflict free */
     extern __shared__ __align__(16) float ism[];
     const int NG = IX_THREADS / Hi, E = NG * IX_EP, HP = (Hi + 3) & ~3;
@@ -157,6 +161,7 @@ __global__ void __launch_bounds__(IX_THREADS) ixs_kernel(const float *qi, const 
 
 __global__ void indexer_scores_kernel(const float *qi, const float *wt, int Hi, int Di, const uint8_t *const *keys,
                                       int fp4, const int *ncausal, const int *nlist, int ld, float *out) {
+    dev_pdl_enter();
     extern __shared__ float iss[];
     float *qs = iss, *ws = iss + Hi * Di;
     const int t = blockIdx.y;
@@ -201,7 +206,7 @@ static int ixs_launch(const float *qi, const float *wt, int T, int Hi, const uin
     /* blocks per query: every chunk its own block at small T, ~2 blocks per SM in all */
     const long nch = (maxlist + E - 1) / E, want = (2L * dsv4_cuda_dev.sm_count + T - 1) / T;
     dim3 grid((unsigned)(nch < want ? nch : want), T);
-    ixs_kernel<DI><<<grid, IX_THREADS, smem, st>>>(qi, wt, Hi, keys, fp4, ncausal, nlist, ld, out);
+    dev_launch(ixs_kernel<DI>, grid, IX_THREADS, smem, st, qi, wt, Hi, keys, fp4, ncausal, nlist, ld, out);
     return dsv4_cuda_check_launch("indexer_scores");
 }
 
@@ -228,12 +233,13 @@ extern "C" int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T,
         cudaFuncSetAttribute((const void *)indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
         return dsv4_cuda_fail("indexer_scores: %zu bytes of shared memory", smem);
     dim3 grid((maxlist + 127) / 128, T);
-    indexer_scores_kernel<<<grid, 128, smem, st>>>(qi, wt, Hi, Di, keys, fp4, ncausal, nlist, ld, out);
+    dev_launch(indexer_scores_kernel, grid, 128, smem, st, qi, wt, Hi, Di, keys, fp4, ncausal, nlist, ld, out);
     return dsv4_cuda_check_launch("indexer_scores");
 }
 
 /* out[i] += a[i] */
 __global__ void add_kernel(float *out, const float *a, int64_t n) {
+    dev_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = __fadd_rn(out[i], a[i]);
 }
@@ -241,6 +247,6 @@ __global__ void add_kernel(float *out, const float *a, int64_t n) {
 extern "C" int dsv4_cuda_add(float *out, const float *a, int64_t n, void *stream) {
     if (n <= 0) return 0;
     int64_t blocks = (n + 255) / 256;
-    add_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, DSV4_STREAM(stream)>>>(out, a, n);
+    dev_launch(add_kernel, (unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, DSV4_STREAM(stream), out, a, n);
     return dsv4_cuda_check_launch("add");
 }

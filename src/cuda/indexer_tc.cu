@@ -52,6 +52,7 @@ __device__ __forceinline__ void ixt_range(const int *ex, int n, int *r) {
 template <int DI>
 __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const float *wt, int Hi, const uint8_t *const *keys,
                                                   const int *ncausal, const int *nlist, int ld, float *out) {
+    dev_pdl_enter();
     constexpr int NB = DI / 32, LDH = DI + 8; /* halves a staged row: 16-byte pad, conflict-free fragment reads */
     extern __shared__ __align__(16) unsigned char ixt_sm[];
     __half *qh = (__half *)ixt_sm;                     /* [Hi][LDH] q / 2^a */
@@ -223,7 +224,7 @@ static int ixt_launch(const float *qi, const float *wt, int T, int Hi, const uin
     per_sm = per_sm > 0 ? per_sm : 1;
     const long nch = (maxlist + IXT_EB - 1) / IXT_EB, want = ((long)per_sm * dsv4_cuda_dev.sm_count + T - 1) / T;
     dim3 grid((unsigned)(nch < want ? nch : want), (unsigned)T);
-    ixt_kernel<DI><<<grid, Hi * 2, smem, st>>>(qi, wt, Hi, keys, ncausal, nlist, ld, out);
+    dev_launch(ixt_kernel<DI>, grid, Hi * 2, smem, st, qi, wt, Hi, keys, ncausal, nlist, ld, out);
     return dsv4_cuda_check_launch("indexer scores (tensor cores)");
 }
 

@@ -635,6 +635,7 @@ extern "C" int dsv4_cuda_hc_head(const float *X, int T, int M, int D, const dsv4
 
 /* post: thread per (token, d); the M old stream values are read before any is written. */
 __global__ void hc_post_kernel(const float *f, float *X, int M, int D, const float *post, const float *comb) {
+    dev_pdl_enter();
     int t = blockIdx.y, d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= D) return;
     float *Xt = X + (int64_t)t * M * D;
@@ -654,6 +655,7 @@ __global__ void hc_post_kernel(const float *f, float *X, int M, int D, const flo
 
 /* the same with 4 consecutive d per thread (16-byte loads and stores; post and comb read once for 4 values) */
 __global__ void hc_post4_kernel(const float *f, float *X, int M, int D, const float *post, const float *comb) {
+    dev_pdl_enter();
     const int t = blockIdx.y, d = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (d >= D) return;
     float *Xt = X + (int64_t)t * M * D;
@@ -682,10 +684,10 @@ extern "C" int dsv4_cuda_hc_post(const float *f, float *X, int T, int M, int D, 
     if (!T) return 0;
     if (D % 4 == 0 && !((uintptr_t)f & 15) && !((uintptr_t)X & 15)) {
         dim3 grid((D / 4 + 255) / 256, T);
-        hc_post4_kernel<<<grid, 256, 0, DSV4_STREAM(stream)>>>(f, X, M, D, post, comb);
+        dev_launch(hc_post4_kernel, grid, 256, 0, DSV4_STREAM(stream), f, X, M, D, post, comb);
     } else {
         dim3 grid((D + 255) / 256, T);
-        hc_post_kernel<<<grid, 256, 0, DSV4_STREAM(stream)>>>(f, X, M, D, post, comb);
+        dev_launch(hc_post_kernel, grid, 256, 0, DSV4_STREAM(stream), f, X, M, D, post, comb);
     }
     return dsv4_cuda_check_launch("hc_post");
 }

@@ -9,6 +9,7 @@
  * to the lower expert id) pick the experts in decreasing order. */
 __global__ void __launch_bounds__(32) router_kernel(const float *logits, int E, int K, const float *bias, const int *tid2eid,
                                                     const int *tokens, float route_scale, int *sel, float *weight) {
+    dev_pdl_enter();
     extern __shared__ float rs[];
     float *s = rs, *bs = rs + E;
     __shared__ int pick[ROUTER_MAXK];
@@ -67,6 +68,7 @@ __device__ __forceinline__ unsigned router_key(float b) {
 
 __global__ void __launch_bounds__(32) router_reg_kernel(const float *logits, int E, int K, const float *bias, const int *tid2eid,
                                                         const int *tokens, float route_scale, int *sel, float *weight) {
+    dev_pdl_enter();
     __shared__ float s[32 * ROUTER_RPL];
     const int t = blockIdx.x, lane = threadIdx.x;
     const float *lt = logits + (int64_t)t * E;
@@ -122,14 +124,15 @@ extern "C" int dsv4_cuda_router(const float *logits, int T, int E, int K, const 
         return dsv4_cuda_fail("router: bad arguments (T %d E %d K %d)", T, E, K);
     if (!T) return 0;
     if (E <= 32 * ROUTER_RPL)
-        router_reg_kernel<<<T, 32, 0, DSV4_STREAM(stream)>>>(logits, E, K, bias, tid2eid, tokens, route_scale, sel, weight);
+        dev_launch(router_reg_kernel, T, 32, 0, DSV4_STREAM(stream), logits, E, K, bias, tid2eid, tokens, route_scale, sel, weight);
     else
-        router_kernel<<<T, 32, sizeof(float) * 2 * (size_t)E, DSV4_STREAM(stream)>>>(logits, E, K, bias, tid2eid, tokens,
-                                                                                      route_scale, sel, weight);
+        dev_launch(router_kernel, T, 32, sizeof(float) * 2 * (size_t)E, DSV4_STREAM(stream), logits, E, K, bias, tid2eid, tokens,
+                   route_scale, sel, weight);
     return dsv4_cuda_check_launch("router");
 }
 
 __global__ void swiglu_kernel(const float *g, const float *u, int64_t ld, int T, int I, float lim, const float *rw, float *out) {
+    dev_pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)T * I) return;
     int t = (int)(i / I), c = (int)(i - (int64_t)t * I);
@@ -141,6 +144,6 @@ extern "C" int dsv4_cuda_swiglu(const float *g, const float *u, int64_t ld, int 
     if (T < 0 || I <= 0 || ld < I) return dsv4_cuda_fail("swiglu: bad shape (T %d I %d ld %lld)", T, I, (long long)ld);
     int64_t n = (int64_t)T * I;
     if (!n) return 0;
-    swiglu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, DSV4_STREAM(stream)>>>(g, u, ld, T, I, lim, rw, out);
+    dev_launch(swiglu_kernel, (unsigned)((n + 255) / 256), 256, 0, DSV4_STREAM(stream), g, u, ld, T, I, lim, rw, out);
     return dsv4_cuda_check_launch("swiglu");
 }

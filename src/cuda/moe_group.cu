@@ -82,6 +82,7 @@ __device__ __forceinline__ int group_rank(const uint32_t *bm, const uint16_t *pr
 template <int CACHE>
 __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel, const float *ew, const int *sid, int T, int K,
                                                                   int E, dsv4_cuda_moe_plan p) {
+    dev_pdl_enter();
     extern __shared__ uint32_t gsm[];
     const int NW = (T + 31) / 32, NQ = (NW + 3) / 4, TK = T * K;
     uint32_t *bm = gsm;                          /* [E][NW]: token bitmap of each expert */
@@ -193,7 +194,7 @@ extern "C" int dsv4_cuda_moe_group(const int *sel, const float *w, const int *si
         const int want = E > T * K ? E : T * K;
         nth = want >= GROUP_THREADS ? GROUP_THREADS : (want + 31) / 32 * 32;
     }
-    kern<<<1, nth, smem, DSV4_STREAM(stream)>>>(sel, w, sid, T, K, E, *p);
+    dev_launch(kern, 1, nth, smem, DSV4_STREAM(stream), sel, w, sid, T, K, E, *p);
     return dsv4_cuda_check_launch("moe_group");
 }
 
@@ -401,6 +402,7 @@ extern "C" int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x
 
 /* the token's slots and then their values are loaded 8 at a time, all in flight, then added in order */
 __global__ void moe_combine_kernel(const float *y, const int *tslot, int K, int D, const float *shared, float *out) {
+    dev_pdl_enter();
     const int t = blockIdx.y;
     const int d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= D) return;
@@ -434,7 +436,7 @@ extern "C" int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, in
                                      void *stream) {
     if (T < 0 || K < 1 || D < 1) return dsv4_cuda_fail("moe_combine: bad arguments (T %d K %d D %d)", T, K, D);
     if (!T) return 0;
-    moe_combine_kernel<<<dim3((D + 255) / 256, T), 256, 0, DSV4_STREAM(stream)>>>(y, tslot, K, D, shared, out);
+    dev_launch(moe_combine_kernel, dim3((D + 255) / 256, T), 256, 0, DSV4_STREAM(stream), y, tslot, K, D, shared, out);
     return dsv4_cuda_check_launch("moe_combine");
 }
 

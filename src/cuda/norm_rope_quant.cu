@@ -88,6 +88,7 @@ __device__ __forceinline__ void hadamard_warp(double (&v)[E], int lane) {
 
 template <int RQ>
 __global__ void __launch_bounds__(RMS_NT) rmsnorm_kernel(float *x, int n, int64_t ld, const float *w, float eps) {
+    dev_pdl_enter();
     __shared__ double part[RMS_NT / 32];
     float *row = x + (int64_t)blockIdx.x * ld;
     const int tid = threadIdx.x, nq = (n + 3) >> 2;
@@ -128,16 +129,17 @@ extern "C" int dsv4_cuda_rmsnorm(float *x, int rows, int n, int64_t ld, const fl
     if (!rows) return 0;
     cudaStream_t st = DSV4_STREAM(stream);
     const int vec = n % 4 == 0 && ld % 4 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15), nq = n / 4;
-    if (vec && nq <= RMS_NT) rmsnorm_kernel<1><<<rows, RMS_NT, 0, st>>>(x, n, ld, w, eps);
-    else if (vec && nq <= 4 * RMS_NT) rmsnorm_kernel<4><<<rows, RMS_NT, 0, st>>>(x, n, ld, w, eps);
-    else if (vec && nq <= 8 * RMS_NT) rmsnorm_kernel<8><<<rows, RMS_NT, 0, st>>>(x, n, ld, w, eps);
-    else rmsnorm_kernel<0><<<rows, RMS_NT, 0, st>>>(x, n, ld, w, eps);
+    if (vec && nq <= RMS_NT) dev_launch(rmsnorm_kernel<1>, rows, RMS_NT, 0, st, x, n, ld, w, eps);
+    else if (vec && nq <= 4 * RMS_NT) dev_launch(rmsnorm_kernel<4>, rows, RMS_NT, 0, st, x, n, ld, w, eps);
+    else if (vec && nq <= 8 * RMS_NT) dev_launch(rmsnorm_kernel<8>, rows, RMS_NT, 0, st, x, n, ld, w, eps);
+    else dev_launch(rmsnorm_kernel<0>, rows, RMS_NT, 0, st, x, n, ld, w, eps);
     return dsv4_cuda_check_launch("rmsnorm");
 }
 
 /* ---- RoPE: one thread per (token, head, pair) ---- */
 
 __global__ void rope_kernel(float *x, int T, int H, int n, int npairs, const float *freq, const int *pos, int inverse) {
+    dev_pdl_enter();
     int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (int64_t)T * H * npairs) return;
     int i = (int)(g % npairs);
@@ -152,7 +154,7 @@ extern "C" int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const f
     if (T < 0 || H <= 0 || npairs < 0 || 2 * npairs > n) return dsv4_cuda_fail("rope: bad shape (n %d npairs %d)", n, npairs);
     int64_t total = (int64_t)T * H * npairs;
     if (!total) return 0;
-    rope_kernel<<<(unsigned)((total + 255) / 256), 256, 0, DSV4_STREAM(stream)>>>(x, T, H, n, npairs, freq, pos, inverse);
+    dev_launch(rope_kernel, (unsigned)((total + 255) / 256), 256, 0, DSV4_STREAM(stream), x, T, H, n, npairs, freq, pos, inverse);
     return dsv4_cuda_check_launch("rope");
 }
 
@@ -166,6 +168,7 @@ extern "C" int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const f
 template <int RQ, int NORM, int POST>
 __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H, const float *w, float eps, int npairs,
                                                           const float *freq, const int *pos, int qn, int qb) {
+    dev_pdl_enter();
     extern __shared__ float4 sx4[];
     __shared__ double part[RMS_NT / 32];
     float *sx = (float *)sx4;
@@ -229,6 +232,7 @@ __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H
 template <int E, int NORM>
 __global__ void __launch_bounds__(256) rope_hq4_warp_kernel(float *x, int rows, int H, const float *w, float eps, int npairs,
                                                             const float *freq, const int *pos) {
+    dev_pdl_enter();
     const int lane = threadIdx.x & 31, n = 32 * E;
     const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -278,8 +282,8 @@ static int row_prep(const char *op, float *x, int T, int H, int n, const float *
     const int vec = n % 4 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15) && smem <= 48 * 1024 - 256 /* + part[] */ &&
                     (POST != 2 || (n & (n - 1)) == 0);
     cudaStream_t st = DSV4_STREAM(stream);
-    if (vec && nq <= RMS_NT) row_prep_kernel<1, NORM, POST><<<rows, RMS_NT, smem, st>>>(x, n, H, w, eps, npairs, freq, pos, qn, qb);
-    else if (vec && nq <= 4 * RMS_NT) row_prep_kernel<4, NORM, POST><<<rows, RMS_NT, smem, st>>>(x, n, H, w, eps, npairs, freq, pos, qn, qb);
+    if (vec && nq <= RMS_NT) dev_launch(row_prep_kernel<1, NORM, POST>, rows, RMS_NT, smem, st, x, n, H, w, eps, npairs, freq, pos, qn, qb);
+    else if (vec && nq <= 4 * RMS_NT) dev_launch(row_prep_kernel<4, NORM, POST>, rows, RMS_NT, smem, st, x, n, H, w, eps, npairs, freq, pos, qn, qb);
     else { /* the separate kernels */
         int rc = NORM ? dsv4_cuda_rmsnorm(x, rows, n, n, w, eps, stream) : 0;
         if (!rc) rc = dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0, stream);
@@ -308,10 +312,10 @@ extern "C" int dsv4_cuda_rope_hq4(float *x, int T, int H, int n, int norm, const
     const unsigned nb = (unsigned)((rows + 7) / 8);
     cudaStream_t st = DSV4_STREAM(stream);
     const int wv = !((uintptr_t)x & 15) && !((uintptr_t)w & 15); /* the warp form: short rows, 16-byte aligned */
-    if (wv && n == 128 && norm) rope_hq4_warp_kernel<4, 1><<<nb, 256, 0, st>>>(x, rows, H, w, eps, npairs, freq, pos);
-    else if (wv && n == 128) rope_hq4_warp_kernel<4, 0><<<nb, 256, 0, st>>>(x, rows, H, NULL, eps, npairs, freq, pos);
-    else if (wv && n == 256 && !norm) rope_hq4_warp_kernel<8, 0><<<nb, 256, 0, st>>>(x, rows, H, NULL, eps, npairs, freq, pos);
-    else if (wv && n == 512 && !norm) rope_hq4_warp_kernel<16, 0><<<nb, 256, 0, st>>>(x, rows, H, NULL, eps, npairs, freq, pos);
+    if (wv && n == 128 && norm) dev_launch(rope_hq4_warp_kernel<4, 1>, nb, 256, 0, st, x, rows, H, w, eps, npairs, freq, pos);
+    else if (wv && n == 128) dev_launch(rope_hq4_warp_kernel<4, 0>, nb, 256, 0, st, x, rows, H, nullptr, eps, npairs, freq, pos);
+    else if (wv && n == 256 && !norm) dev_launch(rope_hq4_warp_kernel<8, 0>, nb, 256, 0, st, x, rows, H, nullptr, eps, npairs, freq, pos);
+    else if (wv && n == 512 && !norm) dev_launch(rope_hq4_warp_kernel<16, 0>, nb, 256, 0, st, x, rows, H, nullptr, eps, npairs, freq, pos);
     else
         return norm ? row_prep<1, 2>("rope_hq4", x, T, H, n, w, eps, npairs, freq, pos, 0, 0, stream)
                     : row_prep<0, 2>("rope_hq4", x, T, H, n, NULL, eps, npairs, freq, pos, 0, 0, stream);
@@ -322,6 +326,7 @@ extern "C" int dsv4_cuda_rope_hq4(float *x, int T, int H, int n, int norm, const
 
 template <int FP4>
 __global__ void act_quant_kernel(float *x, int rows, int n, int64_t ld, int block, int nblk) {
+    dev_pdl_enter();
     int64_t g = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (g >= (int64_t)rows * nblk) return;
@@ -341,7 +346,7 @@ static int act_quant(const char *op, float *x, int rows, int n, int64_t ld, int 
     int nblk = (n + block - 1) / block;
     int64_t warps = (int64_t)rows * nblk;
     if (!warps) return 0;
-    act_quant_kernel<FP4><<<(unsigned)((warps + 7) / 8), 256, 0, DSV4_STREAM(stream)>>>(x, rows, n, ld, block, nblk);
+    dev_launch(act_quant_kernel<FP4>, (unsigned)((warps + 7) / 8), 256, 0, DSV4_STREAM(stream), x, rows, n, ld, block, nblk);
     return dsv4_cuda_check_launch(op);
 }
 
@@ -357,6 +362,7 @@ extern "C" int dsv4_cuda_act_quant_fp4(float *x, int rows, int n, int64_t ld, in
  * row in registers for n = 32 .. 512, else one block per row in shared memory ---- */
 
 __global__ void __launch_bounds__(256) hadamard_kernel(float *x, int n, int64_t ld) {
+    dev_pdl_enter();
     extern __shared__ double hs[];
     float *row = x + (int64_t)blockIdx.x * ld;
     for (int i = threadIdx.x; i < n; i += 256) hs[i] = row[i];
@@ -371,6 +377,7 @@ __global__ void __launch_bounds__(256) hadamard_kernel(float *x, int n, int64_t 
  * lower element, b the upper: a + b, a - b) in the same stage order as hadamard_kernel, so the same bits. */
 template <int E>
 __global__ void __launch_bounds__(256) hadamard_warp_kernel(float *x, int rows, int64_t ld) {
+    dev_pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -391,12 +398,12 @@ extern "C" int dsv4_cuda_hadamard(float *x, int rows, int n, int64_t ld, void *s
     cudaStream_t st = DSV4_STREAM(stream);
     const unsigned wg = (unsigned)(((int64_t)rows + 7) / 8);
     switch (n) {
-    case 32: hadamard_warp_kernel<1><<<wg, 256, 0, st>>>(x, rows, ld); break;
-    case 64: hadamard_warp_kernel<2><<<wg, 256, 0, st>>>(x, rows, ld); break;
-    case 128: hadamard_warp_kernel<4><<<wg, 256, 0, st>>>(x, rows, ld); break;
-    case 256: hadamard_warp_kernel<8><<<wg, 256, 0, st>>>(x, rows, ld); break;
-    case 512: hadamard_warp_kernel<16><<<wg, 256, 0, st>>>(x, rows, ld); break;
-    default: hadamard_kernel<<<rows, 256, (size_t)n * sizeof(double), st>>>(x, n, ld);
+    case 32: dev_launch(hadamard_warp_kernel<1>, wg, 256, 0, st, x, rows, ld); break;
+    case 64: dev_launch(hadamard_warp_kernel<2>, wg, 256, 0, st, x, rows, ld); break;
+    case 128: dev_launch(hadamard_warp_kernel<4>, wg, 256, 0, st, x, rows, ld); break;
+    case 256: dev_launch(hadamard_warp_kernel<8>, wg, 256, 0, st, x, rows, ld); break;
+    case 512: dev_launch(hadamard_warp_kernel<16>, wg, 256, 0, st, x, rows, ld); break;
+    default: dev_launch(hadamard_kernel, rows, 256, (size_t)n * sizeof(double), st, x, n, ld);
     }
     return dsv4_cuda_check_launch("hadamard");
 }

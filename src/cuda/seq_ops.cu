@@ -17,6 +17,7 @@ __device__ __forceinline__ const dsv4_cuda_lstate *row_state(const dsv4_cuda_bat
 /* ---- per-pass tables ---- */
 
 __global__ void step_meta_kernel(dsv4_cuda_batch b, int nlayers, int maxlist, const uint8_t **keys, int *nc4, int *nl4) {
+    dev_pdl_enter();
     int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= (int64_t)nlayers * b.T) return;
     int L = (int)(g / b.T), t = (int)(g - (int64_t)L * b.T);
@@ -41,8 +42,8 @@ extern "C" int dsv4_cuda_step_meta(const dsv4_cuda_batch *b, int nlayers, int ma
                                    int *nlist4, void *stream) {
     int64_t n = (int64_t)nlayers * b->T;
     if (n <= 0) return 0;
-    step_meta_kernel<<<(unsigned)((n + 255) / 256), 256, 0, DSV4_STREAM(stream)>>>(*b, nlayers, maxlist, keys, ncausal4,
-                                                                                  nlist4);
+    dev_launch(step_meta_kernel, (unsigned)((n + 255) / 256), 256, 0, DSV4_STREAM(stream), *b, nlayers, maxlist, keys, ncausal4,
+               nlist4);
     return dsv4_cuda_check_launch("step_meta");
 }
 
@@ -75,6 +76,7 @@ __device__ __forceinline__ void cmp_value(const float *kvp, const float *scp, co
 
 __global__ void cmp_emit_kernel(dsv4_cuda_batch b, int L, int which, const float *kvp, const float *scp, const float *ape,
                                 int mr, int d, int overlap, float *ent, int *rpos) {
+    dev_pdl_enter();
     const int t = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int s = b.sid[t];
     if (s < 0 || !b.sq[s] || b.n[s] <= 0) return;
@@ -109,6 +111,7 @@ __global__ void cmp_emit_kernel(dsv4_cuda_batch b, int L, int which, const float
  * rows 0..m-1 the window of the pass's last emission (if any), copied as the token loop copies it. */
 __global__ void cmp_state_kernel(dsv4_cuda_batch b, int L, int which, const float *kvp, const float *scp, const float *ape,
                                  int mr, int d, int overlap) {
+    dev_pdl_enter();
     const int s = blockIdx.y;
     if (!b.sq[s] || b.n[s] <= 0) return;
     const int cd = (overlap ? 2 : 1) * d;
@@ -152,8 +155,8 @@ extern "C" int dsv4_cuda_cmp_emit(const dsv4_cuda_batch *b, int L, int which, co
                                   const float *ape, int mr, int d, int overlap, float *ent, int *rpos, void *stream) {
     if (cmp_args(b, mr, d, "cmp_emit")) return -1;
     if (!b->S || !b->T) return 0;
-    cmp_emit_kernel<<<dim3((d + 127) / 128, b->T), 128, 0, DSV4_STREAM(stream)>>>(*b, L, which, kvp, scp, ape, mr, d, overlap,
-                                                                                  ent, rpos);
+    dev_launch(cmp_emit_kernel, dim3((d + 127) / 128, b->T), 128, 0, DSV4_STREAM(stream), *b, L, which, kvp, scp, ape, mr, d, overlap,
+               ent, rpos);
     return dsv4_cuda_check_launch("cmp_emit");
 }
 
@@ -162,8 +165,8 @@ extern "C" int dsv4_cuda_cmp_state(const dsv4_cuda_batch *b, int L, int which, c
     if (cmp_args(b, mr, d, "cmp_state")) return -1;
     if (!b->S || !b->T) return 0;
     const int64_t ne = (int64_t)mr * (overlap ? 2 : 1) * d;
-    cmp_state_kernel<<<dim3((unsigned)((ne + 255) / 256), b->S), 256, 0, DSV4_STREAM(stream)>>>(*b, L, which, kvp, scp, ape,
-                                                                                                mr, d, overlap);
+    dev_launch(cmp_state_kernel, dim3((unsigned)((ne + 255) / 256), b->S), 256, 0, DSV4_STREAM(stream), *b, L, which, kvp, scp, ape,
+               mr, d, overlap);
     return dsv4_cuda_check_launch("cmp_state");
 }
 
@@ -176,6 +179,7 @@ extern "C" int dsv4_cuda_cmp_batch(const dsv4_cuda_batch *b, int L, int which, c
 /* ---- row copies into the caches: one block per row ---- */
 
 __global__ void cmp_store_kernel(dsv4_cuda_batch b, int L, int which, const float *ent, int mr, int d, int R, int W) {
+    dev_pdl_enter();
     const int t = blockIdx.x;
     const dsv4_cuda_lstate *ls = row_state(b, t, L);
     const int p = b.pos[t];
@@ -194,7 +198,7 @@ extern "C" int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, c
     if (mr <= 0 || d <= 0 || (which ? d % 32 : d <= R || (d - R) % 64))
         return dsv4_cuda_fail("cmp_store: bad arguments (m %d d %d R %d)", mr, d, R);
     if (b->T <= 0) return 0;
-    cmp_store_kernel<<<b->T, 32, 0, DSV4_STREAM(stream)>>>(*b, L, which, ent, mr, d, R, W);
+    dev_launch(cmp_store_kernel, b->T, 32, 0, DSV4_STREAM(stream), *b, L, which, ent, mr, d, R, W);
     return dsv4_cuda_check_launch("cmp_store");
 }
 
@@ -202,6 +206,7 @@ extern "C" int dsv4_cuda_cmp_store(const dsv4_cuda_batch *b, int L, int which, c
  * same operations per byte), the rope dims over all threads; the row's values are loaded before the slot is found */
 #define RS_THREADS 256
 __global__ void __launch_bounds__(RS_THREADS) ring_store_kernel(dsv4_cuda_batch b, int L, const float *kv, int W, int Dh, int R) {
+    dev_pdl_enter();
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nope = Dh - R, nb = nope / 64;
     const float *src = kv + (int64_t)t * Dh;
     const float v0 = warp < nb ? src[warp * 64 + lane] : 0.0f, v1 = warp < nb ? src[warp * 64 + 32 + lane] : 0.0f;
@@ -227,7 +232,7 @@ extern "C" int dsv4_cuda_ring_store(const dsv4_cuda_batch *b, int L, const float
                                     void *stream) {
     if (W <= 0 || Dh <= R || (Dh - R) % 64) return dsv4_cuda_fail("ring_store: bad arguments (W %d Dh %d R %d)", W, Dh, R);
     if (b->T <= 0) return 0;
-    ring_store_kernel<<<b->T, RS_THREADS, 0, DSV4_STREAM(stream)>>>(*b, L, kv, W, Dh, R);
+    dev_launch(ring_store_kernel, b->T, RS_THREADS, 0, DSV4_STREAM(stream), *b, L, kv, W, Dh, R);
     return dsv4_cuda_check_launch("ring_store");
 }
 
@@ -235,6 +240,7 @@ extern "C" int dsv4_cuda_ring_store(const dsv4_cuda_batch *b, int L, const float
 
 __global__ void attn_index_kernel(dsv4_cuda_batch b, int L, int W, int ratio, const int *sel, const int *nsel, int ksel,
                                   int nidx, int *idx, const uint8_t **qbase) {
+    dev_pdl_enter();
     const int t = blockIdx.x, p = b.pos[t], ns = ratio == 4 && sel ? nsel[t] : 0; /* loaded beside the state's chain */
     const dsv4_cuda_lstate *ls = row_state(b, t, L);
     int *it = idx + (int64_t)t * nidx;
@@ -268,19 +274,20 @@ extern "C" int dsv4_cuda_attn_index(const dsv4_cuda_batch *b, int L, int W, int 
                                     int ksel, int nidx, int *idx, const uint8_t **qbase, void *stream) {
     if (W <= 0 || nidx < W || ratio < 0) return dsv4_cuda_fail("attn_index: bad arguments (W %d nidx %d)", W, nidx);
     if (b->T <= 0) return 0;
-    attn_index_kernel<<<b->T, 256, 0, DSV4_STREAM(stream)>>>(*b, L, W, ratio, sel, nsel, ksel, nidx, idx, qbase);
+    dev_launch(attn_index_kernel, b->T, 256, 0, DSV4_STREAM(stream), *b, L, W, ratio, sel, nsel, ksel, nidx, idx, qbase);
     return dsv4_cuda_check_launch("attn_index");
 }
 
 /* ---- device lengths ---- */
 
 __global__ void seq_advance_kernel(dsv4_cuda_batch b) {
+    dev_pdl_enter();
     int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s < b.S && b.sq[s] && b.n[s] > 0) b.sq[s]->len = b.p0[s] + b.n[s];
 }
 
 extern "C" int dsv4_cuda_seq_advance(const dsv4_cuda_batch *b, void *stream) {
     if (b->S <= 0) return 0;
-    seq_advance_kernel<<<(b->S + 127) / 128, 128, 0, DSV4_STREAM(stream)>>>(*b);
+    dev_launch(seq_advance_kernel, (b->S + 127) / 128, 128, 0, DSV4_STREAM(stream), *b);
     return dsv4_cuda_check_launch("seq_advance");
 }

@@ -47,6 +47,7 @@ __device__ unsigned long long topk_count[3]; /* rows, rows with order ties only,
 
 __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal,
                                                             int k, int exact_order, int *sel, int *nsel, tk_elem *scratch) {
+    dev_pdl_enter();
     extern __shared__ tk_elem tk_row[]; /* [ld] when ld <= TOPK_SMEM_N (the tie path's copy), else none */
     __shared__ int hist[256];
     __shared__ uint64_t keys[TOPK_MAXK];
@@ -189,8 +190,8 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
         const char *e = getenv("DSV4_TOPK_EXACT_ORDER");
         tk_exact_order = e && *e && *e != '0';
     }
-    topk_kernel<<<T, TOPK_THREADS, smem, DSV4_STREAM(stream)>>>(scores, ld, nlist, ncausal, k, tk_exact_order, sel, nsel,
-                                                               (tk_elem *)scratch);
+    dev_launch(topk_kernel, T, TOPK_THREADS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k, tk_exact_order, sel, nsel,
+               (tk_elem *)scratch);
     return dsv4_cuda_check_launch("topk");
 }
 
