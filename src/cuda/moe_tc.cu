@@ -717,15 +717,19 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
 #define MP_WXP (64 * 16)                     /* wgmma order: bytes of one core-matrix column (16 bytes of 64 tokens) */
 #define MP_WOFF (MP_XB + 512)                /* after them the 64 x scales and their 64 ratios (moe_quant), then the weights:
                                               * [warp][t][m][lane] 16 B */
-#define MP_SOFF (MP_WOFF + MP_WARPS * 2048)  /* then the scale words: [warp][g][t][m] 4 B */
-#define MP_STAGE (MP_SOFF + MP_WARPS * 128)
+#define MP_SOFF (MP_WOFF + MP_WARPS * 2048)  /* then the scale words: [warp][g][t][m] 4 B (MXFP4) / 8 B (NVFP4) */
+/* bytes of a row's scales of a unit (MXFP4: 4 E8M0 group scales; NVFP4: 8 E4M3), a stage */
+template <int FMT> struct mp_fmt {
+    static constexpr int SCB = FMT == DSV4_WF_NVFP4 ? 8 : 4, STAGE = MP_SOFF + MP_WARPS * 32 * SCB;
+};
 
 #define MP2_DEPTH 6
 template <int N> struct mp_int { static constexpr int value = N; };
 
-template <int GATEUP, int SL, int WG>
+template <int GATEUP, int SL, int WG, int FMT>
 __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_constant__ mt_params P) {
-    constexpr int NT = 8;
+    constexpr int NT = 8, SCB = mp_fmt<FMT>::SCB, MP_STAGE = mp_fmt<FMT>::STAGE;
+    constexpr bool NV = FMT == DSV4_WF_NVFP4;
     static_assert(MP2_DEPTH >= 2 * SL, "the steps of one iteration and the next ones in flight");
     extern __shared__ __align__(16) unsigned char mt_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -793,7 +797,7 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
             for (int t = 0; t < 2; t++)
 #pragma unroll
                 for (int m = 0; m < 2; m++) mt_cp16s(w + (2 * t + m) * 512, wrow[t][m] + (int64_t)lu * 64);
-            mt_cps<4>(sa + MP_SOFF + warp * 128 + g * 16 + c * 4, wsrow + lu * 4);
+            mt_cps<SCB>(sa + MP_SOFF + warp * 32 * SCB + g * 4 * SCB + c * SCB, wsrow + lu * SCB);
         }
         if (++lu == NU) {
             lu = 0;
@@ -847,21 +851,35 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
         for (int t = 0; t < 2; t++)
 #pragma unroll
             for (int m = 0; m < 2; m++) q[t][m] = *(const uint4 *)(st + MP_WOFF + warp * 2048 + (2 * t + m) * 512 + lane * 16);
-        const uint4 sw = *(const uint4 *)(st + MP_SOFF + warp * 128 + g * 16);
-        const uint32_t scw[2][2] = {{sw.x, sw.y}, {sw.z, sw.w}};
         int ew[2][2];
-        uint32_t fq[2][2];
+        uint32_t fq[2][2][2]; /* the group factors of k-steps 0-1 / 2-3 of the lane's chunk */
+        if (NV) { /* as the ring kernels: the chunk's two E4M3 group scales x 64 (exact) in f16; unit scale 1 */
+            const uint4 s0 = *(const uint4 *)(st + MP_SOFF + warp * 256 + g * 32), s1 = *(const uint4 *)(st + MP_SOFF + warp * 256 + g * 32 + 16);
+            const uint32_t scw[2][2] = {{c >> 1 ? s0.y : s0.x, c >> 1 ? s0.w : s0.z}, {c >> 1 ? s1.y : s1.x, c >> 1 ? s1.w : s1.z}};
 #pragma unroll
-        for (int t = 0; t < 2; t++)
+            for (int t = 0; t < 2; t++)
 #pragma unroll
-            for (int m = 0; m < 2; m++) { /* as the ring kernels: the row's four group scales, the largest */
-                const uint32_t w = scw[t][m];
-                const int e = (int)__byte_perm(w, 0u, 0x4440u + c);
-                const int em = max(max((int)__byte_perm(w, 0u, 0x4440u), (int)__byte_perm(w, 0u, 0x4441u)),
-                                   max((int)__byte_perm(w, 0u, 0x4442u), (int)(w >> 24)));
-                fq[t][m] = tc_f16x2_pow2(e - em + MT_F4OFF(0)); /* the register kernel's (k + 15) * 0x04000400 where k >= -14 */
-                ew[t][m] = em;
-            }
+                for (int m = 0; m < 2; m++) {
+                    const uint32_t f = tc_hmul2(tc_e4m3x2_f16x2(scw[t][m] >> (16 * (c & 1))), 0x54005400u);
+                    fq[t][m][0] = (f & 0xffffu) * 0x10001u, fq[t][m][1] = (f >> 16) * 0x10001u;
+                    ew[t][m] = 127;
+                }
+        } else {
+            const uint4 sw = *(const uint4 *)(st + MP_SOFF + warp * 128 + g * 16);
+            const uint32_t scw[2][2] = {{sw.x, sw.y}, {sw.z, sw.w}};
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) { /* as the ring kernels: the row's four group scales, the largest */
+                    const uint32_t w = scw[t][m];
+                    const int e = (int)__byte_perm(w, 0u, 0x4440u + c);
+                    const int em = max(max((int)__byte_perm(w, 0u, 0x4440u), (int)__byte_perm(w, 0u, 0x4441u)),
+                                       max((int)__byte_perm(w, 0u, 0x4442u), (int)(w >> 24)));
+                    /* the register kernel's (k + 15) * 0x04000400 where k >= -14 */
+                    fq[t][m][0] = fq[t][m][1] = tc_f16x2_pow2(e - em + MT_F4OFF(0));
+                    ew[t][m] = em;
+                }
+        }
         /* x: the ratio of the set's previous unit's scale to this one's per token, moe_quant's mt_pow2 of the exponent
          * difference (the register kernels compute the same from the scales) */
         const float *sxr = (const float *)(st + MP_XB + 256);
@@ -893,7 +911,7 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 #pragma unroll
                 for (int t = 0; t < 2; t++)
 #pragma unroll
-                    for (int m = 0; m < 2; m++) mt_decode<DSV4_WF_MXFP4, 0, 1>(q[t][m], jj, fq[t][m], Aw[jj][t][m]);
+                    for (int m = 0; m < 2; m++) mt_decode<FMT, 0, 1>(q[t][m], jj, fq[t][m][jj >> 1], Aw[jj][t][m]);
                 wg_fence(); /* the rescaled accumulators and this k-step pair's A registers */
 #pragma unroll
                 for (int k = 0; k < 2; k++)
@@ -914,7 +932,7 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 #pragma unroll
             for (int t = 0; t < 2; t++)
 #pragma unroll
-                for (int m = 0; m < 2; m++) mt_decode<DSV4_WF_MXFP4, 0, 1>(q[t][m], jj, fq[t][m], Af[t][m]);
+                for (int m = 0; m < 2; m++) mt_decode<FMT, 0, 1>(q[t][m], jj, fq[t][m][jj >> 1], Af[t][m]);
             const int js = jj ^ ((c >> 1) & 1);
             /* as the register kernel: x fragments of 4 n-tiles, k-step 0 of every (tile, n-tile), then k-step 1 */
 #pragma unroll
@@ -993,7 +1011,9 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
 #pragma unroll
                         for (int k = 0; k < 4; k++) {
                             const float sxp = k & 1 ? sv.y : sv.x;
-                            acc[sl][t][n][k] = __fmul_rn(__fmul_rn(acc[sl][t][n][k], dev_e8m0((uint8_t)ewp[sl][t][k >> 1])), sxp);
+                            float a = __fmul_rn(__fmul_rn(acc[sl][t][n][k], dev_e8m0((uint8_t)ewp[sl][t][k >> 1])), sxp);
+                            if (NV) a = __fmul_rn(a, t ? w1.scale2 : w0.scale2); /* the tensor scale (the ring's order) */
+                            acc[sl][t][n][k] = a;
                         }
                 }
             }
@@ -1256,6 +1276,13 @@ static mq_fn mq_pick(int fmt, int wo) {
     return fmt == DSV4_WF_FP8 ? moe_quant_kernel<DSV4_WF_FP8, 0> : moe_quant_kernel<DSV4_WF_MXFP4, 0>; /* NVFP4: MXFP4's order */
 }
 
+template <int FMT> static mt_fn mp_pick(int gateup, int S, int wg) {
+    if (wg) return gateup ? (S == 2 ? moe_pf2_kernel<1, 2, 1, FMT> : moe_pf2_kernel<1, 1, 1, FMT>)
+                          : (S == 2 ? moe_pf2_kernel<0, 2, 1, FMT> : moe_pf2_kernel<0, 1, 1, FMT>);
+    return gateup ? (S == 2 ? moe_pf2_kernel<1, 2, 0, FMT> : moe_pf2_kernel<1, 1, 0, FMT>)
+                  : (S == 2 ? moe_pf2_kernel<0, 2, 0, FMT> : moe_pf2_kernel<0, 1, 0, FMT>);
+}
+
 int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,
                     const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out,
                     float *scratch, cudaStream_t st) {
@@ -1273,8 +1300,9 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         mp_wg = !(w && *w == '0');
     }
     /* pf: the MXFP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
-    const int pf = pq && fmt == DSV4_WF_MXFP4 && S <= 2 && mp_off != 1 && !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF)) &&
-                   (size_t)MP2_DEPTH * MP_STAGE <= (size_t)dsv4_cuda_dev.smem_optin;
+    const size_t mp_smem = (size_t)MP2_DEPTH * (fmt == DSV4_WF_NVFP4 ? mp_fmt<DSV4_WF_NVFP4>::STAGE : mp_fmt<DSV4_WF_MXFP4>::STAGE);
+    const int pf = pq && (fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4) && S <= 2 && mp_off != 1 &&
+                   !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF)) && mp_smem <= (size_t)dsv4_cuda_dev.smem_optin;
     const int wg = pf && mp_wg && !(mt_mode & DSV4_MOE_TC_PF2); /* ... on wgmma (x codes in its order) */
     const int NT = pq ? 8 : xt == 1 && T <= 8 ? 1 : 2, ntok = pq ? 64 : (T < 8 * NT ? T : 8 * NT);
     int W = pq ? pqw : NU, nw = 0, xb = 2; /* nw: warps a block of a ring kernel (0: the register-buffer kernels) */
@@ -1319,9 +1347,8 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (pf) { /* MXFP4 prefill on the cp.async pipeline: 8 tile pairs a block, two groups of them a block in a row */
         const int nrb = (NRP + MP_WARPS - 1) / MP_WARPS;
         prm.gx = (nrb + 1) / 2, prm.iters = (nrb + prm.gx - 1) / prm.gx;
-        const mt_fn fp = wg ? (gateup ? (S == 2 ? moe_pf2_kernel<1, 2, 1> : moe_pf2_kernel<1, 1, 1>) : (S == 2 ? moe_pf2_kernel<0, 2, 1> : moe_pf2_kernel<0, 1, 1>))
-                            : (gateup ? (S == 2 ? moe_pf2_kernel<1, 2, 0> : moe_pf2_kernel<1, 1, 0>) : (S == 2 ? moe_pf2_kernel<0, 2, 0> : moe_pf2_kernel<0, 1, 0>));
-        return mt_launch(fp, dim3(prm.gx, maxslots), MP_WARPS, 1, (size_t)MP2_DEPTH * MP_STAGE, st,
+        const mt_fn fp = fmt == DSV4_WF_NVFP4 ? mp_pick<DSV4_WF_NVFP4>(gateup, S, wg) : mp_pick<DSV4_WF_MXFP4>(gateup, S, wg);
+        return mt_launch(fp, dim3(prm.gx, maxslots), MP_WARPS, 1, mp_smem, st,
                          gateup ? "moe_experts (gate/up, prefill pipeline)" : "moe_experts (down, prefill pipeline)", prm);
     }
     const int alu = mt_alu == 1 && (mt_mode & DSV4_MOE_TC_ALU);

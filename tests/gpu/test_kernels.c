@@ -370,6 +370,8 @@ moe_checks:
      * expert (chunks of 64, 64 and a rest), gate/up and down, against the register kernels and tokens alone (the ring);
      * "pq flash" above has one partial chunk an expert; moebench compares it with every other kernel at Flash's E */
     test_moe_invariant("pf flash", DSV4_WF_MXFP4, 1, 700, 2, 8, 4096, 2048);
+    test_moe_invariant("pf flash", DSV4_WF_NVFP4, 1, 700, 2, 8, 4096, 2048); /* NVFP4 on the same pipeline */
+    test_moe_experts("pf flash", DSV4_WF_NVFP4, DSV4_WF_NVFP4, 1, 0, 700, 2, 8, 4096, 2048);
     test_moe_invariant("decode", DSV4_WF_MXFP4, 1, 12, 6, 16, 1024, 512);
     /* decode with many expert slots (the ring kernels at a large batch) */
     test_moe_invariant("decode, many experts", DSV4_WF_MXFP4, 1, 64, 6, 256, 2048, 1024);
