@@ -231,17 +231,8 @@ typedef struct dsv4_cuda_moe_plan {
 #define DSV4_MOE_GROUP_MAXT 4096
 int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                         const dsv4_cuda_moe_plan *p, void *stream);
-/* L2 prefetch (l2_prefetch.cu): asks L2 for the bytes of up to DSV4_L2PF_MAXW weights (each view's rows and block
- * scales; at most cap bytes of rows in all, 0 = no limit) with cp.async.bulk.prefetch.L2, or of the matrices of the
- * plan's active experts (which: 1 = w1 and w3, 2 = w2; maxact: the most active experts, the grid). No result, no value
- * changed; the kernels return once the requests are issued. */
-#define DSV4_L2PF_MAXW 8
-int dsv4_cuda_l2_prefetch(const dsv4_cuda_weight *const *ws, int n, size_t cap, void *stream);
-int dsv4_cuda_l2_prefetch_experts(const dsv4_cuda_experts *ex, const dsv4_cuda_moe_plan *p, int maxact, int which,
-                                  void *stream);
-
 /* The most tokens one moe_group call takes for E experts (a multiple of 32; its token bitmaps live in shared memory:
- * 4096 for Flash's 256 experts, 3200 for Pro's 384); 0 when none fit. */
+ * 4096 for Flash's 256 experts and Pro's 384, 2528 for 640); 0 when none fit. */
 int dsv4_cuda_moe_group_maxt(int K, int E);
 /* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),
  * y[i] = h[i] . w2^T ([T*K, D]). One launch each over (active expert, block of output rows) with a fixed

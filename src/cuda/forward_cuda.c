@@ -108,7 +108,7 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     memset(w, 0, sizeof *w);
     w->T = T;
     w->qg = T < g->qgmax ? T : g->qgmax;
-    {   /* routed experts' token groups (weights read once a group; Pro's 384 experts: at most 3200 tokens) */
+    {   /* routed experts' token groups (weights read once a group; 4096 tokens for Flash's and Pro's experts) */
         const int gmax = dsv4_cuda_moe_group_maxt(K, E);
         w->tg = T < gmax ? T : gmax;
     }
@@ -261,46 +261,6 @@ static int tail_join(dsv4_cuda_model *g) {
     return dsv4_cuda_stream_wait(g->stream, g->ev_tail);
 }
 
-/* L2 prefetch points of a small decode step (DSV4_CUDA_L2PF bits): the weights of linears further down the chain
- * asked of L2 (dsv4_cuda_l2_prefetch) on stream3 once the main stream reaches the point, while latency-bound kernels
- * leave DRAM idle. No value changes. Joined at the end of the layers (a graph capture needs every stream joined). */
-enum {
-    PF_Q = 1,      /* attention start: wq_b (and the indexer's wq_b) */
-    PF_OA = 2,     /* after the query heads (sliding-window layers: before the attention): wo_a */
-    PF_OB = 4,     /* before wo_a: wo_b (at most DSV4_CUDA_L2PF_MB of it: wo_a is still in L2) */
-    PF_FFN = 8,    /* before wo_b: the gate and the shared expert */
-    PF_NEXT = 16,  /* after the routed experts: the next layer's wq_a, wkv, wq_b */
-    PF_EX2 = 32,   /* after the grouping: the active experts' w2 (during their gate / up) */
-    PF_EX13 = 64,  /* after the grouping: the active experts' w1 and w3 (beside their own kernel's reads) */
-};
-
-static int l2pf(dsv4_cuda_model *g, const gws *w, int point, const dsv4_cuda_weight *w0, const dsv4_cuda_weight *w1,
-                const dsv4_cuda_weight *w2, const dsv4_cuda_weight *w3) {
-    if (!(g->l2pf & point) || !g->stream3 || g->prof || w->lws || (w->gemm && w->gemm_ws)) return 0;
-    const dsv4_cuda_weight *ws[4] = {w0, w1, w2, w3};
-    if (dsv4_cuda_event_record(g->ev_pf, g->stream) || dsv4_cuda_stream_wait(g->stream3, g->ev_pf) ||
-        dsv4_cuda_l2_prefetch(ws, 4, point == PF_OB ? g->l2pf_cap : 0, g->stream3) || dsv4_cuda_event_record(g->ev_pfj, g->stream3))
-        return -1;
-    g->pf_pending = 1;
-    return 0;
-}
-
-static int l2pf_experts(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_experts *ex, int maxact) {
-    const int which = (g->l2pf & PF_EX13 ? 1 : 0) | (g->l2pf & PF_EX2 ? 2 : 0);
-    if (!which || !g->stream3 || g->prof || w->lws || (w->gemm && w->gemm_ws)) return 0;
-    if (dsv4_cuda_event_record(g->ev_pf, g->stream) || dsv4_cuda_stream_wait(g->stream3, g->ev_pf) ||
-        dsv4_cuda_l2_prefetch_experts(ex, &w->plan, maxact, which, g->stream3) || dsv4_cuda_event_record(g->ev_pfj, g->stream3))
-        return -1;
-    g->pf_pending = 1;
-    return 0;
-}
-
-static int l2pf_join(dsv4_cuda_model *g) {
-    if (!g->pf_pending) return 0;
-    g->pf_pending = 0;
-    return dsv4_cuda_stream_wait(g->stream, g->ev_pfj);
-}
-
 static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
     return lin_ld(g, w, wt, x, 0, T, y, 0);
 }
@@ -418,7 +378,6 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         cj[nc++] = ljob(&gl->idx_cmp.wgate, x, w->iscp);
         cj[nc++] = ljob(&gl->idx_wproj, x, w->wt);
     }
-    CK(l2pf(g, w, PF_Q, &gl->wq_b, idx ? &gl->idx_wq_b : NULL, NULL, NULL));
     if (ly->ratio > 0) { /* forked ratio 4: the indexer's jobs only (cj + 2), the attention compressor's come later */
         CK(branch_begin(g, fork));
         int rc = 0;
@@ -453,7 +412,6 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream)); /* head norm + RoPE */
         CK(branch_end(g, st, qf, rc));
     }
-    if (ly->ratio > 0) CK(l2pf(g, w, PF_OA, &gl->wo_a, NULL, NULL, NULL));
     CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
     if (idx) { /* the attention compressor (its projections here when forked) */
         if (fork) CK(lin_multi(g, w, cj, 2, T));
@@ -461,7 +419,6 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     }
     if (!fork || ly->ratio == 0) CK(attn_index(g, w, b, L)); /* the index lists (positions only, without the indexer) */
     if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
-    if (ly->ratio == 0) CK(l2pf(g, w, PF_OA, &gl->wo_a, NULL, NULL, NULL));
 
     /* attention and its output's inverse RoPE over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per
      * call bound the split partials (a row's result does not depend on the rows beside it), the inverse RoPE in the
@@ -487,7 +444,6 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
      * copy each group's slices in and out instead */
     const int gin = H / G * Dh;
-    CK(l2pf(g, w, PF_OB, &gl->wo_b, NULL, NULL, NULL));
     if (G == 1) {
         CK(lin(g, w, &gl->wo_a, w->o, T, w->z));
     } else {
@@ -514,8 +470,6 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
             }
         }
     }
-    CK(l2pf(g, w, PF_FFN, &gl->gate, ly->has_shared ? &gl->sw1 : NULL, ly->has_shared ? &gl->sw3 : NULL,
-            ly->has_shared ? &gl->sw2 : NULL));
     CK(lin(g, w, &gl->wo_b, w->z, T, out));
     return 0;
 }
@@ -549,10 +503,7 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     for (int g0 = 0; g0 < T; g0 += gsz) {
         int tg = T - g0 < gsz ? T - g0 : gsz;
         CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
-        CK(l2pf_experts(g, w, &gl->ex, tg * K < E ? tg * K : E));
         CK(dsv4_cuda_moe_experts(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
-        if (g0 == 0 && L + 1 < c->n_layers)
-            CK(l2pf(g, w, PF_NEXT, &g->L[L + 1].wq_a, &g->L[L + 1].wkv, &g->L[L + 1].wq_b, NULL));
         if (fork && g0 == 0) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the shared expert's y, for the combine */
         CK(dsv4_cuda_moe_combine(w->ys, w->plan.tslot, tg, K, D, ly->has_shared ? w->ye + (size_t)g0 * D : NULL,
                                  out + (size_t)g0 * D, st));
@@ -575,7 +526,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
 
 int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
     const dsv4_config *c = &g->m->cfg;
-    g->tail = 0, g->pf_pending = 0;
+    g->tail = 0;
     CK(dsv4_cuda_step_meta(b, c->n_layers, g->cap / 4 > 0 ? g->cap / 4 : 1, w->keys, w->nc4, w->nl4, g->stream));
     CK(dsv4_cuda_embed(&g->embed, b->tok, b->T, c->hc_mult, w->X, g->stream));
     for (int L = 0; L < c->n_layers; L++) {
@@ -584,7 +535,6 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
     }
     gprof_layer(g, -1);
     CK(tail_join(g));
-    CK(l2pf_join(g));
     CK(dsv4_cuda_seq_advance(b, g->stream));
     return 0;
 }

@@ -94,10 +94,6 @@ struct dsv4_cuda_model {
                                                   * moe): their stream, fork / join events; ev_tail: the end of the
                                                   * tail work (window ring store, pending rows) enqueued on stream2 */
     int tail;    /* tail work on stream2 not yet waited for by the main stream */
-    void *stream3, *ev_pf, *ev_pfj; /* L2 prefetches of weights (forward_cuda.c, l2pf): their stream, fork / end events */
-    int pf_pending;  /* a prefetch on stream3 not yet joined */
-    int l2pf;        /* prefetch points switched on (DSV4_CUDA_L2PF, a bit mask; 0: none) */
-    size_t l2pf_cap; /* most bytes of wo_b prefetched before wo_a (DSV4_CUDA_L2PF_MB; 0: no limit) */
     int cap;     /* context capacity of every sequence */
     int tmax;    /* most token rows of one pass */
     int qgmax;   /* most queries per indexer score block */

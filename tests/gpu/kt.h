@@ -131,7 +131,6 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
 
 /* kt_bench.c */
 void bench_copy(void);
-void bench_l2pf(const char *tag, dsv4_wfmt fmt, int R, int C, int T);
 void bench_hc(int T);
 void bench_linear_gemm(const char *tag, int R, int C, int T);
 void bench_linear(const char *tag, dsv4_wfmt fmt, int R, int C, const int *Ts, int nT, int aq);

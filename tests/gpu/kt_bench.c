@@ -1,7 +1,5 @@
 /* kt_bench.c - test_kernels' timings (CUDA events): the copy rate of this run, mHC, the GEMV / GEMM / multi-token
  * GEMM / grouped linears against it, and the routed experts (moebench). */
-#include <unistd.h>
-
 #include "kt.h"
 
 /* ---- GEMV / GEMM timing: NR copies of one weight (> 256 MiB in all), a different copy per call ---- */
@@ -468,47 +466,4 @@ void bench_moe(void) {
             printf("time mma.sync m16n8k16 f16->f32 alone: %2d accumulators a warp, %2d warps an SM: %6.1f TFLOP/s\n", na, 8 * b,
                    dsv4_moe_tc_mma_rate(na, b));
     free(d1), free(d3), free(d2);
-}
-
-/* ---- the L2 prefetch ahead of a GEMV (l2_prefetch.cu; forward_cuda.c's DSV4_CUDA_L2PF points) ----
- * The GEMV's y with its weight cold (L2 flushed by writing 512 MiB) and after dsv4_cuda_l2_prefetch (flush, prefetch,
- * synchronize, 200 us for the copies into L2 to land): bit for bit the same (a check), and the GEMV's time each way
- * (median of 15). */
-void bench_l2pf(const char *tag, dsv4_wfmt fmt, int R, int C, int T) {
-    hweight h = make_weight(fmt, R, C, 0, fmt == DSV4_WF_FP8);
-    dsv4_cuda_weight w;
-    op_ok(dsv4_cuda_weight_upload(&h.w, &w), "weight upload");
-    float *x = randn((size_t)T * C, 1.0f);
-    float *dx = dup_to_dev(x, sizeof(float) * (size_t)T * C), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * R);
-    float *y0 = malloc(sizeof(float) * (size_t)T * R), *y1 = malloc(sizeof(float) * (size_t)T * R);
-    const size_t fl = (size_t)512 << 20;
-    void *flush = dsv4_cuda_alloc(fl);
-    if (!dy || !flush || !y0 || !y1) op_ok(-1, "l2pf bench alloc");
-    const dsv4_cuda_weight *ws[1] = {&w};
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    float ms[2][15];
-    for (int i = 0; i < 15; i++)
-        for (int pf = 0; pf < 2; pf++) {
-            dsv4_cuda_memset(flush, i & 1 ? 0x5a : 0xa5, fl, NULL);
-            if (pf) op_ok(dsv4_cuda_l2_prefetch(ws, 1, 0, NULL), "l2_prefetch");
-            sync_ok();
-            if (pf) usleep(200);
-            cudaEventRecord(e0, 0);
-            op_ok(dsv4_cuda_linear(&w, dx, 0, T, dy, NULL), "linear");
-            cudaEventRecord(e1, 0);
-            sync_ok();
-            cudaEventElapsedTime(&ms[pf][i], e0, e1);
-            if (i == 0) from_dev(pf ? y1 : y0, dy, sizeof(float) * (size_t)T * R);
-        }
-    char name[160];
-    snprintf(name, sizeof name, "l2_prefetch %s T=%d: the GEMV's y after the prefetch (bitwise the cold one)", tag, T);
-    check(name, y1, y0, (size_t)T * R, 0, 0);
-    qsort(ms[0], 15, sizeof(float), cmp_float), qsort(ms[1], 15, sizeof(float), cmp_float);
-    const double mb = (double)h.data_b / 1e6;
-    printf("time l2pf %s T=%d (%.1f MB): cold %.2f us (%.0f GB/s), after the L2 prefetch %.2f us (%.0f GB/s)\n", tag, T, mb,
-           ms[0][7] * 1e3, mb * 1e-3 / (ms[0][7] * 1e-3), ms[1][7] * 1e3, mb * 1e-3 / (ms[1][7] * 1e-3));
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    dsv4_cuda_free(flush), dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_weight_free(&w);
-    free(x), free(y0), free(y1), free_hweight(&h);
 }

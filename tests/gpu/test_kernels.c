@@ -11,16 +11,15 @@
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|topk|l2pf]   (--only linear: the linear checks and timings
+ * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|topk]   (--only linear: the linear checks and timings
  * alone; --only gemm: those of the FP8 prefill GEMM alone; --only multi: those of the grouped linears, and the single ones
  * they replace; --only mt: those of the multi-token GEMM, timed against the GEMV at Flash's shapes; --only hc: those of
  * mHC pre / post / head; --only moe: the MoE grouping / expert / combine checks and the
- * experts' timings; --only moebench: the experts' timings alone; --only topk: the indexer top-k's checks and times;
- * --only l2pf: decode GEMVs with the weight cold and after the L2 prefetch) */
+ * experts' timings; --only moebench: the experts' timings alone; --only topk: the indexer top-k's checks and times) */
 #include "kt.h"
 
 int main(int argc, char **argv) {
-    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0, only_topk = 0, only_l2pf = 0;
+    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0, only_topk = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "multi")) only_lin = only_multi = 1, i++;
@@ -31,7 +30,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moe")) only_moe = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moebench")) only_moe = 2, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "topk")) only_topk = 1, i++;
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "l2pf")) only_l2pf = 1, i++;
     }
     dsv4_cuda_info info;
     char err[256];
@@ -42,16 +40,6 @@ int main(int argc, char **argv) {
     printf("device: %s, sm_%d%d, %d SMs, %.1f GiB, L2 %d MiB, smem/block %d KiB\n", info.name, info.cc_major, info.cc_minor,
            info.sm_count, info.mem_total / 1073741824.0, info.l2_bytes >> 20, info.smem_optin >> 10);
 
-    if (only_l2pf) { /* the L2 prefetch ahead of the decode GEMVs: the same y, and the time with the weight cold / in L2 */
-        bench_copy();
-        bench_l2pf("wq_b Flash FP8", DSV4_WF_FP8, 32768, 1024, 1);
-        bench_l2pf("wo_b Flash FP8", DSV4_WF_FP8, 4096, 8192, 1);
-        bench_l2pf("wo_b Flash FP8", DSV4_WF_FP8, 4096, 8192, 8);
-        bench_l2pf("shared w1 Flash FP8", DSV4_WF_FP8, 2048, 4096, 1);
-        bench_l2pf("expert w1 Flash MXFP4", DSV4_WF_MXFP4, 2048, 4096, 1);
-        printf("%d checks, %d failed\n", g_checks, g_fail);
-        return g_fail ? 1 : 0;
-    }
     if (only_hc) goto hc_checks;
     if (only_gemm) goto gemm_checks;
     if (only_multi) goto multi_checks;
