@@ -248,7 +248,7 @@ int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x, int T, in
 /* For comparisons in tests and benchmarks; 0 (default): the tensor-core kernel wherever the format allows. Bits:
  * 1 every expert product through the CUDA-core kernel (the one before the tensor-core kernel); tensor-core
  * kernel with 2 an integer MXFP4 decode instead of the e4m3 convert, 4 an L2 prefetch of the weights, 8 without
- * programmatic dependent launch (all three measured slower), 32 the MXFP4 prefill on moe_pf2_kernel. Results are
+ * programmatic dependent launch (all three measured slower), 32 the FP4 prefill on moe_pf2_kernel's mma.sync. Results are
  * bitwise the same with 2, 4, 8 and 32. */
 void dsv4_cuda_moe_experts_path(int mode);
 /* out[t] = sum of y[tslot[t, j]] in increasing expert id, then + shared[t] (shared may be NULL): the

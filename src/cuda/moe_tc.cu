@@ -13,7 +13,7 @@
  * Decode (FP4 formats): a cp.async ring of DEPTH units a warp in shared memory (4-5 stages: 3-4 units of weights in
  * flight a warp, counted by commit groups), 16 warps an SM: 4-warp blocks when the chunk's x fits four an SM (batch
  * 1: 384 blocks on 132 SMs, not 192 of 8 warps), else 8-warp blocks; their dependents launch when the work is done.
- * Prefill, MXFP4 with S <= 2 (moe_pf2_kernel): 8 tile pairs a block, each warp holding the accumulators of every
+ * Prefill, MXFP4 / NVFP4 with S <= 2 (moe_pf2_kernel): 8 tile pairs a block, each warp holding the accumulators of every
  * slice (unit u adds into set u % S), a 6-stage cp.async pipeline of units (x codes and scales of the chunk's 64
  * tokens, shared, and each warp's weights), one barrier and one basic block for the S units of a step, the products on
  * wgmma m64nNk16 (A: the decoded weights in registers, B: the x codes in shared memory, staged by moe_quant in the
@@ -694,7 +694,9 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
     }
 }
 
-/* ---- prefill, MXFP4 (moe_pf2_kernel): a cp.async pipeline of units ----
+/* ---- prefill, MXFP4 and NVFP4 (moe_pf2_kernel): a cp.async pipeline of units ----
+ * (NVFP4: a stage holds 8 E4M3 group scales a row a unit; the lane's two become f16 factors as in the ring kernels,
+ * the unit scale is 1 and the tensor scale multiplies at the end, in the register kernel's order: the same bits)
  * 8 warps a block, one tile pair a warp (8 a block: 128 rows of h or 256 of y), the chunk's 64 tokens as n-tiles
  * (the register kernel's mma order and decode), and every column slice in each warp: S <= 2 accumulator sets, unit
  * u adding into set u % S, so the slices' sums meet in registers (added in order at the end, no reduction through
@@ -1299,7 +1301,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         mp_off = e && *e == '0';
         mp_wg = !(w && *w == '0');
     }
-    /* pf: the MXFP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
+    /* pf: the FP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
     const size_t mp_smem = (size_t)MP2_DEPTH * (fmt == DSV4_WF_NVFP4 ? mp_fmt<DSV4_WF_NVFP4>::STAGE : mp_fmt<DSV4_WF_MXFP4>::STAGE);
     const int pf = pq && (fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4) && S <= 2 && mp_off != 1 &&
                    !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF)) && mp_smem <= (size_t)dsv4_cuda_dev.smem_optin;
@@ -1344,7 +1346,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         if (mt_launch(mq_pick(fmt, wg), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant)", x, (int64_t)C, dst, ld, rows, C, pf ? S : 0)) return -1;
         prm.xq = dst, prm.xq_ld = ld;
     }
-    if (pf) { /* MXFP4 prefill on the cp.async pipeline: 8 tile pairs a block, two groups of them a block in a row */
+    if (pf) { /* FP4 prefill on the cp.async pipeline: 8 tile pairs a block, two groups of them a block in a row */
         const int nrb = (NRP + MP_WARPS - 1) / MP_WARPS;
         prm.gx = (nrb + 1) / 2, prm.iters = (nrb + prm.gx - 1) / prm.gx;
         const mt_fn fp = fmt == DSV4_WF_NVFP4 ? mp_pick<DSV4_WF_NVFP4>(gateup, S, wg) : mp_pick<DSV4_WF_MXFP4>(gateup, S, wg);
