@@ -4,7 +4,7 @@
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
 #   sh bench/device_run.sh [PART...]     PART: suite flash pro nvfp4 (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
-#            the build)
+#            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
 #     flash  Flash, 4 layers: batch 1, 8, 64 at 4K with the 8K prefill; batch 256 at 8K; batch 1 at 64K (~60 s)
 #     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
 #     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill (checkpoints
@@ -40,6 +40,10 @@ run() {
 for p in $parts; do
     case $p in
     suite)
+        if [ -f build-bin/gpu-bins.tar.xz ]; then # binaries built elsewhere (scripts/gpu_bins.sh): no build here
+            tar xJf build-bin/gpu-bins.tar.xz && export GPU_TEST_PREBUILT=1
+            echo "suite: prebuilt binaries of $(head -n 1 build-bin/gpu-bins.commit 2>/dev/null)"
+        fi
         if [ -n "${deps:-}" ]; then
             BUILD=build-dev DSV4_DEPS=build-gfw-deps timeout 560 sh scripts/gpu_test.sh --no-bench >"$dir/suite.txt" 2>&1
         else

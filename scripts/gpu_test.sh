@@ -22,6 +22,10 @@
 #   sh scripts/gpu_test.sh            (make gpu-test calls this)
 #   BUILD=dir CUDA_HOME=/usr/local/cuda DSV4_DEPS=build-gfw-deps sh scripts/gpu_test.sh --no-bench
 #   GPU_TEST_E2E=0 sh scripts/gpu_test.sh     (kernels only)   GPU_TEST_KERNELS=0 (end to end only)
+# Device time is scarce, so the binaries can be built elsewhere (no GPU needed to compile):
+#   GPU_TEST_BUILD_ONLY=1 sh scripts/gpu_test.sh    builds every binary the steps run, then stops
+#   GPU_TEST_PREBUILT=1 sh scripts/gpu_test.sh      runs the steps on the binaries already in $BUILD, building nothing
+# (scripts/gpu_bins.sh does the first and packs the binaries for the device tool's carry.)
 set -eu
 BUILD=${BUILD:-build-cuda}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -37,11 +41,32 @@ if [ -n "${DSV4_DEPS:-}" ]; then
     fi
 fi
 MK="make -j$JOBS CUDA=1 BUILD=$BUILD NVCC=$CUDA_HOME/bin/nvcc CUDA_HOME=$CUDA_HOME"
+CCT="${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Iinclude -Isrc -Itests"
+LDT="-lcjson -lm -lpthread -fopenmp -L$CUDA_HOME/lib64 -lcudart -lcublasLt -lstdc++"
+
+# every binary the steps below run (one make for all of them: the most parallel build)
+if [ "${GPU_TEST_PREBUILT:-0}" != 1 ]; then
+    targets=""
+    [ "${GPU_TEST_KERNELS:-1}" != 0 ] && targets="$BUILD/tests/gpu/test_kernels $BUILD/tests/gpu/test_sample $BUILD/tests/gpu/test_attn_kv8"
+    [ "${GPU_TEST_E2E:-1}" != 0 ] && targets="$targets $BUILD/dsv4 $BUILD/libdsv4.a"
+    # shellcheck disable=SC2086
+    $MK $targets
+    if [ "${GPU_TEST_E2E:-1}" != 0 ]; then
+        mkdir -p "$BUILD/tests/gpu"
+        # shellcheck disable=SC2086
+        $CCT -o "$BUILD/tests/gpu/fixture_check" tests/gpu/fixture_check.c "$BUILD/libdsv4.a" $LDT
+        # shellcheck disable=SC2086
+        $CCT -o "$BUILD/tests/gpu/test_decode" tests/gpu/test_decode.c "$BUILD/libdsv4.a" $LDT
+    fi
+fi
+if [ "${GPU_TEST_BUILD_ONLY:-0}" = 1 ]; then
+    echo "gpu tests: built in $BUILD"
+    exit 0
+fi
 
 # a failing step does not stop the later ones (a device run is precious): failures are counted, the exit status says
 kfail=0
 if [ "${GPU_TEST_KERNELS:-1}" != 0 ]; then
-    $MK "$BUILD/tests/gpu/test_kernels" "$BUILD/tests/gpu/test_sample" "$BUILD/tests/gpu/test_attn_kv8"
     "$BUILD/tests/gpu/test_kernels" "$@" || { kfail=$((kfail + 1)); echo "test_kernels: FAILED (continuing)"; }
     "$BUILD/tests/gpu/test_sample" || { kfail=$((kfail + 1)); echo "test_sample: FAILED (continuing)"; }
     "$BUILD/tests/gpu/test_attn_kv8" || { kfail=$((kfail + 1)); echo "test_attn_kv8: FAILED (continuing)"; }
@@ -49,11 +74,6 @@ fi
 [ "${GPU_TEST_E2E:-1}" = 0 ] && exit $((kfail > 0))
 
 echo "== end to end: dsv4 logits --device cuda on every fixture scenario"
-$MK "$BUILD/dsv4" "$BUILD/libdsv4.a"
-mkdir -p "$BUILD/tests/gpu"
-${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Iinclude -Isrc -Itests \
-    -o "$BUILD/tests/gpu/fixture_check" tests/gpu/fixture_check.c "$BUILD/libdsv4.a" -lcjson -lm -lpthread -fopenmp \
-    -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lstdc++
 OUT="$BUILD/gpu-e2e"
 mkdir -p "$OUT"
 fail=0
@@ -146,9 +166,6 @@ echo "end to end: $total scenarios (fixtures, fixtures without the split GEMM, u
 # 3. the decode step: CUDA graphs == launches one by one, batch invariance, context capacity
 #    (tests/gpu/test_decode.c; the synthetic model of step 4 too)
 echo "== decode step: graphs, batch invariance, capacity"
-${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Iinclude -Isrc -Itests \
-    -o "$BUILD/tests/gpu/test_decode" tests/gpu/test_decode.c "$BUILD/libdsv4.a" -lcjson -lm -lpthread -fopenmp \
-    -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lstdc++
 "$BUILD/tests/gpu/test_decode" tests/fixtures/tiny-bf16 tests/fixtures/small-fp8-fp4 tests/fixtures/tiny-nvfp4-hf \
     tests/fixtures/small-fp8-nvfp4 2>"$OUT/decode.log" || { fail=$((fail + 1)); tail -n 5 "$OUT/decode.log"; }
 

@@ -1,0 +1,18 @@
+#!/bin/sh
+# gpu_bins.sh - the GPU suite's binaries (scripts/gpu_test.sh's: dsv4, test_kernels, test_sample, test_attn_kv8,
+# fixture_check, test_decode) built on this machine, which needs nvcc but no GPU, and packed for the device tool's
+# carry, so that a device call spends its time on the tests rather than on the build (~150 s of a suite's ~260 s):
+#   DSV4_DEPS=build-gfw-deps sh scripts/gpu_bins.sh          -> build-bin/gpu-bins.tar.xz   (BUILD=build-dev)
+# then on the device (carry build-bin and build-gfw-deps), bench/device_run.sh unpacks it and runs the suite with
+# GPU_TEST_PREBUILT=1; by hand:
+#   tar xJf build-bin/gpu-bins.tar.xz && GPU_TEST_PREBUILT=1 BUILD=build-dev DSV4_DEPS=build-gfw-deps sh scripts/gpu_test.sh --no-bench
+# The pack records the commit it was built from (build-bin/gpu-bins.commit); rebuild after any change to src/ or tests/.
+set -eu
+BUILD=${BUILD:-build-dev}
+export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+BUILD=$BUILD GPU_TEST_BUILD_ONLY=1 sh scripts/gpu_test.sh
+mkdir -p build-bin
+tar cJf build-bin/gpu-bins.tar.xz "$BUILD/dsv4" "$BUILD/tests/gpu/test_kernels" "$BUILD/tests/gpu/test_sample" \
+    "$BUILD/tests/gpu/test_attn_kv8" "$BUILD/tests/gpu/fixture_check" "$BUILD/tests/gpu/test_decode"
+{ git rev-parse HEAD; git status --short -- src tests include | head -n 20; } >build-bin/gpu-bins.commit 2>/dev/null || true
+echo "gpu_bins: build-bin/gpu-bins.tar.xz ($(du -h build-bin/gpu-bins.tar.xz | cut -f1)) from $(head -n 1 build-bin/gpu-bins.commit)"
