@@ -440,16 +440,27 @@ def test_cancel_on_disconnect(server):
 def test_queue_full_503_then_sigterm_drain(model_dir):
     s = Server(model_dir, "--served-model-name", MODEL, "--max-seqs", "1", "--max-queue", "1", "--max-context", "1024", "--drain-timeout", "60")
     try:
-        body = chat_body(1, max_tokens=40, ignore_eos=True)
+        # one request running and one queued (long enough to still be there however fast the build is: a fixed pause
+        # between the requests let a fast machine answer each before the next arrived), then two more: refused
+        long_body, short_body = chat_body(1, max_tokens=600, ignore_eos=True), chat_body(2, max_tokens=8, ignore_eos=True)
         results = []
 
-        def run():
-            results.append(httpx.post(s.base + "/v1/chat/completions", json=body, timeout=120))
+        def run(b):
+            results.append(httpx.post(s.base + "/v1/chat/completions", json=b, timeout=300))
 
-        ts = [threading.Thread(target=run) for _ in range(4)]
-        for t in ts:
+        def wait_metric(line):
+            deadline = time.time() + 60
+            while time.time() < deadline and line not in httpx.get(s.base + "/metrics", timeout=5).text:
+                time.sleep(0.02)
+
+        ts = [threading.Thread(target=run, args=(long_body,)) for _ in range(2)]
+        ts += [threading.Thread(target=run, args=(short_body,)) for _ in range(2)]
+        ts[0].start()
+        wait_metric("dsv4_num_requests_running 1")
+        ts[1].start()
+        wait_metric("dsv4_num_requests_waiting 1")
+        for t in ts[2:]:
             t.start()
-            time.sleep(0.3)
         for t in ts:
             t.join()
         codes = sorted(r.status_code for r in results)
