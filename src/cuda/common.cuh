@@ -34,9 +34,12 @@ extern dsv4_cuda_props dsv4_cuda_dev;
  * programmatic-stream-serialization attribute (DSV4_CUDA_PDL_SMALL=0: plain launches), so that the next kernel's
  * launch overlaps this one's tail; each begins with dev_pdl_enter: it waits for the previous grid (all of it,
  * memory included) before touching any memory, then lets its own dependents launch. The same values either way. */
+/* wait for the previous grid (complete, its memory visible); let the next kernel of the stream start launching */
+__device__ __forceinline__ void dev_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void dev_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void dev_pdl_enter() {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    dev_pdl_wait();
+    dev_pdl_trigger();
 }
 /* 1 when the small kernels are launched with the attribute (backend.cu; DSV4_CUDA_PDL_SMALL, default on; a launch
  * refused with it turns it off for the process) */

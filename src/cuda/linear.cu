@@ -373,14 +373,14 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
      * in its own griddepcontrol.wait), ask L2 for this warp's first weight steps (p.bpf of them, else two), then wait
      * for the previous kernel's results (x) before reading anything into registers. Both are no-ops without the launch
      * attribute. A prefetch cannot observe stale data (L2 is the point of coherence), so it may run before the wait. */
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    dev_pdl_trigger();
     if (p.bpf > 0) {
         bpf(0, p.bpf);
     } else if (nsteps > 0 && p.prew > 0) {
         tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0, ch1, g, c);
         if (nsteps > 1 && p.prew > 1) tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0 + CH, ch1, g, c);
     }
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    dev_pdl_wait();
     TC_TR(1);
     auto load = [&](tc_buf<CH> &b, int gs) { /* step gs into registers */
         if (gs < total) tc_load<FMT, CH>(J0, J, b, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);

@@ -47,9 +47,6 @@ extern "C" {
 int dsv4_cuda_hc_test_flags; /* cuda_backend.h: test hooks */
 }
 
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
 extern "C" size_t dsv4_cuda_hc_scratch_bytes(int T, int M, int D) {
     if (T <= 0 || M <= 0 || D <= 0) return 0;
     const size_t n = (size_t)T * hc_nsc(M * D), nr = (size_t)(2 + M) * M;
@@ -82,7 +79,7 @@ __global__ void __launch_bounds__(128) hc_mix_small(const float *__restrict__ X,
     const float *Xt = X + (int64_t)t * K;
     const int fast = fn.fmt == DSV4_WF_F32 && (fn.cols & 3) == 0 && ((uintptr_t)fn.data & 15) == 0 && n == HC_SC &&
                      (nr + 1) * HC_G <= 128 && ((uintptr_t)Xt & 15) == 0;
-    pdl_trigger();
+    dev_pdl_trigger();
     if (fast) {
         const int g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
         float4 wv[HC_CH / 4];
@@ -91,7 +88,7 @@ __global__ void __launch_bounds__(128) hc_mix_small(const float *__restrict__ X,
 #pragma unroll
             for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
         }
-        pdl_wait(); /* X is the previous kernel's */
+        dev_pdl_wait(); /* X is the previous kernel's */
         if (tid < HC_SC / 4) ((float4 *)xs)[tid] = ((const float4 *)(Xt + c0))[tid];
         __syncthreads();
         if (g < HC_G && r < nr) ps[g][r] = hc_chain(wv, xs + cb);
@@ -102,7 +99,7 @@ __global__ void __launch_bounds__(128) hc_mix_small(const float *__restrict__ X,
             pss[g] = a;
         }
     } else {
-        pdl_wait();
+        dev_pdl_wait();
         for (int i = tid; i < HC_SC; i += 128) xs[i] = i < n ? Xt[c0 + i] : 0.0f;
         __syncthreads();
         for (int task = tid; task < (nr + 1) * HC_G; task += 128) {
@@ -145,13 +142,13 @@ __global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, i
     const int sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
     const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
     float4 wv[HC_CH / 4];
-    pdl_trigger();
+    dev_pdl_trigger();
     if (g < HC_G && r < nr) {
         const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + cb);
 #pragma unroll
         for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
     }
-    pdl_wait(); /* X is the previous kernel's */
+    dev_pdl_wait(); /* X is the previous kernel's */
 #pragma unroll
     for (int u = 0; u < TB * HC_SC / 4 / 128; u++) {
         const int i = tid + 128 * u, tk = i / (HC_SC / 4), q = i % (HC_SC / 4);
@@ -217,8 +214,8 @@ __global__ void __launch_bounds__(256, 2) hc_mix_big(const float *__restrict__ X
     float *sm = (float *)hc_sm4;
     const int sc = blockIdx.x, t0 = blockIdx.y * HC_TT, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, tg = lane >> 2, rg = lane & 3;
-    pdl_trigger();
-    pdl_wait();
+    dev_pdl_trigger();
+    dev_pdl_wait();
     auto load = [&](int g, int st) {
         float *xs = sm + st * HC_STAGE, *ws = xs + HC_TT * HC_LD;
         const int64_t c = (int64_t)sc * HC_SC + g * HC_CH;
@@ -371,7 +368,7 @@ __global__ void __launch_bounds__(HEAD ? HC_XT : HC_XT + 32, MM > 0 ? 1 : 4)
     double *sd = (double *)hc_xs4;
     float *sp = (float *)(sd + nsc), *xs = (float *)hc_xs4 + (stage ? ((nsc * (2 + nr) + 3) & ~3) : 0);
     const float4 *X4 = (const float4 *)(X + (int64_t)t * MD);
-    pdl_trigger();
+    dev_pdl_trigger();
     /* before the wait, what no earlier kernel writes: base, scale, the norm weights */
     for (int i = tid; i < nr; i += NT) bs[i] = base[i];
     if (tid < (HEAD ? 1 : 3)) sc[tid] = scale[tid];
@@ -381,7 +378,7 @@ __global__ void __launch_bounds__(HEAD ? HC_XT : HC_XT + 32, MM > 0 ? 1 : 4)
         for (int k = 0; k < XQ; k++)
             if (tid + k * HC_XT < D4) wr[k] = ((const float4 *)nw)[tid + k * HC_XT];
     }
-    pdl_wait(); /* the partials are the previous kernel's */
+    dev_pdl_wait(); /* the partials are the previous kernel's */
     if (MM > 0 && tid < HC_XT) { /* the token's X, all loads in flight with the partials' */
 #pragma unroll
         for (int k = 0; k < XQ; k++)

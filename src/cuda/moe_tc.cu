@@ -233,8 +233,8 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
     /* programmatic dependent launch: the next kernel may start launching (the ring kernels: only once their work is
      * done, else its waiting blocks take the SM slots that balance this grid: measured 10 us at batch 1); wait for
      * the plan and x */
-    if (!RING) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (!RING) dev_pdl_trigger();
+    dev_pdl_wait();
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
@@ -670,7 +670,7 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
             process(b, pit, pchk, pj);
             adv(pit, pchk, pj);
         }
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        dev_pdl_trigger();
     } else {
         mt_buf<V> bf[DEPTH];
         /* the prefetch runs P.pf units ahead of the loads within a tile pair's slice (not across tile pairs or chunks) */
@@ -735,8 +735,8 @@ __global__ void __launch_bounds__(MP_WARPS * 32, 1) moe_pf2_kernel(const __grid_
     static_assert(MP2_DEPTH >= 2 * SL, "the steps of one iteration and the next ones in flight");
     extern __shared__ __align__(16) unsigned char mt_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    dev_pdl_trigger();
+    dev_pdl_wait();
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
@@ -1085,8 +1085,8 @@ template <int NA> __global__ void __launch_bounds__(256) moe_mma_rate_kernel(flo
  * floats 2^(e(u - S) - e(u)) of their exponents (mt_pow2, as the register kernels' rescale computes it), 1 for u < S. */
 template <int FMT, int WO>
 __global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_t sld, uint8_t *dst, int64_t dld, int rows, int C, int S) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    dev_pdl_trigger();
+    dev_pdl_wait();
     const int lane = threadIdx.x & 31, row = blockIdx.x * 8 + (threadIdx.x >> 5), NU = C / 128;
     if (row >= rows) return;
     const float *sr = src + (int64_t)row * sld;
