@@ -44,6 +44,7 @@
 #define MT_PQW 4   /* units per staged window on the pre-quantized path; also the most column slices S */
 #define MT_PQ_AVG 16 /* token-expert rows per expert (average) from which the pre-quantized 64-token path runs */
 #define MT_PF 2      /* with DSV4_MOE_TC_PF: units of weights prefetched into L2 ahead of the register loads */
+#define MT_RQ_T 16   /* ring kernels: from chunks of this many tokens on, x act-quantized once per row (moe_quant_kernel) */
 
 /* a compile-time int as an argument (generic lambdas) */
 template <int N> struct mt_int { static constexpr int value = N; };
@@ -328,6 +329,41 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
         }
     };
 
+    /* ring kernels with P.xq (the chunk's x act-quantized once per row by moe_quant_kernel, WO = 0 for XB = 2, 2 for
+     * XB = 1: the codes in this kernel's staged order, then the unit scales): the same bytes as stage() writes, copied
+     * (8 bytes a piece for e4m3 codes, 16 for f16), four pieces a thread in flight */
+    auto stage_q = [&](int c0, int nt, int u0, int nwu) {
+        constexpr int PB = 8 * XB, NP = 128 * XB / PB; /* bytes a piece, pieces a (token, unit) */
+        const int per = nwu * NP, n = nt * per;
+        for (int i0 = threadIdx.x; i0 < n; i0 += 4 * NW * 32) {
+            uint4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int i = i0 + k * NW * 32, t = i / per, r = i - t * per, wu = r / NP, pc = r - wu * NP;
+                if (i < n) {
+                    const int row = GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t;
+                    const uint8_t *src = P.xq + (int64_t)row * P.xq_ld + (int64_t)(u0 + wu) * 128 * XB + pc * PB;
+                    if (XB == 1) {
+                        const uint2 q = *(const uint2 *)src;
+                        v[k] = make_uint4(q.x, q.y, 0, 0);
+                    } else v[k] = *(const uint4 *)src;
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int i = i0 + k * NW * 32, t = i / per, r = i - t * per, wu = r / NP, pc = r - wu * NP;
+                if (i >= n) break;
+                unsigned char *dst = mt_sm + ((size_t)t * tok + (size_t)wu * 128) * XB + pc * PB;
+                if (XB == 1) *(uint2 *)dst = make_uint2(v[k].x, v[k].y);
+                else *(uint4 *)dst = v[k];
+            }
+        }
+        for (int i = threadIdx.x; i < nt * nwu; i += NW * 32) {
+            const int t = i / nwu, wu = i - t * nwu, row = GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t;
+            sxs[t * W + wu] = ((const float *)(P.xq + (int64_t)row * P.xq_ld + (int64_t)C * XB))[u0 + wu];
+        }
+    };
+
     /* pre-quantized path: window wn (of the sequence iteration x chunk x window) into buffer wn & 1, 16 bytes a copy */
     auto issue = [&](int wn) {
         const int wi = wn % NWIN, chk = (wn / NWIN) % nch, c0 = chk * ntok, nt = min(ntok, cnt - c0), u0 = wi * W;
@@ -372,7 +408,8 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
                 if (wc + 1 < nwin_tot) issue(wc + 1);
             } else {
                 __syncthreads();
-                stage(c0, nt, wi * W, min(W, NU - wi * W));
+                if (RING && P.xq) stage_q(c0, nt, wi * W, min(W, NU - wi * W));
+                else stage(c0, nt, wi * W, min(W, NU - wi * W));
                 __syncthreads();
             }
         }
@@ -1110,14 +1147,20 @@ __global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_
         for (int q = 0; q < 4; q++) v[q] = sr[u * 128 + q * 32 + lane];
         __syncwarp();
         uint16_t term[4][1];
-        const float sc = mt_quant<1>(v, term);
+        uint8_t code[4];
+        const float sc = mt_quant<1>(v, term, WO == 2 ? code : NULL);
+        if (WO == 2) { /* e4m3 code bytes in the order of the ring kernels' staged x (XB = 1) */
 #pragma unroll
-        for (int q = 0; q < 4; q++) *(uint16_t *)(dr + (int64_t)u * 256 + 2 * (WO ? mt_wslot(q * 32 + lane) : mt_slot<FMT>(q * 32 + lane))) = term[q][0];
+            for (int q = 0; q < 4; q++) dr[(int64_t)u * 128 + mt_slot<FMT, 1>(q * 32 + lane)] = code[q];
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; q++) *(uint16_t *)(dr + (int64_t)u * 256 + 2 * (WO ? mt_wslot(q * 32 + lane) : mt_slot<FMT>(q * 32 + lane))) = term[q][0];
+        }
         if (u == lane) keep0 = sc;
         if (u == lane + 32) keep1 = sc;
     }
     __syncwarp();
-    float *ds = (float *)(dr + 2 * (int64_t)C);
+    float *ds = (float *)(dr + (WO == 2 ? 1 : 2) * (int64_t)C);
     if (lane < NU) ds[lane] = keep0;
     if (lane + 32 < NU) ds[lane + 32] = keep1;
     if (S > 0) { /* then the ratios 2^(e(u - S) - e(u)) (moe_pf2_kernel's rescale of set u % S; 1 at a set's first unit) */
@@ -1251,6 +1294,7 @@ static int mt_sm_smem; /* shared memory of an SM (bytes) */
 static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (refused once, or DSV4_MOE_NO_PDL=1) */
 static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the register kernel */
 static int mp_wg = -1;     /* DSV4_MOE_WG=0: 0, moe_pf2_kernel on mma.sync rather than wgmma */
+static int mt_rq = -1;     /* DSV4_MOE_RQ=0: 0, the ring kernels act-quantize x in every block (no moe_quant launch) */
 
 /* nw warps a block; ring: a ring kernel (carve-out hint) */
 template <typename F, typename... A>
@@ -1285,7 +1329,10 @@ static int mt_launch(F fn, dim3 grid, int nw, int ring, size_t smem, cudaStream_
 }
 
 typedef void (*mq_fn)(const float *, int64_t, uint8_t *, int64_t, int, int, int);
+/* wo: 0 f16 codes in mt_slot order (the register kernels, the XB = 2 ring kernels), 1 the wgmma order (moe_pf2_kernel),
+ * 2 e4m3 code bytes in the XB = 1 ring kernels' order */
 static mq_fn mq_pick(int fmt, int wo) {
+    if (wo == 2) return moe_quant_kernel<DSV4_WF_MXFP4, 2>; /* NVFP4: MXFP4's order */
     if (wo) return moe_quant_kernel<DSV4_WF_MXFP4, 1>;
     return fmt == DSV4_WF_FP8 ? moe_quant_kernel<DSV4_WF_FP8, 0> : moe_quant_kernel<DSV4_WF_MXFP4, 0>; /* NVFP4: MXFP4's order */
 }
@@ -1312,6 +1359,8 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         const char *e = getenv("DSV4_MOE_PF"), *w = getenv("DSV4_MOE_WG");
         mp_off = e && *e == '0';
         mp_wg = !(w && *w == '0');
+        const char *q = getenv("DSV4_MOE_RQ");
+        mt_rq = !(q && *q == '0');
     }
     /* pf: the FP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
     const size_t mp_smem = (size_t)MP2_DEPTH * (fmt == DSV4_WF_NVFP4 ? mp_fmt<DSV4_WF_NVFP4>::STAGE : mp_fmt<DSV4_WF_MXFP4>::STAGE);
@@ -1364,6 +1413,19 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         const mt_fn fp = fmt == DSV4_WF_NVFP4 ? mp_pick<DSV4_WF_NVFP4>(gateup, S, wg) : mp_pick<DSV4_WF_MXFP4>(gateup, S, wg);
         return mt_launch(fp, dim3(prm.gx, maxslots), MP_WARPS, 1, mp_smem, st,
                          gateup ? "moe_experts (gate/up, prefill pipeline)" : "moe_experts (down, prefill pipeline)", prm);
+    }
+    if (nw && xt == 1 && ntok >= MT_RQ_T && mt_rq && (gateup ? scratch != NULL : 1)) {
+        /* ring kernels with a chunk of MT_RQ_T or more tokens: x act-quantized once per row into the scratch (gate/up) or
+         * in place (down; the codes and scales of a row fit in its fp32 values), in the staged order of the kernel's x
+         * (XB = 1: e4m3 bytes, XB = 2: f16 codes), instead of once per block of every expert's 32-64 blocks (the same
+         * mt_quant of the same values: the same bits) */
+        const int rows = gateup ? T : T * K;
+        const int64_t ld = gateup ? (((int64_t)C * xb + 4 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C;
+        uint8_t *dst = gateup ? (uint8_t *)scratch : (uint8_t *)x;
+        if (mt_launch(mq_pick(fmt, xb == 1 ? 2 : 0), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant, ring)", x, (int64_t)C, dst,
+                      ld, rows, C, 0))
+            return -1;
+        prm.xq = dst, prm.xq_ld = ld;
     }
     const int alu = mt_alu == 1 && (mt_mode & DSV4_MOE_TC_ALU);
     mt_fn fn = gateup ? mt_pick<1>(fmt, xt, NT, pq, alu, nw) : mt_pick<0>(fmt, xt, NT, pq, alu, nw);
