@@ -674,10 +674,12 @@ static int tc_nub(int NU, int S, int KG) {
     }
     return m;
 }
-static size_t tc_smem(int fmt, int xt, int nt, int nub, int S) {
+/* nt2: the 16-token kernel (its slice partials hold two n-tiles); < 0: as nt says */
+static size_t tc_smem(int fmt, int xt, int nt, int nub, int S, int nt2 = -1) {
     size_t b = (size_t)xt * nt * tc_tok(fmt, nub) * 2 + (size_t)nt * nub * 4;
     b = (b + 15) & ~(size_t)15;
-    if (S > 1) b += (size_t)2 * TC_WARPS * (nt > 8 ? 2 : 1) * 32 * 16;
+    if (nt2 < 0) nt2 = nt > 8;
+    if (S > 1) b += (size_t)2 * TC_WARPS * (nt2 ? 2 : 1) * 32 * 16;
     return b;
 }
 /* Column slices S: from the shape and format only (so a row's summation order never depends on T): enough
@@ -743,6 +745,9 @@ static int tc_no_pdl = -1;
  * the wait queue behind these requests (NOTES "Decode GEMV fixed cost"); session 11's A/B: 0 was 1.5 % faster at
  * batch 1 than 2 (RESULTS "Session 11"). */
 static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 1, tc_prew = 0;
+/* tc_half: DSV4_LINEAR_HALF=1 runs every T on the 16-token kernel, whose steps are half as long (TC_CH / 2 chunks a
+ * lane: half the weight bytes requested ahead of x's loads; the same bits, as T = 9..16 shows) */
+static int tc_half = 0;
 #ifdef DSV4_TC_TRACE
 static unsigned long long *tc_trace; /* experiments: the next launch records its timeline here */
 extern "C" void dsv4_cuda_linear_trace(void *buf) { tc_trace = (unsigned long long *)buf; }
@@ -787,6 +792,7 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
         tc_xfast = env_int("DSV4_LINEAR_XFAST", tc_xfast) != 0;
         tc_kick = env_int("DSV4_LINEAR_KICK", tc_kick) != 0;
         tc_prew = env_int("DSV4_LINEAR_PREW", tc_prew);
+        tc_half = env_int("DSV4_LINEAR_HALF", tc_half) != 0;
         tc_prew = tc_prew < 0 ? 0 : tc_prew > 2 ? 2 : tc_prew;
     }
     const int fmt = jobs[0].w.fmt, S = q.S, KG = q.KG, KW = S / KG, RW = TC_WARPS / KW;
@@ -813,8 +819,9 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
     }
     for (int t0 = 0; t0 < T; t0 += TB) {
         a.p.t0 = t0, a.p.nt = T - t0 < TB ? T - t0 : TB;
-        tc_fn<NJ> fn = pick_tc<NJ>(fmt, q.xt, a.p.nt > 8);
-        const size_t smem = tc_smem(fmt, q.xt, a.p.nt, q.nub, S);
+        const int nt2 = a.p.nt > 8 || (tc_half && tc_smem(fmt, q.xt, a.p.nt, q.nub, S, 1) <= cap);
+        tc_fn<NJ> fn = pick_tc<NJ>(fmt, q.xt, nt2);
+        const size_t smem = tc_smem(fmt, q.xt, a.p.nt, q.nub, S, nt2);
         const int N = tc_max_clusters((const void *)fn, KG, smem);
         int ncl = 0;
         if (nj == 1) {
@@ -833,7 +840,7 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
          * that for 16 tokens) within tc_bpf_mb, at most a warp's steps */
         a.p.bpf = 0;
         if (tc_bpf_mb > 0) {
-            const int ch = a.p.nt > 8 ? TC_CH / 2 : TC_CH, nst = ((q.NU + S - 1) / S * tc_v(fmt) + ch - 1) / ch;
+            const int ch = nt2 ? TC_CH / 2 : TC_CH, nst = ((q.NU + S - 1) / S * tc_v(fmt) + ch - 1) / ch;
             int tot = 0; /* steps of a warp */
             for (int j = 0; j < nj; j++) {
                 const int n = (a.j[j].NRG + a.j[j].ncl - 1) / a.j[j].ncl * nst;
