@@ -1295,6 +1295,7 @@ static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (r
 static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the register kernel */
 static int mp_wg = -1;     /* DSV4_MOE_WG=0: 0, moe_pf2_kernel on mma.sync rather than wgmma */
 static int mt_rq = -1;     /* DSV4_MOE_RQ=0: 0, the ring kernels act-quantize x in every block (no moe_quant launch) */
+static int mt_nt1 = 2;     /* DSV4_MOE_NT1_AVG: 8-token decode chunks while experts average at most this many tokens (0: only T <= 8) */
 
 /* nw warps a block; ring: a ring kernel (carve-out hint) */
 template <typename F, typename... A>
@@ -1361,13 +1362,17 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         mp_wg = !(w && *w == '0');
         const char *q = getenv("DSV4_MOE_RQ");
         mt_rq = !(q && *q == '0');
+        const char *n1 = getenv("DSV4_MOE_NT1_AVG");
+        if (n1 && *n1) mt_nt1 = atoi(n1);
     }
     /* pf: the FP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
     const size_t mp_smem = (size_t)MP2_DEPTH * (fmt == DSV4_WF_NVFP4 ? mp_fmt<DSV4_WF_NVFP4>::STAGE : mp_fmt<DSV4_WF_MXFP4>::STAGE);
     const int pf = pq && (fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4) && S <= 2 && mp_off != 1 &&
                    !(mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF)) && mp_smem <= (size_t)dsv4_cuda_dev.smem_optin;
     const int wg = pf && mp_wg && !(mt_mode & DSV4_MOE_TC_PF2); /* ... on wgmma (x codes in its order) */
-    const int NT = pq ? 8 : xt == 1 && T <= 8 ? 1 : 2, ntok = pq ? 64 : (T < 8 * NT ? T : 8 * NT);
+    /* 8-token chunks (NT 1) up to 8 tokens, and with act quant while experts average at most mt_nt1 tokens (a chunk's x
+     * in one window of the 8-warp ring; an expert with more tokens takes more chunks, its weights read again), else 16 */
+    const int NT = pq ? 8 : xt == 1 && (T <= 8 || (int64_t)T * K <= (int64_t)mt_nt1 * E) ? 1 : 2, ntok = pq ? 64 : (T < 8 * NT ? T : 8 * NT);
     int W = pq ? pqw : NU, nw = 0, xb = 2; /* nw: warps a block of a ring kernel (0: the register-buffer kernels) */
     size_t ring = 0, smem;
     if (!mt_sm_smem) {
