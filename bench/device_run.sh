@@ -20,6 +20,11 @@ if [ -d build-gfw-deps ]; then
     export LD_LIBRARY_PATH="/usr/local/cuda/lib64:$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 bin=${DSV4:-}
+# binaries built elsewhere (scripts/gpu_bins.sh): unpacked over build-dev for every part (a warm machine may still hold
+# an older build there)
+if [ -z "$bin" ] && [ -f build-bin/gpu-bins.tar.xz ]; then
+    tar xJf build-bin/gpu-bins.tar.xz && export GPU_TEST_PREBUILT=1
+fi
 if [ -z "$bin" ]; then
     if [ -x build-dev/dsv4 ]; then bin=build-dev/dsv4; else bin=build-cuda/dsv4; fi
 fi
@@ -41,7 +46,8 @@ for p in $parts; do
     case $p in
     suite)
         if [ -f build-bin/gpu-bins.tar.xz ]; then # binaries built elsewhere (scripts/gpu_bins.sh): no build here
-            tar xJf build-bin/gpu-bins.tar.xz && export GPU_TEST_PREBUILT=1
+            [ -n "${GPU_TEST_PREBUILT:-}" ] || tar xJf build-bin/gpu-bins.tar.xz
+            export GPU_TEST_PREBUILT=1
             echo "suite: prebuilt binaries of $(head -n 1 build-bin/gpu-bins.commit 2>/dev/null)"
         fi
         if [ -n "${deps:-}" ]; then
