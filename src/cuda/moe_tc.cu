@@ -420,140 +420,140 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
         auto unit = [&](auto ntl_c) {
             constexpr int NTL = decltype(ntl_c)::value;
             const int ntlv = NT > 2 ? ntl : NTL;
-                int ew[2][2], kq[2][2];
-                uint32_t fq[2][2][2];
-                bool slow = false; /* ring, MXFP4: a group factor below the normal f16 range */
+            int ew[2][2], kq[2][2];
+            uint32_t fq[2][2][2];
+            bool slow = false; /* ring, MXFP4: a group factor below the normal f16 range */
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    if (FMT == DSV4_WF_MXFP4) {
+                        int e, em;
+                        if (RING) { /* the row's four group scales: the largest without shuffles */
+                            const uint32_t w = b.scw[t][m];
+                            e = (int)__byte_perm(w, 0u, 0x4440u + c);
+                            em = max(max((int)__byte_perm(w, 0u, 0x4440u), (int)__byte_perm(w, 0u, 0x4441u)),
+                                     max((int)__byte_perm(w, 0u, 0x4442u), (int)(w >> 24)));
+                        } else {
+                            e = (int)((b.sc[t] >> (8 * m)) & 0xffu);
+                            em = max(e, __shfl_xor_sync(0xffffffffu, e, 1));
+                            em = max(em, __shfl_xor_sync(0xffffffffu, em, 2));
+                        }
+                        const int k = e - em + MT_F4OFF(DEC);
+                        kq[t][m] = k, slow |= k < -14;
+                        /* ring: tc_f16x2_pow2(k) for k >= -14 (normal; the others below) */
+                        fq[t][m][0] = fq[t][m][1] = RING ? (uint32_t)(k + 15) * 0x04000400u : tc_f16x2_pow2(k);
+                        ew[t][m] = em;
+                    } else if (FMT == DSV4_WF_NVFP4) {
+                        const uint32_t sv = RING ? b.scw[t][m] >> (16 * (c & 1)) : b.sc[t] >> (16 * m);
+                        const uint32_t f = tc_hmul2(tc_e4m3x2_f16x2(sv), 0x54005400u); /* x 64, exact */
+                        fq[t][m][0] = (f & 0xffffu) * 0x10001u;
+                        fq[t][m][1] = (f >> 16) * 0x10001u;
+                        ew[t][m] = 127;
+                    } else {
+                        fq[t][m][0] = fq[t][m][1] = 0;
+                        ew[t][m] = (int)((b.sc[t] >> (8 * m)) & 0xffu);
+                    }
+                }
+            if (FMT == DSV4_WF_MXFP4 && RING && __any_sync(0xffffffffu, slow)) { /* rare: one branch for the warp */
 #pragma unroll
                 for (int t = 0; t < 2; t++)
 #pragma unroll
-                    for (int m = 0; m < 2; m++) {
-                        if (FMT == DSV4_WF_MXFP4) {
-                            int e, em;
-                            if (RING) { /* the row's four group scales: the largest without shuffles */
-                                const uint32_t w = b.scw[t][m];
-                                e = (int)__byte_perm(w, 0u, 0x4440u + c);
-                                em = max(max((int)__byte_perm(w, 0u, 0x4440u), (int)__byte_perm(w, 0u, 0x4441u)),
-                                         max((int)__byte_perm(w, 0u, 0x4442u), (int)(w >> 24)));
-                            } else {
-                                e = (int)((b.sc[t] >> (8 * m)) & 0xffu);
-                                em = max(e, __shfl_xor_sync(0xffffffffu, e, 1));
-                                em = max(em, __shfl_xor_sync(0xffffffffu, em, 2));
-                            }
-                            const int k = e - em + MT_F4OFF(DEC);
-                            kq[t][m] = k, slow |= k < -14;
-                            /* ring: tc_f16x2_pow2(k) for k >= -14 (normal; the others below) */
-                            fq[t][m][0] = fq[t][m][1] = RING ? (uint32_t)(k + 15) * 0x04000400u : tc_f16x2_pow2(k);
-                            ew[t][m] = em;
-                        } else if (FMT == DSV4_WF_NVFP4) {
-                            const uint32_t sv = RING ? b.scw[t][m] >> (16 * (c & 1)) : b.sc[t] >> (16 * m);
-                            const uint32_t f = tc_hmul2(tc_e4m3x2_f16x2(sv), 0x54005400u); /* x 64, exact */
-                            fq[t][m][0] = (f & 0xffffu) * 0x10001u;
-                            fq[t][m][1] = (f >> 16) * 0x10001u;
-                            ew[t][m] = 127;
-                        } else {
-                            fq[t][m][0] = fq[t][m][1] = 0;
-                            ew[t][m] = (int)((b.sc[t] >> (8 * m)) & 0xffu);
-                        }
-                    }
-                if (FMT == DSV4_WF_MXFP4 && RING && __any_sync(0xffffffffu, slow)) { /* rare: one branch for the warp */
+                    for (int m = 0; m < 2; m++) fq[t][m][0] = fq[t][m][1] = tc_f16x2_pow2(kq[t][m]);
+            }
+            float sx[NTL][2];
 #pragma unroll
-                    for (int t = 0; t < 2; t++)
+            for (int n = 0; n < NTL; n++)
 #pragma unroll
-                        for (int m = 0; m < 2; m++) fq[t][m][0] = fq[t][m][1] = tc_f16x2_pow2(kq[t][m]);
+                for (int kk = 0; kk < 2; kk++) {
+                    const int tk = 8 * n + 2 * c + kk;
+                    sx[n][kk] = tk < nt ? sb[tk * W + wu] : 1.0f;
                 }
-                float sx[NT][2];
+            if (RING || j > 0) { /* the sums so far into this unit's scale (powers of two: exact; the ring kernels also
+                                  * at j = 0, where every sum is +0: no branch) */
+                float fr[2][2], fx[NTL][2];
+#pragma unroll
+                for (int t = 0; t < 2; t++)
+#pragma unroll
+                    for (int m = 0; m < 2; m++) fr[t][m] = mt_pow2(ewp[t][m] - ew[t][m]);
 #pragma unroll
                 for (int n = 0; n < NTL; n++)
 #pragma unroll
-                    for (int kk = 0; kk < 2; kk++) {
-                        const int tk = 8 * n + 2 * c + kk;
-                        sx[n][kk] = tk < nt ? sb[tk * W + wu] : 1.0f;
-                    }
-                if (RING || j > 0) { /* the sums so far into this unit's scale (powers of two: exact; the ring kernels also
-                                      * at j = 0, where every sum is +0: no branch) */
-                    float fr[2][2], fx[NTL][2];
+                    for (int kk = 0; kk < 2; kk++) fx[n][kk] = mt_pow2(mt_exp(sxp[n][kk]) - mt_exp(sx[n][kk]));
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    if (n >= ntlv) break;
 #pragma unroll
                     for (int t = 0; t < 2; t++)
 #pragma unroll
-                        for (int m = 0; m < 2; m++) fr[t][m] = mt_pow2(ewp[t][m] - ew[t][m]);
+                        for (int k = 0; k < 4; k++) {
+                            float a = acc[t][n][k];
+                            if (FMT != DSV4_WF_NVFP4) a = __fmul_rn(a, fr[t][k >> 1]);
+                            acc[t][n][k] = __fmul_rn(a, fx[n][k & 1]);
+                        }
+                }
+            }
 #pragma unroll
-                    for (int n = 0; n < NTL; n++)
+            for (int t = 0; t < 2; t++)
 #pragma unroll
-                        for (int kk = 0; kk < 2; kk++) fx[n][kk] = mt_pow2(mt_exp(sxp[n][kk]) - mt_exp(sx[n][kk]));
+                for (int m = 0; m < 2; m++) ewp[t][m] = ew[t][m];
 #pragma unroll
-                    for (int n = 0; n < NT; n++) {
-                        if (n >= ntlv) break;
+            for (int n = 0; n < NTL; n++) sxp[n][0] = sx[n][0], sxp[n][1] = sx[n][1];
 #pragma unroll
-                        for (int t = 0; t < 2; t++)
+            for (int v = 0; v < V; v++)
 #pragma unroll
-                            for (int k = 0; k < 4; k++) {
-                                float a = acc[t][n][k];
-                                if (FMT != DSV4_WF_NVFP4) a = __fmul_rn(a, fr[t][k >> 1]);
-                                acc[t][n][k] = __fmul_rn(a, fx[n][k & 1]);
+                for (int jj = 0; jj < NSUB; jj++) {
+                    uint32_t A[2][2][4];
+#pragma unroll
+                    for (int t = 0; t < 2; t++)
+#pragma unroll
+                        for (int m = 0; m < 2; m++) mt_decode<FMT, DEC, RING>(b.q[t][m][v], jj, fq[t][m][jj >> 1], A[t][m]);
+                    const int js = FP4 ? (jj ^ ((c >> 1) & 1)) : jj;
+                    /* groups of up to 4 n-tiles: their x fragments first, then k-step 0 of every (tile, n-tile), then
+                     * k-step 1 (the two mma of one accumulator are 2 x NG apart); per accumulator the order is k, xt */
+                    constexpr int NG = NT <= 2 ? 1 : 4; /* decode sizes: one at a time (registers) */
+#pragma unroll
+                    for (int n0 = 0; n0 < NT; n0 += NG) {
+                        if (n0 >= ntlv) break;
+                        uint32_t B[NG][XT][4];
+#pragma unroll
+                        for (int n = 0; n < NG; n++) {
+                            const int tk = 8 * (n0 + n) + g;
+#pragma unroll
+                            for (int xt = 0; xt < XT; xt++) {
+                                if (XB == 1) { /* e4m3 codes to f16 as the staging of XB = 2 does: the same bits */
+                                    /* tokens past nt: token nt - 1 again (staged); a token's values reach only its own
+                                     * accumulator column, and those columns are never stored */
+                                    const unsigned char *bp = xs8 + (size_t)(tk < nt ? tk : nt - 1) * tok + wu * 128 + (v * 4 + c) * E + jj * 8;
+                                    const uint2 q = *(const uint2 *)bp;
+                                    B[n][xt][0] = mt_e4m3x2_lo(q.x), B[n][xt][1] = mt_e4m3x2_hi(q.x);
+                                    B[n][xt][2] = mt_e4m3x2_lo(q.y), B[n][xt][3] = mt_e4m3x2_hi(q.y);
+                                } else if (RING) {
+                                    /* tokens past nt: token nt - 1 again, as above */
+                                    const uint16_t *bp = xb + ((size_t)xt * ntok + (tk < nt ? tk : nt - 1)) * tok + wu * 128 + (v * 4 + c) * E + js * 8;
+                                    const uint4 q = *(const uint4 *)bp;
+                                    B[n][xt][0] = q.x, B[n][xt][1] = q.y, B[n][xt][2] = q.z, B[n][xt][3] = q.w;
+                                } else {
+                                    const uint16_t *bp = xb + ((size_t)xt * ntok + tk) * tok + wu * 128 + (v * 4 + c) * E + js * 8;
+                                    const uint4 q = tk < nt ? *(const uint4 *)bp : make_uint4(0, 0, 0, 0);
+                                    B[n][xt][0] = q.x, B[n][xt][1] = q.y, B[n][xt][2] = q.z, B[n][xt][3] = q.w;
+                                }
+                            }
+                        }
+#pragma unroll
+                        for (int k = 0; k < 2; k++)
+#pragma unroll
+                            for (int n = 0; n < NG; n++) {
+                                if (n0 + n >= ntlv) break;
+#pragma unroll
+                                for (int t = 0; t < 2; t++)
+#pragma unroll
+                                    for (int xt = 0; xt < XT; xt++)
+                                        tc_mma<0>(acc[t][n0 + n], A[t][0][2 * k], A[t][1][2 * k], A[t][0][2 * k + 1], A[t][1][2 * k + 1],
+                                                  B[n][xt][2 * k], B[n][xt][2 * k + 1]);
                             }
                     }
                 }
-#pragma unroll
-                for (int t = 0; t < 2; t++)
-#pragma unroll
-                    for (int m = 0; m < 2; m++) ewp[t][m] = ew[t][m];
-#pragma unroll
-                for (int n = 0; n < NTL; n++) sxp[n][0] = sx[n][0], sxp[n][1] = sx[n][1];
-#pragma unroll
-                for (int v = 0; v < V; v++)
-#pragma unroll
-                    for (int jj = 0; jj < NSUB; jj++) {
-                        uint32_t A[2][2][4];
-#pragma unroll
-                        for (int t = 0; t < 2; t++)
-#pragma unroll
-                            for (int m = 0; m < 2; m++) mt_decode<FMT, DEC, RING>(b.q[t][m][v], jj, fq[t][m][jj >> 1], A[t][m]);
-                        const int js = FP4 ? (jj ^ ((c >> 1) & 1)) : jj;
-                        /* groups of up to 4 n-tiles: their x fragments first, then k-step 0 of every (tile, n-tile), then
-                         * k-step 1 (the two mma of one accumulator are 2 x NG apart); per accumulator the order is k, xt */
-                        constexpr int NG = NT <= 2 ? 1 : 4; /* decode sizes: one at a time (registers) */
-#pragma unroll
-                        for (int n0 = 0; n0 < NT; n0 += NG) {
-                            if (n0 >= ntlv) break;
-                            uint32_t B[NG][XT][4];
-#pragma unroll
-                            for (int n = 0; n < NG; n++) {
-                                const int tk = 8 * (n0 + n) + g;
-#pragma unroll
-                                for (int xt = 0; xt < XT; xt++) {
-                                    if (XB == 1) { /* e4m3 codes to f16 as the staging of XB = 2 does: the same bits */
-                                        /* tokens past nt: token nt - 1 again (staged); a token's values reach only its own
-                                         * accumulator column, and those columns are never stored */
-                                        const unsigned char *bp = xs8 + (size_t)(tk < nt ? tk : nt - 1) * tok + wu * 128 + (v * 4 + c) * E + jj * 8;
-                                        const uint2 q = *(const uint2 *)bp;
-                                        B[n][xt][0] = mt_e4m3x2_lo(q.x), B[n][xt][1] = mt_e4m3x2_hi(q.x);
-                                        B[n][xt][2] = mt_e4m3x2_lo(q.y), B[n][xt][3] = mt_e4m3x2_hi(q.y);
-                                    } else if (RING) {
-                                        /* tokens past nt: token nt - 1 again, as above */
-                                        const uint16_t *bp = xb + ((size_t)xt * ntok + (tk < nt ? tk : nt - 1)) * tok + wu * 128 + (v * 4 + c) * E + js * 8;
-                                        const uint4 q = *(const uint4 *)bp;
-                                        B[n][xt][0] = q.x, B[n][xt][1] = q.y, B[n][xt][2] = q.z, B[n][xt][3] = q.w;
-                                    } else {
-                                        const uint16_t *bp = xb + ((size_t)xt * ntok + tk) * tok + wu * 128 + (v * 4 + c) * E + js * 8;
-                                        const uint4 q = tk < nt ? *(const uint4 *)bp : make_uint4(0, 0, 0, 0);
-                                        B[n][xt][0] = q.x, B[n][xt][1] = q.y, B[n][xt][2] = q.z, B[n][xt][3] = q.w;
-                                    }
-                                }
-                            }
-#pragma unroll
-                            for (int k = 0; k < 2; k++)
-#pragma unroll
-                                for (int n = 0; n < NG; n++) {
-                                    if (n0 + n >= ntlv) break;
-#pragma unroll
-                                    for (int t = 0; t < 2; t++)
-#pragma unroll
-                                        for (int xt = 0; xt < XT; xt++)
-                                            tc_mma<0>(acc[t][n0 + n], A[t][0][2 * k], A[t][1][2 * k], A[t][0][2 * k + 1], A[t][1][2 * k + 1],
-                                                      B[n][xt][2 * k], B[n][xt][2 * k + 1]);
-                                }
-                        }
-                    }
         };
         if (act) {
             if (NT == 1) unit(mt_int<1>());
