@@ -18,6 +18,7 @@
  * shared-memory read of a row feeds 4 heads). Note: an entry's weight is exact math's to ~1e-6; the CPU twin's
  * scores (a sequential float sum over the dims) are further from it than these (a tree), see test_attn_kv8. */
 #include "common.cuh"
+#include "attn_fold.cuh"
 #include "kv_cache.cuh"
 
 #define AK_S 32       /* entries per sub-split: one per lane */
@@ -86,70 +87,6 @@ static ak_geom ak_geometry(int nidx) {
     g.sp = g.ns > AK_MAXSPAN ? (g.ns + AK_MAXSPAN - 1) / AK_MAXSPAN : 1;
     g.nspan = (g.ns + g.sp - 1) / g.sp;
     return g;
-}
-/* floats of one span state in scratch: m, l, 2 pad, then the dims rounded up to 4 */
-static __host__ __device__ inline int64_t ak_pst(int Dh) { return 4 + 4 * (int64_t)((Dh + 3) / 4); }
-
-/* Folding a state (m, l, x) into (M, L, O), m finite: Mn = max(M, m), L = l b + L a, O = x b + O a. The same
- * operations in the kernel (full mode) and in attn_kv8_combine (partial mode). */
-__device__ __forceinline__ void ak_coef(float M, float m, float &Mn, float &a, float &b) {
-    Mn = fmaxf(M, m);
-    a = M == -INFINITY ? 0.0f : expf(M - Mn);
-    b = expf(m - Mn);
-}
-__device__ __forceinline__ float ak_fold1(float o, float a, float x, float b) { return fmaf(x, b, __fmul_rn(o, a)); }
-__device__ __forceinline__ float4 ak_fold4(float4 o, float a, float4 x, float b) {
-    return make_float4(ak_fold1(o.x, a, x.x, b), ak_fold1(o.y, a, x.y, b), ak_fold1(o.z, a, x.z, b), ak_fold1(o.w, a, x.w, b));
-}
-__device__ __forceinline__ float4 ak_fin4(float4 o, float den) {
-    if (!(den > 0)) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    return make_float4(__fdiv_rn(o.x, den), __fdiv_rn(o.y, den), __fdiv_rn(o.z, den), __fdiv_rn(o.w, den));
-}
-__device__ __forceinline__ float ak_den(float M, float L, float sink) {
-    return M == -INFINITY ? 0.0f : __fadd_rn(L, expf(sink - M));
-}
-/* 4 floats from p of which n (may be < 4) exist; vec: p is 16-byte aligned whenever n >= 4 */
-__device__ __forceinline__ float4 ak_ld4(const float *p, int n, int vec) {
-    if (vec && n >= 4) return *(const float4 *)p;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (n > 0) v.x = p[0];
-    if (n > 1) v.y = p[1];
-    if (n > 2) v.z = p[2];
-    if (n > 3) v.w = p[3];
-    return v;
-}
-__device__ __forceinline__ void ak_st4(float *p, int n, float4 v, int vec) {
-    if (vec && n >= 4) {
-        *(float4 *)p = v;
-        return;
-    }
-    if (n > 0) p[0] = v.x;
-    if (n > 1) p[1] = v.y;
-    if (n > 2) p[2] = v.z;
-    if (n > 3) p[3] = v.w;
-}
-/* The output's inverse RoPE (rope_kernel with inverse = 1: the same operations, so the same bits as storing and then
- * rotating): the pairs of the last R dims, pair i at angle pos x freq[i]; freq NULL: none */
-struct ak_rope {
-    const float *freq;
-    const int *pos;
-};
-__device__ __forceinline__ void ak_unrot(float &a, float &b, float p, float f) {
-    const float ang = __fmul_rn(p, f);
-    const float c = cosf(ang), s = -sinf(ang);
-    const float x = a, y = b;
-    a = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
-    b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
-}
-/* v holds dims d .. d + 3 (d a multiple of 4; those past Dh unused) of query t's row */
-__device__ __forceinline__ float4 ak_rope4(float4 v, int d, int Dh, int R, ak_rope ro, int t) {
-    const int r0 = Dh - R;
-    if (!ro.freq || d < r0) return v;
-    const float p = (float)ro.pos[t];
-    const int i = (d - r0) >> 1;
-    ak_unrot(v.x, v.y, p, ro.freq[i]);
-    if (d + 2 < Dh) ak_unrot(v.z, v.w, p, ro.freq[i + 1]);
-    return v;
 }
 __device__ __forceinline__ float4 ak_fma4(float p, float4 k, float4 a) {
     return make_float4(fmaf(p, k.x, a.x), fmaf(p, k.y, a.y), fmaf(p, k.z, a.z), fmaf(p, k.w, a.w));
@@ -434,7 +371,7 @@ __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(cons
                 const int d = 128 * c + 4 * lane;
                 if (d >= Dh) break;
                 const float4 o = tot ? *(const float4 *)(Ot + (warp * HB + h) * DPAD + d) : Os[h][c];
-                ak_st4(out + ((int64_t)t * H + hh) * Dh + d, Dh - d, ak_rope4(ak_fin4(o, den), d, Dh, R, orope, t), vec);
+                ak_st4(out + ((int64_t)t * H + hh) * Dh + d, Dh - d, ak_rope4(ak_fin4(o, den, 1.0f), d, Dh, R, orope, t), vec);
             }
         }
     }
@@ -443,8 +380,8 @@ __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(cons
 /* one block per (head, query): folds the query's span states in order (the full mode's operations); the states come in
  * AK_CB at a time, all loads in flight, then fold in order */
 #define AK_CB 16
-__global__ void attn_kv8_combine(const float *part, int H, int Dh, int R, int nspan, const float *sink, float *out, int vec,
-                                 ak_rope ro) {
+__global__ void attn_kv8_combine(const float *part, int H, int Dh, int R, int nspan, const float *sink, float oscale,
+                                 float *out, int vec, ak_rope ro) {
     dev_pdl_enter();
     const int h = blockIdx.x, t = blockIdx.y, nq4 = (Dh + 3) >> 2;
     const int64_t pst = ak_pst(Dh);
@@ -474,9 +411,15 @@ __global__ void attn_kv8_combine(const float *part, int H, int Dh, int R, int ns
                 M = Mn;
             }
         }
-        ak_st4(out + ((int64_t)t * H + h) * Dh + 4 * c, Dh - 4 * c, ak_rope4(ak_fin4(O, ak_den(M, L, sk)), 4 * c, Dh, R, ro, t),
+        ak_st4(out + ((int64_t)t * H + h) * Dh + 4 * c, Dh - 4 * c, ak_rope4(ak_fin4(O, ak_den(M, L, sk), oscale), 4 * c, Dh, R, ro, t),
                vec);
     }
+}
+
+int ak_combine_launch(const float *part, int T, int H, int Dh, int R, int nspan, const float *sink, float oscale,
+                      float *out, int vec, ak_rope ro, cudaStream_t st) {
+    dev_launch(attn_kv8_combine, dim3(H, T), 128, 0, st, part, H, Dh, R, nspan, sink, oscale, out, vec, ro);
+    return dsv4_cuda_check_launch("attn_kv8_combine");
 }
 
 /* launch shapes: (heads per warp, warps per block), most heads per block first */
@@ -518,8 +461,7 @@ static int ak_launch(const float *q, int T, int H, int Dh, int R, const uint8_t 
                scratch, g.ns, g.sp, g.nspan, vec, ro);
     if (dsv4_cuda_check_launch("attn_kv8")) return -1;
     if (!full) {
-        dev_launch(attn_kv8_combine, dim3(H, T), 128, 0, st, scratch, H, Dh, R, g.nspan, sink, out, vec, ro);
-        return dsv4_cuda_check_launch("attn_kv8_combine");
+        return ak_combine_launch(scratch, T, H, Dh, R, g.nspan, sink, 1.0f, out, vec, ro, st);
     }
     return 0;
 }

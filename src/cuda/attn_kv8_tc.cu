@@ -1,6 +1,6 @@
-/* attn_kv8_tc.cu - the sparse attention of prefill passes (dsv4_cuda_attn_kv8_tc, kv_cache.h): the math of
- * dsv4_cuda_attn_kv8 on tensor cores (mma.sync m16n8k16, f16 operands, fp32 accumulate). Decode steps keep
- * dsv4_cuda_attn_kv8 (attn_kv8.cu), untouched.
+/* attn_kv8_tc.cu - the sparse attention on tensor cores, for prefill passes (dsv4_cuda_attn_kv8_tc) and decode steps
+ * (dsv4_cuda_attn_kv8_tc_dec; kv_cache.h): the math of dsv4_cuda_attn_kv8 (mma.sync m16n8k16, f16 operands, fp32
+ * accumulate).
  *
  * A block takes one query and 64 of its heads (they share the query's entry list): warp (g, hf) of 8 holds heads
  * 16 g .. 16 g + 15 and dims 256 hf .. 256 hf + 255 (of 512: q and rows zero-padded). The list goes in tiles of 32
@@ -13,14 +13,19 @@
  *    max m, sum l of the fp32 p);
  *  - p 2^12 = ph + pl (f16 each); O[16 heads x 256 dims] += ph.V + pl.V (+ ph.V_lo on the rope dims), fp32 in
  *    registers.
- * Long lists: O goes into out after every TC_F tiles (1024 entries; out = out e^(m' - m) + O), so that no tensor-core
- * accumulator takes more than a span's terms. out = O / (l + exp(sink - m)); zeros for a query without entries. Every sum's order depends only on the query's own
- * list (batch invariant, repeatable); the bits are not dsv4_cuda_attn_kv8's (another order: ~1e-6 relative).
+ * The list is cut in spans of spt tiles (prefill 32: no tensor-core accumulator takes more than 1024 entries' terms;
+ * decode DSV4_CUDA_ATTN_TC_SPT, default 2, for parallelism at batch 1); each span's state (m, l, O) starts afresh and
+ * is folded in order into the total (attn_fold.cuh: the operations of attn_kv8_combine), either by the query's block
+ * (the total's O waits in out between spans) or by attn_kv8_combine over the states a block per span left in scratch.
+ * out = O / (L + exp(sink - M)); zeros for a query without entries. Every sum's order depends only on the query's own
+ * list and spt (batch invariant, repeatable, the same for both launch shapes); the bits are not dsv4_cuda_attn_kv8's
+ * (another order: ~1e-6 relative).
  * Range: f16 holds an FP8 value exactly when it is 0 or 2^-21 <= |v| < 65504 (kv_norm'd rows are; smaller ones keep
  * an absolute error < 2^-25); q must stay under 65504 (it is RMS-normed). Rows of kv2 (the pass's own kv): non-rope
  * dims FP8-simulated (forward_cuda.c quantizes w->kv; taken as hi only), rope dims fp32 (hi + lo). */
 #include <cuda_fp16.h>
 
+#include "attn_fold.cuh"
 #include "common.cuh"
 #include "kv_cache.cuh"
 
@@ -30,7 +35,13 @@
 #define TC_NT 256 /* threads: 8 warps */
 #define TC_LO 64  /* dims with a lo term in the rows: nope .. nope + 63 (the rope dims) */
 #define TC_PS 4096.0f /* p is split as p x 2^12 (f16 subnormals only below p 2^-26); O carries the factor */
-#define TC_F 32       /* tiles per span: O (the tensor cores' running sum) goes into out after each, fp32 in order */
+#define TC_F 32       /* prefill: tiles per span (no tensor-core accumulator takes more than a span's terms) */
+#define TC_MAXSPAN 32 /* spans per query at most: a span takes ceil(tiles / 32) tiles if that is more than asked */
+#define TC_PMAX_T 32  /* decode: a block per span (partials in scratch) for T <= this (bounds the scratch) */
+/* decode: layers whose lists hold at least this many entries take the tensor cores (V4: the ratio-4 layers' 640 and,
+ * at long capacities, the ratio-128 ones). Shorter lists stay on attn_kv8: at batch 1 this kernel's blocks take
+ * ~30 us whatever the list (few blocks, latency-bound), attn_kv8 12-22 us (bench/NOTES.md, session 14). */
+#define TC_DEC_MIN 512
 
 /* halves from a row's start to its 16-byte chunk c: chunks XOR-swizzled by row (ldmatrix without bank conflicts) */
 __device__ __forceinline__ int tc_sw(int r, int c) { return (c ^ (r & 7)) << 3; }
@@ -73,14 +84,18 @@ __device__ __forceinline__ void tc_pair_sync(int g) { asm volatile("bar.sync %0,
 
 static size_t tc_smem(int Dh, int R) {
     return sizeof(__half) * ((size_t)2 * TC_HB * TC_D + (size_t)TC_N * TC_D + (size_t)TC_N * TC_LO) +
-           sizeof(float) * 8 * 16 * TC_N + sizeof(int) * 2 * TC_N + (size_t)TC_N * dsv4_kv_row_bytes(Dh, R);
+           sizeof(float) * (8 * 16 * TC_N + 8 * 16 * 2) + sizeof(int) * 2 * TC_N + (size_t)TC_N * dsv4_kv_row_bytes(Dh, R);
 }
 
-/* Block (query blockIdx.x, heads blockIdx.y * 64 ..). vec: q and kv2 rows 16-byte aligned, Dh % 4 == 0. */
+/* Block (query blockIdx.x, heads blockIdx.y * 64 .., span blockIdx.z; gridDim.z == 1: every span, each span's state
+ * folded here into the total, which waits in out between spans). Spans of spt tiles, nspan of them; a block per span
+ * writes its state (m, l, O x 2^12) to part for ak_combine_launch. vec: q and kv2 rows 16-byte aligned, Dh % 4 == 0.
+ * orope: the output's inverse RoPE (freq NULL: none). */
 __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, int H, int Dh, int R,
                                                               const uint8_t *const *base, const float *kv2,
                                                               const int *idx, int nidx, const float *sink, float scale,
-                                                              float *out, int vec) {
+                                                              float *out, float *part, int spt, int nspan, int vec,
+                                                              ak_rope orope) {
     dev_pdl_enter();
     extern __shared__ __align__(16) uint8_t tsm[];
     __half *Qh = (__half *)tsm;              /* [64 heads][512] q hi */
@@ -88,7 +103,8 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
     __half *Kh = Ql + TC_HB * TC_D;          /* [32 entries][512] rows (hi) */
     __half *Kl = Kh + TC_N * TC_D;           /* [32][64] lo of dims nope .. nope + 63 */
     float *Sx = (float *)(Kl + TC_N * TC_LO); /* [8 warps][16][32] partial scores, fragment order */
-    int *ids = (int *)(Sx + 8 * 16 * TC_N);  /* [2][32] entry ids, double-buffered */
+    float *Tml = Sx + 8 * 16 * TC_N;         /* [8 warps][16 rows][M, L] the total's (full mode; O waits in out) */
+    int *ids = (int *)(Tml + 8 * 16 * 2);    /* [2][32] entry ids, double-buffered */
     uint8_t *raw = (uint8_t *)(ids + 2 * TC_N); /* [32][rb] cache rows as stored */
 
     const int t = blockIdx.x, h0 = blockIdx.y * TC_HB, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -97,6 +113,8 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
     const int nope = Dh - R, ro = dsv4_kv_rope_off(Dh, R), nchk = (int)(rb >> 4), ns = (nidx + TC_N - 1) / TC_N;
     const uint8_t *cache = base ? base[t] : NULL;
     const int *lidx = idx + (int64_t)t * nidx;
+    const bool full = gridDim.z == 1;
+    const int s_begin = full ? 0 : blockIdx.z * spt, s_end = full ? ns : min(ns, s_begin + spt);
 
     auto fetch = [&](int s, int i) {
         const int e = s * TC_N + i;
@@ -113,9 +131,12 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         }
         dev_cp_commit();
     };
-    if (tid < TC_N) ids[tid] = fetch(0, tid);
+    if (tid < TC_N) ids[tid] = fetch(s_begin, tid);
+    __syncthreads();
+    issue(s_begin, ids); /* the first tile's rows come in while q is split */
 
-    /* q of the block's heads as hi + lo (zeros past H and Dh) */
+    /* q of the block's heads as hi + lo (zeros past H and Dh); 8 steps' loads in flight */
+#pragma unroll 8
     for (int u = tid; u < TC_HB * (TC_D / 8); u += TC_NT) {
         const int r = u >> 6, c = u & 63, hh = h0 + r, d0 = 8 * c;
         float v[8];
@@ -138,261 +159,358 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
     }
     __syncthreads();
-    issue(0, ids);
 
     float O[32][4];
 #pragma unroll
     for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* rows gr and gr + 8 of the warp's heads */
-    float mf0 = -INFINITY, mf1 = -INFINITY; /* m when O last went into out (spans) */
-    bool fl = false;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* the span's state, rows gr and gr + 8 of the warp's heads */
+    if (tq == 0) /* the quad's lanes hold the same values: lane 4 gr keeps them */
+        Tml[(warp * 16 + gr) * 2] = Tml[(warp * 16 + gr + 8) * 2] = -INFINITY,
+        Tml[(warp * 16 + gr) * 2 + 1] = Tml[(warp * 16 + gr + 8) * 2 + 1] = 0.0f;
     const int hA = h0 + 16 * g + gr, hB = hA + 8;
-    float *oA = out + ((int64_t)t * H + hA) * Dh, *oB = out + ((int64_t)t * H + hB) * Dh;
     const bool lo_mine = (nope >> 8) == hf; /* the rope dims lie in this warp's half */
     /* ldmatrix row / chunk of this lane: A (q), B of q.k (rows of K), B of p.V (rows of V, transposed) */
     const int ra = 16 * g + (lane & 7) + ((lane >> 3) & 1) * 8, ca = lane >> 4;
     const int rk = (lane & 7) + (lane >> 4) * 8, ck = (lane >> 3) & 1;
     const int rv = (lane & 7) + ((lane >> 3) & 1) * 8, cv = lane >> 4;
 
-    for (int s = 0; s < ns; s++) {
-        const int *cid = ids + (s & 1) * TC_N;
-        dev_cp_wait<0>();
-        __syncthreads(); /* raw rows in; every warp is done with the previous tile */
-        if (tid < TC_N && s + 1 < ns) ids[((s + 1) & 1) * TC_N + tid] = fetch(s + 1, tid);
-        /* rows into Kh / Kl: a thread per 8 dims of a row */
+    for (int s0 = s_begin; s0 < s_end; s0 += spt) { /* the block's spans */
+        const int s1 = min(s_end, s0 + spt);
+        for (int s = s0; s < s1; s++) {
+            const int *cid = ids + ((s - s_begin) & 1) * TC_N;
+            dev_cp_wait<0>();
+            __syncthreads(); /* raw rows in; every warp is done with the previous tile */
+            if (tid < TC_N && s + 1 < s_end) ids[((s + 1 - s_begin) & 1) * TC_N + tid] = fetch(s + 1, tid);
+            /* rows into Kh / Kl: a thread per 8 dims of a row */
 #pragma unroll 4
-        for (int k = 0; k < TC_N * (TC_D / 8) / TC_NT; k++) {
-            const int u = tid + k * TC_NT, i = u >> 6, c = u & 63, d0 = 8 * c, id = cid[i];
-            float v[8];
+            for (int k = 0; k < TC_N * (TC_D / 8) / TC_NT; k++) {
+                const int u = tid + k * TC_NT, i = u >> 6, c = u & 63, d0 = 8 * c, id = cid[i];
+                float v[8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = 0.0f;
-            if (id >= 0 && d0 < Dh) {
-                const uint8_t *row = raw + i * rb;
-                if (d0 + 8 <= nope) {
-                    const uint2 w = *(const uint2 *)(row + d0);
-                    const float sc = dev_e8m0(row[nope + d0 / 64]);
-                    const float2 a = dev_e4m3x2((uint16_t)w.x), b = dev_e4m3x2((uint16_t)(w.x >> 16));
-                    const float2 e = dev_e4m3x2((uint16_t)w.y), f = dev_e4m3x2((uint16_t)(w.y >> 16));
-                    v[0] = a.x * sc, v[1] = a.y * sc, v[2] = b.x * sc, v[3] = b.y * sc;
-                    v[4] = e.x * sc, v[5] = e.y * sc, v[6] = f.x * sc, v[7] = f.y * sc;
-                } else if (d0 >= nope && d0 + 8 <= Dh) {
-                    const uint4 w = *(const uint4 *)(row + ro + 2 * (d0 - nope));
-                    v[0] = dev_bf16((uint16_t)w.x), v[1] = dev_bf16((uint16_t)(w.x >> 16));
-                    v[2] = dev_bf16((uint16_t)w.y), v[3] = dev_bf16((uint16_t)(w.y >> 16));
-                    v[4] = dev_bf16((uint16_t)w.z), v[5] = dev_bf16((uint16_t)(w.z >> 16));
-                    v[6] = dev_bf16((uint16_t)w.w), v[7] = dev_bf16((uint16_t)(w.w >> 16));
-                } else {
+                for (int j = 0; j < 8; j++) v[j] = 0.0f;
+                if (id >= 0 && d0 < Dh) {
+                    const uint8_t *row = raw + i * rb;
+                    if (d0 + 8 <= nope) {
+                        const uint2 w = *(const uint2 *)(row + d0);
+                        const float sc = dev_e8m0(row[nope + d0 / 64]);
+                        const float2 a = dev_e4m3x2((uint16_t)w.x), b = dev_e4m3x2((uint16_t)(w.x >> 16));
+                        const float2 e = dev_e4m3x2((uint16_t)w.y), f = dev_e4m3x2((uint16_t)(w.y >> 16));
+                        v[0] = a.x * sc, v[1] = a.y * sc, v[2] = b.x * sc, v[3] = b.y * sc;
+                        v[4] = e.x * sc, v[5] = e.y * sc, v[6] = f.x * sc, v[7] = f.y * sc;
+                    } else if (d0 >= nope && d0 + 8 <= Dh) {
+                        const uint4 w = *(const uint4 *)(row + ro + 2 * (d0 - nope));
+                        v[0] = dev_bf16((uint16_t)w.x), v[1] = dev_bf16((uint16_t)(w.x >> 16));
+                        v[2] = dev_bf16((uint16_t)w.y), v[3] = dev_bf16((uint16_t)(w.y >> 16));
+                        v[4] = dev_bf16((uint16_t)w.z), v[5] = dev_bf16((uint16_t)(w.z >> 16));
+                        v[6] = dev_bf16((uint16_t)w.w), v[7] = dev_bf16((uint16_t)(w.w >> 16));
+                    } else {
 #pragma unroll
-                    for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? dev_kv_at(row, Dh, R, d0 + j) : 0.0f;
+                        for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? dev_kv_at(row, Dh, R, d0 + j) : 0.0f;
+                    }
+                } else if (id < -1 && d0 < Dh) {
+                    const float *row = kv2 + (int64_t)(-id - 2) * Dh + d0;
+                    if (vec && d0 + 8 <= Dh) {
+                        const float4 a = *(const float4 *)row, b = *(const float4 *)(row + 4);
+                        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? row[j] : 0.0f;
+                    }
                 }
-            } else if (id < -1 && d0 < Dh) {
-                const float *row = kv2 + (int64_t)(-id - 2) * Dh + d0;
-                if (vec && d0 + 8 <= Dh) {
-                    const float4 a = *(const float4 *)row, b = *(const float4 *)(row + 4);
-                    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? row[j] : 0.0f;
+                uint4 hi, lo;
+                if (d0 >= nope && d0 < nope + TC_LO) {
+                    tc_split8(v, hi, lo);
+                    *(uint4 *)(Kl + i * TC_LO + tc_sw(i, (d0 - nope) >> 3)) = lo;
+                } else { /* FP8 values (exact) */
+                    hi.x = tc_u32(__floats2half2_rn(v[0], v[1])), hi.y = tc_u32(__floats2half2_rn(v[2], v[3]));
+                    hi.z = tc_u32(__floats2half2_rn(v[4], v[5])), hi.w = tc_u32(__floats2half2_rn(v[6], v[7]));
                 }
+                *(uint4 *)(Kh + i * TC_D + tc_sw(i, c)) = hi;
             }
-            uint4 hi, lo;
-            if (d0 >= nope && d0 < nope + TC_LO) {
-                tc_split8(v, hi, lo);
-                *(uint4 *)(Kl + i * TC_LO + tc_sw(i, (d0 - nope) >> 3)) = lo;
-            } else { /* FP8 values (exact) */
-                hi.x = tc_u32(__floats2half2_rn(v[0], v[1])), hi.y = tc_u32(__floats2half2_rn(v[2], v[3]));
-                hi.z = tc_u32(__floats2half2_rn(v[4], v[5])), hi.w = tc_u32(__floats2half2_rn(v[6], v[7]));
-            }
-            *(uint4 *)(Kh + i * TC_D + tc_sw(i, c)) = hi;
-        }
-        __syncthreads(); /* Kh / Kl and the next ids are in; raw is free */
-        if (s + 1 < ns) issue(s + 1, ids + ((s + 1) & 1) * TC_N);
+            __syncthreads(); /* Kh / Kl and the next ids are in; raw is free */
+            if (s + 1 < s_end) issue(s + 1, ids + ((s + 1 - s_begin) & 1) * TC_N);
 
-        /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators */
-        float sa[4][4], sb[4][4];
+            /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators */
+            float sa[4][4], sb[4][4];
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+            for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
+                for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
 #pragma unroll 4
-        for (int kk = 0; kk < 16; kk++) {
-            const int c0 = 32 * hf + 2 * kk;
-            uint32_t a[4], al[4], b0[4], b1[4];
-            tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
-            tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
-            tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
-            tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
-            tc_mma(sa[0], a, b0[0], b0[1]);
-            tc_mma(sa[1], a, b0[2], b0[3]);
-            tc_mma(sa[2], a, b1[0], b1[1]);
-            tc_mma(sa[3], a, b1[2], b1[3]);
-            tc_mma(sb[0], al, b0[0], b0[1]);
-            tc_mma(sb[1], al, b0[2], b0[3]);
-            tc_mma(sb[2], al, b1[0], b1[1]);
-            tc_mma(sb[3], al, b1[2], b1[3]);
-        }
-        if (lo_mine) { /* q hi . k lo over the rope dims */
-#pragma unroll
-            for (int kk = 0; kk < TC_LO / 16; kk++) {
-                uint32_t a[4], b0[4], b1[4];
-                tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
-                tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
-                tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
-                tc_mma(sb[0], a, b0[0], b0[1]);
-                tc_mma(sb[1], a, b0[2], b0[3]);
-                tc_mma(sb[2], a, b1[0], b1[1]);
-                tc_mma(sb[3], a, b1[2], b1[3]);
+            for (int kk = 0; kk < 16; kk++) {
+                const int c0 = 32 * hf + 2 * kk;
+                uint32_t a[4], al[4], b0[4], b1[4];
+                tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
+                tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
+                tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
+                tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
+                tc_mma(sa[0], a, b0[0], b0[1]);
+                tc_mma(sa[1], a, b0[2], b0[3]);
+                tc_mma(sa[2], a, b1[0], b1[1]);
+                tc_mma(sa[3], a, b1[2], b1[3]);
+                tc_mma(sb[0], al, b0[0], b0[1]);
+                tc_mma(sb[1], al, b0[2], b0[3]);
+                tc_mma(sb[2], al, b1[0], b1[1]);
+                tc_mma(sb[3], al, b1[2], b1[3]);
             }
-        }
-        /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
-        float S[16];
+            if (lo_mine) { /* q hi . k lo over the rope dims */
 #pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                S[4 * n + j] = sa[n][j] + sb[n][j];
-                Sx[(warp * 16 + 4 * n + j) * TC_N + lane] = S[4 * n + j];
+                for (int kk = 0; kk < TC_LO / 16; kk++) {
+                    uint32_t a[4], b0[4], b1[4];
+                    tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
+                    tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
+                    tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
+                    tc_mma(sb[0], a, b0[0], b0[1]);
+                    tc_mma(sb[1], a, b0[2], b0[3]);
+                    tc_mma(sb[2], a, b1[0], b1[1]);
+                    tc_mma(sb[3], a, b1[2], b1[3]);
+                }
             }
-        tc_pair_sync(g);
+            /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
+            float S[16];
 #pragma unroll
-        for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    S[4 * n + j] = sa[n][j] + sb[n][j];
+                    Sx[(warp * 16 + 4 * n + j) * TC_N + lane] = S[4 * n + j];
+                }
+            tc_pair_sync(g);
+#pragma unroll
+            for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
 
-        /* online softmax; S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
-        const unsigned vm = __ballot_sync(0xffffffffu, cid[lane] != -1);
-        float mt0 = -INFINITY, mt1 = -INFINITY;
+            /* online softmax; S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
+            const unsigned vm = __ballot_sync(0xffffffffu, cid[lane] != -1);
+            float mt0 = -INFINITY, mt1 = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+            for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int e = 8 * n + 2 * tq + (j & 1);
-                const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
-                S[4 * n + j] = x;
-                if (j < 2) mt0 = fmaxf(mt0, x);
-                else mt1 = fmaxf(mt1, x);
+                for (int j = 0; j < 4; j++) {
+                    const int e = 8 * n + 2 * tq + (j & 1);
+                    const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
+                    S[4 * n + j] = x;
+                    if (j < 2) mt0 = fmaxf(mt0, x);
+                    else mt1 = fmaxf(mt1, x);
+                }
+            mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
+            mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
+            mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
+            mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+            const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+            const float a0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), a1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
+            float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+            for (int v = 0; v < 16; v++) {
+                const float mn = (v & 2) ? mn1 : mn0;
+                const float p = S[v] == -INFINITY ? 0.0f : expf(S[v] - mn);
+                S[v] = p;
+                if (v & 2) ls1 += p;
+                else ls0 += p;
             }
-        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
-        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
-        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
-        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
-        const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
-        const float a0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), a1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
-        float ls0 = 0.0f, ls1 = 0.0f;
+            ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
+            ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+            ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
+            ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+            l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
+            m0 = mn0, m1 = mn1;
+            if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
 #pragma unroll
-        for (int v = 0; v < 16; v++) {
-            const float mn = (v & 2) ? mn1 : mn0;
-            const float p = S[v] == -INFINITY ? 0.0f : expf(S[v] - mn);
-            S[v] = p;
-            if (v & 2) ls1 += p;
-            else ls0 += p;
-        }
-        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
-        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
-        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
-        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
-        l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
-        m0 = mn0, m1 = mn1;
-        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
-#pragma unroll
-            for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
+                for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
 
-        /* p x 2^12 as A operands (k-steps of 16 entries): hi and lo */
-        uint32_t ph[2][4], pl[2][4];
+            /* p x 2^12 as A operands (k-steps of 16 entries): hi and lo */
+            uint32_t ph[2][4], pl[2][4];
 #pragma unroll
-        for (int v = 0; v < 16; v++) S[v] *= TC_PS;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            tc_split(S[8 * j + 0], S[8 * j + 1], ph[j][0], pl[j][0]);
-            tc_split(S[8 * j + 2], S[8 * j + 3], ph[j][1], pl[j][1]);
-            tc_split(S[8 * j + 4], S[8 * j + 5], ph[j][2], pl[j][2]);
-            tc_split(S[8 * j + 6], S[8 * j + 7], ph[j][3], pl[j][3]);
-        }
-        /* O += p.V over this warp's dims, 16 at a time */
-#pragma unroll
-        for (int dp = 0; dp < 16; dp++) {
-            const int c0 = 32 * hf + 2 * dp;
+            for (int v = 0; v < 16; v++) S[v] *= TC_PS;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                uint32_t b[4];
-                tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
-                tc_mma(O[2 * dp], ph[j], b[0], b[1]);
-                tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
-                tc_mma(O[2 * dp], pl[j], b[0], b[1]);
-                tc_mma(O[2 * dp + 1], pl[j], b[2], b[3]);
+                tc_split(S[8 * j + 0], S[8 * j + 1], ph[j][0], pl[j][0]);
+                tc_split(S[8 * j + 2], S[8 * j + 3], ph[j][1], pl[j][1]);
+                tc_split(S[8 * j + 4], S[8 * j + 5], ph[j][2], pl[j][2]);
+                tc_split(S[8 * j + 6], S[8 * j + 7], ph[j][3], pl[j][3]);
             }
-            const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
-            if (lo_mine && dl >= 0 && dl < TC_LO) {
+            /* O += p.V over this warp's dims, 16 at a time */
+#pragma unroll
+            for (int dp = 0; dp < 16; dp++) {
+                const int c0 = 32 * hf + 2 * dp;
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     uint32_t b[4];
-                    tc_ldsm4t(b, Kl + (16 * j + rv) * TC_LO + tc_sw(16 * j + rv, (dl >> 3) + cv));
+                    tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
                     tc_mma(O[2 * dp], ph[j], b[0], b[1]);
                     tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
+                    tc_mma(O[2 * dp], pl[j], b[0], b[1]);
+                    tc_mma(O[2 * dp + 1], pl[j], b[2], b[3]);
+                }
+                const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
+                if (lo_mine && dl >= 0 && dl < TC_LO) {
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        uint32_t b[4];
+                        tc_ldsm4t(b, Kl + (16 * j + rv) * TC_LO + tc_sw(16 * j + rv, (dl >> 3) + cv));
+                        tc_mma(O[2 * dp], ph[j], b[0], b[1]);
+                        tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
+                    }
                 }
             }
         }
-        if ((s + 1) % TC_F == 0 && s + 1 < ns) { /* end of a span: out = out e^(mf - m) + O (x 2^12), O = 0 */
-            const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
+        if (s1 == s_end) break;
+        /* the end of a span that is not the block's last (full mode): into the total, attn_kv8_combine's operations
+         * (ak_coef / ak_fold1; a span without entries skipped); the total's O read back from out 8 n-steps of both
+         * rows at a time (float2: d is even, so is Dh), enough loads in flight without spilling O's 128 registers */
+        float ca[2], cb[2];
+        bool act[2], had[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) { /* head rows gr (O[.][0..1]) and gr + 8 (O[.][2..3]) */
+            const float m = r ? m1 : m0, l = r ? l1 : l0;
+            float *ml = Tml + (warp * 16 + gr + 8 * r) * 2;
+            const float M = ml[0], Lt = ml[1];
+            __syncwarp(); /* every lane has read the quad's total before lane 4 gr rewrites it */
+            act[r] = (r ? hB : hA) < H && m != -INFINITY;
+            had[r] = M != -INFINITY;
+            ca[r] = cb[r] = 0.0f;
+            if (act[r]) {
+                float Mn;
+                ak_coef(M, m, Mn, ca[r], cb[r]);
+                if (tq == 0) ml[0] = Mn, ml[1] = ak_fold1(Lt, ca[r], l, cb[r]);
+            }
+        }
+        float *orw[2] = {out + ((int64_t)t * H + hA) * Dh, out + ((int64_t)t * H + hB) * Dh};
+#pragma unroll
+        for (int n0 = 0; n0 < 32; n0 += 8) {
+            float2 pv[2][8];
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
+                    pv[r][k] = act[r] && had[r] && d < Dh ? *(const float2 *)(orw[r] + d) : make_float2(0.0f, 0.0f);
+                }
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
+                    if (act[r] && d < Dh)
+                        *(float2 *)(orw[r] + d) = make_float2(ak_fold1(pv[r][k].x, ca[r], O[n0 + k][2 * r], cb[r]),
+                                                              ak_fold1(pv[r][k].y, ca[r], O[n0 + k][2 * r + 1], cb[r]));
+                }
+            asm volatile("" ::: "memory"); /* the next step's loads stay after these stores */
+        }
+        m0 = m1 = -INFINITY, l0 = l1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
+    }
+
+    /* the block's last span */
+#pragma unroll
+    for (int r = 0; r < 2; r++) { /* head rows gr (O[.][0..1]) and gr + 8 (O[.][2..3]) */
+        const float m = r ? m1 : m0, l = r ? l1 : l0;
+        const int hh = r ? hB : hA;
+        if (hh >= H) continue;
+        float *orow = out + ((int64_t)t * H + hh) * Dh;
+        if (!full) { /* the span's state, for ak_combine_launch */
+            float *pp = part + (((int64_t)t * H + hh) * nspan + blockIdx.z) * ak_pst(Dh);
+            if (hf == 0 && tq == 0) pp[0] = m, pp[1] = l;
 #pragma unroll
             for (int n = 0; n < 32; n++) {
                 const int d = 256 * hf + 8 * n + 2 * tq;
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    if (d + j < Dh && hA < H) oA[d + j] = fl ? fmaf(oA[d + j], b0, O[n][j]) : O[n][j];
-                    if (d + j < Dh && hB < H) oB[d + j] = fl ? fmaf(oB[d + j], b1, O[n][2 + j]) : O[n][2 + j];
-                    O[n][j] = O[n][2 + j] = 0.0f;
-                }
+                if (d + 1 < Dh) *(float2 *)(pp + 4 + d) = make_float2(O[n][2 * r], O[n][2 * r + 1]);
+                else if (d < Dh) pp[4 + d] = O[n][2 * r];
             }
-            mf0 = m0, mf1 = m1, fl = true;
+            continue;
+        }
+        /* into the total, then out = O 2^-12 / (L + exp(sink - M)) and the inverse RoPE (pairs d, d + 1) */
+        const float *ml = Tml + (warp * 16 + gr + 8 * r) * 2;
+        float M = ml[0], L = ml[1];
+        const bool had = M != -INFINITY, v = m != -INFINITY;
+        float a = 0.0f, b = 0.0f;
+        if (v) {
+            float Mn;
+            ak_coef(M, m, Mn, a, b);
+            L = ak_fold1(L, a, l, b);
+            M = Mn;
+        }
+        const float den = ak_den(M, L, sink[hh]);
+        const float pos = orope.freq ? (float)orope.pos[t] : 0.0f;
+#pragma unroll
+        for (int n = 0; n < 32; n++) {
+            const int d = 256 * hf + 8 * n + 2 * tq;
+            if (d >= Dh) continue;
+            float y[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float prev = had && d + j < Dh ? orow[d + j] : 0.0f;
+                y[j] = ak_fin1(v ? ak_fold1(prev, a, O[n][2 * r + j], b) : prev, den, 1.0f / TC_PS);
+            }
+            if (orope.freq && d >= nope) ak_unrot(y[0], y[1], pos, orope.freq[(d - nope) >> 1]);
+            orow[d] = y[0];
+            if (d + 1 < Dh) orow[d + 1] = y[1];
         }
     }
+}
 
-    /* out = (out e^(mf - m) + O) 2^-12 / (l + exp(sink - m)) */
-    const float dA = hA < H && m0 != -INFINITY ? __fadd_rn(l0, expf(sink[hA] - m0)) : 0.0f;
-    const float dB = hB < H && m1 != -INFINITY ? __fadd_rn(l1, expf(sink[hB] - m1)) : 0.0f;
-    const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
-#pragma unroll
-    for (int n = 0; n < 32; n++) {
-        const int d = 256 * hf + 8 * n + 2 * tq;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            if (d + j >= Dh) continue;
-            if (hA < H) {
-                const float o = fl ? fmaf(oA[d + j], b0, O[n][j]) : O[n][j];
-                oA[d + j] = dA > 0 ? __fdiv_rn(o * (1.0f / TC_PS), dA) : 0.0f;
-            }
-            if (hB < H) {
-                const float o = fl ? fmaf(oB[d + j], b1, O[n][2 + j]) : O[n][2 + j];
-                oB[d + j] = dB > 0 ? __fdiv_rn(o * (1.0f / TC_PS), dB) : 0.0f;
-            }
-        }
-    }
+static int tc_env(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
 }
 
 extern "C" int dsv4_cuda_attn_tc_enabled(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("DSV4_CUDA_ATTN_TC");
-        on = e && *e ? *e != '0' : 1;
-    }
+    if (on < 0) on = tc_env("DSV4_CUDA_ATTN_TC", 1) != 0;
     return on;
 }
+
+extern "C" int dsv4_cuda_attn_tc_decode_takes(int H, int Dh, int R, int nidx) {
+    static int on = -1, min = 0;
+    if (on < 0) {
+        on = tc_env("DSV4_CUDA_ATTN_TC_DECODE", 1) != 0;
+        min = tc_env("DSV4_CUDA_ATTN_TC_DECODE_MIN", TC_DEC_MIN);
+    }
+    return on && nidx >= min && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R);
+}
+
+/* decode: tiles per span asked (DSV4_CUDA_ATTN_TC_SPT, read once; it changes bits, the same for every T) */
+static int tc_dec_spt(void) {
+    static int spt = 0;
+    if (!spt) {
+        spt = tc_env("DSV4_CUDA_ATTN_TC_SPT", 2);
+        if (spt < 1) spt = 1;
+    }
+    return spt;
+}
+/* tiles per span and spans for nidx entries, spt asked */
+static void tc_spans(int nidx, int spt, int *spt_eff, int *nspan) {
+    const int ns = (nidx + TC_N - 1) / TC_N, need = (ns + TC_MAXSPAN - 1) / TC_MAXSPAN;
+    *spt_eff = spt > need ? spt : need;
+    *nspan = (ns + *spt_eff - 1) / *spt_eff;
+}
+static int tc_force_mode = -1;
+
+extern "C" void dsv4_cuda_attn_kv8_tc_force(int mode) { tc_force_mode = mode == 0 || mode == 1 ? mode : -1; }
 
 extern "C" int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R) {
     return H > 0 && Dh <= TC_D && Dh > R && R >= 0 && R <= TC_LO && R % 2 == 0 && (Dh - R) % 64 == 0 &&
            Dh - R + TC_LO <= TC_D && tc_smem(Dh, R) <= (size_t)dsv4_cuda_dev.smem_optin;
 }
 
-extern "C" int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
-                                     const float *kv2, const int *idx, int nidx, const float *sink, float scale,
-                                     float *out, void *stream) {
+extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) {
+    int spt, nspan;
+    tc_spans(nidx, tc_dec_spt(), &spt, &nspan);
+    if (nspan <= 1 || T <= 0 || H <= 0) return 0;
+    return (size_t)(T < TC_PMAX_T ? T : TC_PMAX_T) * H * nspan * (size_t)ak_pst(Dh);
+}
+
+/* spt tiles per span asked; partial: a block per span (scratch), else a block per query */
+static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
+                  const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
+                  float *out, float *scratch, int spt, int partial, cudaStream_t st) {
     if (T < 0 || nidx < 0 || !dsv4_cuda_attn_kv8_tc_fits(H, Dh, R))
         return dsv4_cuda_fail("attn_kv8_tc: shape outside the path (T %d H %d Dh %d R %d nidx %d)", T, H, Dh, R, nidx);
     if (!T) return 0;
-    cudaStream_t st = DSV4_STREAM(stream);
     if (nidx == 0) {
         if (cudaMemsetAsync(out, 0, sizeof(float) * (size_t)T * H * Dh, st) != cudaSuccess)
             return dsv4_cuda_fail("attn_kv8_tc: memset failed");
-        return 0;
+        return 0; /* zeros rotate to zeros */
     }
     const size_t smem = tc_smem(Dh, R);
     static size_t raised = 0;
@@ -402,8 +520,33 @@ extern "C" int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R
             return dsv4_cuda_fail("attn_kv8_tc: cannot raise shared memory to %zu bytes", smem);
         raised = smem;
     }
+    int spe, nspan;
+    tc_spans(nidx, spt, &spe, &nspan);
+    if (nspan <= 1) partial = 0;
+    if (partial && (!scratch || ((uintptr_t)scratch & 15)))
+        return dsv4_cuda_fail("attn_kv8_tc: %d entries in %d spans need 16-byte aligned scratch", nidx, nspan);
     const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)kv2 & 15);
-    dev_launch(attn_kv8_tc_kernel, dim3(T, (H + TC_HB - 1) / TC_HB), TC_NT, smem, st, q, H, Dh, R, base, kv2, idx, nidx, sink,
-               scale, out, vec);
-    return dsv4_cuda_check_launch("attn_kv8_tc");
+    const ak_rope ro = {freq, pos};
+    dev_launch(attn_kv8_tc_kernel, dim3(T, (H + TC_HB - 1) / TC_HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
+               base, kv2, idx, nidx, sink, scale, out, scratch, spe, nspan, vec, ro);
+    if (dsv4_cuda_check_launch("attn_kv8_tc")) return -1;
+    if (!partial) return 0;
+    const int ovec = Dh % 4 == 0 && !((uintptr_t)out & 15);
+    return ak_combine_launch(scratch, T, H, Dh, R, nspan, sink, 1.0f / TC_PS, out, ovec, ro, st);
+}
+
+extern "C" int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
+                                     const float *kv2, const int *idx, int nidx, const float *sink, float scale,
+                                     float *out, void *stream) {
+    return tc_run(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, NULL, TC_F, 0,
+                  DSV4_STREAM(stream));
+}
+
+extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
+                                         const float *kv2, const int *idx, int nidx, const float *sink, float scale,
+                                         const float *freq, const int *pos, float *out, float *scratch, void *stream) {
+    /* the launch shape changes no bit: a block per span up to TC_PMAX_T queries (fills the GPU), else per query */
+    const int partial = tc_force_mode >= 0 ? !tc_force_mode && T <= TC_PMAX_T : T <= TC_PMAX_T;
+    return tc_run(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(), partial,
+                  DSV4_STREAM(stream));
 }

@@ -8,7 +8,9 @@
  *     MoE expert grouping run on the device; nothing is copied back until the logits.
  * A call with at most one token per sequence is a decode step (decode_graph.c: CUDA graphs); anything
  * else runs here in passes of at most tmax rows (long chunks are split; per-token results do not depend
- * on the split). Passes of >= 64 rows take the tensor-core paths (FP8 GEMM, attention: dsv4_cuda_attn_kv8_tc). */
+ * on the split). Passes of >= 64 rows take the tensor-core paths (FP8 GEMM, attention: dsv4_cuda_attn_kv8_tc); decode
+ * steps take the tensor-core attention in layers with long index lists (dsv4_cuda_attn_tc_decode_takes: by the list
+ * length alone, never by T, so a sequence's logits stay the same in any batch). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +133,8 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     w->qbase = take(base, &o, sizeof(void *) * t);
     {
         size_t na = dsv4_cuda_attn_kv8_scratch(t < GW_ATTN ? (int)t : GW_ATTN, H, Dh, (int)nidx);
+        const size_t nt = dsv4_cuda_attn_kv8_tc_scratch((int)t, H, Dh, (int)nidx);
+        if (nt > na) na = nt;
         w->ascr = take(base, &o, sizeof(float) * (na ? na : 1));
     }
     w->hcs = take(base, &o, dsv4_cuda_hc_scratch_bytes(T, (int)M, (int)D));
@@ -427,6 +431,9 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     if (tc) {
         CK(dsv4_cuda_attn_kv8_tc(w->q, T, H, Dh, R, w->qbase, w->kv, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
                                  w->o, st));
+    } else if (!w->attn_tc && dsv4_cuda_attn_tc_decode_takes(H, Dh, R, gl->nidx)) {
+        CK(dsv4_cuda_attn_kv8_tc_dec(w->q, T, H, Dh, R, w->qbase, w->kv, w->idx, gl->nidx, gl->attn_sink,
+                                     1.0f / sqrtf((float)Dh), gl->rope_freq, b->pos, w->o, w->ascr, st));
     } else {
         for (int t0 = 0; t0 < T; t0 += GW_ATTN) {
             int tn = T - t0 < GW_ATTN ? T - t0 : GW_ATTN;

@@ -74,16 +74,31 @@ size_t dsv4_cuda_attn_kv8_scratch(int T, int H, int Dh, int nidx);
  * x warps per block; mode 1: one block per query and head group, 0: one per span when T <= 32), -1 = automatic. The result
  * must not change. */
 void dsv4_cuda_attn_kv8_force(int cfg, int mode);
-/* The same attention on tensor cores, for prefill passes (attn_kv8_tc.cu; decode steps keep dsv4_cuda_attn_kv8): a
- * block per (query, 64 heads), no scratch, any T. Scores and weights near fp32 (f16 hi + lo terms, fp32 sums), the
+/* The same attention on tensor cores (attn_kv8_tc.cu): a block per (query, 64 heads) or, for decode steps of few
+ * queries, per (query, 64 heads, span of the list). Scores and weights near fp32 (f16 hi + lo terms, fp32 sums), the
  * order fixed by the query's own list (batch invariant), but not dsv4_cuda_attn_kv8's bits. kv2 rows' non-rope dims
- * must be FP8-simulated (as forward_cuda's kv is). Fails when !dsv4_cuda_attn_kv8_tc_fits(H, Dh, R) (R <= 64,
- * Dh - R + 64 <= 512, the shared memory). */
+ * must be FP8-simulated (as forward_cuda's kv is). Fail when !dsv4_cuda_attn_kv8_tc_fits(H, Dh, R) (R <= 64,
+ * Dh - R + 64 <= 512, the shared memory).
+ * Prefill passes: spans of 1024 entries, no scratch, any T, no rotation of the output. */
 int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                           const int *idx, int nidx, const float *sink, float scale, float *out, void *stream);
+/* Decode steps: spans of DSV4_CUDA_ATTN_TC_SPT tiles of 32 entries (default 2; more when the list has more than 32
+ * spans of that size), each span's state folded in order into the total, by the query's block or, up to 32 queries,
+ * by a combine kernel over the spans' states in scratch (dsv4_cuda_attn_kv8_tc_scratch floats, 16-byte aligned): the
+ * same bits for any T. Then the inverse RoPE as dsv4_cuda_attn_kv8_rope does it (freq NULL: none). */
+int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
+                              const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
+                              float *out, float *scratch, void *stream);
+size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx);
 int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R);
+/* Tests only: dsv4_cuda_attn_kv8_tc_dec's launch shape (0: a block per span when T <= 32, 1: per query, -1: auto) */
+void dsv4_cuda_attn_kv8_tc_force(int mode);
 /* 0 when DSV4_CUDA_ATTN_TC=0 (read once): prefill passes then take dsv4_cuda_attn_kv8 */
 int dsv4_cuda_attn_tc_enabled(void);
+/* Whether a decode step's attention over lists of nidx entries (a layer's, fixed for the model: never by T) takes
+ * dsv4_cuda_attn_kv8_tc_dec: it fits, DSV4_CUDA_ATTN_TC_DECODE is not 0 and nidx >= DSV4_CUDA_ATTN_TC_DECODE_MIN
+ * (read once); else dsv4_cuda_attn_kv8_rope. */
+int dsv4_cuda_attn_tc_decode_takes(int H, int Dh, int R, int nidx);
 
 #ifdef __cplusplus
 }

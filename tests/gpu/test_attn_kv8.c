@@ -15,8 +15,12 @@
  *      against the kernels before the rewrite (tests/gpu/legacy_kv8.cu), whose outputs are compared too;
  *   7. the prefill path on tensor cores (dsv4_cuda_attn_kv8_tc): checks 2 and 3 (the same bar against the double
  *      evaluation, repeatable, queries alone == in the batch; the decode kernel's distance printed), and timings of
- *      whole 256- and 4096-row passes at Flash shapes against the decode kernel in the forward's 64-row calls.
- * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8 [--no-bench] [--only-tc]     (scripts/gpu_test.sh runs it) */
+ *      whole 256- and 4096-row passes at Flash shapes against the decode kernel in the forward's 64-row calls;
+ *   8. the decode path on tensor cores (dsv4_cuda_attn_kv8_tc_dec, "_tcd"): checks 2 and 3, both launch shapes (a
+ *      block per span / per query) bitwise equal, the fused inverse RoPE bitwise the kernel then dsv4_cuda_rope; its
+ *      timings beside dsv4_cuda_attn_kv8's in 6.
+ * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8 [--no-bench] [--only-tc | --only-dec]   (scripts/gpu_test.sh runs it)
+ * (--only-tc: 7 alone; --only-dec: 8 and the decode timings of 6) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,15 +128,18 @@ static double tol_worst(const float *got, const float *ref, size_t n, int *bad) 
     return worst;
 }
 
-/* the path under test: dsv4_cuda_attn_kv8 (decode) or dsv4_cuda_attn_kv8_tc (prefill, tc) */
+/* the path under test: dsv4_cuda_attn_kv8 (decode), dsv4_cuda_attn_kv8_tc (prefill, tc 1) or dsv4_cuda_attn_kv8_tc_dec
+ * (decode on tensor cores, tc 2) */
 static int attn_call(int tc, const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                      const int *idx, int nidx, const float *sink, float scale, float *out, float *scratch) {
+    if (tc == 2)
+        return dsv4_cuda_attn_kv8_tc_dec(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, scratch, NULL);
     if (tc) return dsv4_cuda_attn_kv8_tc(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, NULL);
     return dsv4_cuda_attn_kv8(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, NULL);
 }
 
-/* T queries over NS sequences' caches of C rows each; lists of nidx entries. tc: the prefill path, with kv2 rows as
- * the forward makes them (non-rope dims FP8-simulated, rope dims fp32) */
+/* T queries over NS sequences' caches of C rows each; lists of nidx entries. tc: a tensor-core path (1 prefill,
+ * 2 decode), with kv2 rows as the forward makes them (non-rope dims FP8-simulated, rope dims fp32) */
 static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_kv2, int tc) {
     const int NS = 3, n2 = 8;
     const int64_t rb = dsv4_kv_row_bytes(Dh, R);
@@ -176,6 +183,7 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
     const uint8_t **dbase = dup_dev(base, sizeof(void *) * T);
     float *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * H * Dh);
     size_t sc = dsv4_cuda_attn_kv8_scratch(T, H, Dh, nidx);
+    if (dsv4_cuda_attn_kv8_tc_scratch(T, H, Dh, nidx) > sc) sc = dsv4_cuda_attn_kv8_tc_scratch(T, H, Dh, nidx);
     float *dscr = sc ? dsv4_cuda_alloc(sizeof(float) * sc) : NULL;
     const float scale = 1.0f / sqrtf((float)Dh);
     float *got = malloc(sizeof(float) * (size_t)T * H * Dh), *got2 = malloc(sizeof(float) * (size_t)T * H * Dh);
@@ -183,7 +191,8 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
         dsv4_cuda_download(got, dout, sizeof(float) * (size_t)T * H * Dh) ||
         attn_call(tc, dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr) ||
         dsv4_cuda_download(got2, dout, sizeof(float) * (size_t)T * H * Dh)) {
-        printf("FAIL attn_kv8%s T %d H %d Dh %d nidx %d: %s\n", tc ? "_tc" : "", T, H, Dh, nidx, dsv4_cuda_last_error());
+        printf("FAIL attn_kv8%s T %d H %d Dh %d nidx %d: %s\n", tc == 2 ? "_tcd" : tc ? "_tc" : "", T, H, Dh, nidx,
+               dsv4_cuda_last_error());
         fails++;
         return;
     }
@@ -234,10 +243,11 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
     }
     /* every launch shape: the same bits */
     int shapes = 0, shape_diff = 0;
-    for (int cfg = 0; cfg < (tc ? 0 : 5); cfg++)
+    for (int cfg = 0; cfg < (tc == 1 ? 0 : tc == 2 ? 1 : 5); cfg++)
         for (int mode = 0; mode < 2; mode++) {
-            dsv4_cuda_attn_kv8_force(cfg, mode);
-            if (dsv4_cuda_attn_kv8(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr, NULL) ||
+            if (tc == 2) dsv4_cuda_attn_kv8_tc_force(mode);
+            else dsv4_cuda_attn_kv8_force(cfg, mode);
+            if (attn_call(tc, dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr) ||
                 dsv4_cuda_download(got2, dout, sizeof(float) * (size_t)T * H * Dh)) {
                 printf("     shape %d mode %d: %s\n", cfg, mode, dsv4_cuda_last_error());
                 shape_diff++;
@@ -252,10 +262,11 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
             shapes++;
         }
     dsv4_cuda_attn_kv8_force(-1, -1);
-    /* the output's inverse RoPE in the same kernels (decode path): bitwise attn_kv8 then dsv4_cuda_rope(inverse), at
+    dsv4_cuda_attn_kv8_tc_force(-1);
+    /* the output's inverse RoPE in the same kernels (decode paths): bitwise attn_kv8 then dsv4_cuda_rope(inverse), at
      * every launch shape (mode -1: the shape attn_kv8 picks) */
     int rope_diff = 0, rope_shapes = 0;
-    if (!tc && R > 0) {
+    if (tc != 1 && R > 0) {
         float *freq = malloc(sizeof(float) * (size_t)(R / 2));
         int *pos = malloc(sizeof(int) * T);
         for (int i = 0; i < R / 2; i++) freq[i] = powf(10000.0f, -2.0f * i / (float)R);
@@ -264,13 +275,16 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
         int *dpos = dup_dev(pos, sizeof(int) * T);
         float *dout2 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * H * Dh);
         float *ra = malloc(sizeof(float) * (size_t)T * H * Dh), *rf = malloc(sizeof(float) * (size_t)T * H * Dh);
-        for (int cfg = -1; cfg < 5; cfg++)
-            for (int mode = 0; mode < (cfg < 0 ? 1 : 2); mode++) {
-                dsv4_cuda_attn_kv8_force(cfg, cfg < 0 ? -1 : mode);
-                if (dsv4_cuda_attn_kv8(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr, NULL) ||
+        for (int cfg = -1; cfg < (tc ? 0 : 5); cfg++)
+            for (int mode = 0; mode < (cfg < 0 ? (tc ? 3 : 1) : 2); mode++) {
+                if (tc) dsv4_cuda_attn_kv8_tc_force(mode - 1);
+                else dsv4_cuda_attn_kv8_force(cfg, cfg < 0 ? -1 : mode);
+                const float *k2 = with_kv2 ? dkv2 : NULL;
+                if (attn_call(tc, dq, T, H, Dh, R, dbase, k2, didx, nidx, dsink, scale, dout, dscr) ||
                     dsv4_cuda_rope(dout, T, H, Dh, R / 2, dfreq, dpos, 1, NULL) ||
-                    dsv4_cuda_attn_kv8_rope(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dfreq, dpos,
-                                            dout2, dscr, NULL) ||
+                    (tc ? dsv4_cuda_attn_kv8_tc_dec(dq, T, H, Dh, R, dbase, k2, didx, nidx, dsink, scale, dfreq, dpos, dout2, dscr, NULL)
+                        : dsv4_cuda_attn_kv8_rope(dq, T, H, Dh, R, dbase, k2, didx, nidx, dsink, scale, dfreq, dpos, dout2, dscr,
+                                                  NULL)) ||
                     dsv4_cuda_download(ra, dout, sizeof(float) * (size_t)T * H * Dh) ||
                     dsv4_cuda_download(rf, dout2, sizeof(float) * (size_t)T * H * Dh)) {
                     printf("     rope, shape %d mode %d: %s\n", cfg, mode, dsv4_cuda_last_error());
@@ -282,6 +296,7 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
                 rope_shapes++;
             }
         dsv4_cuda_attn_kv8_force(-1, -1);
+        dsv4_cuda_attn_kv8_tc_force(-1);
         free(freq), free(pos), free(ra), free(rf), dsv4_cuda_free(dfreq), dsv4_cuda_free(dpos), dsv4_cuda_free(dout2);
     }
     /* against the CPU twin too: within 10x the double bar (1e-4 rms + 1e-3 relative, still 4x under a bf16 rounding);
@@ -290,7 +305,7 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
     int f = bad || nondet || var || shape_diff || rope_diff || !(wvt <= 10);
     printf("%s attn_kv8%s T %3d H %2d Dh %3d nidx %4d%s: worst %.3f of tolerance (CPU twin %.3f, %s %.3f; vs the twin "
            "%.3f, bar 10)%s%s, %d of %d launch shapes differ, fused inverse RoPE %d of %d\n",
-           f ? "FAIL" : "ok  ", tc ? "_tc" : "", T, H, Dh, nidx, with_kv2 ? " +chunk rows" : "", worst, wtwin,
+           f ? "FAIL" : "ok  ", tc == 2 ? "_tcd" : tc ? "_tc" : "", T, H, Dh, nidx, with_kv2 ? " +chunk rows" : "", worst, wtwin,
            tc ? "decode kernel" : "old kernel", wold, wvt, nondet ? ", NOT repeatable" : "",
            var ? ", a query alone differs from in the batch" : "", shape_diff, shapes, rope_diff, rope_shapes);
     fails += f;
@@ -412,7 +427,7 @@ typedef struct {
     const uint8_t **base;
     const int *idx;
     float *out, *scr, *lscr;
-    int T, nidx, legacy;
+    int T, nidx, legacy, tcd;
 } attn_job;
 
 typedef int (*run_fn)(const void *ctx, void *stream);
@@ -465,6 +480,8 @@ static double time_us(run_fn fn, const void *ctx, int reps) {
 static int run_attn(const void *ctx, void *st) {
     const attn_job *j = ctx;
     const float sc = 1.0f / sqrtf(512.0f);
+    if (j->tcd) return dsv4_cuda_attn_kv8_tc_dec(j->q, j->T, 64, 512, 64, j->base, NULL, j->idx, j->nidx, j->sink, sc, NULL, NULL,
+                                                 j->out, j->scr, st);
     if (j->legacy) return legacy_attn_kv8(j->q, j->T, 64, 512, 64, j->base, NULL, j->idx, j->nidx, j->sink, sc, j->out, j->lscr, st);
     return dsv4_cuda_attn_kv8(j->q, j->T, 64, 512, 64, j->base, NULL, j->idx, j->nidx, j->sink, sc, j->out, j->scr, st);
 }
@@ -494,10 +511,11 @@ static void bench_attn(void) {
                 idx[(size_t)t * nidx + i] = i < 128 ? i : nidx == 160 ? i : 128 + (int)(brand() % (uint64_t)(C - 128));
         int *didx = dup_dev(idx, sizeof(int) * (size_t)TMAX * nidx);
         size_t ns = dsv4_cuda_attn_kv8_scratch(TMAX, H, Dh, nidx), ls = legacy_attn_kv8_scratch(TMAX, H, Dh, nidx);
+        if (dsv4_cuda_attn_kv8_tc_scratch(TMAX, H, Dh, nidx) > ns) ns = dsv4_cuda_attn_kv8_tc_scratch(TMAX, H, Dh, nidx);
         float *scr = ns ? dsv4_cuda_alloc(sizeof(float) * ns) : NULL, *lscr = ls ? dsv4_cuda_alloc(sizeof(float) * ls) : NULL;
         for (int ti = 0; ti < 4; ti++) {
             const int T = Ts[ti], reps = T <= 8 ? 50 : 10;
-            attn_job j = {dq, dsink, dbase, didx, dout, scr, lscr, T, nidx, 1};
+            attn_job j = {dq, dsink, dbase, didx, dout, scr, lscr, T, nidx, 1, 0};
             if (ni == 0 && ti == 0) /* clocks up: ~0.3 s of the old kernel at T 256 */
                 for (int i = 0; i < 200; i++) {
                     j.T = 256;
@@ -516,6 +534,24 @@ static void bench_attn(void) {
                    "of the tolerance (random FP8 codes: peaked softmax, both kernels' score roundings show)\n",
                    T, nidx, before, after, before / after, worst);
             fails += !(worst <= 100);
+            { /* the decode path on tensor cores (its launch shapes: a block per span up to 32 queries, else per query) */
+                attn_job k = j;
+                k.tcd = 1;
+                const double tcd = time_us(run_attn, &k, reps);
+                dsv4_cuda_download(o1, dout2, sizeof(float) * (size_t)T * H * Dh);
+                const double wt = tol_worst(o1, o2, (size_t)T * H * Dh, NULL);
+                double sh[2] = {-1, -1};
+                for (int mode = 0; mode < 2 && T <= 64; mode++) {
+                    if (mode == 0 && T > 32) continue;
+                    dsv4_cuda_attn_kv8_tc_force(mode);
+                    sh[mode] = time_us(run_attn, &k, reps);
+                }
+                dsv4_cuda_attn_kv8_tc_force(-1);
+                printf("     time attn_kv8_tc_dec T %3d nidx %3d: %7.1f us (%5.2fx attn_kv8; span blocks %.1f, query blocks "
+                       "%.1f); vs attn_kv8: worst %.3g of the tolerance\n",
+                       T, nidx, tcd, after / tcd, sh[0], sh[1], wt);
+                fails += !(wt <= 100);
+            }
             if (T <= 64) { /* every launch shape, for tuning */
                 char line[512];
                 int o = snprintf(line, sizeof line, "     shapes T %3d nidx %3d:", T, nidx);
@@ -673,16 +709,19 @@ static void bench_ikeys(void) {
 }
 
 int main(int argc, char **argv) {
-    int bench = 1, only_tc = 0;
+    int bench = 1, only_tc = 0, only_dec = 0;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
         else if (!strcmp(argv[i], "--only-tc")) only_tc = 1;
+        else if (!strcmp(argv[i], "--only-dec")) only_dec = 1;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach a log even if a timeout kills the run */
     rs = 0x9E3779B97F4A7C15ull;
     char err[256];
     if (dsv4_cuda_init(0, NULL, err, sizeof err)) {
         fprintf(stderr, "test_attn_kv8: %s\n", err);
         return 1;
     }
+    if (only_dec) goto dec;
     /* the prefill path (tensor cores): Flash shapes (window as the pass's own rows, + 32 / 512 compressed), odd T,
      * invalid entries, a query without entries (the last of each batch), few heads, two head blocks, odd Dh */
     test_attn_p(64, 64, 512, 64, 640, 2048, 1, 1);
@@ -696,8 +735,21 @@ int main(int argc, char **argv) {
     test_attn_p(3, 3, 130, 2, 70, 90, 1, 1);       /* Dh not a multiple of 8 */
     test_attn_p(4, 8, 384, 64, 1, 10, 0, 1);       /* one entry */
     test_attn_p(3, 16, 512, 64, 31, 40, 1, 1);     /* one partial tile */
-    if (only_tc) {
-        if (bench) bench_attn_tc();
+dec:
+    /* the decode path on tensor cores: Flash c4 / c128 / window lists, a block per span (T <= 32) and per query */
+    test_attn_p(1, 64, 512, 64, 640, 2048, 1, 2);
+    test_attn_p(8, 64, 512, 64, 160, 1024, 1, 2);
+    test_attn_p(33, 64, 512, 64, 640, 2048, 1, 2); /* per query; query 0 alone per span */
+    test_attn_p(4, 64, 512, 64, 128, 300, 0, 2);
+    test_attn_p(3, 64, 512, 64, 5000, 8192, 0, 2); /* 157 tiles: spans of 5 tiles */
+    test_attn_p(2, 128, 512, 64, 300, 1000, 1, 2); /* 2 blocks of 64 heads */
+    test_attn_p(5, 4, 128, 64, 100, 300, 1, 2);
+    test_attn_p(7, 10, 192, 64, 257, 600, 1, 2);
+    test_attn_p(3, 3, 130, 2, 70, 90, 1, 2);       /* Dh not a multiple of 8 */
+    test_attn_p(4, 8, 384, 64, 1, 10, 0, 2);       /* one entry */
+    test_attn_p(3, 16, 512, 64, 31, 40, 1, 2);     /* one partial tile */
+    if (only_tc || only_dec) {
+        if (bench) only_tc ? bench_attn_tc() : bench_attn();
         printf("test_attn_kv8: %s\n", fails ? "FAILED" : "all passed");
         return fails != 0;
     }

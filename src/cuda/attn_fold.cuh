@@ -1,0 +1,88 @@
+/* attn_fold.cuh - the span states of the sparse attention (attn_kv8.cu on CUDA cores, attn_kv8_tc.cu on tensor
+ * cores): a state is (m, l, O) of a run of entries (running max, sum of exp(s - m), sum of exp(s - m) v), folded in
+ * list order into the total; out = O oscale / (L + exp(sink - M)), then the inverse RoPE of the last R dims. The same
+ * device functions in every kernel that folds (a block over its own spans, attn_kv8_combine over the spans' partials
+ * in scratch), so the launch shape never changes a bit. */
+#ifndef DSV4_CUDA_ATTN_FOLD_CUH
+#define DSV4_CUDA_ATTN_FOLD_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* floats of one span state in scratch: m, l, 2 pad, then the dims rounded up to 4 */
+static __host__ __device__ inline int64_t ak_pst(int Dh) { return 4 + 4 * (int64_t)((Dh + 3) / 4); }
+
+/* Folding a state (m, l, x) into (M, L, O), m finite: Mn = max(M, m), L = l b + L a, O = x b + O a. The same
+ * operations in the kernel (full mode) and in attn_kv8_combine (partial mode). */
+__device__ __forceinline__ void ak_coef(float M, float m, float &Mn, float &a, float &b) {
+    Mn = fmaxf(M, m);
+    a = M == -INFINITY ? 0.0f : expf(M - Mn);
+    b = expf(m - Mn);
+}
+__device__ __forceinline__ float ak_fold1(float o, float a, float x, float b) { return fmaf(x, b, __fmul_rn(o, a)); }
+__device__ __forceinline__ float4 ak_fold4(float4 o, float a, float4 x, float b) {
+    return make_float4(ak_fold1(o.x, a, x.x, b), ak_fold1(o.y, a, x.y, b), ak_fold1(o.z, a, x.z, b), ak_fold1(o.w, a, x.w, b));
+}
+/* o oscale / den (oscale a power of two: o carries that factor's inverse); zero when den is not positive */
+__device__ __forceinline__ float ak_fin1(float o, float den, float oscale) {
+    return den > 0 ? __fdiv_rn(__fmul_rn(o, oscale), den) : 0.0f;
+}
+__device__ __forceinline__ float4 ak_fin4(float4 o, float den, float oscale) {
+    if (!(den > 0)) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return make_float4(ak_fin1(o.x, den, oscale), ak_fin1(o.y, den, oscale), ak_fin1(o.z, den, oscale),
+                       ak_fin1(o.w, den, oscale));
+}
+__device__ __forceinline__ float ak_den(float M, float L, float sink) {
+    return M == -INFINITY ? 0.0f : __fadd_rn(L, expf(sink - M));
+}
+/* 4 floats from p of which n (may be < 4) exist; vec: p is 16-byte aligned whenever n >= 4 */
+__device__ __forceinline__ float4 ak_ld4(const float *p, int n, int vec) {
+    if (vec && n >= 4) return *(const float4 *)p;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (n > 0) v.x = p[0];
+    if (n > 1) v.y = p[1];
+    if (n > 2) v.z = p[2];
+    if (n > 3) v.w = p[3];
+    return v;
+}
+__device__ __forceinline__ void ak_st4(float *p, int n, float4 v, int vec) {
+    if (vec && n >= 4) {
+        *(float4 *)p = v;
+        return;
+    }
+    if (n > 0) p[0] = v.x;
+    if (n > 1) p[1] = v.y;
+    if (n > 2) p[2] = v.z;
+    if (n > 3) p[3] = v.w;
+}
+/* The output's inverse RoPE (rope_kernel with inverse = 1: the same operations, so the same bits as storing and then
+ * rotating): the pairs of the last R dims, pair i at angle pos x freq[i]; freq NULL: none */
+struct ak_rope {
+    const float *freq;
+    const int *pos;
+};
+__device__ __forceinline__ void ak_unrot(float &a, float &b, float p, float f) {
+    const float ang = __fmul_rn(p, f);
+    const float c = cosf(ang), s = -sinf(ang);
+    const float x = a, y = b;
+    a = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+    b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+}
+/* v holds dims d .. d + 3 (d a multiple of 4; those past Dh unused) of query t's row */
+__device__ __forceinline__ float4 ak_rope4(float4 v, int d, int Dh, int R, ak_rope ro, int t) {
+    const int r0 = Dh - R;
+    if (!ro.freq || d < r0) return v;
+    const float p = (float)ro.pos[t];
+    const int i = (d - r0) >> 1;
+    ak_unrot(v.x, v.y, p, ro.freq[i]);
+    if (d + 2 < Dh) ak_unrot(v.z, v.w, p, ro.freq[i + 1]);
+    return v;
+}
+
+/* Folds, for each (query t, head h), the span states part[((t H + h) nspan + s) ak_pst(Dh)] (m, l, pad, pad, O)
+ * in order s = 0 .. nspan - 1 and writes out [T, H, Dh] = O oscale / (L + exp(sink - M)), inverse-rotated by ro
+ * (attn_kv8.cu). vec: out 16-byte aligned and Dh % 4 == 0. Returns non-zero (dsv4_cuda_fail) on a launch error. */
+int ak_combine_launch(const float *part, int T, int H, int Dh, int R, int nspan, const float *sink, float oscale,
+                      float *out, int vec, ak_rope ro, cudaStream_t st);
+
+#endif
