@@ -13,13 +13,16 @@
  *    max m, sum l of the fp32 p);
  *  - p 2^12 = ph + pl (f16 each); O[16 heads x 256 dims] += ph.V + pl.V (+ ph.V_lo on the rope dims), fp32 in
  *    registers.
- * The list is cut in spans of spt tiles (prefill 32: no tensor-core accumulator takes more than 1024 entries' terms;
- * decode DSV4_CUDA_ATTN_TC_SPT, default 2, for parallelism at batch 1); each span's state (m, l, O) starts afresh and
- * is folded in order into the total (attn_fold.cuh: the operations of attn_kv8_combine), either by the query's block
- * (the total's O waits in out between spans) or by attn_kv8_combine over the states a block per span left in scratch.
+ * Prefill passes (kernel DEC = false): one online softmax over the whole list; O goes into out after every TC_F tiles
+ * (1024 entries; out = out e^(m' - m) + O), so that no tensor-core accumulator takes more than a span's terms.
+ * Decode steps (DEC = true): spans of spt tiles (DSV4_CUDA_ATTN_TC_SPT, default 2: parallelism at batch 1), each
+ * span's state (m, l, O) started afresh and folded in order into the total (attn_fold.cuh: attn_kv8_combine's
+ * operations), by the query's block (the total's O waits in out between spans) or by attn_kv8_combine over the states
+ * a block per span left in scratch: the same bits either way. (One template for both: the prefill form is the kernel
+ * as it was before the decode form existed, instruction for instruction but for a handful, so its speed is kept; the
+ * decode form's span folds made the prefill passes 7-20 % slower, RESULTS session 14.)
  * out = O / (L + exp(sink - M)); zeros for a query without entries. Every sum's order depends only on the query's own
- * list and spt (batch invariant, repeatable, the same for both launch shapes); the bits are not dsv4_cuda_attn_kv8's
- * (another order: ~1e-6 relative).
+ * list (and spt): batch invariant, repeatable; the bits are not dsv4_cuda_attn_kv8's (another order: ~1e-6 relative).
  * Range: f16 holds an FP8 value exactly when it is 0 or 2^-21 <= |v| < 65504 (kv_norm'd rows are; smaller ones keep
  * an absolute error < 2^-25); q must stay under 65504 (it is RMS-normed). Rows of kv2 (the pass's own kv): non-rope
  * dims FP8-simulated (forward_cuda.c quantizes w->kv; taken as hi only), rope dims fp32 (hi + lo). */
@@ -87,10 +90,14 @@ static size_t tc_smem(int Dh, int R) {
            sizeof(float) * (8 * 16 * TC_N + 8 * 16 * 2) + sizeof(int) * 2 * TC_N + (size_t)TC_N * dsv4_kv_row_bytes(Dh, R);
 }
 
-/* Block (query blockIdx.x, heads blockIdx.y * 64 .., span blockIdx.z; gridDim.z == 1: every span, each span's state
- * folded here into the total, which waits in out between spans). Spans of spt tiles, nspan of them; a block per span
- * writes its state (m, l, O x 2^12) to part for ak_combine_launch. vec: q and kv2 rows 16-byte aligned, Dh % 4 == 0.
- * orope: the output's inverse RoPE (freq NULL: none). */
+/* Block (query blockIdx.x, heads blockIdx.y * 64 .., span blockIdx.z). vec: q and kv2 rows 16-byte aligned, Dh % 4 == 0.
+ * DEC false (prefill passes): every tile in order, O (x 2^12) into out every TC_F tiles (out = out e^(m' - m) + O),
+ * l running over the whole list; part, spt, nspan and orope unused.
+ * DEC true (decode steps): spans of spt tiles, nspan of them, each span's state (m, l, O) started afresh; gridDim.z ==
+ * 1: the block takes every span and folds each into the total (attn_fold.cuh; the total's O waits in out between
+ * spans), else the block takes span blockIdx.z and writes its state (m, l, O x 2^12) to part for ak_combine_launch:
+ * the same bits either way. orope: the output's inverse RoPE (freq NULL: none). */
+template <bool DEC>
 __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, int H, int Dh, int R,
                                                               const uint8_t *const *base, const float *kv2,
                                                               const int *idx, int nidx, const float *sink, float scale,
@@ -113,7 +120,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
     const int nope = Dh - R, ro = dsv4_kv_rope_off(Dh, R), nchk = (int)(rb >> 4), ns = (nidx + TC_N - 1) / TC_N;
     const uint8_t *cache = base ? base[t] : NULL;
     const int *lidx = idx + (int64_t)t * nidx;
-    const bool full = gridDim.z == 1;
+    const bool full = !DEC || gridDim.z == 1;
     const int s_begin = full ? 0 : blockIdx.z * spt, s_end = full ? ns : min(ns, s_begin + spt);
 
     auto fetch = [&](int s, int i) {
@@ -132,11 +139,13 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         dev_cp_commit();
     };
     if (tid < TC_N) ids[tid] = fetch(s_begin, tid);
-    __syncthreads();
-    issue(s_begin, ids); /* the first tile's rows come in while q is split */
+    if constexpr (DEC) { /* the first tile's rows come in while q is split */
+        __syncthreads();
+        issue(s_begin, ids);
+    }
 
-    /* q of the block's heads as hi + lo (zeros past H and Dh); 8 steps' loads in flight */
-#pragma unroll 8
+    /* q of the block's heads as hi + lo (zeros past H and Dh); decode: 8 steps' loads in flight */
+#pragma unroll (DEC ? 8 : 1)
     for (int u = tid; u < TC_HB * (TC_D / 8); u += TC_NT) {
         const int r = u >> 6, c = u & 63, hh = h0 + r, d0 = 8 * c;
         float v[8];
@@ -159,12 +168,13 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
     }
     __syncthreads();
+    if constexpr (!DEC) issue(s_begin, ids);
 
     float O[32][4];
 #pragma unroll
     for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* the span's state, rows gr and gr + 8 of the warp's heads */
-    if (tq == 0) /* the quad's lanes hold the same values: lane 4 gr keeps them */
+    if (DEC && tq == 0) /* the quad's lanes hold the same values: lane 4 gr keeps them */
         Tml[(warp * 16 + gr) * 2] = Tml[(warp * 16 + gr + 8) * 2] = -INFINITY,
         Tml[(warp * 16 + gr) * 2 + 1] = Tml[(warp * 16 + gr + 8) * 2 + 1] = 0.0f;
     const int hA = h0 + 16 * g + gr, hB = hA + 8;
@@ -174,19 +184,18 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
     const int rk = (lane & 7) + (lane >> 4) * 8, ck = (lane >> 3) & 1;
     const int rv = (lane & 7) + ((lane >> 3) & 1) * 8, cv = lane >> 4;
 
-    for (int s0 = s_begin; s0 < s_end; s0 += spt) { /* the block's spans */
-        const int s1 = min(s_end, s0 + spt);
-        for (int s = s0; s < s1; s++) {
+    /* one tile of 32 entries: rows in (the next tile's requested), scores, the online softmax of the span, O += p.V */
+    auto tile = [&](int s) {
             const int *cid = ids + ((s - s_begin) & 1) * TC_N;
             dev_cp_wait<0>();
             __syncthreads(); /* raw rows in; every warp is done with the previous tile */
             if (tid < TC_N && s + 1 < s_end) ids[((s + 1 - s_begin) & 1) * TC_N + tid] = fetch(s + 1, tid);
             /* rows into Kh / Kl: a thread per 8 dims of a row */
-#pragma unroll 4
+    #pragma unroll 4
             for (int k = 0; k < TC_N * (TC_D / 8) / TC_NT; k++) {
                 const int u = tid + k * TC_NT, i = u >> 6, c = u & 63, d0 = 8 * c, id = cid[i];
                 float v[8];
-#pragma unroll
+    #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] = 0.0f;
                 if (id >= 0 && d0 < Dh) {
                     const uint8_t *row = raw + i * rb;
@@ -204,7 +213,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                         v[4] = dev_bf16((uint16_t)w.z), v[5] = dev_bf16((uint16_t)(w.z >> 16));
                         v[6] = dev_bf16((uint16_t)w.w), v[7] = dev_bf16((uint16_t)(w.w >> 16));
                     } else {
-#pragma unroll
+    #pragma unroll
                         for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? dev_kv_at(row, Dh, R, d0 + j) : 0.0f;
                     }
                 } else if (id < -1 && d0 < Dh) {
@@ -213,7 +222,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                         const float4 a = *(const float4 *)row, b = *(const float4 *)(row + 4);
                         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
                     } else {
-#pragma unroll
+    #pragma unroll
                         for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? row[j] : 0.0f;
                     }
                 }
@@ -232,11 +241,11 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
 
             /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators */
             float sa[4][4], sb[4][4];
-#pragma unroll
+    #pragma unroll
             for (int n = 0; n < 4; n++)
-#pragma unroll
+    #pragma unroll
                 for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
-#pragma unroll 4
+    #pragma unroll 4
             for (int kk = 0; kk < 16; kk++) {
                 const int c0 = 32 * hf + 2 * kk;
                 uint32_t a[4], al[4], b0[4], b1[4];
@@ -254,7 +263,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                 tc_mma(sb[3], al, b1[2], b1[3]);
             }
             if (lo_mine) { /* q hi . k lo over the rope dims */
-#pragma unroll
+    #pragma unroll
                 for (int kk = 0; kk < TC_LO / 16; kk++) {
                     uint32_t a[4], b0[4], b1[4];
                     tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
@@ -268,23 +277,23 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             }
             /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
             float S[16];
-#pragma unroll
+    #pragma unroll
             for (int n = 0; n < 4; n++)
-#pragma unroll
+    #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     S[4 * n + j] = sa[n][j] + sb[n][j];
                     Sx[(warp * 16 + 4 * n + j) * TC_N + lane] = S[4 * n + j];
                 }
             tc_pair_sync(g);
-#pragma unroll
+    #pragma unroll
             for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
 
             /* online softmax; S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
             const unsigned vm = __ballot_sync(0xffffffffu, cid[lane] != -1);
             float mt0 = -INFINITY, mt1 = -INFINITY;
-#pragma unroll
+    #pragma unroll
             for (int n = 0; n < 4; n++)
-#pragma unroll
+    #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const int e = 8 * n + 2 * tq + (j & 1);
                     const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
@@ -299,7 +308,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
             const float a0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), a1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
             float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
+    #pragma unroll
             for (int v = 0; v < 16; v++) {
                 const float mn = (v & 2) ? mn1 : mn0;
                 const float p = S[v] == -INFINITY ? 0.0f : expf(S[v] - mn);
@@ -314,14 +323,14 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
             m0 = mn0, m1 = mn1;
             if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
-#pragma unroll
+    #pragma unroll
                 for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
 
             /* p x 2^12 as A operands (k-steps of 16 entries): hi and lo */
             uint32_t ph[2][4], pl[2][4];
-#pragma unroll
+    #pragma unroll
             for (int v = 0; v < 16; v++) S[v] *= TC_PS;
-#pragma unroll
+    #pragma unroll
             for (int j = 0; j < 2; j++) {
                 tc_split(S[8 * j + 0], S[8 * j + 1], ph[j][0], pl[j][0]);
                 tc_split(S[8 * j + 2], S[8 * j + 3], ph[j][1], pl[j][1]);
@@ -329,10 +338,10 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                 tc_split(S[8 * j + 6], S[8 * j + 7], ph[j][3], pl[j][3]);
             }
             /* O += p.V over this warp's dims, 16 at a time */
-#pragma unroll
+    #pragma unroll
             for (int dp = 0; dp < 16; dp++) {
                 const int c0 = 32 * hf + 2 * dp;
-#pragma unroll
+    #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     uint32_t b[4];
                     tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
@@ -343,7 +352,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                 }
                 const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
                 if (lo_mine && dl >= 0 && dl < TC_LO) {
-#pragma unroll
+    #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         uint32_t b[4];
                         tc_ldsm4t(b, Kl + (16 * j + rv) * TC_LO + tc_sw(16 * j + rv, (dl >> 3) + cv));
@@ -352,99 +361,146 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                     }
                 }
             }
-        }
-        if (s1 == s_end) break;
-        /* the end of a span that is not the block's last (full mode): into the total, attn_kv8_combine's operations
-         * (ak_coef / ak_fold1; a span without entries skipped); the total's O read back from out 8 n-steps of both
-         * rows at a time (float2: d is even, so is Dh), enough loads in flight without spilling O's 128 registers */
-        float ca[2], cb[2];
-        bool act[2], had[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) { /* head rows gr (O[.][0..1]) and gr + 8 (O[.][2..3]) */
-            const float m = r ? m1 : m0, l = r ? l1 : l0;
-            float *ml = Tml + (warp * 16 + gr + 8 * r) * 2;
-            const float M = ml[0], Lt = ml[1];
-            __syncwarp(); /* every lane has read the quad's total before lane 4 gr rewrites it */
-            act[r] = (r ? hB : hA) < H && m != -INFINITY;
-            had[r] = M != -INFINITY;
-            ca[r] = cb[r] = 0.0f;
-            if (act[r]) {
-                float Mn;
-                ak_coef(M, m, Mn, ca[r], cb[r]);
-                if (tq == 0) ml[0] = Mn, ml[1] = ak_fold1(Lt, ca[r], l, cb[r]);
+    };
+    if constexpr (!DEC) {
+        float *oA = out + ((int64_t)t * H + hA) * Dh, *oB = out + ((int64_t)t * H + hB) * Dh;
+        float mf0 = -INFINITY, mf1 = -INFINITY; /* m when O last went into out (spans) */
+        bool fl = false;
+        for (int s = 0; s < ns; s++) {
+            tile(s);
+            if ((s + 1) % TC_F == 0 && s + 1 < ns) { /* end of a span: out = out e^(mf - m) + O (x 2^12), O = 0 */
+                const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
+    #pragma unroll
+                for (int n = 0; n < 32; n++) {
+                    const int d = 256 * hf + 8 * n + 2 * tq;
+    #pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        if (d + j < Dh && hA < H) oA[d + j] = fl ? fmaf(oA[d + j], b0, O[n][j]) : O[n][j];
+                        if (d + j < Dh && hB < H) oB[d + j] = fl ? fmaf(oB[d + j], b1, O[n][2 + j]) : O[n][2 + j];
+                        O[n][j] = O[n][2 + j] = 0.0f;
+                    }
+                }
+                mf0 = m0, mf1 = m1, fl = true;
             }
         }
-        float *orw[2] = {out + ((int64_t)t * H + hA) * Dh, out + ((int64_t)t * H + hB) * Dh};
-#pragma unroll
-        for (int n0 = 0; n0 < 32; n0 += 8) {
-            float2 pv[2][8];
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
-                    pv[r][k] = act[r] && had[r] && d < Dh ? *(const float2 *)(orw[r] + d) : make_float2(0.0f, 0.0f);
-                }
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
-                    if (act[r] && d < Dh)
-                        *(float2 *)(orw[r] + d) = make_float2(ak_fold1(pv[r][k].x, ca[r], O[n0 + k][2 * r], cb[r]),
-                                                              ak_fold1(pv[r][k].y, ca[r], O[n0 + k][2 * r + 1], cb[r]));
-                }
-            asm volatile("" ::: "memory"); /* the next step's loads stay after these stores */
-        }
-        m0 = m1 = -INFINITY, l0 = l1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
-    }
 
-    /* the block's last span */
-#pragma unroll
-    for (int r = 0; r < 2; r++) { /* head rows gr (O[.][0..1]) and gr + 8 (O[.][2..3]) */
-        const float m = r ? m1 : m0, l = r ? l1 : l0;
-        const int hh = r ? hB : hA;
-        if (hh >= H) continue;
-        float *orow = out + ((int64_t)t * H + hh) * Dh;
-        if (!full) { /* the span's state, for ak_combine_launch */
-            float *pp = part + (((int64_t)t * H + hh) * nspan + blockIdx.z) * ak_pst(Dh);
-            if (hf == 0 && tq == 0) pp[0] = m, pp[1] = l;
-#pragma unroll
-            for (int n = 0; n < 32; n++) {
-                const int d = 256 * hf + 8 * n + 2 * tq;
-                if (d + 1 < Dh) *(float2 *)(pp + 4 + d) = make_float2(O[n][2 * r], O[n][2 * r + 1]);
-                else if (d < Dh) pp[4 + d] = O[n][2 * r];
-            }
-            continue;
-        }
-        /* into the total, then out = O 2^-12 / (L + exp(sink - M)) and the inverse RoPE (pairs d, d + 1) */
-        const float *ml = Tml + (warp * 16 + gr + 8 * r) * 2;
-        float M = ml[0], L = ml[1];
-        const bool had = M != -INFINITY, v = m != -INFINITY;
-        float a = 0.0f, b = 0.0f;
-        if (v) {
-            float Mn;
-            ak_coef(M, m, Mn, a, b);
-            L = ak_fold1(L, a, l, b);
-            M = Mn;
-        }
-        const float den = ak_den(M, L, sink[hh]);
-        const float pos = orope.freq ? (float)orope.pos[t] : 0.0f;
-#pragma unroll
+        /* out = (out e^(mf - m) + O) 2^-12 / (l + exp(sink - m)) */
+        const float dA = hA < H && m0 != -INFINITY ? __fadd_rn(l0, expf(sink[hA] - m0)) : 0.0f;
+        const float dB = hB < H && m1 != -INFINITY ? __fadd_rn(l1, expf(sink[hB] - m1)) : 0.0f;
+        const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
+    #pragma unroll
         for (int n = 0; n < 32; n++) {
             const int d = 256 * hf + 8 * n + 2 * tq;
-            if (d >= Dh) continue;
-            float y[2];
-#pragma unroll
+    #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const float prev = had && d + j < Dh ? orow[d + j] : 0.0f;
-                y[j] = ak_fin1(v ? ak_fold1(prev, a, O[n][2 * r + j], b) : prev, den, 1.0f / TC_PS);
+                if (d + j >= Dh) continue;
+                if (hA < H) {
+                    const float o = fl ? fmaf(oA[d + j], b0, O[n][j]) : O[n][j];
+                    oA[d + j] = dA > 0 ? __fdiv_rn(o * (1.0f / TC_PS), dA) : 0.0f;
+                }
+                if (hB < H) {
+                    const float o = fl ? fmaf(oB[d + j], b1, O[n][2 + j]) : O[n][2 + j];
+                    oB[d + j] = dB > 0 ? __fdiv_rn(o * (1.0f / TC_PS), dB) : 0.0f;
+                }
             }
-            if (orope.freq && d >= nope) ak_unrot(y[0], y[1], pos, orope.freq[(d - nope) >> 1]);
-            orow[d] = y[0];
-            if (d + 1 < Dh) orow[d + 1] = y[1];
+        }
+    } else {
+        for (int s0 = s_begin; s0 < s_end; s0 += spt) { /* the block's spans */
+            const int s1 = min(s_end, s0 + spt);
+            for (int s = s0; s < s1; s++) tile(s);
+            if (s1 == s_end) break;
+            /* the end of a span that is not the block's last (full mode): into the total, attn_kv8_combine's operations
+             * (ak_coef / ak_fold1; a span without entries skipped); the total's O read back from out 8 n-steps of both
+             * rows at a time (float2: d is even, so is Dh), enough loads in flight without spilling O's 128 registers */
+            float ca[2], cb[2];
+            bool act[2], had[2];
+    #pragma unroll
+            for (int r = 0; r < 2; r++) { /* head rows gr (O[.][0..1]) and gr + 8 (O[.][2..3]) */
+                const float m = r ? m1 : m0, l = r ? l1 : l0;
+                float *ml = Tml + (warp * 16 + gr + 8 * r) * 2;
+                const float M = ml[0], Lt = ml[1];
+                __syncwarp(); /* every lane has read the quad's total before lane 4 gr rewrites it */
+                act[r] = (r ? hB : hA) < H && m != -INFINITY;
+                had[r] = M != -INFINITY;
+                ca[r] = cb[r] = 0.0f;
+                if (act[r]) {
+                    float Mn;
+                    ak_coef(M, m, Mn, ca[r], cb[r]);
+                    if (tq == 0) ml[0] = Mn, ml[1] = ak_fold1(Lt, ca[r], l, cb[r]);
+                }
+            }
+            float *orw[2] = {out + ((int64_t)t * H + hA) * Dh, out + ((int64_t)t * H + hB) * Dh};
+    #pragma unroll
+            for (int n0 = 0; n0 < 32; n0 += 8) {
+                float2 pv[2][8];
+    #pragma unroll
+                for (int r = 0; r < 2; r++)
+    #pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
+                        pv[r][k] = act[r] && had[r] && d < Dh ? *(const float2 *)(orw[r] + d) : make_float2(0.0f, 0.0f);
+                    }
+    #pragma unroll
+                for (int r = 0; r < 2; r++)
+    #pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
+                        if (act[r] && d < Dh)
+                            *(float2 *)(orw[r] + d) = make_float2(ak_fold1(pv[r][k].x, ca[r], O[n0 + k][2 * r], cb[r]),
+                                                                  ak_fold1(pv[r][k].y, ca[r], O[n0 + k][2 * r + 1], cb[r]));
+                    }
+                asm volatile("" ::: "memory"); /* the next step's loads stay after these stores */
+            }
+            m0 = m1 = -INFINITY, l0 = l1 = 0.0f;
+    #pragma unroll
+            for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
+        }
+
+        /* the block's last span */
+    #pragma unroll
+        for (int r = 0; r < 2; r++) { /* head rows gr (O[.][0..1]) and gr + 8 (O[.][2..3]) */
+            const float m = r ? m1 : m0, l = r ? l1 : l0;
+            const int hh = r ? hB : hA;
+            if (hh >= H) continue;
+            float *orow = out + ((int64_t)t * H + hh) * Dh;
+            if (!full) { /* the span's state, for ak_combine_launch */
+                float *pp = part + (((int64_t)t * H + hh) * nspan + blockIdx.z) * ak_pst(Dh);
+                if (hf == 0 && tq == 0) pp[0] = m, pp[1] = l;
+    #pragma unroll
+                for (int n = 0; n < 32; n++) {
+                    const int d = 256 * hf + 8 * n + 2 * tq;
+                    if (d + 1 < Dh) *(float2 *)(pp + 4 + d) = make_float2(O[n][2 * r], O[n][2 * r + 1]);
+                    else if (d < Dh) pp[4 + d] = O[n][2 * r];
+                }
+                continue;
+            }
+            /* into the total, then out = O 2^-12 / (L + exp(sink - M)) and the inverse RoPE (pairs d, d + 1) */
+            const float *ml = Tml + (warp * 16 + gr + 8 * r) * 2;
+            float M = ml[0], L = ml[1];
+            const bool had = M != -INFINITY, v = m != -INFINITY;
+            float a = 0.0f, b = 0.0f;
+            if (v) {
+                float Mn;
+                ak_coef(M, m, Mn, a, b);
+                L = ak_fold1(L, a, l, b);
+                M = Mn;
+            }
+            const float den = ak_den(M, L, sink[hh]);
+            const float pos = orope.freq ? (float)orope.pos[t] : 0.0f;
+    #pragma unroll
+            for (int n = 0; n < 32; n++) {
+                const int d = 256 * hf + 8 * n + 2 * tq;
+                if (d >= Dh) continue;
+                float y[2];
+    #pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const float prev = had && d + j < Dh ? orow[d + j] : 0.0f;
+                    y[j] = ak_fin1(v ? ak_fold1(prev, a, O[n][2 * r + j], b) : prev, den, 1.0f / TC_PS);
+                }
+                if (orope.freq && d >= nope) ak_unrot(y[0], y[1], pos, orope.freq[(d - nope) >> 1]);
+                orow[d] = y[0];
+                if (d + 1 < Dh) orow[d + 1] = y[1];
+            }
         }
     }
 }
@@ -500,7 +556,8 @@ extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) 
     return (size_t)(T < TC_PMAX_T ? T : TC_PMAX_T) * H * nspan * (size_t)ak_pst(Dh);
 }
 
-/* spt tiles per span asked; partial: a block per span (scratch), else a block per query */
+/* DEC: the decode form (spt tiles per span asked; partial: a block per span, scratch), else the prefill form */
+template <bool DEC>
 static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                   const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
                   float *out, float *scratch, int spt, int partial, cudaStream_t st) {
@@ -515,19 +572,19 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
     const size_t smem = tc_smem(Dh, R);
     static size_t raised = 0;
     if (smem > raised) {
-        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel<DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem) != cudaSuccess)
             return dsv4_cuda_fail("attn_kv8_tc: cannot raise shared memory to %zu bytes", smem);
         raised = smem;
     }
     int spe, nspan;
     tc_spans(nidx, spt, &spe, &nspan);
-    if (nspan <= 1) partial = 0;
+    if (nspan <= 1 || !DEC) partial = 0;
     if (partial && (!scratch || ((uintptr_t)scratch & 15)))
         return dsv4_cuda_fail("attn_kv8_tc: %d entries in %d spans need 16-byte aligned scratch", nidx, nspan);
     const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)kv2 & 15);
     const ak_rope ro = {freq, pos};
-    dev_launch(attn_kv8_tc_kernel, dim3(T, (H + TC_HB - 1) / TC_HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
+    dev_launch(attn_kv8_tc_kernel<DEC>, dim3(T, (H + TC_HB - 1) / TC_HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
                base, kv2, idx, nidx, sink, scale, out, scratch, spe, nspan, vec, ro);
     if (dsv4_cuda_check_launch("attn_kv8_tc")) return -1;
     if (!partial) return 0;
@@ -538,7 +595,7 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
 extern "C" int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
                                      const float *kv2, const int *idx, int nidx, const float *sink, float scale,
                                      float *out, void *stream) {
-    return tc_run(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, NULL, TC_F, 0,
+    return tc_run<false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, NULL, TC_F, 0,
                   DSV4_STREAM(stream));
 }
 
@@ -547,6 +604,6 @@ extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, i
                                          const float *freq, const int *pos, float *out, float *scratch, void *stream) {
     /* the launch shape changes no bit: a block per span up to TC_PMAX_T queries (fills the GPU), else per query */
     const int partial = tc_force_mode >= 0 ? !tc_force_mode && T <= TC_PMAX_T : T <= TC_PMAX_T;
-    return tc_run(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(), partial,
+    return tc_run<true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(), partial,
                   DSV4_STREAM(stream));
 }
