@@ -191,11 +191,11 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             __syncthreads(); /* raw rows in; every warp is done with the previous tile */
             if (tid < TC_N && s + 1 < s_end) ids[((s + 1 - s_begin) & 1) * TC_N + tid] = fetch(s + 1, tid);
             /* rows into Kh / Kl: a thread per 8 dims of a row */
-    #pragma unroll 4
+#pragma unroll 4
             for (int k = 0; k < TC_N * (TC_D / 8) / TC_NT; k++) {
                 const int u = tid + k * TC_NT, i = u >> 6, c = u & 63, d0 = 8 * c, id = cid[i];
                 float v[8];
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 8; j++) v[j] = 0.0f;
                 if (id >= 0 && d0 < Dh) {
                     const uint8_t *row = raw + i * rb;
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                         v[4] = dev_bf16((uint16_t)w.z), v[5] = dev_bf16((uint16_t)(w.z >> 16));
                         v[6] = dev_bf16((uint16_t)w.w), v[7] = dev_bf16((uint16_t)(w.w >> 16));
                     } else {
-    #pragma unroll
+#pragma unroll
                         for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? dev_kv_at(row, Dh, R, d0 + j) : 0.0f;
                     }
                 } else if (id < -1 && d0 < Dh) {
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                         const float4 a = *(const float4 *)row, b = *(const float4 *)(row + 4);
                         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
                     } else {
-    #pragma unroll
+#pragma unroll
                         for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? row[j] : 0.0f;
                     }
                 }
@@ -241,11 +241,11 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
 
             /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators */
             float sa[4][4], sb[4][4];
-    #pragma unroll
+#pragma unroll
             for (int n = 0; n < 4; n++)
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
-    #pragma unroll 4
+#pragma unroll 4
             for (int kk = 0; kk < 16; kk++) {
                 const int c0 = 32 * hf + 2 * kk;
                 uint32_t a[4], al[4], b0[4], b1[4];
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                 tc_mma(sb[3], al, b1[2], b1[3]);
             }
             if (lo_mine) { /* q hi . k lo over the rope dims */
-    #pragma unroll
+#pragma unroll
                 for (int kk = 0; kk < TC_LO / 16; kk++) {
                     uint32_t a[4], b0[4], b1[4];
                     tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
@@ -277,23 +277,23 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             }
             /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
             float S[16];
-    #pragma unroll
+#pragma unroll
             for (int n = 0; n < 4; n++)
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 4; j++) {
                     S[4 * n + j] = sa[n][j] + sb[n][j];
                     Sx[(warp * 16 + 4 * n + j) * TC_N + lane] = S[4 * n + j];
                 }
             tc_pair_sync(g);
-    #pragma unroll
+#pragma unroll
             for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
 
             /* online softmax; S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
             const unsigned vm = __ballot_sync(0xffffffffu, cid[lane] != -1);
             float mt0 = -INFINITY, mt1 = -INFINITY;
-    #pragma unroll
+#pragma unroll
             for (int n = 0; n < 4; n++)
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const int e = 8 * n + 2 * tq + (j & 1);
                     const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
             const float a0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), a1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
             float ls0 = 0.0f, ls1 = 0.0f;
-    #pragma unroll
+#pragma unroll
             for (int v = 0; v < 16; v++) {
                 const float mn = (v & 2) ? mn1 : mn0;
                 const float p = S[v] == -INFINITY ? 0.0f : expf(S[v] - mn);
@@ -323,14 +323,14 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
             m0 = mn0, m1 = mn1;
             if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
 
             /* p x 2^12 as A operands (k-steps of 16 entries): hi and lo */
             uint32_t ph[2][4], pl[2][4];
-    #pragma unroll
+#pragma unroll
             for (int v = 0; v < 16; v++) S[v] *= TC_PS;
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < 2; j++) {
                 tc_split(S[8 * j + 0], S[8 * j + 1], ph[j][0], pl[j][0]);
                 tc_split(S[8 * j + 2], S[8 * j + 3], ph[j][1], pl[j][1]);
@@ -338,10 +338,10 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                 tc_split(S[8 * j + 6], S[8 * j + 7], ph[j][3], pl[j][3]);
             }
             /* O += p.V over this warp's dims, 16 at a time */
-    #pragma unroll
+#pragma unroll
             for (int dp = 0; dp < 16; dp++) {
                 const int c0 = 32 * hf + 2 * dp;
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 2; j++) {
                     uint32_t b[4];
                     tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                 }
                 const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
                 if (lo_mine && dl >= 0 && dl < TC_LO) {
-    #pragma unroll
+#pragma unroll
                     for (int j = 0; j < 2; j++) {
                         uint32_t b[4];
                         tc_ldsm4t(b, Kl + (16 * j + rv) * TC_LO + tc_sw(16 * j + rv, (dl >> 3) + cv));
@@ -370,10 +370,10 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             tile(s);
             if ((s + 1) % TC_F == 0 && s + 1 < ns) { /* end of a span: out = out e^(mf - m) + O (x 2^12), O = 0 */
                 const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < 32; n++) {
                     const int d = 256 * hf + 8 * n + 2 * tq;
-    #pragma unroll
+#pragma unroll
                     for (int j = 0; j < 2; j++) {
                         if (d + j < Dh && hA < H) oA[d + j] = fl ? fmaf(oA[d + j], b0, O[n][j]) : O[n][j];
                         if (d + j < Dh && hB < H) oB[d + j] = fl ? fmaf(oB[d + j], b1, O[n][2 + j]) : O[n][2 + j];
@@ -388,10 +388,10 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         const float dA = hA < H && m0 != -INFINITY ? __fadd_rn(l0, expf(sink[hA] - m0)) : 0.0f;
         const float dB = hB < H && m1 != -INFINITY ? __fadd_rn(l1, expf(sink[hB] - m1)) : 0.0f;
         const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
-    #pragma unroll
+#pragma unroll
         for (int n = 0; n < 32; n++) {
             const int d = 256 * hf + 8 * n + 2 * tq;
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < 2; j++) {
                 if (d + j >= Dh) continue;
                 if (hA < H) {
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
              * rows at a time (float2: d is even, so is Dh), enough loads in flight without spilling O's 128 registers */
             float ca[2], cb[2];
             bool act[2], had[2];
-    #pragma unroll
+#pragma unroll
             for (int r = 0; r < 2; r++) { /* head rows gr (O[.][0..1]) and gr + 8 (O[.][2..3]) */
                 const float m = r ? m1 : m0, l = r ? l1 : l0;
                 float *ml = Tml + (warp * 16 + gr + 8 * r) * 2;
@@ -430,19 +430,19 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                 }
             }
             float *orw[2] = {out + ((int64_t)t * H + hA) * Dh, out + ((int64_t)t * H + hB) * Dh};
-    #pragma unroll
+#pragma unroll
             for (int n0 = 0; n0 < 32; n0 += 8) {
                 float2 pv[2][8];
-    #pragma unroll
+#pragma unroll
                 for (int r = 0; r < 2; r++)
-    #pragma unroll
+#pragma unroll
                     for (int k = 0; k < 8; k++) {
                         const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
                         pv[r][k] = act[r] && had[r] && d < Dh ? *(const float2 *)(orw[r] + d) : make_float2(0.0f, 0.0f);
                     }
-    #pragma unroll
+#pragma unroll
                 for (int r = 0; r < 2; r++)
-    #pragma unroll
+#pragma unroll
                     for (int k = 0; k < 8; k++) {
                         const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
                         if (act[r] && d < Dh)
@@ -452,12 +452,12 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                 asm volatile("" ::: "memory"); /* the next step's loads stay after these stores */
             }
             m0 = m1 = -INFINITY, l0 = l1 = 0.0f;
-    #pragma unroll
+#pragma unroll
             for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
         }
 
         /* the block's last span */
-    #pragma unroll
+#pragma unroll
         for (int r = 0; r < 2; r++) { /* head rows gr (O[.][0..1]) and gr + 8 (O[.][2..3]) */
             const float m = r ? m1 : m0, l = r ? l1 : l0;
             const int hh = r ? hB : hA;
@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             if (!full) { /* the span's state, for ak_combine_launch */
                 float *pp = part + (((int64_t)t * H + hh) * nspan + blockIdx.z) * ak_pst(Dh);
                 if (hf == 0 && tq == 0) pp[0] = m, pp[1] = l;
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < 32; n++) {
                     const int d = 256 * hf + 8 * n + 2 * tq;
                     if (d + 1 < Dh) *(float2 *)(pp + 4 + d) = make_float2(O[n][2 * r], O[n][2 * r + 1]);
@@ -487,12 +487,12 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             }
             const float den = ak_den(M, L, sink[hh]);
             const float pos = orope.freq ? (float)orope.pos[t] : 0.0f;
-    #pragma unroll
+#pragma unroll
             for (int n = 0; n < 32; n++) {
                 const int d = 256 * hf + 8 * n + 2 * tq;
                 if (d >= Dh) continue;
                 float y[2];
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 2; j++) {
                     const float prev = had && d + j < Dh ? orow[d + j] : 0.0f;
                     y[j] = ak_fin1(v ? ak_fold1(prev, a, O[n][2 * r + j], b) : prev, den, 1.0f / TC_PS);
