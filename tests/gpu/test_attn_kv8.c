@@ -18,7 +18,7 @@
  *      whole 256- and 4096-row passes at Flash shapes against the decode kernel in the forward's 64-row calls;
  *   8. the decode path on tensor cores (dsv4_cuda_attn_kv8_tc_dec, "_tcd"): checks 2 and 3, both launch shapes (a
  *      block per span / per query) bitwise equal, the fused inverse RoPE bitwise the kernel then dsv4_cuda_rope; its
- *      timings beside dsv4_cuda_attn_kv8's in 6.
+ *      timings beside dsv4_cuda_attn_kv8's in 6, and both at long lists (2048 .. 8320 entries) at T 1 and 8.
  * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8 [--no-bench] [--only-tc | --only-dec]   (scripts/gpu_test.sh runs it)
  * (--only-tc: 7 alone; --only-dec: 8 and the decode timings of 6) */
 #include <math.h>
@@ -572,6 +572,51 @@ static void bench_attn(void) {
     dsv4_cuda_free(dc), dsv4_cuda_free(dq), dsv4_cuda_free(dsink), dsv4_cuda_free((void *)dbase), dsv4_cuda_free(dout), dsv4_cuda_free(dout2);
 }
 
+/* Long lists at small batches (a ratio-128 layer at long capacities: 128 + capacity / 128 entries), the decode kernels
+ * on CUDA cores and on tensor cores: T queries over one shared cache of 8320 rows, lists of random rows. */
+static void bench_attn_long(void) {
+    const int Ts[] = {1, 8}, nidxs[] = {2048, 5000, 8320}, C = 8320, H = 64, Dh = 512, R = 64, TMAX = 8, NMAX = 8320;
+    const int64_t rb = dsv4_kv_row_bytes(Dh, R);
+    uint8_t *hc = rand_rows((size_t)C, Dh, R), *dc = dup_dev(hc, (size_t)(C * rb));
+    free(hc);
+    float *q = malloc(sizeof(float) * (size_t)TMAX * H * Dh), sink[64];
+    for (size_t i = 0; i < (size_t)TMAX * H * Dh; i++) q[i] = nrand();
+    for (int h = 0; h < H; h++) sink[h] = nrand();
+    float *dq = dup_dev(q, sizeof(float) * (size_t)TMAX * H * Dh), *dsink = dup_dev(sink, sizeof sink);
+    const uint8_t *base[8];
+    for (int t = 0; t < TMAX; t++) base[t] = dc;
+    const uint8_t **dbase = dup_dev(base, sizeof base);
+    float *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)TMAX * H * Dh), *dout2 = dsv4_cuda_alloc(sizeof(float) * (size_t)TMAX * H * Dh);
+    float *o1 = malloc(sizeof(float) * (size_t)TMAX * H * Dh), *o2 = malloc(sizeof(float) * (size_t)TMAX * H * Dh);
+    int *idx = malloc(sizeof(int) * (size_t)TMAX * NMAX);
+    for (int ni = 0; ni < 3; ni++) {
+        const int nidx = nidxs[ni];
+        for (int i = 0; i < TMAX * nidx; i++) idx[i] = (int)(brand() % (uint64_t)C);
+        int *didx = dup_dev(idx, sizeof(int) * (size_t)TMAX * nidx);
+        size_t ns = dsv4_cuda_attn_kv8_scratch(TMAX, H, Dh, nidx);
+        if (dsv4_cuda_attn_kv8_tc_scratch(TMAX, H, Dh, nidx) > ns) ns = dsv4_cuda_attn_kv8_tc_scratch(TMAX, H, Dh, nidx);
+        float *scr = dsv4_cuda_alloc(sizeof(float) * (ns + 4));
+        for (int ti = 0; ti < 2; ti++) {
+            const int T = Ts[ti];
+            attn_job j = {dq, dsink, dbase, didx, dout, scr, NULL, T, nidx, 0, 0};
+            const double cc = time_us(run_attn, &j, 20);
+            j.out = dout2, j.tcd = 1;
+            const double tc = time_us(run_attn, &j, 20);
+            dsv4_cuda_download(o1, dout, sizeof(float) * (size_t)T * H * Dh);
+            dsv4_cuda_download(o2, dout2, sizeof(float) * (size_t)T * H * Dh);
+            const double worst = tol_worst(o2, o1, (size_t)T * H * Dh, NULL);
+            printf("%s time attn long list T %d nidx %4d (64 x 512): attn_kv8 %7.1f us, attn_kv8_tc_dec %7.1f us (%.2fx); "
+                   "tc vs attn_kv8: worst %.3g of the tolerance\n",
+                   worst <= 100 ? "    " : "FAIL", T, nidx, cc, tc, cc / tc, worst);
+            fails += !(worst <= 100);
+        }
+        dsv4_cuda_free(didx), dsv4_cuda_free(scr);
+    }
+    free(q), free(o1), free(o2), free(idx);
+    dsv4_cuda_free(dc), dsv4_cuda_free(dq), dsv4_cuda_free(dsink), dsv4_cuda_free((void *)dbase), dsv4_cuda_free(dout),
+        dsv4_cuda_free(dout2);
+}
+
 /* Prefill passes (forward_cuda.c): TP queries of one sequence, window entries = the pass's own kv rows (kv2,
  * FP8-simulated, rope dims fp32), compressed entries = random rows of one cache (random codes); the decode kernel in
  * calls of 64 rows (as the forward ran it) against dsv4_cuda_attn_kv8_tc in one call (CUDA events around graph
@@ -749,7 +794,8 @@ dec:
     test_attn_p(4, 8, 384, 64, 1, 10, 0, 2);       /* one entry */
     test_attn_p(3, 16, 512, 64, 31, 40, 1, 2);     /* one partial tile */
     if (only_tc || only_dec) {
-        if (bench) only_tc ? bench_attn_tc() : bench_attn();
+        if (bench && only_tc) bench_attn_tc();
+        if (bench && only_dec) bench_attn(), bench_attn_long();
         printf("test_attn_kv8: %s\n", fails ? "FAILED" : "all passed");
         return fails != 0;
     }
@@ -780,6 +826,7 @@ dec:
     if (bench) {
         bench_attn_tc();
         bench_attn();
+        bench_attn_long();
         bench_ikeys();
     }
     printf("test_attn_kv8: %s\n", fails ? "FAILED" : "all passed");
