@@ -186,181 +186,181 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
 
     /* one tile of 32 entries: rows in (the next tile's requested), scores, the online softmax of the span, O += p.V */
     auto tile = [&](int s) {
-            const int *cid = ids + ((s - s_begin) & 1) * TC_N;
-            dev_cp_wait<0>();
-            __syncthreads(); /* raw rows in; every warp is done with the previous tile */
-            if (tid < TC_N && s + 1 < s_end) ids[((s + 1 - s_begin) & 1) * TC_N + tid] = fetch(s + 1, tid);
-            /* rows into Kh / Kl: a thread per 8 dims of a row */
+        const int *cid = ids + ((s - s_begin) & 1) * TC_N;
+        dev_cp_wait<0>();
+        __syncthreads(); /* raw rows in; every warp is done with the previous tile */
+        if (tid < TC_N && s + 1 < s_end) ids[((s + 1 - s_begin) & 1) * TC_N + tid] = fetch(s + 1, tid);
+        /* rows into Kh / Kl: a thread per 8 dims of a row */
 #pragma unroll 4
-            for (int k = 0; k < TC_N * (TC_D / 8) / TC_NT; k++) {
-                const int u = tid + k * TC_NT, i = u >> 6, c = u & 63, d0 = 8 * c, id = cid[i];
-                float v[8];
+        for (int k = 0; k < TC_N * (TC_D / 8) / TC_NT; k++) {
+            const int u = tid + k * TC_NT, i = u >> 6, c = u & 63, d0 = 8 * c, id = cid[i];
+            float v[8];
 #pragma unroll
-                for (int j = 0; j < 8; j++) v[j] = 0.0f;
-                if (id >= 0 && d0 < Dh) {
-                    const uint8_t *row = raw + i * rb;
-                    if (d0 + 8 <= nope) {
-                        const uint2 w = *(const uint2 *)(row + d0);
-                        const float sc = dev_e8m0(row[nope + d0 / 64]);
-                        const float2 a = dev_e4m3x2((uint16_t)w.x), b = dev_e4m3x2((uint16_t)(w.x >> 16));
-                        const float2 e = dev_e4m3x2((uint16_t)w.y), f = dev_e4m3x2((uint16_t)(w.y >> 16));
-                        v[0] = a.x * sc, v[1] = a.y * sc, v[2] = b.x * sc, v[3] = b.y * sc;
-                        v[4] = e.x * sc, v[5] = e.y * sc, v[6] = f.x * sc, v[7] = f.y * sc;
-                    } else if (d0 >= nope && d0 + 8 <= Dh) {
-                        const uint4 w = *(const uint4 *)(row + ro + 2 * (d0 - nope));
-                        v[0] = dev_bf16((uint16_t)w.x), v[1] = dev_bf16((uint16_t)(w.x >> 16));
-                        v[2] = dev_bf16((uint16_t)w.y), v[3] = dev_bf16((uint16_t)(w.y >> 16));
-                        v[4] = dev_bf16((uint16_t)w.z), v[5] = dev_bf16((uint16_t)(w.z >> 16));
-                        v[6] = dev_bf16((uint16_t)w.w), v[7] = dev_bf16((uint16_t)(w.w >> 16));
-                    } else {
+            for (int j = 0; j < 8; j++) v[j] = 0.0f;
+            if (id >= 0 && d0 < Dh) {
+                const uint8_t *row = raw + i * rb;
+                if (d0 + 8 <= nope) {
+                    const uint2 w = *(const uint2 *)(row + d0);
+                    const float sc = dev_e8m0(row[nope + d0 / 64]);
+                    const float2 a = dev_e4m3x2((uint16_t)w.x), b = dev_e4m3x2((uint16_t)(w.x >> 16));
+                    const float2 e = dev_e4m3x2((uint16_t)w.y), f = dev_e4m3x2((uint16_t)(w.y >> 16));
+                    v[0] = a.x * sc, v[1] = a.y * sc, v[2] = b.x * sc, v[3] = b.y * sc;
+                    v[4] = e.x * sc, v[5] = e.y * sc, v[6] = f.x * sc, v[7] = f.y * sc;
+                } else if (d0 >= nope && d0 + 8 <= Dh) {
+                    const uint4 w = *(const uint4 *)(row + ro + 2 * (d0 - nope));
+                    v[0] = dev_bf16((uint16_t)w.x), v[1] = dev_bf16((uint16_t)(w.x >> 16));
+                    v[2] = dev_bf16((uint16_t)w.y), v[3] = dev_bf16((uint16_t)(w.y >> 16));
+                    v[4] = dev_bf16((uint16_t)w.z), v[5] = dev_bf16((uint16_t)(w.z >> 16));
+                    v[6] = dev_bf16((uint16_t)w.w), v[7] = dev_bf16((uint16_t)(w.w >> 16));
+                } else {
 #pragma unroll
-                        for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? dev_kv_at(row, Dh, R, d0 + j) : 0.0f;
-                    }
-                } else if (id < -1 && d0 < Dh) {
-                    const float *row = kv2 + (int64_t)(-id - 2) * Dh + d0;
-                    if (vec && d0 + 8 <= Dh) {
-                        const float4 a = *(const float4 *)row, b = *(const float4 *)(row + 4);
-                        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? row[j] : 0.0f;
-                    }
+                    for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? dev_kv_at(row, Dh, R, d0 + j) : 0.0f;
                 }
-                uint4 hi, lo;
-                if (d0 >= nope && d0 < nope + TC_LO) {
-                    tc_split8(v, hi, lo);
-                    *(uint4 *)(Kl + i * TC_LO + tc_sw(i, (d0 - nope) >> 3)) = lo;
-                } else { /* FP8 values (exact) */
-                    hi.x = tc_u32(__floats2half2_rn(v[0], v[1])), hi.y = tc_u32(__floats2half2_rn(v[2], v[3]));
-                    hi.z = tc_u32(__floats2half2_rn(v[4], v[5])), hi.w = tc_u32(__floats2half2_rn(v[6], v[7]));
+            } else if (id < -1 && d0 < Dh) {
+                const float *row = kv2 + (int64_t)(-id - 2) * Dh + d0;
+                if (vec && d0 + 8 <= Dh) {
+                    const float4 a = *(const float4 *)row, b = *(const float4 *)(row + 4);
+                    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; j++) v[j] = d0 + j < Dh ? row[j] : 0.0f;
                 }
-                *(uint4 *)(Kh + i * TC_D + tc_sw(i, c)) = hi;
             }
-            __syncthreads(); /* Kh / Kl and the next ids are in; raw is free */
-            if (s + 1 < s_end) issue(s + 1, ids + ((s + 1 - s_begin) & 1) * TC_N);
+            uint4 hi, lo;
+            if (d0 >= nope && d0 < nope + TC_LO) {
+                tc_split8(v, hi, lo);
+                *(uint4 *)(Kl + i * TC_LO + tc_sw(i, (d0 - nope) >> 3)) = lo;
+            } else { /* FP8 values (exact) */
+                hi.x = tc_u32(__floats2half2_rn(v[0], v[1])), hi.y = tc_u32(__floats2half2_rn(v[2], v[3]));
+                hi.z = tc_u32(__floats2half2_rn(v[4], v[5])), hi.w = tc_u32(__floats2half2_rn(v[6], v[7]));
+            }
+            *(uint4 *)(Kh + i * TC_D + tc_sw(i, c)) = hi;
+        }
+        __syncthreads(); /* Kh / Kl and the next ids are in; raw is free */
+        if (s + 1 < s_end) issue(s + 1, ids + ((s + 1 - s_begin) & 1) * TC_N);
 
-            /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators */
-            float sa[4][4], sb[4][4];
+        /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators */
+        float sa[4][4], sb[4][4];
 #pragma unroll
-            for (int n = 0; n < 4; n++)
+        for (int n = 0; n < 4; n++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
+            for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
 #pragma unroll 4
-            for (int kk = 0; kk < 16; kk++) {
-                const int c0 = 32 * hf + 2 * kk;
-                uint32_t a[4], al[4], b0[4], b1[4];
-                tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
-                tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
-                tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
-                tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
-                tc_mma(sa[0], a, b0[0], b0[1]);
-                tc_mma(sa[1], a, b0[2], b0[3]);
-                tc_mma(sa[2], a, b1[0], b1[1]);
-                tc_mma(sa[3], a, b1[2], b1[3]);
-                tc_mma(sb[0], al, b0[0], b0[1]);
-                tc_mma(sb[1], al, b0[2], b0[3]);
-                tc_mma(sb[2], al, b1[0], b1[1]);
-                tc_mma(sb[3], al, b1[2], b1[3]);
+        for (int kk = 0; kk < 16; kk++) {
+            const int c0 = 32 * hf + 2 * kk;
+            uint32_t a[4], al[4], b0[4], b1[4];
+            tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
+            tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
+            tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
+            tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
+            tc_mma(sa[0], a, b0[0], b0[1]);
+            tc_mma(sa[1], a, b0[2], b0[3]);
+            tc_mma(sa[2], a, b1[0], b1[1]);
+            tc_mma(sa[3], a, b1[2], b1[3]);
+            tc_mma(sb[0], al, b0[0], b0[1]);
+            tc_mma(sb[1], al, b0[2], b0[3]);
+            tc_mma(sb[2], al, b1[0], b1[1]);
+            tc_mma(sb[3], al, b1[2], b1[3]);
+        }
+        if (lo_mine) { /* q hi . k lo over the rope dims */
+#pragma unroll
+            for (int kk = 0; kk < TC_LO / 16; kk++) {
+                uint32_t a[4], b0[4], b1[4];
+                tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
+                tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
+                tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
+                tc_mma(sb[0], a, b0[0], b0[1]);
+                tc_mma(sb[1], a, b0[2], b0[3]);
+                tc_mma(sb[2], a, b1[0], b1[1]);
+                tc_mma(sb[3], a, b1[2], b1[3]);
             }
-            if (lo_mine) { /* q hi . k lo over the rope dims */
+        }
+        /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
+        float S[16];
 #pragma unroll
-                for (int kk = 0; kk < TC_LO / 16; kk++) {
-                    uint32_t a[4], b0[4], b1[4];
-                    tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
-                    tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
-                    tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
-                    tc_mma(sb[0], a, b0[0], b0[1]);
-                    tc_mma(sb[1], a, b0[2], b0[3]);
-                    tc_mma(sb[2], a, b1[0], b1[1]);
-                    tc_mma(sb[3], a, b1[2], b1[3]);
-                }
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                S[4 * n + j] = sa[n][j] + sb[n][j];
+                Sx[(warp * 16 + 4 * n + j) * TC_N + lane] = S[4 * n + j];
             }
-            /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
-            float S[16];
+        tc_pair_sync(g);
 #pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    S[4 * n + j] = sa[n][j] + sb[n][j];
-                    Sx[(warp * 16 + 4 * n + j) * TC_N + lane] = S[4 * n + j];
-                }
-            tc_pair_sync(g);
-#pragma unroll
-            for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
+        for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
 
-            /* online softmax; S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
-            const unsigned vm = __ballot_sync(0xffffffffu, cid[lane] != -1);
-            float mt0 = -INFINITY, mt1 = -INFINITY;
+        /* online softmax; S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
+        const unsigned vm = __ballot_sync(0xffffffffu, cid[lane] != -1);
+        float mt0 = -INFINITY, mt1 = -INFINITY;
 #pragma unroll
-            for (int n = 0; n < 4; n++)
+        for (int n = 0; n < 4; n++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int e = 8 * n + 2 * tq + (j & 1);
-                    const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
-                    S[4 * n + j] = x;
-                    if (j < 2) mt0 = fmaxf(mt0, x);
-                    else mt1 = fmaxf(mt1, x);
-                }
-            mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
-            mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
-            mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
-            mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
-            const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
-            const float a0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), a1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
-            float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
-            for (int v = 0; v < 16; v++) {
-                const float mn = (v & 2) ? mn1 : mn0;
-                const float p = S[v] == -INFINITY ? 0.0f : expf(S[v] - mn);
-                S[v] = p;
-                if (v & 2) ls1 += p;
-                else ls0 += p;
+            for (int j = 0; j < 4; j++) {
+                const int e = 8 * n + 2 * tq + (j & 1);
+                const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
+                S[4 * n + j] = x;
+                if (j < 2) mt0 = fmaxf(mt0, x);
+                else mt1 = fmaxf(mt1, x);
             }
-            ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
-            ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
-            ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
-            ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
-            l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
-            m0 = mn0, m1 = mn1;
-            if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
+        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
+        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
+        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
+        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+        const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+        const float a0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), a1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
+        float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
-                for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
+        for (int v = 0; v < 16; v++) {
+            const float mn = (v & 2) ? mn1 : mn0;
+            const float p = S[v] == -INFINITY ? 0.0f : expf(S[v] - mn);
+            S[v] = p;
+            if (v & 2) ls1 += p;
+            else ls0 += p;
+        }
+        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
+        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
+        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+        l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
+        m0 = mn0, m1 = mn1;
+        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
+#pragma unroll
+            for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
 
-            /* p x 2^12 as A operands (k-steps of 16 entries): hi and lo */
-            uint32_t ph[2][4], pl[2][4];
+        /* p x 2^12 as A operands (k-steps of 16 entries): hi and lo */
+        uint32_t ph[2][4], pl[2][4];
 #pragma unroll
-            for (int v = 0; v < 16; v++) S[v] *= TC_PS;
+        for (int v = 0; v < 16; v++) S[v] *= TC_PS;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            tc_split(S[8 * j + 0], S[8 * j + 1], ph[j][0], pl[j][0]);
+            tc_split(S[8 * j + 2], S[8 * j + 3], ph[j][1], pl[j][1]);
+            tc_split(S[8 * j + 4], S[8 * j + 5], ph[j][2], pl[j][2]);
+            tc_split(S[8 * j + 6], S[8 * j + 7], ph[j][3], pl[j][3]);
+        }
+        /* O += p.V over this warp's dims, 16 at a time */
+#pragma unroll
+        for (int dp = 0; dp < 16; dp++) {
+            const int c0 = 32 * hf + 2 * dp;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                tc_split(S[8 * j + 0], S[8 * j + 1], ph[j][0], pl[j][0]);
-                tc_split(S[8 * j + 2], S[8 * j + 3], ph[j][1], pl[j][1]);
-                tc_split(S[8 * j + 4], S[8 * j + 5], ph[j][2], pl[j][2]);
-                tc_split(S[8 * j + 6], S[8 * j + 7], ph[j][3], pl[j][3]);
+                uint32_t b[4];
+                tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
+                tc_mma(O[2 * dp], ph[j], b[0], b[1]);
+                tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
+                tc_mma(O[2 * dp], pl[j], b[0], b[1]);
+                tc_mma(O[2 * dp + 1], pl[j], b[2], b[3]);
             }
-            /* O += p.V over this warp's dims, 16 at a time */
-#pragma unroll
-            for (int dp = 0; dp < 16; dp++) {
-                const int c0 = 32 * hf + 2 * dp;
+            const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
+            if (lo_mine && dl >= 0 && dl < TC_LO) {
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     uint32_t b[4];
-                    tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
+                    tc_ldsm4t(b, Kl + (16 * j + rv) * TC_LO + tc_sw(16 * j + rv, (dl >> 3) + cv));
                     tc_mma(O[2 * dp], ph[j], b[0], b[1]);
                     tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
-                    tc_mma(O[2 * dp], pl[j], b[0], b[1]);
-                    tc_mma(O[2 * dp + 1], pl[j], b[2], b[3]);
-                }
-                const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
-                if (lo_mine && dl >= 0 && dl < TC_LO) {
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        uint32_t b[4];
-                        tc_ldsm4t(b, Kl + (16 * j + rv) * TC_LO + tc_sw(16 * j + rv, (dl >> 3) + cv));
-                        tc_mma(O[2 * dp], ph[j], b[0], b[1]);
-                        tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
-                    }
                 }
             }
+        }
     };
     if constexpr (!DEC) {
         float *oA = out + ((int64_t)t * H + hA) * Dh, *oB = out + ((int64_t)t * H + hB) * Dh;
