@@ -2,9 +2,11 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite flash pro nvfp4 (default: flash pro)
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro nvfp4 (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
+#     attn   tests/gpu/test_attn_kv8's tensor-core paths with their timings: --only-tc (prefill passes, the prefill and
+#            decode forms) and --only-dec (decode shapes, long lists) (~60 s; needs the suite's build or the pack)
 #     flash  Flash, 4 layers: batch 1, 8, 64 at 4K with the 8K prefill; batch 256 at 8K; batch 1 at 64K (~60 s)
 #     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
 #     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill (checkpoints
@@ -60,6 +62,15 @@ for p in $parts; do
         echo "suite: exit $rc"
         [ "$rc" = 0 ] || fail=1
         if [ -z "${DSV4:-}" ] && [ -x build-dev/dsv4 ]; then bin=build-dev/dsv4; fi
+        ;;
+    attn)
+        ta=build-dev/tests/gpu/test_attn_kv8
+        [ -x "$ta" ] || ta=build-cuda/tests/gpu/test_attn_kv8
+        for m in --only-tc --only-dec; do
+            echo "== attn: test_attn_kv8 $m" | tee -a "$dir/attn.txt"
+            timeout 200 "$ta" $m >>"$dir/attn.txt" 2>&1 || { echo "attn: test_attn_kv8 $m failed"; fail=1; }
+        done
+        grep -E 'FAIL|time attn|passed' "$dir/attn.txt" | sed 's/ (64 x 512)//; s/of the tolerance/tol/' | cut -c1-170
         ;;
     flash)
         F="--synthetic flash --layers 4"
