@@ -127,6 +127,16 @@ static double tol_worst(const float *got, const float *ref, size_t n, int *bad) 
     }
     return worst;
 }
+/* tol_worst of two device arrays of n floats, downloaded into hg / hr (infinite when a download fails) */
+static double tol_worst_dev(const float *dgot, const float *dref, size_t n, float *hg, float *hr) {
+    if (dsv4_cuda_download(hg, dgot, sizeof(float) * n) || dsv4_cuda_download(hr, dref, sizeof(float) * n)) return INFINITY;
+    return tol_worst(hg, hr, n, NULL);
+}
+/* floats of scratch that both decode paths (dsv4_cuda_attn_kv8, dsv4_cuda_attn_kv8_tc_dec) may take */
+static size_t attn_scratch_both(int T, int H, int Dh, int nidx) {
+    const size_t a = dsv4_cuda_attn_kv8_scratch(T, H, Dh, nidx), b = dsv4_cuda_attn_kv8_tc_scratch(T, H, Dh, nidx);
+    return a > b ? a : b;
+}
 
 /* the path under test: dsv4_cuda_attn_kv8 (decode), dsv4_cuda_attn_kv8_tc (prefill, tc 1) or dsv4_cuda_attn_kv8_tc_dec
  * (decode on tensor cores, tc 2) */
@@ -182,8 +192,7 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
     int *didx = dup_dev(idx, sizeof(int) * (size_t)T * nidx);
     const uint8_t **dbase = dup_dev(base, sizeof(void *) * T);
     float *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * H * Dh);
-    size_t sc = dsv4_cuda_attn_kv8_scratch(T, H, Dh, nidx);
-    if (dsv4_cuda_attn_kv8_tc_scratch(T, H, Dh, nidx) > sc) sc = dsv4_cuda_attn_kv8_tc_scratch(T, H, Dh, nidx);
+    size_t sc = attn_scratch_both(T, H, Dh, nidx);
     float *dscr = sc ? dsv4_cuda_alloc(sizeof(float) * sc) : NULL;
     const float scale = 1.0f / sqrtf((float)Dh);
     float *got = malloc(sizeof(float) * (size_t)T * H * Dh), *got2 = malloc(sizeof(float) * (size_t)T * H * Dh);
@@ -510,8 +519,7 @@ static void bench_attn(void) {
             for (int i = 0; i < nidx; i++)
                 idx[(size_t)t * nidx + i] = i < 128 ? i : nidx == 160 ? i : 128 + (int)(brand() % (uint64_t)(C - 128));
         int *didx = dup_dev(idx, sizeof(int) * (size_t)TMAX * nidx);
-        size_t ns = dsv4_cuda_attn_kv8_scratch(TMAX, H, Dh, nidx), ls = legacy_attn_kv8_scratch(TMAX, H, Dh, nidx);
-        if (dsv4_cuda_attn_kv8_tc_scratch(TMAX, H, Dh, nidx) > ns) ns = dsv4_cuda_attn_kv8_tc_scratch(TMAX, H, Dh, nidx);
+        size_t ns = attn_scratch_both(TMAX, H, Dh, nidx), ls = legacy_attn_kv8_scratch(TMAX, H, Dh, nidx);
         float *scr = ns ? dsv4_cuda_alloc(sizeof(float) * ns) : NULL, *lscr = ls ? dsv4_cuda_alloc(sizeof(float) * ls) : NULL;
         for (int ti = 0; ti < 4; ti++) {
             const int T = Ts[ti], reps = T <= 8 ? 50 : 10;
@@ -527,9 +535,7 @@ static void bench_attn(void) {
             j.out = dout2, j.legacy = 0;
             double after = time_us(run_attn, &j, reps);
             /* the new result against the old one (both checked against the CPU above) */
-            dsv4_cuda_download(o1, dout, sizeof(float) * (size_t)T * H * Dh);
-            dsv4_cuda_download(o2, dout2, sizeof(float) * (size_t)T * H * Dh);
-            const double worst = tol_worst(o2, o1, (size_t)T * H * Dh, NULL);
+            const double worst = tol_worst_dev(dout2, dout, (size_t)T * H * Dh, o2, o1);
             printf("     time attn_kv8 T %3d nidx %3d (64 x 512): before %8.1f us, after %7.1f us (%5.1fx); new vs old: worst %.3g "
                    "of the tolerance (random FP8 codes: peaked softmax, both kernels' score roundings show)\n",
                    T, nidx, before, after, before / after, worst);
@@ -593,18 +599,14 @@ static void bench_attn_long(void) {
         const int nidx = nidxs[ni];
         for (int i = 0; i < TMAX * nidx; i++) idx[i] = (int)(brand() % (uint64_t)C);
         int *didx = dup_dev(idx, sizeof(int) * (size_t)TMAX * nidx);
-        size_t ns = dsv4_cuda_attn_kv8_scratch(TMAX, H, Dh, nidx);
-        if (dsv4_cuda_attn_kv8_tc_scratch(TMAX, H, Dh, nidx) > ns) ns = dsv4_cuda_attn_kv8_tc_scratch(TMAX, H, Dh, nidx);
-        float *scr = dsv4_cuda_alloc(sizeof(float) * (ns + 4));
+        float *scr = dsv4_cuda_alloc(sizeof(float) * (attn_scratch_both(TMAX, H, Dh, nidx) + 4));
         for (int ti = 0; ti < 2; ti++) {
             const int T = Ts[ti];
             attn_job j = {dq, dsink, dbase, didx, dout, scr, NULL, T, nidx, 0, 0};
             const double cc = time_us(run_attn, &j, 20);
             j.out = dout2, j.tcd = 1;
             const double tc = time_us(run_attn, &j, 20);
-            dsv4_cuda_download(o1, dout, sizeof(float) * (size_t)T * H * Dh);
-            dsv4_cuda_download(o2, dout2, sizeof(float) * (size_t)T * H * Dh);
-            const double worst = tol_worst(o2, o1, (size_t)T * H * Dh, NULL);
+            const double worst = tol_worst_dev(dout2, dout, (size_t)T * H * Dh, o2, o1);
             printf("%s time attn long list T %d nidx %4d (64 x 512): attn_kv8 %7.1f us, attn_kv8_tc_dec %7.1f us (%.2fx); "
                    "tc vs attn_kv8: worst %.3g of the tolerance\n",
                    worst <= 100 ? "    " : "FAIL", T, nidx, cc, tc, cc / tc, worst);
@@ -681,9 +683,7 @@ static void bench_attn_tc(void) {
             const double before = time_us(run_pf, &j, 1);
             j.out = d2, j.tc = 1;
             const double after = time_us(run_pf, &j, 1);
-            dsv4_cuda_download(o1, d1, sizeof(float) * (size_t)T * H * Dh);
-            dsv4_cuda_download(o2, d2, sizeof(float) * (size_t)T * H * Dh);
-            const double worst = tol_worst(o2, o1, (size_t)T * H * Dh, NULL);
+            const double worst = tol_worst_dev(d2, d1, (size_t)T * H * Dh, o2, o1);
             const double fl = 4.0 * H * Dh * (double)nval * T / TP; /* q.k and p.v, 2 flops a product */
             printf("%s time attn_kv8 prefill T %4d nidx %3d (64 x 512): decode kernel in 64-row calls %9.1f us, tensor cores "
                    "%8.1f us (%5.1fx; %.1f -> %.1f TFLOP/s); tc vs decode kernel: worst %.3g of the tolerance\n",
@@ -691,8 +691,7 @@ static void bench_attn_tc(void) {
             fails += !(worst <= 100);
             j.tc = 2; /* the decode form of the kernel on the same pass: its fixed cost a block against the prefill form's */
             const double dec = time_us(run_pf, &j, 1);
-            dsv4_cuda_download(o2, d2, sizeof(float) * (size_t)T * H * Dh);
-            const double wd = tol_worst(o2, o1, (size_t)T * H * Dh, NULL);
+            const double wd = tol_worst_dev(d2, d1, (size_t)T * H * Dh, o2, o1);
             printf("%s time attn_kv8 prefill T %4d nidx %3d: the decode form (spans of 64 entries) %8.1f us (%.2fx the prefill "
                    "form); vs decode kernel: worst %.3g of the tolerance\n",
                    wd <= 100 ? "    " : "FAIL", T, nidx, dec, dec / after, wd);
