@@ -505,22 +505,17 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
     }
 }
 
-static int tc_env(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : dflt;
-}
-
 extern "C" int dsv4_cuda_attn_tc_enabled(void) {
     static int on = -1;
-    if (on < 0) on = tc_env("DSV4_CUDA_ATTN_TC", 1) != 0;
+    if (on < 0) on = dsv4_env_int("DSV4_CUDA_ATTN_TC", 1) != 0;
     return on;
 }
 
 extern "C" int dsv4_cuda_attn_tc_decode_takes(int H, int Dh, int R, int nidx) {
     static int on = -1, min = 0;
     if (on < 0) {
-        on = tc_env("DSV4_CUDA_ATTN_TC_DECODE", 1) != 0;
-        min = tc_env("DSV4_CUDA_ATTN_TC_DECODE_MIN", TC_DEC_MIN);
+        on = dsv4_env_int("DSV4_CUDA_ATTN_TC_DECODE", 1) != 0;
+        min = dsv4_env_int("DSV4_CUDA_ATTN_TC_DECODE_MIN", TC_DEC_MIN);
     }
     return on && nidx >= min && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R);
 }
@@ -529,7 +524,7 @@ extern "C" int dsv4_cuda_attn_tc_decode_takes(int H, int Dh, int R, int nidx) {
 static int tc_dec_spt(void) {
     static int spt = 0;
     if (!spt) {
-        spt = tc_env("DSV4_CUDA_ATTN_TC_SPT", 2);
+        spt = dsv4_env_int("DSV4_CUDA_ATTN_TC_SPT", 2);
         if (spt < 1) spt = 1;
     }
     return spt;

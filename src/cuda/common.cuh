@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cuda_backend.h"
 
@@ -27,6 +28,12 @@ struct dsv4_cuda_props {
 extern dsv4_cuda_props dsv4_cuda_dev;
 
 #define DSV4_STREAM(s) ((cudaStream_t)(s))
+
+/* an integer tuning switch from the environment (the callers read each once): dflt when unset or empty */
+static inline int dsv4_env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
 
 /* ---- programmatic dependent launch of the small kernels ----
  * The GEMV, mHC pre and the experts' kernels set it up themselves (they load what does not depend on the previous

@@ -752,10 +752,6 @@ static int tc_half = 0;
 static unsigned long long *tc_trace; /* experiments: the next launch records its timeline here */
 extern "C" void dsv4_cuda_linear_trace(void *buf) { tc_trace = (unsigned long long *)buf; }
 #endif
-static int env_int(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : dflt;
-}
 
 /* How the tensor-core GEMV cuts a weight (from its shape, format and x kind only): x terms, column slices, blocks
  * per cluster, 128-column units, staged units per block. ok = 0: the shape or alignment does not fit it (element path). */
@@ -786,13 +782,13 @@ static int tc_same(const dsv4_cuda_weight *a, const tc_plan &qa, const dsv4_cuda
  * resident at once. Returns 0, or -1 on a launch error. */
 template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q, int x_bf16, int T, cudaStream_t st) {
     if (tc_no_pdl < 0) {
-        tc_no_pdl = env_int("DSV4_LINEAR_NO_PDL", 0) != 0;
-        tc_bpf_mb = env_int("DSV4_LINEAR_BPF_MB", tc_bpf_mb);
-        tc_bpf_max = env_int("DSV4_LINEAR_BPF_MAX", tc_bpf_max);
-        tc_xfast = env_int("DSV4_LINEAR_XFAST", tc_xfast) != 0;
-        tc_kick = env_int("DSV4_LINEAR_KICK", tc_kick) != 0;
-        tc_prew = env_int("DSV4_LINEAR_PREW", tc_prew);
-        tc_half = env_int("DSV4_LINEAR_HALF", tc_half) != 0;
+        tc_no_pdl = dsv4_env_int("DSV4_LINEAR_NO_PDL", 0) != 0;
+        tc_bpf_mb = dsv4_env_int("DSV4_LINEAR_BPF_MB", tc_bpf_mb);
+        tc_bpf_max = dsv4_env_int("DSV4_LINEAR_BPF_MAX", tc_bpf_max);
+        tc_xfast = dsv4_env_int("DSV4_LINEAR_XFAST", tc_xfast) != 0;
+        tc_kick = dsv4_env_int("DSV4_LINEAR_KICK", tc_kick) != 0;
+        tc_prew = dsv4_env_int("DSV4_LINEAR_PREW", tc_prew);
+        tc_half = dsv4_env_int("DSV4_LINEAR_HALF", tc_half) != 0;
         tc_prew = tc_prew < 0 ? 0 : tc_prew > 2 ? 2 : tc_prew;
     }
     const int fmt = jobs[0].w.fmt, S = q.S, KG = q.KG, KW = S / KG, RW = TC_WARPS / KW;
@@ -889,7 +885,7 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
 static int tc_mt = -1; /* DSV4_LINEAR_MT=0: the GEMV for every T (measurements) */
 template <int NJ>
 static int tc_any(const tc_job *jobs, int nj, const tc_plan &q, int x_bf16, int T, void *ws, size_t wsb, cudaStream_t st) {
-    if (tc_mt < 0) tc_mt = env_int("DSV4_LINEAR_MT", 1) != 0;
+    if (tc_mt < 0) tc_mt = dsv4_env_int("DSV4_LINEAR_MT", 1) != 0;
     if (T >= DSV4_LINEAR_BI_MIN_T && ws && tc_mt) {
         const int r = dsv4_linear_bi_run(jobs, nj, q.xt, q.S, x_bf16, T, ws, wsb, st);
         if (r <= 0) return r;
