@@ -1,11 +1,13 @@
 /* test_names.c - every accepted spelling and layout of a checkpoint gives bitwise the same logits:
  * native names with a "model." prefix, Hugging Face names with fused 3-D experts and the older
- * indexer weights_proj spelling, sharded files with an index, FP8 scales as F32 weight_scale_inv. */
+ * indexer weights_proj spelling, sharded files with an index, FP8 scales as F32 weight_scale_inv,
+ * wo_a as the release stores it (FP8) or as the official converter leaves it (its exact bf16 values). */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
 #include "io/names.h"
+#include "model/synth.h"
 #include "model_util.h"
 #include "quant/formats.h"
 
@@ -122,11 +124,13 @@ static float *run_fixture(const char *fx, int *n) {
     return run_dir(dir, n);
 }
 
-typedef enum { PREFIX, HF_FUSED, HF_FUSED_OLD, SHARDS, SCALE_INV, WITH_MTP } variant;
+typedef enum { PREFIX, HF_FUSED, HF_FUSED_OLD, SHARDS, SCALE_INV, WITH_MTP, WO_A_BF16 } variant;
 
+/* fx: a fixture's name, or (starting with '/') a model directory */
 static void write_variant(const char *fx, variant v, const char *dir) {
     char path[600];
-    snprintf(path, sizeof path, "%s/%s/model.safetensors", dsv4_test_fixtures(), fx);
+    if (fx[0] == '/') snprintf(path, sizeof path, "%s/model.safetensors", fx);
+    else snprintf(path, sizeof path, "%s/%s/model.safetensors", dsv4_test_fixtures(), fx);
     dsv4_st *st;
     dsv4_err e = {{0}};
     cr_assert(!dsv4_st_open_file(path, &st, &e), "%s", e.msg);
@@ -185,6 +189,27 @@ static void write_variant(const char *fx, variant v, const char *dir) {
             t.dtype = DSV4_DT_F32;
             t.data = (const uint8_t *)f;
             t.nbytes = sizeof(float) * (uint64_t)t.numel;
+        } else if (v == WO_A_BF16 && strstr(nm, ".attn.wo_a.")) {
+            /* the official converter's wo_a: each FP8 value times its 128x128 block's E8M0 scale, exactly in bf16 */
+            if (strstr(nm, ".attn.wo_a.scale")) continue;
+            cr_assert(t.dtype == DSV4_DT_F8_E4M3 && t.ndim == 2, "%s: expected FP8", nm);
+            char sn[256];
+            snprintf(sn, sizeof sn, "%.*s.scale", (int)(strlen(nm) - 7), nm);
+            const dsv4_st_tensor *sc = dsv4_st_find(st, sn);
+            cr_assert(sc && sc->dtype == DSV4_DT_F8_E8M0, "%s: no E8M0 scale", sn);
+            const int64_t R = t.shape[0], C = t.shape[1], SC = sc->shape[1];
+            uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(R * C));
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = 0; c < C; c++) {
+                    const float x = dsv4_e4m3_to_f32(t.data[r * C + c]) * dsv4_e8m0_to_f32(sc->data[(r / 128) * SC + c / 128]);
+                    b[r * C + c] = dsv4_f32_to_bf16(x);
+                    cr_assert(dsv4_bf16_to_f32(b[r * C + c]) == x, "%s: %g is not a bf16 value", nm, (double)x);
+                }
+            bufs[nb++] = b;
+            snprintf(names[k], 256, "%s", nm);
+            t.dtype = DSV4_DT_BF16;
+            t.data = (const uint8_t *)b;
+            t.nbytes = sizeof(uint16_t) * (uint64_t)(R * C);
         } else {
             snprintf(names[k], 256, "%s", nm);
         }
@@ -264,3 +289,31 @@ Test(names, mtp_block_skipped, .timeout = 120) {
     check_variant("tiny-bf16", WITH_MTP);
 }
 Test(names, fp8_scale_inv_f32, .timeout = 120) { check_variant("small-fp8-fp4", SCALE_INV); }
+
+/* wo_a: the release's FP8 (what `dsv4 synth` writes) and the official converter's exact bf16 give the same logits */
+Test(names, wo_a_fp8_equals_converted_bf16, .timeout = 120) {
+    char *src = tmpdir(), sdir[64];
+    snprintf(sdir, sizeof sdir, "%s", src);
+    dsv4_synth_opts o;
+    dsv4_synth_defaults(&o);
+    o.seed = 7;
+    o.dim = 64;
+    o.n_layers = 4;
+    o.hca_ratio = 8;
+    o.window = 8;
+    o.index_topk = 2;
+    o.vocab_size = 512;
+    o.max_position_embeddings = 256;
+    dsv4_err e = {{0}};
+    cr_assert_eq(dsv4_synth_write(sdir, &o, NULL, &e), 0, "synth: %s", e.msg);
+    char *dir = tmpdir(), cmd[256];
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/", sdir, dir);
+    cr_assert(system(cmd) == 0);
+    write_variant(sdir, WO_A_BF16, dir);
+    int n1, n2;
+    float *ref = run_dir(sdir, &n1), *got = run_dir(dir, &n2);
+    cr_assert(n1 == n2);
+    cr_expect(!memcmp(ref, got, sizeof(float) * (size_t)n1), "wo_a bf16: logits differ (rel %.3e)",
+              dsv4_rel_l2(got, ref, (size_t)n1));
+    free(ref), free(got);
+}

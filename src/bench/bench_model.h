@@ -1,10 +1,10 @@
 /* bench_model.h - synthetic checkpoints with the real DeepSeek-V4 Flash / Pro layer shapes for
  * `dsv4 bench`, and the byte model of a decode step.
  *
- * dsv4_bench_write writes config.json + model.safetensors (release formats: FP8 e4m3 linears with
- * F8_E8M0 128x128 block scales, MXFP4 (I8 + F8_E8M0 per 32) or NVFP4 (I8 + F8_E4M3 per 16 + F32
- * weight_scale_2) routed experts, BF16 embed / head / gate / compressors / indexer weights_proj /
- * wo_a, F32 norms / mHC / ape / sinks / gate bias, I64 tid2eid) for the first n_layers layers of the
+ * dsv4_bench_write writes config.json + model.safetensors (release formats: FP8 e4m3 linears, wo_a
+ * included, with F8_E8M0 128x128 block scales, MXFP4 (I8 + F8_E8M0 per 32) or NVFP4 (I8 + F8_E4M3 per
+ * 16 + F32 weight_scale_2) routed experts, BF16 embed / head / gate / compressors / indexer
+ * weights_proj, F32 norms / mHC / ape / sinks / gate bias, I64 tid2eid) for the first n_layers layers of the
  * real config (compress ratios and hash layers as released). The file is sized first and filled
  * through a shared mapping by all OpenMP threads; every value comes from a counter-based hash of
  * (seed, tensor name, element index), so the result is the same for any thread count. Values are

@@ -78,7 +78,7 @@ void dsv4_ckpt_layer_tensors(const dsv4_config *c, int l, dsv4_ckpt_fn fn, void 
     lin(&w, DSV4_CKPT_FP8, N("attn.wq_a"), Lq, D);
     lin(&w, DSV4_CKPT_FP8, N("attn.wq_b"), H * Dh, Lq);
     lin(&w, DSV4_CKPT_FP8, N("attn.wkv"), Dh, D);
-    mat(&w, DSV4_CKPT_BF16, N("attn.wo_a.weight"), G * Ro, H / G * Dh, fan_in(H / G * Dh));
+    lin(&w, DSV4_CKPT_FP8, N("attn.wo_a"), G * Ro, H / G * Dh); /* FP8 in the release (spec 14.1, 15.1) */
     lin(&w, DSV4_CKPT_FP8, N("attn.wo_b"), D, G * Ro);
     if (ratio > 0) {
         compressor(&w, N("attn.compressor"), D, ratio, Dh);

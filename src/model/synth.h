@@ -1,9 +1,9 @@
 /* synth.h - writes a small synthetic DeepSeek-V4 checkpoint in the release layout (spec 1, 14, 15):
  * config.json (Hugging Face release style, quantization_config fp8 / ue8m0 / [128, 128], expert_dtype
  * fp4, plus "dsv4_synthetic": true), model.safetensors with native names and the release formats
- * (FP8 e4m3 linears + F8_E8M0 128x128 block scales, MXFP4 routed experts packed in I8 + F8_E8M0 per-32
- * scales, BF16 embed / head / gate / compressors / indexer weights_proj / wo_a, F32 norms / mHC / ape /
- * sinks / gate bias, I64 tid2eid), the tokenizer files copied from a tokenizer directory, and a README
+ * (FP8 e4m3 linears, wo_a included, + F8_E8M0 128x128 block scales, MXFP4 routed experts packed in I8 +
+ * F8_E8M0 per-32 scales, BF16 embed / head / gate / compressors / indexer weights_proj, F32 norms / mHC /
+ * ape / sinks / gate bias, I64 tid2eid), the tokenizer files copied from a tokenizer directory, and a README
  * saying the weights are random. The tensor list is ckpt_tensors.h's.
  *
  * The weights are deterministic pseudo-random numbers from the seed (each tensor has its own stream,
