@@ -308,7 +308,8 @@ int dsv4_cmd_bench(int argc, char **argv) {
         snprintf(dir, sizeof dir, "%s/dsv4-bench-%s-%dL-%s-s%llu", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
                  s.name, o.layers, o.experts, o.seed);
     snprintf(marker, sizeof marker, "%s/.dsv4-bench-complete", dir);
-    snprintf(want, sizeof want, "%s %d %s %llu v1\n", s.name, o.layers, o.experts, o.seed);
+    /* v2: wo_a in FP8 (a v1 checkpoint held it in bf16) */
+    snprintf(want, sizeof want, "%s %d %s %llu v2\n", s.name, o.layers, o.experts, o.seed);
     int reuse = 0;
     FILE *mf = fopen(marker, "r");
     if (mf) {

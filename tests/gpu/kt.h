@@ -92,6 +92,7 @@ void test_linear_bf16act(const char *tag, dsv4_wfmt fmt, int R, int C, int row0)
 void test_linear_invariant(const char *tag, dsv4_wfmt fmt, int R, int C, int aq, int ab);
 void test_linear_mt(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int sf32, int aq, int ab, int xbf16, int row0);
 void ms_wo_a(mspec *w, int n);
+void ms_wo_a_x32(mspec *w, int n);
 void ms_b20(mspec *b);
 void mweights_make(mweights *m, const mspec *s, int n, int views);
 void mweights_free(mweights *m);

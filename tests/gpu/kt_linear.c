@@ -165,6 +165,10 @@ void test_linear_mt(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int sf3
 void ms_wo_a(mspec *w, int n) {
     for (int i = 0; i < n; i++) w[i] = (mspec){DSV4_WF_FP8, 1024, 4096, 1, 0, 0};
 }
+/* the same without act quant: wo_a as the model runs it (FP8 in the release, fp32 x: two f16 terms) */
+void ms_wo_a_x32(mspec *w, int n) {
+    for (int i = 0; i < n; i++) w[i] = (mspec){DSV4_WF_FP8, 1024, 4096, 0, 0, 0};
+}
 /* 20 small BF16 jobs of three row counts (more jobs than one launch holds) */
 void ms_b20(mspec *b) {
     for (int i = 0; i < 20; i++) b[i] = (mspec){DSV4_WF_BF16, 128 + 16 * (i % 3), 1024, 0, 0, 0};

@@ -143,6 +143,11 @@ multi_checks: {
         const mspec f8s[2] = {{DSV4_WF_FP8, 512, 1024, 0, 1, 0}, {DSV4_WF_FP8, 640, 1024, 0, 1, 0}};
         const mspec odd[2] = {{DSV4_WF_FP8, 200, 1000, 1, 0, 0}, {DSV4_WF_FP8, 130, 1000, 1, 0, 0}};
         test_linear_multi_T("wo_a groups Flash", wo8, 8, 1, 1, 1, 0);
+        {
+            mspec wx[8];
+            ms_wo_a_x32(wx, 8);
+            test_linear_multi_T("wo_a groups Flash, fp32 x", wx, 8, 1, 1, 1, 0);
+        }
         test_linear_multi_T("wq_a+wkv", qkv, 2, 0, 0, 0, 0);
         test_linear_multi_T("compressors+wproj", cmp, 5, 0, 0, 0, 0);
         test_linear_multi_T("gate+sw1+sw3", moe3, 3, 0, 0, 1, 0);
@@ -412,6 +417,7 @@ checks_done:
             static const int TM[4] = {32, 64, 128, 256};
             bench_mt("head Flash", DSV4_WF_BF16, 129280, 4096, 0, 1, TM, 4);
             bench_mt("wo_a groups Flash", DSV4_WF_FP8, 1024, 4096, 1, 8, TM, 4);
+            bench_mt("wo_a groups Flash, fp32 x", DSV4_WF_FP8, 1024, 4096, 0, 8, TM, 4);
             bench_mt("wo_b Flash", DSV4_WF_FP8, 4096, 8192, 1, 1, TM, 4);
             bench_mt("wq_b Flash", DSV4_WF_FP8, 32768, 1024, 1, 1, TM, 4);
             bench_mt("gate Flash", DSV4_WF_BF16, 256, 4096, 0, 1, TM, 4);
@@ -425,6 +431,13 @@ checks_done:
             const mspec sw[2] = {{DSV4_WF_FP8, 2048, 4096, 1, 0, 0}, {DSV4_WF_FP8, 2048, 4096, 1, 0, 0}};
             bench_linear_multi("wo_a 8 groups Flash", wo8, 8, 1, 1, 1);
             bench_linear_multi("wo_a 8 groups Flash", wo8, 8, 1, 1, 8);
+            {
+                mspec wx[16];
+                ms_wo_a_x32(wx, 16);
+                bench_linear_multi("wo_a 8 groups Flash, fp32 x", wx, 8, 1, 1, 1);
+                bench_linear_multi("wo_a 8 groups Flash, fp32 x", wx, 8, 1, 1, 8);
+                bench_linear_multi("wo_a 16 groups Pro, fp32 x", wx, 16, 1, 1, 1);
+            }
             bench_linear_multi("wo_a 16 groups Pro", wo8, 16, 1, 1, 1);
             bench_linear_multi("wq_a+wkv Flash", qkv, 2, 0, 0, 1);
             bench_linear_multi("wq_a+wkv Flash", qkv, 2, 0, 0, 8);
