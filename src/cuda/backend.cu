@@ -224,7 +224,24 @@ int dsv4_cuda_weight_upload(const dsv4_weight *w, dsv4_cuda_weight *out) {
     out->scale_stride = w->scale_stride;
     out->scale2 = w->scale2;
     out->act_quant = w->act_quant;
+    dsv4_cuda_weight_f16_fit(w, out);
     return 0;
+}
+
+void dsv4_cuda_weight_f16_fit(const dsv4_weight *w, dsv4_cuda_weight *d) {
+    d->f16_ok = d->f16_shift = 0;
+    if (w->fmt != DSV4_WF_FP8 || w->scale_f32 || !w->scale || w->rows <= 0 || w->cols <= 0) return;
+    int kmin = 1000, kmax = -1000;
+    for (int b = w->row0 / 128; b <= (w->row0 + w->rows - 1) / 128; b++)
+        for (int c = 0; c < (w->cols + 127) / 128; c++) {
+            const uint8_t e = w->scale[(int64_t)b * w->scale_stride + c];
+            if (e == 0xff) return; /* NaN */
+            kmin = e - 127 < kmin ? e - 127 : kmin;
+            kmax = e - 127 > kmax ? e - 127 : kmax;
+        }
+    /* codes 2^-9 (subnormal) .. 448 < 2^9: 2^(kmin - shift - 9) >= 2^-24 and 448 x 2^(kmax - shift) <= 65504 */
+    if (kmax - kmin > 22) return;
+    d->f16_shift = kmax - 7, d->f16_ok = 1;
 }
 
 void dsv4_cuda_weight_free(dsv4_cuda_weight *w) {

@@ -96,7 +96,15 @@ typedef struct dsv4_cuda_weight {
     float scale2;
     int act_quant;
     int act_bf16;
+    /* FP8 with E8M0 block scales: f16_ok when every value code x 2^(k - f16_shift) of the view (k: its block's scale
+     * exponent) is exact in f16, which lets the prefill split GEMM run on f16 (linear_gemm.h); set by
+     * dsv4_cuda_weight_f16_fit (dsv4_cuda_weight_upload and the model's upload call it). 0: the bf16 route. */
+    int f16_ok, f16_shift;
 } dsv4_cuda_weight;
+
+/* Sets d->f16_ok / f16_shift from the host weight w (d's view of it): FP8 with E8M0 scales whose view's block exponents
+ * span at most 22 binades (e4m3 codes 2^-9 .. 448 times 2^(k - shift) within f16's 2^-24 .. 65504). */
+void dsv4_cuda_weight_f16_fit(const dsv4_weight *w, dsv4_cuda_weight *d);
 
 /* Copies the stored rows [0, row0 + rows) of a host weight (and its scales) to new device buffers;
  * dsv4_cuda_weight_free releases them. */

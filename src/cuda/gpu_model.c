@@ -123,6 +123,7 @@ static dsv4_cuda_weight bindw(dsv4_cuda_model *g, const dsv4_weight *w) {
     d.scale_stride = w->scale_stride;
     d.scale2 = w->scale2;
     d.act_quant = w->act_quant;
+    dsv4_cuda_weight_f16_fit(w, &d);
     return d;
 }
 

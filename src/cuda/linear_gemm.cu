@@ -106,6 +106,51 @@ __global__ void __launch_bounds__(256) lg_deq_fp8(const uint8_t *__restrict__ q,
     for (int j = 0; j < 4; j++) out[i + j] = __float2bfloat16_rn(dev_e4m3((uint8_t)(c >> (8 * j))) * s);
 }
 
+/* Split path on f16 (FP8 weights whose block exponents fit f16, dsv4_cuda_weight.f16_ok): two f16 terms of x (22
+ * bits, the decode GEMV's precision for FP8 weights) instead of three bf16 ones, so two GEMMs instead of three.
+ * lg_amax: the largest |x| of the slice (ordered as unsigned bits: non-negative floats compare like their bits), into
+ * *amax, which the caller zeroed. */
+__global__ void __launch_bounds__(256) lg_amax(const float *__restrict__ x, int64_t ldx, int T, int K, unsigned *amax) {
+    float a = 0.0f;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)T * K; i += (int64_t)gridDim.x * blockDim.x) {
+        const int t = (int)(i / K), k = (int)(i - (int64_t)t * K);
+        a = fmaxf(a, fabsf(__ldg(x + (int64_t)t * ldx + k)));
+    }
+    a = warp_max(a);
+    if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(a));
+}
+/* x / 2^e (e: the slice's largest |x| lands in [2^14, 2^15)) -> hi = f16(.), lo = f16(. - hi) (the difference exact in
+ * fp32), planes [2][T][K] (stride ps); alpha[0 .. N) = 2^(e + shift), the GEMMs' per-row factor (the weight's f16
+ * values are its values x 2^-shift). Both scalings are powers of two: exact. */
+__global__ void __launch_bounds__(256) lg_split_f16(const float *__restrict__ x, int64_t ldx, int T, int K, int64_t ps,
+                                                    const unsigned *amax, int shift, int N, float *alpha,
+                                                    __half *__restrict__ out) {
+    const float am = __uint_as_float(*amax);
+    int E = 0;
+    if (am > 0.0f) frexpf(am, &E); /* am in [2^(E-1), 2^E) */
+    const int e = am > 0.0f ? E - 15 : 0;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) alpha[i] = ldexpf(1.0f, e + shift);
+    if (i >= (int64_t)T * K) return;
+    const int t = (int)(i / K), k = (int)(i - (int64_t)t * K);
+    const float v = ldexpf(__ldg(x + (int64_t)t * ldx + k), -e);
+    const __half h = __float2half_rn(v);
+    out[i] = h;
+    out[ps + i] = __float2half_rn(v - __half2float(h));
+}
+/* FP8 weights (E8M0 block scales) -> f16: code x 2^(k - shift), exact (dsv4_cuda_weight_f16_fit checked the range) */
+__global__ void __launch_bounds__(256) lg_deq_fp8_f16(const uint8_t *__restrict__ q, const uint8_t *__restrict__ sc, int64_t sstride,
+                                                      int row0, int N, int K, int shift, __half *__restrict__ out) {
+    const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i >= (int64_t)N * K) return;
+    const int n = (int)(i / K), k = (int)(i - (int64_t)n * K);
+    const int r = row0 + n;
+    const float s = ldexpf(1.0f, (int)__ldg(sc + (int64_t)(r / 128) * sstride + k / 128) - 127 - shift);
+    const uint32_t c = __ldg((const uint32_t *)(q + (int64_t)r * K + k));
+#pragma unroll
+    for (int j = 0; j < 4; j++) out[i + j] = __float2half_rn(dev_e4m3((uint8_t)(c >> (8 * j))) * s);
+}
+
 /* ---- cuBLASLt, opened at run time ---- */
 
 static decltype(&cublasLtCreate) f_create;
@@ -175,7 +220,8 @@ static int lg_open(void) {
 
 /* One shape's plan: descriptors and the heuristic's algorithms (the first that runs is kept). */
 typedef struct lg_plan {
-    int kind, N, K, T4, ldd, ala, ald; /* key (kind 0: block-scaled FP8, 1: bf16 x bf16 -> fp32, D rows ldd apart;
+    int kind, N, K, T4, ldd, ala, ald; /* key (kind 0: block-scaled FP8, 1: bf16 x bf16 -> fp32, 2: f16 x f16 -> fp32
+                                        * with a device vector alpha (one factor a row of D) and a host beta; D rows ldd apart;
                                         * ala / ald: alignment of A and D in bytes, <= 256) */
     int state;              /* 1 ready, -1 cuBLASLt has no algorithm for it */
     cublasLtMatmulDesc_t op;
@@ -225,8 +271,10 @@ static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, in
     cublasLtMatmulPreference_t pref = NULL;
     const size_t wsz = LG_LT_WS;
     const uint32_t a_a = (uint32_t)ala, a_b = 256, a_d = (uint32_t)ald;
-    const cudaDataType_t ab = kind ? CUDA_R_16BF : CUDA_R_8F_E4M3;
+    const cudaDataType_t ab = kind == 2 ? CUDA_R_16F : kind ? CUDA_R_16BF : CUDA_R_8F_E4M3;
+    const int32_t pm = CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST;
     int ok = f_desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+             (kind != 2 || f_desc_set(p->op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm) == CUBLAS_STATUS_SUCCESS) &&
              f_desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
              f_desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
              (kind || (f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sma, sizeof sma) == CUBLAS_STATUS_SUCCESS &&
@@ -247,7 +295,8 @@ static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, in
         ok = s == CUBLAS_STATUS_SUCCESS && p->nres > 0;
         if (!ok) {
             char why[160];
-            snprintf(why, sizeof why, "cuBLASLt has no %s algorithm for %d x %d x %d (status %d)", kind ? "bf16" : "block-scaled FP8",
+            snprintf(why, sizeof why, "cuBLASLt has no %s algorithm for %d x %d x %d (status %d)",
+                     kind == 2 ? "f16 (alpha vector)" : kind ? "bf16" : "block-scaled FP8",
                      N, T4, K, (int)s);
             lg_warn_once(why);
         }
@@ -270,15 +319,17 @@ static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, in
 /* under lg_mu: D = alpha A B + beta D with the plan's algorithm; on first use the heuristic's algorithms in order, the
  * first that runs is kept. 1 when none runs (the plan is marked unusable: the shape stays on the GEMV). */
 static cublasStatus_t lg_status;
-static int lg_matmul(lg_plan *p, const void *A, const void *B, float beta, float *D, void *ltws, cudaStream_t st) {
-    const float alpha = 1.0f;
+static int lg_matmul(lg_plan *p, const void *A, const void *B, float beta, float *D, void *ltws, cudaStream_t st,
+                     const float *alpha_dev = NULL) {
+    const float one = 1.0f;
+    const void *alpha = alpha_dev ? (const void *)alpha_dev : (const void *)&one; /* kind 2: the device vector */
     if (p->pick >= 0) {
-        lg_status = f_matmul(lg_handle, p->op, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->res[p->pick].algo,
+        lg_status = f_matmul(lg_handle, p->op, alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->res[p->pick].algo,
                              ltws, LG_LT_WS, st);
         return lg_status == CUBLAS_STATUS_SUCCESS ? 0 : -1;
     }
     for (int i = 0; i < p->nres; i++) {
-        lg_status = f_matmul(lg_handle, p->op, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->res[i].algo, ltws,
+        lg_status = f_matmul(lg_handle, p->op, alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->res[i].algo, ltws,
                              LG_LT_WS, st);
         if (lg_status == CUBLAS_STATUS_SUCCESS) {
             p->pick = i;
@@ -384,19 +435,31 @@ extern "C" int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, 
 
 /* ---- split path: weights without the FP8 act quant (BF16; FP8 with E8M0 block scales), fp32 x ---- */
 
-static size_t lg_split_layout(int T, int K, int Nd, size_t *o_x, size_t *ps, size_t *o_w, size_t *o_lt) {
+/* x planes (3 bf16 or 2 f16), the dequantized weight, the f16 path's amax and alpha vector (Nd floats), cuBLASLt's */
+static size_t lg_split_layout(int T, int K, int Nd, size_t *o_x, size_t *ps, size_t *o_w, size_t *o_sc, size_t *o_lt) {
     const size_t plane = al256((size_t)T * K * 2);
     size_t o = 0;
     *o_x = o, *ps = plane / 2, o += 3 * plane;
     *o_w = o, o += al256((size_t)Nd * K * 2);
+    *o_sc = o, o += 256 + al256((size_t)Nd * 4);
     *o_lt = o, o += LG_LT_WS;
     return o;
 }
 
 extern "C" size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd) {
-    size_t a, b, c, d;
+    size_t a, b, c, d, e;
     if (T < 0 || K < 0 || Nd < 0) return 0;
-    return lg_split_layout(T, K, Nd, &a, &b, &c, &d);
+    return lg_split_layout(T, K, Nd, &a, &b, &c, &d, &e);
+}
+
+static int lg_last_f16;
+extern "C" int dsv4_cuda_linear_gemm_split_last_f16(void) { return lg_last_f16; }
+
+/* The f16 form of the split path for FP8 weights that fit (DSV4_LINEAR_GEMM_F16=0: always bf16), read once */
+static int lg_f16_on(void) {
+    static int on = -1;
+    if (on < 0) on = dsv4_env_int("DSV4_LINEAR_GEMM_F16", 1) != 0;
+    return on;
 }
 
 /* Whether the forward routes prefill linears through the split path: DSV4_LINEAR_GEMM_SPLIT=1 / 0, else the built-in
@@ -428,8 +491,8 @@ extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const floa
     if (!ldx) ldx = K;
     if (!ldy) ldy = N;
     if (!x || !y || ldx < K || ldy < N || (ldy & 3) || ((uintptr_t)y & 15)) return 1;
-    size_t ox, ps, ow, olt;
-    const size_t need = lg_split_layout(T, K, fp8 ? N : 0, &ox, &ps, &ow, &olt);
+    size_t ox, ps, ow, osc, olt;
+    const size_t need = lg_split_layout(T, K, fp8 ? N : 0, &ox, &ps, &ow, &osc, &olt);
     if (!ws || ((uintptr_t)ws & 255) || ws_bytes < need)
         return dsv4_cuda_fail("linear gemm (split): workspace %zu bytes at %p, %zu needed (256-byte aligned) for T %d K %d N %d",
                               ws_bytes, ws, need, T, K, N);
@@ -437,9 +500,38 @@ extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const floa
     __nv_bfloat16 *xp = (__nv_bfloat16 *)(base + ox), *wd = (__nv_bfloat16 *)(base + ow);
     const void *A = fp8 ? (const void *)wd : (const void *)(w->data + (size_t)w->row0 * K * 2);
     cudaStream_t st = DSV4_STREAM(stream);
+    const int64_t nx = (int64_t)T * K;
+    if (fp8 && nt == 3 && w->f16_ok && lg_f16_on()) { /* two f16 terms; the bf16 route below if cuBLASLt has no plan */
+        lg_plan *p = lg_lock_plan(2, N, K, T, (int)ldy, lg_align(A), lg_align(y), NULL, NULL);
+        if (p) {
+            unsigned *amax = (unsigned *)(base + osc);
+            float *alpha = (float *)(base + osc + 256);
+            __half *xh = (__half *)(base + ox), *wh = (__half *)(base + ow);
+            const int64_t nw = (int64_t)N * K / 4, ng = (nx + 255) / 256 > 1024 ? 1024 : (nx + 255) / 256;
+            const int64_t nb = (nx > N ? nx : N) + 255;
+            int r = cudaMemsetAsync(amax, 0, sizeof(unsigned), st) != cudaSuccess;
+            if (!r) {
+                lg_amax<<<(unsigned)ng, 256, 0, st>>>(x, ldx, T, K, amax);
+                lg_split_f16<<<(unsigned)(nb / 256), 256, 0, st>>>(x, ldx, T, K, (int64_t)ps, amax, w->f16_shift, N, alpha, xh);
+                lg_deq_fp8_f16<<<(unsigned)((nw + 255) / 256), 256, 0, st>>>(w->data, w->scale, w->scale_stride, w->row0, N, K,
+                                                                          w->f16_shift, wh);
+                r = dsv4_cuda_check_launch("linear gemm (split, f16)") ? -1 : 0;
+            }
+            /* y = alpha (W hi), then += alpha (W lo) */
+            for (int j = 0; j < 2 && !r; j++) r = lg_matmul(p, wh, xh + (size_t)j * ps, j ? 1.0f : 0.0f, y, base + olt, st, alpha);
+            const cublasStatus_t s = lg_status;
+            pthread_mutex_unlock(&lg_mu);
+            if (r < 0) return dsv4_cuda_fail("linear gemm (split, f16): %d x %d x %d: status %d", N, T, K, (int)s);
+            if (r == 0) {
+                lg_last_f16 = 1;
+                return dsv4_cuda_check_launch("linear gemm (split, f16, cublasLtMatmul)");
+            }
+            /* r > 0: no algorithm ran (nothing written to y): the bf16 route */
+        }
+    }
     lg_plan *p = lg_lock_plan(1, N, K, T, (int)ldy, lg_align(A), lg_align(y), NULL, NULL);
     if (!p) return 1;
-    const int64_t nx = (int64_t)T * K;
+    lg_last_f16 = 0;
     lg_split<<<(unsigned)((nx + 255) / 256), 256, 0, st>>>(x, ldx, T, K, nt, (int64_t)ps, xp);
     if (fp8) {
         const int64_t nw = (int64_t)N * K / 4;

@@ -71,8 +71,8 @@ void bench_hc(int T) {
             dsv4_cuda_hc_test_flags = vf[v];
             if (pass && cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) != cudaSuccess) op_ok(-1, "capture");
             for (int k = 0; k < (pass ? it : 2); k++) {
-                dsv4_cuda_weight w = {DSV4_WF_F32, nr, K, 0, dfn + (size_t)(k % NR) * nr * K * 4, NULL, 0, 0, 0, 0, 0};
-                dsv4_cuda_weight wh = {DSV4_WF_F32, M, K, 0, dfh + (size_t)(k % NR) * M * K * 4, NULL, 0, 0, 0, 0, 0};
+                dsv4_cuda_weight w = {DSV4_WF_F32, nr, K, 0, dfn + (size_t)(k % NR) * nr * K * 4, NULL, 0, 0, 0, 0, 0, 0, 0};
+                dsv4_cuda_weight wh = {DSV4_WF_F32, M, K, 0, dfh + (size_t)(k % NR) * M * K * 4, NULL, 0, 0, 0, 0, 0, 0, 0};
                 if (v == 7) op_ok(dsv4_cuda_hc_head(dX, T, M, D, &wh, ds, db, 1e-6f, 1e-6f, dnw, dx, scr, st), "hc_head");
                 else op_ok(dsv4_cuda_hc_pre(dX, T, M, D, &w, ds, db, v == 2 ? 0 : 20, 1e-6f, 1e-6f, v == 1 ? NULL : dnw, dx, dp,
                                             dc, scr, st), "hc_pre");
@@ -181,7 +181,7 @@ void bench_linear(const char *tag, dsv4_wfmt fmt, int R, int C, const int *Ts, i
     for (int i = 0; i < nT; i++) Tmax = Ts[i] > Tmax ? Ts[i] : Tmax;
     float *x = randn((size_t)Tmax * C, 1.0f);
     float *dx = dup_to_dev(x, sizeof(float) * (size_t)Tmax * C), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)Tmax * R);
-    dsv4_cuda_weight w = {fmt, R, C, 0, dd, ds, 0, h.w.scale_stride, h.w.scale2, aq, 0};
+    dsv4_cuda_weight w = {fmt, R, C, 0, dd, ds, 0, h.w.scale_stride, h.w.scale2, aq, 0, 0, 0};
     for (int i = 0; i < nT; i++) {
         const int T = Ts[i], it = T > 16 ? 10 : 100;
         for (int k = 0; k < 3; k++) op_ok(dsv4_cuda_linear(&w, dx, 0, T, dy, NULL), "linear");

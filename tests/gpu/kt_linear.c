@@ -401,6 +401,21 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
         g_checks++, g_fail += !same || gap;
         printf("%-4s %s: rerun bitwise equal, %d gap values written%s\n", same && !gap ? "ok" : "FAIL", name, gap,
                same && !gap ? "" : " <<<");
+        if (fmt == DSV4_WF_FP8 && !ab) { /* FP8 weights: the f16 form (2 terms) ran; the bf16 form (3 terms) as well */
+            const int f16 = dsv4_cuda_linear_gemm_split_last_f16();
+            g_checks++, g_fail += !f16;
+            printf("%-4s %s: the f16 form ran (f16_ok %d, shift %d)%s\n", f16 ? "ok" : "FAIL", name, dw.f16_ok, dw.f16_shift,
+                   f16 ? "" : " <<<");
+            dsv4_cuda_weight d2 = dw;
+            d2.f16_ok = 0;
+            op_ok(dsv4_cuda_linear_gemm_split(&d2, dxs, ldx, T, dy, ldy, ws, wsb, NULL), "split bf16");
+            sync_ok();
+            from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
+            for (int t = 0; t < T; t++) memcpy(gs + (size_t)t * R, got2 + (size_t)t * ldy, sizeof(float) * (size_t)R);
+            char n2[200];
+            snprintf(n2, sizeof n2, "%s (bf16 form)", name);
+            check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
+        }
         free(gs);
     }
     dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_free(ws), dsv4_cuda_weight_free(&dw);
