@@ -120,17 +120,16 @@ __global__ void __launch_bounds__(256) lg_amax(const float *__restrict__ x, int6
     if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(a));
 }
 /* x / 2^e (e: the slice's largest |x| lands in [2^14, 2^15)) -> hi = f16(.), lo = f16(. - hi) (the difference exact in
- * fp32), planes [2][T][K] (stride ps); alpha[0 .. N) = 2^(e + shift), the GEMMs' per-row factor (the weight's f16
- * values are its values x 2^-shift). Both scalings are powers of two: exact. */
+ * fp32), planes [2][T][K] (stride ps); ab = {alpha, 0, 1}: the GEMMs' alpha 2^(e + shift) (the weight's f16 values are
+ * its values x 2^-shift) and betas. Both scalings are powers of two: exact. */
 __global__ void __launch_bounds__(256) lg_split_f16(const float *__restrict__ x, int64_t ldx, int T, int K, int64_t ps,
-                                                    const unsigned *amax, int shift, int N, float *alpha,
-                                                    __half *__restrict__ out) {
+                                                    const unsigned *amax, int shift, float *ab, __half *__restrict__ out) {
     const float am = __uint_as_float(*amax);
     int E = 0;
     if (am > 0.0f) frexpf(am, &E); /* am in [2^(E-1), 2^E) */
     const int e = am > 0.0f ? E - 15 : 0;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < N) alpha[i] = ldexpf(1.0f, e + shift);
+    if (i == 0) ab[0] = ldexpf(1.0f, e + shift), ab[1] = 0.0f, ab[2] = 1.0f;
     if (i >= (int64_t)T * K) return;
     const int t = (int)(i / K), k = (int)(i - (int64_t)t * K);
     const float v = ldexpf(__ldg(x + (int64_t)t * ldx + k), -e);
@@ -221,7 +220,7 @@ static int lg_open(void) {
 /* One shape's plan: descriptors and the heuristic's algorithms (the first that runs is kept). */
 typedef struct lg_plan {
     int kind, N, K, T4, ldd, ala, ald; /* key (kind 0: block-scaled FP8, 1: bf16 x bf16 -> fp32, 2: f16 x f16 -> fp32
-                                        * with a device vector alpha (one factor a row of D) and a host beta; D rows ldd apart;
+                                        * with alpha and beta in device memory; D rows ldd apart;
                                         * ala / ald: alignment of A and D in bytes, <= 256) */
     int state;              /* 1 ready, -1 cuBLASLt has no algorithm for it */
     cublasLtMatmulDesc_t op;
@@ -272,7 +271,7 @@ static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, in
     const size_t wsz = LG_LT_WS;
     const uint32_t a_a = (uint32_t)ala, a_b = 256, a_d = (uint32_t)ald;
     const cudaDataType_t ab = kind == 2 ? CUDA_R_16F : kind ? CUDA_R_16BF : CUDA_R_8F_E4M3;
-    const int32_t pm = CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST;
+    const int32_t pm = CUBLASLT_POINTER_MODE_DEVICE;
     int ok = f_desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
              (kind != 2 || f_desc_set(p->op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm) == CUBLAS_STATUS_SUCCESS) &&
              f_desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
@@ -296,7 +295,7 @@ static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, in
         if (!ok) {
             char why[160];
             snprintf(why, sizeof why, "cuBLASLt has no %s algorithm for %d x %d x %d (status %d)",
-                     kind == 2 ? "f16 (alpha vector)" : kind ? "bf16" : "block-scaled FP8",
+                     kind == 2 ? "f16" : kind ? "bf16" : "block-scaled FP8",
                      N, T4, K, (int)s);
             lg_warn_once(why);
         }
@@ -319,17 +318,18 @@ static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, in
 /* under lg_mu: D = alpha A B + beta D with the plan's algorithm; on first use the heuristic's algorithms in order, the
  * first that runs is kept. 1 when none runs (the plan is marked unusable: the shape stays on the GEMV). */
 static cublasStatus_t lg_status;
-static int lg_matmul(lg_plan *p, const void *A, const void *B, float beta, float *D, void *ltws, cudaStream_t st,
-                     const float *alpha_dev = NULL) {
+static int lg_matmul(lg_plan *p, const void *A, const void *B, float beta_h, float *D, void *ltws, cudaStream_t st,
+                     const float *alpha_dev = NULL, const float *beta_dev = NULL) {
     const float one = 1.0f;
-    const void *alpha = alpha_dev ? (const void *)alpha_dev : (const void *)&one; /* kind 2: the device vector */
+    /* kind 2: both scalars in device memory */
+    const void *alpha = alpha_dev ? (const void *)alpha_dev : (const void *)&one, *beta = beta_dev ? (const void *)beta_dev : &beta_h;
     if (p->pick >= 0) {
-        lg_status = f_matmul(lg_handle, p->op, alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->res[p->pick].algo,
+        lg_status = f_matmul(lg_handle, p->op, alpha, A, p->la, B, p->lb, beta, D, p->ld, D, p->ld, &p->res[p->pick].algo,
                              ltws, LG_LT_WS, st);
         return lg_status == CUBLAS_STATUS_SUCCESS ? 0 : -1;
     }
     for (int i = 0; i < p->nres; i++) {
-        lg_status = f_matmul(lg_handle, p->op, alpha, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld, &p->res[i].algo, ltws,
+        lg_status = f_matmul(lg_handle, p->op, alpha, A, p->la, B, p->lb, beta, D, p->ld, D, p->ld, &p->res[i].algo, ltws,
                              LG_LT_WS, st);
         if (lg_status == CUBLAS_STATUS_SUCCESS) {
             p->pick = i;
@@ -435,13 +435,13 @@ extern "C" int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, 
 
 /* ---- split path: weights without the FP8 act quant (BF16; FP8 with E8M0 block scales), fp32 x ---- */
 
-/* x planes (3 bf16 or 2 f16), the dequantized weight, the f16 path's amax and alpha vector (Nd floats), cuBLASLt's */
+/* x planes (3 bf16 or 2 f16), the dequantized weight, the f16 path's amax, alpha and betas, cuBLASLt's */
 static size_t lg_split_layout(int T, int K, int Nd, size_t *o_x, size_t *ps, size_t *o_w, size_t *o_sc, size_t *o_lt) {
     const size_t plane = al256((size_t)T * K * 2);
     size_t o = 0;
     *o_x = o, *ps = plane / 2, o += 3 * plane;
     *o_w = o, o += al256((size_t)Nd * K * 2);
-    *o_sc = o, o += 256 + al256((size_t)Nd * 4);
+    *o_sc = o, o += 256;
     *o_lt = o, o += LG_LT_WS;
     return o;
 }
@@ -505,20 +505,20 @@ extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const floa
         lg_plan *p = lg_lock_plan(2, N, K, T, (int)ldy, lg_align(A), lg_align(y), NULL, NULL);
         if (p) {
             unsigned *amax = (unsigned *)(base + osc);
-            float *alpha = (float *)(base + osc + 256);
+            float *ab = (float *)(base + osc + 16);
             __half *xh = (__half *)(base + ox), *wh = (__half *)(base + ow);
             const int64_t nw = (int64_t)N * K / 4, ng = (nx + 255) / 256 > 1024 ? 1024 : (nx + 255) / 256;
-            const int64_t nb = (nx > N ? nx : N) + 255;
+
             int r = cudaMemsetAsync(amax, 0, sizeof(unsigned), st) != cudaSuccess;
             if (!r) {
                 lg_amax<<<(unsigned)ng, 256, 0, st>>>(x, ldx, T, K, amax);
-                lg_split_f16<<<(unsigned)(nb / 256), 256, 0, st>>>(x, ldx, T, K, (int64_t)ps, amax, w->f16_shift, N, alpha, xh);
+                lg_split_f16<<<(unsigned)((nx + 255) / 256), 256, 0, st>>>(x, ldx, T, K, (int64_t)ps, amax, w->f16_shift, ab, xh);
                 lg_deq_fp8_f16<<<(unsigned)((nw + 255) / 256), 256, 0, st>>>(w->data, w->scale, w->scale_stride, w->row0, N, K,
                                                                           w->f16_shift, wh);
                 r = dsv4_cuda_check_launch("linear gemm (split, f16)") ? -1 : 0;
             }
             /* y = alpha (W hi), then += alpha (W lo) */
-            for (int j = 0; j < 2 && !r; j++) r = lg_matmul(p, wh, xh + (size_t)j * ps, j ? 1.0f : 0.0f, y, base + olt, st, alpha);
+            for (int j = 0; j < 2 && !r; j++) r = lg_matmul(p, wh, xh + (size_t)j * ps, 0.0f, y, base + olt, st, ab, ab + 1 + j);
             const cublasStatus_t s = lg_status;
             pthread_mutex_unlock(&lg_mu);
             if (r < 0) return dsv4_cuda_fail("linear gemm (split, f16): %d x %d x %d: status %d", N, T, K, (int)s);
