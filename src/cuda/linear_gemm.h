@@ -61,7 +61,7 @@ int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, int T, floa
  * FP8 weights whose block exponents fit f16 (w->f16_ok; the release's wo_a) take two f16 terms instead: x / 2^e (the
  * slice's largest |x| in [2^14, 2^15)) as hi + lo (22 bits, the decode GEMV's split for FP8), the weight as f16 values
  * x 2^-f16_shift (exact), y = 2^(e + shift) (W hi) + 2^(e + shift) (W lo): two GEMMs, alpha and beta read by cuBLASLt
- * from device memory (DSV4_LINEAR_GEMM_F16=0: the bf16 form for these too).
+ * from device memory. Opt-in, DSV4_LINEAR_GEMM_F16=1 (more precise, not faster: bench/NOTES.md "Session 15").
  * Returns 0 done, 1 not applicable (nothing enqueued that matters; run dsv4_cuda_linear), -1 error.
  * Workspace: dsv4_cuda_linear_gemm_split_ws_bytes(T, K, Nd), Nd = the most rows of an FP8 weight (view) it takes. */
 size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd);
