@@ -61,12 +61,20 @@ struct ak_rope {
     const float *freq;
     const int *pos;
 };
-__device__ __forceinline__ void ak_unrot(float &a, float &b, float p, float f) {
-    const float ang = __fmul_rn(p, f);
-    const float c = cosf(ang), s = -sinf(ang);
+/* the rotation with its cos / sin given (ak_rope_cs: the same values ak_unrot computes) */
+__device__ __forceinline__ void ak_unrot_cs(float &a, float &b, float c, float s) {
     const float x = a, y = b;
     a = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
     b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+}
+__device__ __forceinline__ void ak_rope_cs(float p, float f, float &c, float &s) {
+    const float ang = __fmul_rn(p, f);
+    c = cosf(ang), s = -sinf(ang);
+}
+__device__ __forceinline__ void ak_unrot(float &a, float &b, float p, float f) {
+    float c, s;
+    ak_rope_cs(p, f, c, s);
+    ak_unrot_cs(a, b, c, s);
 }
 /* v holds dims d .. d + 3 (d a multiple of 4; those past Dh unused) of query t's row */
 __device__ __forceinline__ float4 ak_rope4(float4 v, int d, int Dh, int R, ak_rope ro, int t) {

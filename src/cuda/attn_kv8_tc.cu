@@ -87,7 +87,7 @@ __device__ __forceinline__ void tc_pair_sync(int g) { asm volatile("bar.sync %0,
 
 static size_t tc_smem(int Dh, int R) {
     return sizeof(__half) * ((size_t)2 * TC_HB * TC_D + (size_t)TC_N * TC_D + (size_t)TC_N * TC_LO) +
-           sizeof(float) * (8 * 16 * TC_N + 8 * 16 * 2) + sizeof(int) * 2 * TC_N + (size_t)TC_N * dsv4_kv_row_bytes(Dh, R);
+           sizeof(float) * (8 * 16 * TC_N + 8 * 16 * 2 + TC_LO) + sizeof(int) * 2 * TC_N + (size_t)TC_N * dsv4_kv_row_bytes(Dh, R);
 }
 
 /* Block (query blockIdx.x, heads blockIdx.y * 64 .., span blockIdx.z). vec: q and kv2 rows 16-byte aligned, Dh % 4 == 0.
@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
     __half *Kl = Kh + TC_N * TC_D;           /* [32][64] lo of dims nope .. nope + 63 */
     float *Sx = (float *)(Kl + TC_N * TC_LO); /* [8 warps][16][32] partial scores, fragment order */
     float *Tml = Sx + 8 * 16 * TC_N;         /* [8 warps][16 rows][M, L] the total's (full mode; O waits in out) */
-    int *ids = (int *)(Tml + 8 * 16 * 2);    /* [2][32] entry ids, double-buffered */
+    float *Rcs = Tml + 8 * 16 * 2;           /* [R / 2][cos, sin] of the output's inverse RoPE (decode, full mode) */
+    int *ids = (int *)(Rcs + TC_LO);         /* [2][32] entry ids, double-buffered */
     uint8_t *raw = (uint8_t *)(ids + 2 * TC_N); /* [32][rb] cache rows as stored */
 
     const int t = blockIdx.x, h0 = blockIdx.y * TC_HB, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -174,6 +175,8 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
 #pragma unroll
     for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* the span's state, rows gr and gr + 8 of the warp's heads */
+    if (DEC && full && orope.freq && tid < R / 2) /* once a block: the epilogue's rotations read them (the same values) */
+        ak_rope_cs((float)orope.pos[t], orope.freq[tid], Rcs[2 * tid], Rcs[2 * tid + 1]);
     if (DEC && tq == 0) /* the quad's lanes hold the same values: lane 4 gr keeps them */
         Tml[(warp * 16 + gr) * 2] = Tml[(warp * 16 + gr + 8) * 2] = -INFINITY,
         Tml[(warp * 16 + gr) * 2 + 1] = Tml[(warp * 16 + gr + 8) * 2 + 1] = 0.0f;
@@ -457,6 +460,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         }
 
         /* the block's last span */
+        __syncthreads(); /* Rcs (a block without tiles passed no barrier since) */
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* head rows gr (O[.][0..1]) and gr + 8 (O[.][2..3]) */
             const float m = r ? m1 : m0, l = r ? l1 : l0;
@@ -486,7 +490,6 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                 M = Mn;
             }
             const float den = ak_den(M, L, sink[hh]);
-            const float pos = orope.freq ? (float)orope.pos[t] : 0.0f;
 #pragma unroll
             for (int n = 0; n < 32; n++) {
                 const int d = 256 * hf + 8 * n + 2 * tq;
@@ -497,7 +500,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
                     const float prev = had && d + j < Dh ? orow[d + j] : 0.0f;
                     y[j] = ak_fin1(v ? ak_fold1(prev, a, O[n][2 * r + j], b) : prev, den, 1.0f / TC_PS);
                 }
-                if (orope.freq && d >= nope) ak_unrot(y[0], y[1], pos, orope.freq[(d - nope) >> 1]);
+                if (orope.freq && d >= nope) ak_unrot_cs(y[0], y[1], Rcs[d - nope], Rcs[d - nope + 1]);
                 orow[d] = y[0];
                 if (d + 1 < Dh) orow[d + 1] = y[1];
             }
