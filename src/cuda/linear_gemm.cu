@@ -168,12 +168,15 @@ static pthread_mutex_t lg_mu = PTHREAD_MUTEX_INITIALIZER;
 static int lg_state;             /* 0 untried, 1 ready, -1 unavailable */
 static cublasLtHandle_t lg_handle;
 
-static void lg_warn_once(const char *why) {
-    static int said;
-    if (said) return;
-    said = 1;
-    fprintf(stderr, "dsv4: FP8 prefill GEMM unavailable (%s); prefill linears use the GEMV path\n", why);
+/* kind 2 (the split GEMM's f16 form) falls back to the bf16 split, the others to the GEMV: each says so once */
+static void lg_warn_kind(int kind, const char *why) {
+    static int said[2];
+    if (said[kind == 2]) return;
+    said[kind == 2] = 1;
+    if (kind == 2) fprintf(stderr, "dsv4: f16 split GEMM unavailable (%s); the bf16 split runs\n", why);
+    else fprintf(stderr, "dsv4: FP8 prefill GEMM unavailable (%s); prefill linears use the GEMV path\n", why);
 }
+static void lg_warn_once(const char *why) { lg_warn_kind(0, why); }
 
 /* under lg_mu */
 static int lg_open(void) {
@@ -297,7 +300,7 @@ static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, in
             snprintf(why, sizeof why, "cuBLASLt has no %s algorithm for %d x %d x %d (status %d)",
                      kind == 2 ? "f16" : kind ? "bf16" : "block-scaled FP8",
                      N, T4, K, (int)s);
-            lg_warn_once(why);
+            lg_warn_kind(kind, why);
         }
     }
     if (pref) f_pref_destroy(pref);
@@ -338,7 +341,7 @@ static int lg_matmul(lg_plan *p, const void *A, const void *B, float beta_h, flo
     }
     char why[160];
     snprintf(why, sizeof why, "no cuBLASLt algorithm ran for %d x %d x %d (status %d)", p->N, p->T4, p->K, (int)lg_status);
-    lg_warn_once(why);
+    lg_warn_kind(p->kind, why);
     p->state = -1;
     return 1;
 }
