@@ -18,7 +18,10 @@
  * Decode steps (DEC = true): spans of spt tiles (DSV4_CUDA_ATTN_TC_SPT, default 2: parallelism at batch 1), each
  * span's state (m, l, O) started afresh and folded in order into the total (attn_fold.cuh: attn_kv8_combine's
  * operations), by the query's block (the total's O waits in out between spans) or by attn_kv8_combine over the states
- * a block per span left in scratch: the same bits either way. (One template for both: the prefill form is the kernel
+ * a block per span left in scratch: the same bits either way. The decode form scores in slices of 64 dims, one chain
+ * each (q hi and q lo products together), added as (((p0 + p1) + p2) + p3) + (((p4 + p5) + p6) + p7), so a block may
+ * also take 16 heads with a warp per slice (8 warps x 64 dims; more blocks and a quarter of the work a warp: batch 1
+ * was latency-bound at ~30 us with 10 blocks) and give the same bits. (One template for both: the prefill form is the kernel
  * as it was before the decode form existed, instruction for instruction but for a handful, so its speed is kept; the
  * decode form's span folds made the prefill passes 7-20 % slower, RESULTS session 14.)
  * out = O / (L + exp(sink - M)); zeros for a query without entries. Every sum's order depends only on the query's own
@@ -41,6 +44,7 @@
 #define TC_F 32       /* prefill: tiles per span (no tensor-core accumulator takes more than a span's terms) */
 #define TC_MAXSPAN 32 /* spans per query at most: a span takes ceil(tiles / 32) tiles if that is more than asked */
 #define TC_PMAX_T 32  /* decode: a block per span (partials in scratch) for T <= this (bounds the scratch) */
+#define TC_H16_T 8    /* decode: 16 heads a block for T <= this (DSV4_CUDA_ATTN_TC_H16_T) */
 /* decode: layers whose lists hold at least this many entries take the tensor cores (V4: the ratio-4 layers' 640 and,
  * at long capacities, the ratio-128 ones). Shorter lists stay on attn_kv8: at batch 1 this kernel's blocks take
  * ~30 us whatever the list (few blocks, latency-bound), attn_kv8 12-22 us (bench/NOTES.md, session 14). */
@@ -85,8 +89,8 @@ __device__ __forceinline__ void tc_split8(const float (&v)[8], uint4 &hi, uint4 
 /* the two warps of head group g (named barrier 1 + g) */
 __device__ __forceinline__ void tc_pair_sync(int g) { asm volatile("bar.sync %0, 64;\n" ::"r"(1 + g) : "memory"); }
 
-static size_t tc_smem(int Dh, int R) {
-    return sizeof(__half) * ((size_t)2 * TC_HB * TC_D + (size_t)TC_N * TC_D + (size_t)TC_N * TC_LO) +
+static size_t tc_smem(int Dh, int R, int HB) {
+    return sizeof(__half) * ((size_t)2 * HB * TC_D + (size_t)TC_N * TC_D + (size_t)TC_N * TC_LO) +
            sizeof(float) * (8 * 16 * TC_N + 8 * 16 * 2 + TC_LO) + sizeof(int) * 2 * TC_N + (size_t)TC_N * dsv4_kv_row_bytes(Dh, R);
 }
 
@@ -97,17 +101,19 @@ static size_t tc_smem(int Dh, int R) {
  * 1: the block takes every span and folds each into the total (attn_fold.cuh; the total's O waits in out between
  * spans), else the block takes span blockIdx.z and writes its state (m, l, O x 2^12) to part for ak_combine_launch:
  * the same bits either way. orope: the output's inverse RoPE (freq NULL: none). */
-template <bool DEC>
-__global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, int H, int Dh, int R,
+template <bool DEC, int HB>
+__global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel(const float *q, int H, int Dh, int R,
                                                               const uint8_t *const *base, const float *kv2,
                                                               const int *idx, int nidx, const float *sink, float scale,
                                                               float *out, float *part, int spt, int nspan, int vec,
                                                               ak_rope orope) {
     dev_pdl_enter();
     extern __shared__ __align__(16) uint8_t tsm[];
-    __half *Qh = (__half *)tsm;              /* [64 heads][512] q hi */
-    __half *Ql = Qh + TC_HB * TC_D;          /* [64][512] q lo */
-    __half *Kh = Ql + TC_HB * TC_D;          /* [32 entries][512] rows (hi) */
+    static_assert(HB == TC_HB || (DEC && HB == 16), "64 heads a block, or 16 (decode)");
+    constexpr int WG = HB / 16, DW = TC_D * WG / 8; /* head groups of 16; dims a warp (256 or 64) */
+    __half *Qh = (__half *)tsm;              /* [HB heads][512] q hi */
+    __half *Ql = Qh + HB * TC_D;             /* [HB][512] q lo */
+    __half *Kh = Ql + HB * TC_D;             /* [32 entries][512] rows (hi) */
     __half *Kl = Kh + TC_N * TC_D;           /* [32][64] lo of dims nope .. nope + 63 */
     float *Sx = (float *)(Kl + TC_N * TC_LO); /* [8 warps][16][32] partial scores, fragment order */
     float *Tml = Sx + 8 * 16 * TC_N;         /* [8 warps][16 rows][M, L] the total's (full mode; O waits in out) */
@@ -115,8 +121,8 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
     int *ids = (int *)(Rcs + TC_LO);         /* [2][32] entry ids, double-buffered */
     uint8_t *raw = (uint8_t *)(ids + 2 * TC_N); /* [32][rb] cache rows as stored */
 
-    const int t = blockIdx.x, h0 = blockIdx.y * TC_HB, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = warp & 3, hf = warp >> 2, gr = lane >> 2, tq = lane & 3;
+    const int t = blockIdx.x, h0 = blockIdx.y * HB, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = warp & (WG - 1), hf = WG == 4 ? warp >> 2 : warp, db = DW * hf, gr = lane >> 2, tq = lane & 3; /* heads 16 g .., dims db .. */
     const int64_t rb = dsv4_kv_row_bytes(Dh, R);
     const int nope = Dh - R, ro = dsv4_kv_rope_off(Dh, R), nchk = (int)(rb >> 4), ns = (nidx + TC_N - 1) / TC_N;
     const uint8_t *cache = base ? base[t] : NULL;
@@ -146,8 +152,8 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
     }
 
     /* q of the block's heads as hi + lo (zeros past H and Dh); decode: 8 steps' loads in flight */
-#pragma unroll (DEC ? 8 : 1)
-    for (int u = tid; u < TC_HB * (TC_D / 8); u += TC_NT) {
+#pragma unroll (DEC ? 2 * WG : 1)
+    for (int u = tid; u < HB * (TC_D / 8); u += TC_NT) {
         const int r = u >> 6, c = u & 63, hh = h0 + r, d0 = 8 * c;
         float v[8];
         if (hh < H && d0 < Dh) {
@@ -171,9 +177,10 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
     __syncthreads();
     if constexpr (!DEC) issue(s_begin, ids);
 
-    float O[32][4];
+    constexpr int NO = DW / 8; /* O's n-tiles of 8 dims */
+    float O[NO][4];
 #pragma unroll
-    for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
+    for (int n = 0; n < NO; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* the span's state, rows gr and gr + 8 of the warp's heads */
     if (DEC && full && orope.freq && tid < R / 2) /* once a block: the epilogue's rotations read them (the same values) */
         ak_rope_cs((float)orope.pos[t], orope.freq[tid], Rcs[2 * tid], Rcs[2 * tid + 1]);
@@ -181,7 +188,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         Tml[(warp * 16 + gr) * 2] = Tml[(warp * 16 + gr + 8) * 2] = -INFINITY,
         Tml[(warp * 16 + gr) * 2 + 1] = Tml[(warp * 16 + gr + 8) * 2 + 1] = 0.0f;
     const int hA = h0 + 16 * g + gr, hB = hA + 8;
-    const bool lo_mine = (nope >> 8) == hf; /* the rope dims lie in this warp's half */
+    const bool lo_mine = DEC ? nope >= db && nope < db + DW : (nope >> 8) == hf; /* the rope dims lie in this warp's dims */
     /* ldmatrix row / chunk of this lane: A (q), B of q.k (rows of K), B of p.V (rows of V, transposed) */
     const int ra = 16 * g + (lane & 7) + ((lane >> 3) & 1) * 8, ca = lane >> 4;
     const int rk = (lane & 7) + (lane >> 4) * 8, ck = (lane >> 3) & 1;
@@ -242,54 +249,120 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         __syncthreads(); /* Kh / Kl and the next ids are in; raw is free */
         if (s + 1 < s_end) issue(s + 1, ids + ((s + 1 - s_begin) & 1) * TC_N);
 
-        /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators */
-        float sa[4][4], sb[4][4];
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
-#pragma unroll 4
-        for (int kk = 0; kk < 16; kk++) {
-            const int c0 = 32 * hf + 2 * kk;
-            uint32_t a[4], al[4], b0[4], b1[4];
-            tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
-            tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
-            tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
-            tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
-            tc_mma(sa[0], a, b0[0], b0[1]);
-            tc_mma(sa[1], a, b0[2], b0[3]);
-            tc_mma(sa[2], a, b1[0], b1[1]);
-            tc_mma(sa[3], a, b1[2], b1[3]);
-            tc_mma(sb[0], al, b0[0], b0[1]);
-            tc_mma(sb[1], al, b0[2], b0[3]);
-            tc_mma(sb[2], al, b1[0], b1[1]);
-            tc_mma(sb[3], al, b1[2], b1[3]);
-        }
-        if (lo_mine) { /* q hi . k lo over the rope dims */
-#pragma unroll
-            for (int kk = 0; kk < TC_LO / 16; kk++) {
-                uint32_t a[4], b0[4], b1[4];
-                tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
-                tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
-                tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
-                tc_mma(sb[0], a, b0[0], b0[1]);
-                tc_mma(sb[1], a, b0[2], b0[3]);
-                tc_mma(sb[2], a, b1[0], b1[1]);
-                tc_mma(sb[3], a, b1[2], b1[3]);
-            }
-        }
-        /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
         float S[16];
+        if constexpr (!DEC) {
+            /* partial scores over this warp's dims: hi-q and lo-q terms in separate accumulators */
+            float sa[4][4], sb[4][4];
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+            for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                S[4 * n + j] = sa[n][j] + sb[n][j];
-                Sx[(warp * 16 + 4 * n + j) * TC_N + lane] = S[4 * n + j];
+                for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
+#pragma unroll 4
+            for (int kk = 0; kk < 16; kk++) {
+                const int c0 = 32 * hf + 2 * kk;
+                uint32_t a[4], al[4], b0[4], b1[4];
+                tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
+                tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
+                tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
+                tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
+                tc_mma(sa[0], a, b0[0], b0[1]);
+                tc_mma(sa[1], a, b0[2], b0[3]);
+                tc_mma(sa[2], a, b1[0], b1[1]);
+                tc_mma(sa[3], a, b1[2], b1[3]);
+                tc_mma(sb[0], al, b0[0], b0[1]);
+                tc_mma(sb[1], al, b0[2], b0[3]);
+                tc_mma(sb[2], al, b1[0], b1[1]);
+                tc_mma(sb[3], al, b1[2], b1[3]);
             }
-        tc_pair_sync(g);
+            if (lo_mine) { /* q hi . k lo over the rope dims */
 #pragma unroll
-        for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
+                for (int kk = 0; kk < TC_LO / 16; kk++) {
+                    uint32_t a[4], b0[4], b1[4];
+                    tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
+                    tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
+                    tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
+                    tc_mma(sb[0], a, b0[0], b0[1]);
+                    tc_mma(sb[1], a, b0[2], b0[3]);
+                    tc_mma(sb[2], a, b1[0], b1[1]);
+                    tc_mma(sb[3], a, b1[2], b1[3]);
+                }
+            }
+            /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    S[4 * n + j] = sa[n][j] + sb[n][j];
+                    Sx[(warp * 16 + 4 * n + j) * TC_N + lane] = S[4 * n + j];
+                }
+            tc_pair_sync(g);
+#pragma unroll
+            for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
+        } else {
+            /* decode: the scores in slices of 64 dims, p_i = one chain per slice (q hi then q lo products a k-step;
+             * q hi . k lo after them on the rope slice), S = (((p0 + p1) + p2) + p3) + (((p4 + p5) + p6) + p7):
+             * the same bits whether a warp holds four slices (64 heads a block) or one (16 heads a block) */
+#pragma unroll 1
+            for (int sl = 0; sl < DW / 64; sl++) {
+                const int cb = (db >> 3) + 8 * sl; /* the slice's first 16-byte chunk */
+                float p[4][4];
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) p[n][j] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    const int c0 = cb + 2 * kk;
+                    uint32_t a[4], al[4], b0[4], b1[4];
+                    tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
+                    tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
+                    tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
+                    tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
+                    tc_mma(p[0], a, b0[0], b0[1]);
+                    tc_mma(p[1], a, b0[2], b0[3]);
+                    tc_mma(p[2], a, b1[0], b1[1]);
+                    tc_mma(p[3], a, b1[2], b1[3]);
+                    tc_mma(p[0], al, b0[0], b0[1]);
+                    tc_mma(p[1], al, b0[2], b0[3]);
+                    tc_mma(p[2], al, b1[0], b1[1]);
+                    tc_mma(p[3], al, b1[2], b1[3]);
+                }
+                if (8 * cb == nope) { /* q hi . k lo over the rope dims */
+#pragma unroll
+                    for (int kk = 0; kk < TC_LO / 16; kk++) {
+                        uint32_t a[4], b0[4], b1[4];
+                        tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, cb + 2 * kk + ca));
+                        tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
+                        tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
+                        tc_mma(p[0], a, b0[0], b0[1]);
+                        tc_mma(p[1], a, b0[2], b0[3]);
+                        tc_mma(p[2], a, b1[0], b1[1]);
+                        tc_mma(p[3], a, b1[2], b1[3]);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) S[4 * n + j] = sl ? __fadd_rn(S[4 * n + j], p[n][j]) : p[n][j];
+            }
+#pragma unroll
+            for (int v = 0; v < 16; v++) Sx[(warp * 16 + v) * TC_N + lane] = S[v];
+            if constexpr (WG == 4) { /* two warps a head group: S = own half + other half (commutative) */
+                tc_pair_sync(g);
+#pragma unroll
+                for (int v = 0; v < 16; v++) S[v] = __fadd_rn(S[v], Sx[((warp ^ 4) * 16 + v) * TC_N + lane]);
+            } else { /* eight warps of one slice each: every warp adds the same chains */
+                __syncthreads();
+#pragma unroll
+                for (int v = 0; v < 16; v++) {
+                    float a = Sx[v * TC_N + lane], b = Sx[(4 * 16 + v) * TC_N + lane];
+#pragma unroll
+                    for (int w = 1; w < 4; w++)
+                        a = __fadd_rn(a, Sx[(w * 16 + v) * TC_N + lane]), b = __fadd_rn(b, Sx[((4 + w) * 16 + v) * TC_N + lane]);
+                    S[v] = __fadd_rn(a, b);
+                }
+            }
+        }
 
         /* online softmax; S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
         const unsigned vm = __ballot_sync(0xffffffffu, cid[lane] != -1);
@@ -327,7 +400,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         m0 = mn0, m1 = mn1;
         if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
 #pragma unroll
-            for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
+            for (int n = 0; n < NO; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
 
         /* p x 2^12 as A operands (k-steps of 16 entries): hi and lo */
         uint32_t ph[2][4], pl[2][4];
@@ -342,8 +415,8 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
         }
         /* O += p.V over this warp's dims, 16 at a time */
 #pragma unroll
-        for (int dp = 0; dp < 16; dp++) {
-            const int c0 = 32 * hf + 2 * dp;
+        for (int dp = 0; dp < NO / 2; dp++) {
+            const int c0 = DW / 8 * hf + 2 * dp;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 uint32_t b[4];
@@ -434,20 +507,20 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             }
             float *orw[2] = {out + ((int64_t)t * H + hA) * Dh, out + ((int64_t)t * H + hB) * Dh};
 #pragma unroll
-            for (int n0 = 0; n0 < 32; n0 += 8) {
+            for (int n0 = 0; n0 < NO; n0 += 8) {
                 float2 pv[2][8];
 #pragma unroll
                 for (int r = 0; r < 2; r++)
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
-                        const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
+                        const int d = db + 8 * (n0 + k) + 2 * tq;
                         pv[r][k] = act[r] && had[r] && d < Dh ? *(const float2 *)(orw[r] + d) : make_float2(0.0f, 0.0f);
                     }
 #pragma unroll
                 for (int r = 0; r < 2; r++)
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
-                        const int d = 256 * hf + 8 * (n0 + k) + 2 * tq;
+                        const int d = db + 8 * (n0 + k) + 2 * tq;
                         if (act[r] && d < Dh)
                             *(float2 *)(orw[r] + d) = make_float2(ak_fold1(pv[r][k].x, ca[r], O[n0 + k][2 * r], cb[r]),
                                                                   ak_fold1(pv[r][k].y, ca[r], O[n0 + k][2 * r + 1], cb[r]));
@@ -456,7 +529,7 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             }
             m0 = m1 = -INFINITY, l0 = l1 = 0.0f;
 #pragma unroll
-            for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
+            for (int n = 0; n < NO; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
         }
 
         /* the block's last span */
@@ -469,10 +542,10 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             float *orow = out + ((int64_t)t * H + hh) * Dh;
             if (!full) { /* the span's state, for ak_combine_launch */
                 float *pp = part + (((int64_t)t * H + hh) * nspan + blockIdx.z) * ak_pst(Dh);
-                if (hf == 0 && tq == 0) pp[0] = m, pp[1] = l;
+                if (db == 0 && tq == 0) pp[0] = m, pp[1] = l;
 #pragma unroll
-                for (int n = 0; n < 32; n++) {
-                    const int d = 256 * hf + 8 * n + 2 * tq;
+                for (int n = 0; n < NO; n++) {
+                    const int d = db + 8 * n + 2 * tq;
                     if (d + 1 < Dh) *(float2 *)(pp + 4 + d) = make_float2(O[n][2 * r], O[n][2 * r + 1]);
                     else if (d < Dh) pp[4 + d] = O[n][2 * r];
                 }
@@ -491,8 +564,8 @@ __global__ void __launch_bounds__(TC_NT, 1) attn_kv8_tc_kernel(const float *q, i
             }
             const float den = ak_den(M, L, sink[hh]);
 #pragma unroll
-            for (int n = 0; n < 32; n++) {
-                const int d = 256 * hf + 8 * n + 2 * tq;
+            for (int n = 0; n < NO; n++) {
+                const int d = db + 8 * n + 2 * tq;
                 if (d >= Dh) continue;
                 float y[2];
 #pragma unroll
@@ -538,13 +611,23 @@ static void tc_spans(int nidx, int spt, int *spt_eff, int *nspan) {
     *spt_eff = spt > need ? spt : need;
     *nspan = (ns + *spt_eff - 1) / *spt_eff;
 }
+/* decode: 16 heads a block (more blocks a query, less work a warp) up to this many queries (DSV4_CUDA_ATTN_TC_H16_T,
+ * read once; the same bits either way) */
+static int tc_h16_t(void) {
+    static int t = -1;
+    if (t < 0) {
+        t = dsv4_env_int("DSV4_CUDA_ATTN_TC_H16_T", TC_H16_T);
+        if (t < 0) t = 0;
+    }
+    return t;
+}
 static int tc_force_mode = -1;
 
-extern "C" void dsv4_cuda_attn_kv8_tc_force(int mode) { tc_force_mode = mode == 0 || mode == 1 ? mode : -1; }
+extern "C" void dsv4_cuda_attn_kv8_tc_force(int mode) { tc_force_mode = mode >= 0 && mode <= 3 ? mode : -1; }
 
 extern "C" int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R) {
     return H > 0 && Dh <= TC_D && Dh > R && R >= 0 && R <= TC_LO && R % 2 == 0 && (Dh - R) % 64 == 0 &&
-           Dh - R + TC_LO <= TC_D && tc_smem(Dh, R) <= (size_t)dsv4_cuda_dev.smem_optin;
+           Dh - R + TC_LO <= TC_D && tc_smem(Dh, R, TC_HB) <= (size_t)dsv4_cuda_dev.smem_optin;
 }
 
 extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) {
@@ -554,8 +637,9 @@ extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) 
     return (size_t)(T < TC_PMAX_T ? T : TC_PMAX_T) * H * nspan * (size_t)ak_pst(Dh);
 }
 
-/* DEC: the decode form (spt tiles per span asked; partial: a block per span, scratch), else the prefill form */
-template <bool DEC>
+/* DEC: the decode form (spt tiles per span asked; partial: a block per span, scratch; HB heads a block), else the
+ * prefill form */
+template <bool DEC, int HB>
 static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                   const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
                   float *out, float *scratch, int spt, int partial, cudaStream_t st) {
@@ -567,10 +651,10 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
             return dsv4_cuda_fail("attn_kv8_tc: memset failed");
         return 0; /* zeros rotate to zeros */
     }
-    const size_t smem = tc_smem(Dh, R);
+    const size_t smem = tc_smem(Dh, R, HB);
     static size_t raised = 0;
     if (smem > raised) {
-        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel<DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel<DEC, HB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem) != cudaSuccess)
             return dsv4_cuda_fail("attn_kv8_tc: cannot raise shared memory to %zu bytes", smem);
         raised = smem;
@@ -582,7 +666,7 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
         return dsv4_cuda_fail("attn_kv8_tc: %d entries in %d spans need 16-byte aligned scratch", nidx, nspan);
     const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)kv2 & 15);
     const ak_rope ro = {freq, pos};
-    dev_launch(attn_kv8_tc_kernel<DEC>, dim3(T, (H + TC_HB - 1) / TC_HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
+    dev_launch(attn_kv8_tc_kernel<DEC, HB>, dim3(T, (H + HB - 1) / HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
                base, kv2, idx, nidx, sink, scale, out, scratch, spe, nspan, vec, ro);
     if (dsv4_cuda_check_launch("attn_kv8_tc")) return -1;
     if (!partial) return 0;
@@ -593,15 +677,20 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
 extern "C" int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
                                      const float *kv2, const int *idx, int nidx, const float *sink, float scale,
                                      float *out, void *stream) {
-    return tc_run<false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, NULL, TC_F, 0,
+    return tc_run<false, TC_HB>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, NULL, TC_F, 0,
                   DSV4_STREAM(stream));
 }
 
 extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
                                          const float *kv2, const int *idx, int nidx, const float *sink, float scale,
                                          const float *freq, const int *pos, float *out, float *scratch, void *stream) {
-    /* the launch shape changes no bit: a block per span up to TC_PMAX_T queries (fills the GPU), else per query */
-    const int partial = tc_force_mode >= 0 ? !tc_force_mode && T <= TC_PMAX_T : T <= TC_PMAX_T;
-    return tc_run<true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(), partial,
-                  DSV4_STREAM(stream));
+    /* the launch shape changes no bit: a block per span up to TC_PMAX_T queries (fills the GPU), else per query; 16
+     * heads a block up to tc_h16_t() queries, else 64 */
+    const int partial = tc_force_mode >= 0 ? !(tc_force_mode & 1) && T <= TC_PMAX_T : T <= TC_PMAX_T;
+    const int h16 = tc_force_mode >= 0 ? tc_force_mode >= 2 : T <= tc_h16_t();
+    if (h16)
+        return tc_run<true, 16>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(),
+                                partial, DSV4_STREAM(stream));
+    return tc_run<true, TC_HB>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(),
+                               partial, DSV4_STREAM(stream));
 }

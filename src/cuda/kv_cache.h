@@ -84,14 +84,15 @@ int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uin
                           const int *idx, int nidx, const float *sink, float scale, float *out, void *stream);
 /* Decode steps: spans of DSV4_CUDA_ATTN_TC_SPT tiles of 32 entries (default 2; more when the list has more than 32
  * spans of that size), each span's state folded in order into the total, by the query's block or, up to 32 queries,
- * by a combine kernel over the spans' states in scratch (dsv4_cuda_attn_kv8_tc_scratch floats, 16-byte aligned): the
- * same bits for any T. Then the inverse RoPE as dsv4_cuda_attn_kv8_rope does it (freq NULL: none). */
+ * by a combine kernel over the spans' states in scratch (dsv4_cuda_attn_kv8_tc_scratch floats, 16-byte aligned);
+ * blocks of 16 heads up to DSV4_CUDA_ATTN_TC_H16_T queries (default 8), else of 64: the same bits for any T. Then the inverse RoPE as dsv4_cuda_attn_kv8_rope does it (freq NULL: none). */
 int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                               const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
                               float *out, float *scratch, void *stream);
 size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx);
 int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R);
-/* Tests only: dsv4_cuda_attn_kv8_tc_dec's launch shape (0: a block per span when T <= 32, 1: per query, -1: auto) */
+/* Tests only: dsv4_cuda_attn_kv8_tc_dec's launch shape (bit 0: 0 a block per span when T <= 32, 1 per query; bit 1:
+ * 0 64 heads a block, 1 16 heads; -1: auto). Every shape gives the same bits. */
 void dsv4_cuda_attn_kv8_tc_force(int mode);
 /* 0 when DSV4_CUDA_ATTN_TC=0 (read once): prefill passes then take dsv4_cuda_attn_kv8 */
 int dsv4_cuda_attn_tc_enabled(void);

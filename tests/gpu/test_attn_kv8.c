@@ -16,8 +16,8 @@
  *   7. the prefill path on tensor cores (dsv4_cuda_attn_kv8_tc): checks 2 and 3 (the same bar against the double
  *      evaluation, repeatable, queries alone == in the batch; the decode kernel's distance printed), and timings of
  *      whole 256- and 4096-row passes at Flash shapes against the decode kernel in the forward's 64-row calls;
- *   8. the decode path on tensor cores (dsv4_cuda_attn_kv8_tc_dec, "_tcd"): checks 2 and 3, both launch shapes (a
- *      block per span / per query) bitwise equal, the fused inverse RoPE bitwise the kernel then dsv4_cuda_rope; its
+ *   8. the decode path on tensor cores (dsv4_cuda_attn_kv8_tc_dec, "_tcd"): checks 2 and 3, every launch shape (a
+ *      block per span / per query, 64 / 16 heads a block) bitwise equal, the fused inverse RoPE bitwise the kernel then dsv4_cuda_rope; its
  *      timings beside dsv4_cuda_attn_kv8's in 6, and both at long lists (2048 .. 8320 entries) at T 1 and 8.
  * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8 [--no-bench] [--only-tc | --only-dec]   (scripts/gpu_test.sh runs it)
  * (--only-tc: 7 alone; --only-dec: 8 and the decode timings of 6) */
@@ -253,7 +253,7 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
     /* every launch shape: the same bits */
     int shapes = 0, shape_diff = 0;
     for (int cfg = 0; cfg < (tc == 1 ? 0 : tc == 2 ? 1 : 5); cfg++)
-        for (int mode = 0; mode < 2; mode++) {
+        for (int mode = 0; mode < (tc == 2 ? 4 : 2); mode++) { /* tc: 64 / 16 heads a block x span / query blocks */
             if (tc == 2) dsv4_cuda_attn_kv8_tc_force(mode);
             else dsv4_cuda_attn_kv8_force(cfg, mode);
             if (attn_call(tc, dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr) ||
@@ -285,7 +285,7 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
         float *dout2 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * H * Dh);
         float *ra = malloc(sizeof(float) * (size_t)T * H * Dh), *rf = malloc(sizeof(float) * (size_t)T * H * Dh);
         for (int cfg = -1; cfg < (tc ? 0 : 5); cfg++)
-            for (int mode = 0; mode < (cfg < 0 ? (tc ? 3 : 1) : 2); mode++) {
+            for (int mode = 0; mode < (cfg < 0 ? (tc ? 5 : 1) : 2); mode++) {
                 if (tc) dsv4_cuda_attn_kv8_tc_force(mode - 1);
                 else dsv4_cuda_attn_kv8_force(cfg, cfg < 0 ? -1 : mode);
                 const float *k2 = with_kv2 ? dkv2 : NULL;
@@ -546,16 +546,16 @@ static void bench_attn(void) {
                 const double tcd = time_us(run_attn, &k, reps);
                 dsv4_cuda_download(o1, dout2, sizeof(float) * (size_t)T * H * Dh);
                 const double wt = tol_worst(o1, o2, (size_t)T * H * Dh, NULL);
-                double sh[2] = {-1, -1};
-                for (int mode = 0; mode < 2 && T <= 64; mode++) {
-                    if (mode == 0 && T > 32) continue;
+                double sh[4] = {-1, -1, -1, -1};
+                for (int mode = 0; mode < 4; mode++) {
+                    if (!(mode & 1) && T > 32) continue;
                     dsv4_cuda_attn_kv8_tc_force(mode);
-                    sh[mode] = time_us(run_attn, &k, reps);
+                    sh[mode] = time_us(run_attn, &k, T == 256 ? 3 : reps);
                 }
                 dsv4_cuda_attn_kv8_tc_force(-1);
-                printf("     time attn_kv8_tc_dec T %3d nidx %3d: %7.1f us (%5.2fx attn_kv8; span blocks %.1f, query blocks "
-                       "%.1f); vs attn_kv8: worst %.3g of the tolerance\n",
-                       T, nidx, tcd, after / tcd, sh[0], sh[1], wt);
+                printf("     time attn_kv8_tc_dec T %3d nidx %3d: %7.1f us (%5.2fx attn_kv8; 64 heads a block: span blocks "
+                       "%.1f, query blocks %.1f; 16 heads: %.1f, %.1f); vs attn_kv8: worst %.3g of the tolerance\n",
+                       T, nidx, tcd, after / tcd, sh[0], sh[1], sh[2], sh[3], wt);
                 fails += !(wt <= 100);
             }
             if (T <= 64) { /* every launch shape, for tuning */
