@@ -44,7 +44,6 @@
 #define TC_F 32       /* prefill: tiles per span (no tensor-core accumulator takes more than a span's terms) */
 #define TC_MAXSPAN 32 /* spans per query at most: a span takes ceil(tiles / 32) tiles if that is more than asked */
 #define TC_PMAX_T 32  /* decode: a block per span (partials in scratch) for T <= this (bounds the scratch) */
-#define TC_H16_T 8    /* decode: 16 heads a block for T <= this (DSV4_CUDA_ATTN_TC_H16_T) */
 /* decode: layers whose lists hold at least this many entries take the tensor cores (V4: the ratio-4 layers' 640 and,
  * at long capacities, the ratio-128 ones). Shorter lists stay on attn_kv8: at batch 1 this kernel's blocks take
  * ~30 us whatever the list (few blocks, latency-bound), attn_kv8 12-22 us (bench/NOTES.md, session 14). */
@@ -611,15 +610,16 @@ static void tc_spans(int nidx, int spt, int *spt_eff, int *nspan) {
     *spt_eff = spt > need ? spt : need;
     *nspan = (ns + *spt_eff - 1) / *spt_eff;
 }
-/* decode: 16 heads a block (more blocks a query, less work a warp) up to this many queries (DSV4_CUDA_ATTN_TC_H16_T,
- * read once; the same bits either way) */
-static int tc_h16_t(void) {
-    static int t = -1;
-    if (t < 0) {
-        t = dsv4_env_int("DSV4_CUDA_ATTN_TC_H16_T", TC_H16_T);
-        if (t < 0) t = 0;
-    }
-    return t;
+/* decode: 16 heads a block (4x the blocks, a quarter of the work a warp) when those blocks fit in one wave (two an
+ * SM), else 64 (the rows' decode into shared memory is repeated by every block of a query: T 8, 640 entries 38.9 us
+ * in 320 blocks of 16 heads against 33.9 in 80 of 64; T 1 18.2 against 31.2; RESULTS session 16). The same bits
+ * either way. DSV4_CUDA_ATTN_TC_H16 (read once): 0 never, 1 always, else this rule. */
+static int tc_h16(int T, int H, int Dh, int R, int nspan_launched) {
+    static int env = -2;
+    if (env == -2) env = dsv4_env_int("DSV4_CUDA_ATTN_TC_H16", -1);
+    if (env == 0 || env == 1) return env;
+    const int64_t blocks = (int64_t)T * nspan_launched * ((H + 15) / 16);
+    return 2 * tc_smem(Dh, R, 16) <= (size_t)dsv4_cuda_dev.smem_optin && blocks <= 2 * (int64_t)dsv4_cuda_dev.sm_count;
 }
 static int tc_force_mode = -1;
 
@@ -685,9 +685,11 @@ extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, i
                                          const float *kv2, const int *idx, int nidx, const float *sink, float scale,
                                          const float *freq, const int *pos, float *out, float *scratch, void *stream) {
     /* the launch shape changes no bit: a block per span up to TC_PMAX_T queries (fills the GPU), else per query; 16
-     * heads a block up to tc_h16_t() queries, else 64 */
+     * or 64 heads a block (tc_h16) */
     const int partial = tc_force_mode >= 0 ? !(tc_force_mode & 1) && T <= TC_PMAX_T : T <= TC_PMAX_T;
-    const int h16 = tc_force_mode >= 0 ? tc_force_mode >= 2 : T <= tc_h16_t();
+    int spe, nspan;
+    tc_spans(nidx, tc_dec_spt(), &spe, &nspan);
+    const int h16 = tc_force_mode >= 0 ? tc_force_mode >= 2 : tc_h16(T, H, Dh, R, partial && nspan > 1 ? nspan : 1);
     if (h16)
         return tc_run<true, 16>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(),
                                 partial, DSV4_STREAM(stream));

@@ -85,7 +85,8 @@ int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uin
 /* Decode steps: spans of DSV4_CUDA_ATTN_TC_SPT tiles of 32 entries (default 2; more when the list has more than 32
  * spans of that size), each span's state folded in order into the total, by the query's block or, up to 32 queries,
  * by a combine kernel over the spans' states in scratch (dsv4_cuda_attn_kv8_tc_scratch floats, 16-byte aligned);
- * blocks of 16 heads up to DSV4_CUDA_ATTN_TC_H16_T queries (default 8), else of 64: the same bits for any T. Then the inverse RoPE as dsv4_cuda_attn_kv8_rope does it (freq NULL: none). */
+ * blocks of 16 heads when they fit in one wave, else of 64 (DSV4_CUDA_ATTN_TC_H16=0 / 1: never / always): the same
+ * bits for any T. Then the inverse RoPE as dsv4_cuda_attn_kv8_rope does it (freq NULL: none). */
 int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                               const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
                               float *out, float *scratch, void *stream);
