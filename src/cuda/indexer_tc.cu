@@ -96,26 +96,55 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
             for (int w = w0 + tid; w < n && w < w0 + IXT_EB; w += nth) out[(int64_t)t * ld + w] = -INFINITY;
             continue;
         }
-        /* the chunk's keys (zeros past the query's causal entries: their scores are -inf or not written) */
-        for (int it = tid; it < IXT_EB * (DI / 8); it += nth) {
-            const int e = it / (DI / 8), p = it - e * (DI / 8), w = w0 + e;
-            const uint32_t cw = w < n && w < ncs ? *(const uint32_t *)(kt + (int64_t)w * rbytes + 4 * p) : 0u;
+        /* the chunk's keys (zeros past the query's causal entries: their scores are -inf or not written). With 128
+         * threads (64 heads) a thread's code words and scale bytes are all loaded before any is used: a loop of
+         * load / store would order each load after the previous stores into shared memory (one latency a word). */
+        auto codes = [&](int it, uint32_t cw) {
+            const int e = it / (DI / 8), p = it - e * (DI / 8);
             __half2 v[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) v[k] = __floats2half2_rn(dev_e2m1_x2(cw >> (8 * k)), dev_e2m1_x2(cw >> (8 * k + 4)));
             *(uint4 *)(kh + e * LDH + 8 * p) = *(const uint4 *)v;
-        }
-        for (int it = tid; it < IXT_EB * NB; it += nth) {
+        };
+        auto code_ld = [&](int it) {
+            const int e = it / (DI / 8), p = it - e * (DI / 8), w = w0 + e;
+            return w < n && w < ncs ? __ldg((const uint32_t *)(kt + (int64_t)w * rbytes + 4 * p)) : 0u;
+        };
+        auto sc_ld = [&](int it) {
             const int e = it / NB, b = it - e * NB, w = w0 + e;
+            return w < n && w < ncs ? (int)__ldg(kt + (int64_t)w * rbytes + DI / 2 + b) : -1;
+        };
+        /* kb: the block's exponent; IXT_SKIP when all its codes are zeros (read back from kh: the halves of +-0) */
+        auto block = [&](int it, int s) {
+            const int e = it / NB, b = it - e * NB;
             int v = IXT_SKIP;
-            if (w < n && w < ncs) {
-                const uint8_t *kr = kt + (int64_t)w * rbytes;
-                const uint32_t *cw = (const uint32_t *)(kr + b * 16);
-                const uint8_t s = kr[DI / 2 + b];
+            if (s >= 0) {
+                const uint4 *z = (const uint4 *)(kh + e * LDH + 32 * b);
+                uint32_t any = 0;
+#pragma unroll
+                for (int k = 0; k < 4; k++) any |= z[k].x | z[k].y | z[k].z | z[k].w;
                 if (s == 0xff) v = IXT_BAD; /* NaN scale: even zero codes give NaN products */
-                else if ((cw[0] | cw[1] | cw[2] | cw[3]) & 0x77777777u) v = s - 127 - 1;
+                else if (any & 0x7fff7fffu) v = s - 127 - 1;
             }
             kb[e * NB + b] = v;
+        };
+        constexpr int KW = IXT_EB * (DI / 8), KB = IXT_EB * NB; /* code words, (entry, block) scale bytes */
+        if (nth == 128) {
+            uint32_t cw[KW / 128];
+            int sc[KB / 128];
+#pragma unroll
+            for (int k = 0; k < KW / 128; k++) cw[k] = code_ld(tid + 128 * k);
+#pragma unroll
+            for (int k = 0; k < KB / 128; k++) sc[k] = sc_ld(tid + 128 * k);
+#pragma unroll
+            for (int k = 0; k < KW / 128; k++) codes(tid + 128 * k, cw[k]);
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < KB / 128; k++) block(tid + 128 * k, sc[k]);
+        } else {
+            for (int it = tid; it < KW; it += nth) codes(it, code_ld(it));
+            __syncthreads();
+            for (int it = tid; it < KB; it += nth) block(it, sc_ld(it));
         }
         __syncthreads();
         for (int e = tid; e < IXT_EB; e += nth) ixt_range(kb + e * NB, NB, kr2 + 2 * e);
