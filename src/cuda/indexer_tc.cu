@@ -62,7 +62,9 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
     int *qr2 = kb + IXT_EB * NB;                       /* [Hi][2] smallest, largest a of the head (IXT_BAD: a bad block) */
     int *kr2 = qr2 + 2 * Hi;                           /* [IXT_EB][2] the same for the entries' key exponents */
     float *ws = (float *)(kr2 + 2 * IXT_EB);           /* [Hi] */
-    float *ds = ws + Hi;                               /* [IXT_EB][Hi + 1] dots */
+    float *qf = ws + Hi;                               /* [Hi][NB] 2^a (0 for a block that adds nothing here) */
+    float *kf = qf + Hi * NB;                          /* [IXT_EB][NB] 2^(key block exponent), likewise */
+    float *ds = kf + IXT_EB * NB;                      /* [IXT_EB][Hi + 1] dots */
     const int t = blockIdx.y, n = nlist[t], ncs = ncausal[t], nch = (n + IXT_EB - 1) / IXT_EB;
     if ((int)blockIdx.x >= nch) return;
     const int tid = threadIdx.x, nth = blockDim.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -85,6 +87,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
             qh[h * LDH + b * 32 + j] = __float2half_rn(m);
         }
         qa[h * NB + b] = a;
+        qf[h * NB + b] = a < IXT_SKIP ? ixt_pow2(a) : 0.0f;
     }
     for (int i = tid; i < Hi; i += nth) ws[i] = wt[(int64_t)t * Hi + i];
     __syncthreads();
@@ -127,6 +130,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
                 else if (any & 0x7fff7fffu) v = s - 127 - 1;
             }
             kb[e * NB + b] = v;
+            kf[e * NB + b] = v < IXT_SKIP ? ixt_pow2(v) : 0.0f;
         };
         constexpr int KW = IXT_EB * (DI / 8), KB = IXT_EB * NB; /* code words, (entry, block) scale bytes */
         if (nth == 128) {
@@ -178,13 +182,16 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
                         ixt_mma(S[j], A, *(const uint32_t *)kp, *(const uint32_t *)(kp + 8));
                     }
                 }
-                const int a0 = qa[(h0 + g) * NB + b], a1 = qa[(h0 + g + 8) * NB + b];
+                /* dot += S 2^(a + e) as 2^a 2^e (exact: the elements this sum serves have -145 <= a + e <= 100, the
+                 * others run the chain below). A block of zeros or a bad one has factor 0: its S is +-0 (the bad
+                 * ones' elements run the chain), and dot (never -0) + +-0 is dot, as the skipped add was. */
+                const float f0 = qf[(h0 + g) * NB + b], f1 = qf[(h0 + g + 8) * NB + b];
 #pragma unroll
                 for (int j = 0; j < 4; j++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        const int a = i < 2 ? a0 : a1, e = kb[(8 * (jh + j) + 2 * c + (i & 1)) * NB + b];
-                        if (a < IXT_SKIP && e < IXT_SKIP) dot[j][i] = __fadd_rn(dot[j][i], __fmul_rn(S[j][i], ixt_pow2(a + e)));
+                        const float fe = kf[(8 * (jh + j) + 2 * c + (i & 1)) * NB + b];
+                        dot[j][i] = __fadd_rn(dot[j][i], __fmul_rn(S[j][i], __fmul_rn(i < 2 ? f0 : f1, fe)));
                     }
             }
 #pragma unroll
@@ -237,7 +244,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
 
 template <int DI> static size_t ixt_smem(int Hi) {
     return sizeof(__half) * (size_t)(Hi + IXT_EB) * (DI + 8) + sizeof(int) * (size_t)(Hi + IXT_EB) * (DI / 32 + 2) +
-           sizeof(float) * ((size_t)Hi + (size_t)IXT_EB * (Hi + 1));
+           sizeof(float) * ((size_t)Hi + (size_t)(Hi + IXT_EB) * (DI / 32) + (size_t)IXT_EB * (Hi + 1));
 }
 
 template <int DI>
