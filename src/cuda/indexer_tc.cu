@@ -102,12 +102,19 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
         /* the chunk's keys (zeros past the query's causal entries: their scores are -inf or not written). With 128
          * threads (64 heads) a thread's code words and scale bytes are all loaded before any is used: a loop of
          * load / store would order each load after the previous stores into shared memory (one latency a word). */
+        /* a word's 8 codes as f16 code x 2 (exact), in order: byte k's two nibbles into the halves of z = byte x
+         * 0x1001, each nibble s|e1 e0|m to the f16 s|000 e1 e0|m|0.. (= e2m1 x 2^-14, its subnormal included), x 2^15 */
         auto codes = [&](int it, uint32_t cw) {
             const int e = it / (DI / 8), p = it - e * (DI / 8);
-            __half2 v[4];
+            uint32_t v[4];
 #pragma unroll
-            for (int k = 0; k < 4; k++) v[k] = __floats2half2_rn(dev_e2m1_x2(cw >> (8 * k)), dev_e2m1_x2(cw >> (8 * k + 4)));
-            *(uint4 *)(kh + e * LDH + 8 * p) = *(const uint4 *)v;
+            for (int k = 0; k < 4; k++) {
+                const uint32_t z = __byte_perm(cw, 0u, 0x4440u + k) * 0x1001u;
+                const uint32_t f = ((z << 9) & 0x0E000E00u) | ((z << 12) & 0x80008000u);
+                const __half2 h = __hmul2(*(const __half2 *)&f, __halves2half2(__ushort_as_half(0x7800), __ushort_as_half(0x7800)));
+                v[k] = *(const uint32_t *)&h;
+            }
+            *(uint4 *)(kh + e * LDH + 8 * p) = make_uint4(v[0], v[1], v[2], v[3]);
         };
         auto code_ld = [&](int it) {
             const int e = it / (DI / 8), p = it - e * (DI / 8), w = w0 + e;
@@ -199,17 +206,34 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
 #pragma unroll
                 for (int i = 0; i < 4; i++) ds[(8 * (jh + j) + 2 * c + (i & 1)) * (Hi + 1) + h0 + g + (i < 2 ? 0 : 8)] = dot[j][i];
         }
-        /* the exactness test per element; the CPU's chain where it fails */
-        for (int x = 0; x < 32; x++) {
+        /* the exactness test per element; the CPU's chain where it fails. First the quick test of the lane's 32
+         * elements from the heads' and entries' exponent ranges (registers), then the rest one by one. */
+        uint32_t slow = 0;
+        {
+            const int qlA = qr2[2 * (h0 + g)], qhA = qr2[2 * (h0 + g) + 1];
+            const int qlB = qr2[2 * (h0 + g + 8)], qhB = qr2[2 * (h0 + g + 8) + 1];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int i1 = 0; i1 < 2; i1++) {
+                    const int el = 8 * j + 2 * c + i1, w = w0 + el, kl = kr2[2 * el], kh2 = kr2[2 * el + 1];
+#pragma unroll
+                    for (int hb = 0; hb < 2; hb++) {
+                        const int ql = hb ? qlB : qlA, qh2 = hb ? qhB : qhA;
+                        bool ok = w >= n || w >= ncs; /* not written by this test */
+                        if (qh2 != IXT_BAD && kh2 != IXT_BAD)
+                            ok |= ql == IXT_SKIP || kl == IXT_SKIP || /* q or the key all zeros: the dot is +0 */
+                                  ((qh2 + kh2) - (ql + kl) <= 8 && ql + kl >= -145 && qh2 + kh2 <= 100);
+                        /* (every e_b within 8 of the smallest: sum_b 2^(e_b - emin) <= NB * 2^8 <= 1365) */
+                        if (!ok) slow |= 1u << (4 * j + 2 * hb + i1);
+                    }
+                }
+        }
+        while (slow) {
+            const int x = __ffs(slow) - 1;
+            slow &= slow - 1;
             const int j = x >> 2, i = x & 3;
             const int h = h0 + g + (i < 2 ? 0 : 8), el = 8 * j + 2 * c + (i & 1), w = w0 + el;
-            if (w >= n || w >= ncs) continue;
-            const int ql = qr2[2 * h], qh2 = qr2[2 * h + 1], kl = kr2[2 * el], kh2 = kr2[2 * el + 1];
-            if (qh2 != IXT_BAD && kh2 != IXT_BAD) {
-                if (ql == IXT_SKIP || kl == IXT_SKIP) continue; /* q or the key all zeros: the dot is +0 */
-                if ((qh2 + kh2) - (ql + kl) <= 8 && ql + kl >= -145 && qh2 + kh2 <= 100)
-                    continue; /* every e_b within 8 of the smallest: sum_b 2^(e_b - emin) <= NB * 2^8 <= 1365 */
-            }
             int emin = IXT_SKIP, emax = -IXT_SKIP, bad = 0;
             for (int b = 0; b < NB; b++) {
                 const int a = qa[h * NB + b], e = kb[el * NB + b];
