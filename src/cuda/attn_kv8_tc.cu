@@ -595,14 +595,18 @@ extern "C" int dsv4_cuda_attn_tc_decode_takes(int H, int Dh, int R, int nidx) {
     return on && nidx >= min && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R);
 }
 
-/* decode: tiles per span asked (DSV4_CUDA_ATTN_TC_SPT, read once; it changes bits, the same for every T) */
-static int tc_dec_spt(void) {
-    static int spt = 0;
+/* decode: tiles per span asked for lists of nidx entries (DSV4_CUDA_ATTN_TC_SPT, default 2; lists under TC_DEC_MIN
+ * entries DSV4_CUDA_ATTN_TC_SPT_SHORT, default the same; read once). It changes bits, the same for every T: a list's
+ * length is the layer's (its capacity), never the batch's. */
+static int tc_dec_spt(int nidx) {
+    static int spt = 0, sps = 0;
     if (!spt) {
         spt = dsv4_env_int("DSV4_CUDA_ATTN_TC_SPT", 2);
         if (spt < 1) spt = 1;
+        sps = dsv4_env_int("DSV4_CUDA_ATTN_TC_SPT_SHORT", spt);
+        if (sps < 1) sps = 1;
     }
-    return spt;
+    return nidx < TC_DEC_MIN ? sps : spt;
 }
 /* tiles per span and spans for nidx entries, spt asked */
 static void tc_spans(int nidx, int spt, int *spt_eff, int *nspan) {
@@ -632,7 +636,7 @@ extern "C" int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R) {
 
 extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) {
     int spt, nspan;
-    tc_spans(nidx, tc_dec_spt(), &spt, &nspan);
+    tc_spans(nidx, tc_dec_spt(nidx), &spt, &nspan);
     if (nspan <= 1 || T <= 0 || H <= 0) return 0;
     return (size_t)(T < TC_PMAX_T ? T : TC_PMAX_T) * H * nspan * (size_t)ak_pst(Dh);
 }
@@ -688,11 +692,11 @@ extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, i
      * or 64 heads a block (tc_h16) */
     const int partial = tc_force_mode >= 0 ? !(tc_force_mode & 1) && T <= TC_PMAX_T : T <= TC_PMAX_T;
     int spe, nspan;
-    tc_spans(nidx, tc_dec_spt(), &spe, &nspan);
+    tc_spans(nidx, tc_dec_spt(nidx), &spe, &nspan);
     const int h16 = tc_force_mode >= 0 ? tc_force_mode >= 2 : tc_h16(T, H, Dh, R, partial && nspan > 1 ? nspan : 1);
     if (h16)
-        return tc_run<true, 16>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(),
+        return tc_run<true, 16>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(nidx),
                                 partial, DSV4_STREAM(stream));
-    return tc_run<true, TC_HB>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(),
+    return tc_run<true, TC_HB>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(nidx),
                                partial, DSV4_STREAM(stream));
 }
