@@ -44,10 +44,14 @@
 #define TC_F 32       /* prefill: tiles per span (no tensor-core accumulator takes more than a span's terms) */
 #define TC_MAXSPAN 32 /* spans per query at most: a span takes ceil(tiles / 32) tiles if that is more than asked */
 #define TC_PMAX_T 32  /* decode: a block per span (partials in scratch) for T <= this (bounds the scratch) */
-/* decode: layers whose lists hold at least this many entries take the tensor cores (V4: the ratio-4 layers' 640 and,
- * at long capacities, the ratio-128 ones). Shorter lists stay on attn_kv8: at batch 1 this kernel's blocks take
- * ~30 us whatever the list (few blocks, latency-bound), attn_kv8 12-22 us (bench/NOTES.md, session 14). */
-#define TC_DEC_MIN 512
+/* decode: layers whose lists hold at least this many entries take the tensor cores (DSV4_CUDA_ATTN_TC_DECODE_MIN):
+ * every layer since the blocks of 16 heads and 1-tile spans for short lists (session 16: batch 1 0.996x, 8 0.982x,
+ * 64 0.977x, 256 0.968x against the ratio-4 layers alone; with blocks of 64 heads short lists took ~30 us at batch 1
+ * against attn_kv8's 12, so session 14 kept them at >= 512). */
+#define TC_DEC_MIN 0
+/* decode: lists under this many entries are short: spans of DSV4_CUDA_ATTN_TC_SPT_SHORT tiles (twice the blocks at
+ * batch 1; V4's sliding-window and, up to 48K of capacity, ratio-128 layers) */
+#define TC_DEC_SHORT 512
 
 /* halves from a row's start to its 16-byte chunk c: chunks XOR-swizzled by row (ldmatrix without bank conflicts) */
 __device__ __forceinline__ int tc_sw(int r, int c) { return (c ^ (r & 7)) << 3; }
@@ -595,18 +599,18 @@ extern "C" int dsv4_cuda_attn_tc_decode_takes(int H, int Dh, int R, int nidx) {
     return on && nidx >= min && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R);
 }
 
-/* decode: tiles per span asked for lists of nidx entries (DSV4_CUDA_ATTN_TC_SPT, default 2; lists under TC_DEC_MIN
- * entries DSV4_CUDA_ATTN_TC_SPT_SHORT, default the same; read once). It changes bits, the same for every T: a list's
- * length is the layer's (its capacity), never the batch's. */
+/* decode: tiles per span asked for lists of nidx entries (DSV4_CUDA_ATTN_TC_SPT, default 2; lists under TC_DEC_SHORT
+ * entries DSV4_CUDA_ATTN_TC_SPT_SHORT, default 1; read once). It changes bits, the same for every T: a list's length
+ * is the layer's (its capacity), never the batch's. */
 static int tc_dec_spt(int nidx) {
     static int spt = 0, sps = 0;
     if (!spt) {
         spt = dsv4_env_int("DSV4_CUDA_ATTN_TC_SPT", 2);
         if (spt < 1) spt = 1;
-        sps = dsv4_env_int("DSV4_CUDA_ATTN_TC_SPT_SHORT", spt);
+        sps = dsv4_env_int("DSV4_CUDA_ATTN_TC_SPT_SHORT", 1);
         if (sps < 1) sps = 1;
     }
-    return nidx < TC_DEC_MIN ? sps : spt;
+    return nidx < TC_DEC_SHORT ? sps : spt;
 }
 /* tiles per span and spans for nidx entries, spt asked */
 static void tc_spans(int nidx, int spt, int *spt_eff, int *nspan) {
@@ -634,9 +638,14 @@ extern "C" int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R) {
            Dh - R + TC_LO <= TC_D && tc_smem(Dh, R, TC_HB) <= (size_t)dsv4_cuda_dev.smem_optin;
 }
 
+/* enough for every list of up to nidx entries: a short list (spans of TC_SPT_SHORT tiles) may make more spans than
+ * a longer one */
 extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) {
-    int spt, nspan;
+    int spt, nspan, ns2;
     tc_spans(nidx, tc_dec_spt(nidx), &spt, &nspan);
+    const int ns = nidx < TC_DEC_SHORT - 1 ? nidx : TC_DEC_SHORT - 1;
+    tc_spans(ns, tc_dec_spt(ns), &spt, &ns2);
+    if (ns2 > nspan) nspan = ns2;
     if (nspan <= 1 || T <= 0 || H <= 0) return 0;
     return (size_t)(T < TC_PMAX_T ? T : TC_PMAX_T) * H * nspan * (size_t)ak_pst(Dh);
 }

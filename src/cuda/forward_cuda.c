@@ -9,7 +9,7 @@
  * A call with at most one token per sequence is a decode step (decode_graph.c: CUDA graphs); anything
  * else runs here in passes of at most tmax rows (long chunks are split; per-token results do not depend
  * on the split). Passes of >= 64 rows take the tensor-core paths (FP8 GEMM, attention: dsv4_cuda_attn_kv8_tc); decode
- * steps take the tensor-core attention in layers with long index lists (dsv4_cuda_attn_tc_decode_takes: by the list
+ * steps take the tensor-core attention (dsv4_cuda_attn_tc_decode_takes: every layer by default, else by the list
  * length alone, never by T, so a sequence's logits stay the same in any batch). */
 #include <math.h>
 #include <stdio.h>

@@ -82,8 +82,8 @@ void dsv4_cuda_attn_kv8_force(int cfg, int mode);
  * Prefill passes: spans of 1024 entries, no scratch, any T, no rotation of the output. */
 int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                           const int *idx, int nidx, const float *sink, float scale, float *out, void *stream);
-/* Decode steps: spans of DSV4_CUDA_ATTN_TC_SPT tiles of 32 entries (default 2; more when the list has more than 32
- * spans of that size), each span's state folded in order into the total, by the query's block or, up to 32 queries,
+/* Decode steps: spans of DSV4_CUDA_ATTN_TC_SPT tiles of 32 entries (default 2; lists under 512 entries
+ * DSV4_CUDA_ATTN_TC_SPT_SHORT, default 1; more when the list has more than 32 spans of that size), each span's state folded in order into the total, by the query's block or, up to 32 queries,
  * by a combine kernel over the spans' states in scratch (dsv4_cuda_attn_kv8_tc_scratch floats, 16-byte aligned);
  * blocks of 16 heads when they fit in one wave, else of 64 (DSV4_CUDA_ATTN_TC_H16=0 / 1: never / always): the same
  * bits for any T. Then the inverse RoPE as dsv4_cuda_attn_kv8_rope does it (freq NULL: none). */
@@ -99,7 +99,7 @@ void dsv4_cuda_attn_kv8_tc_force(int mode);
 int dsv4_cuda_attn_tc_enabled(void);
 /* Whether a decode step's attention over lists of nidx entries (a layer's, fixed for the model: never by T) takes
  * dsv4_cuda_attn_kv8_tc_dec: it fits, DSV4_CUDA_ATTN_TC_DECODE is not 0 and nidx >= DSV4_CUDA_ATTN_TC_DECODE_MIN
- * (read once); else dsv4_cuda_attn_kv8_rope. */
+ * (default 0; read once); else dsv4_cuda_attn_kv8_rope. */
 int dsv4_cuda_attn_tc_decode_takes(int H, int Dh, int R, int nidx);
 
 #ifdef __cplusplus
