@@ -638,14 +638,19 @@ extern "C" int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R) {
            Dh - R + TC_LO <= TC_D && tc_smem(Dh, R, TC_HB) <= (size_t)dsv4_cuda_dev.smem_optin;
 }
 
-/* enough for every list of up to nidx entries: a short list (spans of TC_SPT_SHORT tiles) may make more spans than
- * a longer one */
+/* enough for every list of up to nidx entries: the span count is not monotone in the length (a short list's spans
+ * are of DSV4_CUDA_ATTN_TC_SPT_SHORT tiles; past 32 spans of spt tiles a span grows by a tile), so the largest over
+ * the lengths up to nidx (the ends of every tile count: the span size changes only at tile boundaries) */
 extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) {
-    int spt, nspan, ns2;
-    tc_spans(nidx, tc_dec_spt(nidx), &spt, &nspan);
-    const int ns = nidx < TC_DEC_SHORT - 1 ? nidx : TC_DEC_SHORT - 1;
-    tc_spans(ns, tc_dec_spt(ns), &spt, &ns2);
-    if (ns2 > nspan) nspan = ns2;
+    int spt, nspan = 0;
+    for (int t = 1; (int64_t)TC_N * (t - 1) < nidx; t++) {
+        const int ends[2] = {TC_N * (t - 1) + 1, TC_N * t < nidx ? TC_N * t : nidx};
+        for (int k = 0; k < 2; k++) {
+            int ns;
+            tc_spans(ends[k], tc_dec_spt(ends[k]), &spt, &ns);
+            if (ns > nspan) nspan = ns;
+        }
+    }
     if (nspan <= 1 || T <= 0 || H <= 0) return 0;
     return (size_t)(T < TC_PMAX_T ? T : TC_PMAX_T) * H * nspan * (size_t)ak_pst(Dh);
 }

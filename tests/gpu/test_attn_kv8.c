@@ -803,6 +803,18 @@ dec:
     test_attn_p(3, 3, 130, 2, 70, 90, 1, 2);       /* Dh not a multiple of 8 */
     test_attn_p(4, 8, 384, 64, 1, 10, 0, 2);       /* one entry */
     test_attn_p(3, 16, 512, 64, 31, 40, 1, 2);     /* one partial tile */
+    test_attn_p(8, 64, 512, 64, 480, 1024, 1, 2);  /* a short list in 1-tile spans: 15 spans, more than 640's 10 */
+    { /* the decode scratch sized for the longest list holds every shorter one's spans (short lists: 1-tile spans) */
+        int bad = 0;
+        for (int nmax = 1; nmax <= 9000 && !bad; nmax += nmax < 1100 ? 3 : 97)
+            for (int n = 1; n <= nmax && !bad; n += n < 1100 ? 5 : 89)
+                if (dsv4_cuda_attn_kv8_tc_scratch(8, 64, 512, n) > dsv4_cuda_attn_kv8_tc_scratch(8, 64, 512, nmax)) {
+                    printf("FAIL attn_kv8_tc_scratch: %d entries need more than the %d-entry size\n", n, nmax);
+                    bad = 1;
+                }
+        if (!bad) printf("ok   attn_kv8_tc_scratch: every list up to 9000 entries fits the size of any longer one\n");
+        fails += bad;
+    }
     if (only_tc || only_dec) {
         if (bench && only_tc) bench_attn_tc();
         if (bench && only_dec) bench_attn(), bench_attn_long();
