@@ -3,7 +3,8 @@
  * accumulate).
  *
  * A block takes one query and 64 of its heads (they share the query's entry list): warp (g, hf) of 8 holds heads
- * 16 g .. 16 g + 15 and dims 256 hf .. 256 hf + 255 (of 512: q and rows zero-padded). The list goes in tiles of 32
+ * 16 g .. 16 g + 15 and dims 256 hf .. 256 hf + 255 (of 512: q and rows zero-padded); decode blocks may take 16 heads
+ * instead, warp hf holding dims 64 hf .. 64 hf + 63 (below). The list goes in tiles of 32
  * entries (rows by cp.async while the previous tile computes):
  *  - rows decoded into shared memory as f16: FP8 code x e8m0 scale (exact, see Range), rope dims as hi + lo
  *    (hi = f16(v), lo = f16(v - hi)); q likewise as hi + lo. Scores qh.k + ql.k (+ qh.k_lo on the rope dims): ~2^-22
