@@ -197,6 +197,37 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
     const int ra = 16 * g + (lane & 7) + ((lane >> 3) & 1) * 8, ca = lane >> 4;
     const int rk = (lane & 7) + (lane >> 4) * 8, ck = (lane >> 3) & 1;
     const int rv = (lane & 7) + ((lane >> 3) & 1) * 8, cv = lane >> 4;
+    /* one k-step of 16 dims at 16-byte chunk c0 of q.k over the tile's 32 entries: q hi into ah, then q lo into al
+     * (the decode form passes one accumulator for both) */
+    auto qk_step = [&](float (&ah)[4][4], float (&al)[4][4], int c0) {
+        uint32_t a[4], aq[4], b0[4], b1[4];
+        tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
+        tc_ldsm4(aq, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
+        tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
+        tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
+        tc_mma(ah[0], a, b0[0], b0[1]);
+        tc_mma(ah[1], a, b0[2], b0[3]);
+        tc_mma(ah[2], a, b1[0], b1[1]);
+        tc_mma(ah[3], a, b1[2], b1[3]);
+        tc_mma(al[0], aq, b0[0], b0[1]);
+        tc_mma(al[1], aq, b0[2], b0[3]);
+        tc_mma(al[2], aq, b1[0], b1[1]);
+        tc_mma(al[3], aq, b1[2], b1[3]);
+    };
+    /* q hi . k lo over the rope dims (q's chunks from qc), all TC_LO / 16 k-steps into acc */
+    auto qk_rope = [&](float (&acc)[4][4], int qc) {
+#pragma unroll
+        for (int kk = 0; kk < TC_LO / 16; kk++) {
+            uint32_t a[4], b0[4], b1[4];
+            tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, qc + 2 * kk + ca));
+            tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
+            tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
+            tc_mma(acc[0], a, b0[0], b0[1]);
+            tc_mma(acc[1], a, b0[2], b0[3]);
+            tc_mma(acc[2], a, b1[0], b1[1]);
+            tc_mma(acc[3], a, b1[2], b1[3]);
+        }
+    };
 
     /* one tile of 32 entries: rows in (the next tile's requested), scores, the online softmax of the span, O += p.V */
     auto tile = [&](int s) {
@@ -262,35 +293,8 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
 #pragma unroll
                 for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
 #pragma unroll 4
-            for (int kk = 0; kk < 16; kk++) {
-                const int c0 = 32 * hf + 2 * kk;
-                uint32_t a[4], al[4], b0[4], b1[4];
-                tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
-                tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
-                tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
-                tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
-                tc_mma(sa[0], a, b0[0], b0[1]);
-                tc_mma(sa[1], a, b0[2], b0[3]);
-                tc_mma(sa[2], a, b1[0], b1[1]);
-                tc_mma(sa[3], a, b1[2], b1[3]);
-                tc_mma(sb[0], al, b0[0], b0[1]);
-                tc_mma(sb[1], al, b0[2], b0[3]);
-                tc_mma(sb[2], al, b1[0], b1[1]);
-                tc_mma(sb[3], al, b1[2], b1[3]);
-            }
-            if (lo_mine) { /* q hi . k lo over the rope dims */
-#pragma unroll
-                for (int kk = 0; kk < TC_LO / 16; kk++) {
-                    uint32_t a[4], b0[4], b1[4];
-                    tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, nope / 8 + 2 * kk + ca));
-                    tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
-                    tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
-                    tc_mma(sb[0], a, b0[0], b0[1]);
-                    tc_mma(sb[1], a, b0[2], b0[3]);
-                    tc_mma(sb[2], a, b1[0], b1[1]);
-                    tc_mma(sb[3], a, b1[2], b1[3]);
-                }
-            }
+            for (int kk = 0; kk < 16; kk++) qk_step(sa, sb, 32 * hf + 2 * kk);
+            if (lo_mine) qk_rope(sb, nope / 8);
             /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -315,35 +319,8 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
 #pragma unroll
                     for (int j = 0; j < 4; j++) p[n][j] = 0.0f;
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    const int c0 = cb + 2 * kk;
-                    uint32_t a[4], al[4], b0[4], b1[4];
-                    tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
-                    tc_ldsm4(al, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
-                    tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
-                    tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
-                    tc_mma(p[0], a, b0[0], b0[1]);
-                    tc_mma(p[1], a, b0[2], b0[3]);
-                    tc_mma(p[2], a, b1[0], b1[1]);
-                    tc_mma(p[3], a, b1[2], b1[3]);
-                    tc_mma(p[0], al, b0[0], b0[1]);
-                    tc_mma(p[1], al, b0[2], b0[3]);
-                    tc_mma(p[2], al, b1[0], b1[1]);
-                    tc_mma(p[3], al, b1[2], b1[3]);
-                }
-                if (8 * cb == nope) { /* q hi . k lo over the rope dims */
-#pragma unroll
-                    for (int kk = 0; kk < TC_LO / 16; kk++) {
-                        uint32_t a[4], b0[4], b1[4];
-                        tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, cb + 2 * kk + ca));
-                        tc_ldsm4(b0, Kl + rk * TC_LO + tc_sw(rk, 2 * kk + ck));
-                        tc_ldsm4(b1, Kl + (rk + 16) * TC_LO + tc_sw(rk + 16, 2 * kk + ck));
-                        tc_mma(p[0], a, b0[0], b0[1]);
-                        tc_mma(p[1], a, b0[2], b0[3]);
-                        tc_mma(p[2], a, b1[0], b1[1]);
-                        tc_mma(p[3], a, b1[2], b1[3]);
-                    }
-                }
+                for (int kk = 0; kk < 4; kk++) qk_step(p, p, cb + 2 * kk);
+                if (8 * cb == nope) qk_rope(p, cb); /* the rope slice */
 #pragma unroll
                 for (int n = 0; n < 4; n++)
 #pragma unroll
