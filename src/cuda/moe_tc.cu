@@ -260,6 +260,7 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
     const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring);
 
     const int nsu = NU / S, JW = W / S, nch = (cnt + ntok - 1) / ntok, NWIN = (NU + W - 1) / W;
+    const bool win2 = nsu <= 2 * JW; /* every unit's j / JW is 0 or 1 */
     const int total = P.iters * nch * nsu, nwin_tot = P.iters * nch * NWIN;
 
     /* unit j of the slice into b; with pfj < nsu also an L2 prefetch of unit pfj of the same rows (no registers held;
@@ -397,7 +398,10 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
     int wc = -1; /* windows started */
 
     auto process = [&](const mt_buf<V> &b, int it, int chk, int j) {
-        const int tp = (it * P.gx + (int)blockIdx.x) * RT + rt, u = j * S + s, wi = NWIN == 1 ? 0 : j / JW, wu = u - wi * W;
+        /* the unit's window j / JW: a compare when j < 2 JW (decode: batch 256's 16-token chunks come in two windows),
+         * the division (~24 instructions a unit) only beyond */
+        const int wi = NWIN == 1 ? 0 : win2 ? (int)(j >= JW) : j / JW;
+        const int tp = (it * P.gx + (int)blockIdx.x) * RT + rt, u = j * S + s, wu = u - wi * W;
         const bool act = tp < P.NRP;
         const int c0 = chk * ntok, nt = min(ntok, cnt - c0), ntl = (nt + 7) >> 3;
         if (j == wi * JW) { /* a window of units starts (every warp of the block at once) */
