@@ -199,6 +199,16 @@ int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_cuda_weight
  * f [T, D]. Twin: dsv4_cpu_hc_post. */
 int dsv4_cuda_hc_post(const float *f, float *X, int T, int M, int D, const float *post, const float *comb,
                       void *stream);
+/* The same post from Xin into X (Xin == X: in place) */
+int dsv4_cuda_hc_post_to(const float *f, const float *Xin, float *X, int T, int M, int D, const float *post,
+                         const float *comb, void *stream);
+/* dsv4_cuda_hc_post_to(f, Xin, X, T, M, D, post, comb) then dsv4_cuda_hc_pre(X, T, M, D, fn, ...): the same X and
+ * outputs bit for bit; post and comb are read (the previous sub-block's), then overwritten with this one's. Few
+ * tokens out of place (Xin != X; T < 32, F32 fn, D % 256 == 0): the post runs inside the mixing kernel (one launch
+ * less). */
+int dsv4_cuda_hc_post_pre(const float *f, const float *Xin, float *X, int T, int M, int D, const dsv4_cuda_weight *fn,
+                          const float *scale, const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w,
+                          float *x, float *post, float *comb, void *scratch, void *stream);
 /* mHC head: y [T, D] from X [T, M, D]; fn [M, M*D], scale [1+], base [M]. Twin: dsv4_cpu_hc_head.
  * norm_w and scratch as for dsv4_cuda_hc_pre. */
 int dsv4_cuda_hc_head(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,

@@ -119,7 +119,7 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     size_t o = 0;
 #define TF(field, n) w->field = take(base, &o, sizeof(float) * (n))
 #define TI(field, n) w->field = take(base, &o, sizeof(int) * (n))
-    TF(X, t * M * D); TF(x, t * D); TF(y, t * D); TF(post, t * M); TF(comb, t * M * M);
+    TF(X, t * M * D); TF(X2, T < DSV4_CUDA_HC_PP_T ? t * M * D : 1); TF(x, t * D); TF(y, t * D); TF(post, t * M); TF(comb, t * M * M);
     TF(qr, t * c->q_lora_rank); TF(q, t * H * Dh); TF(kv, t * Dh); TF(o, t * H * Dh);
     TF(kvp, t * cdm); TF(scp, t * cdm); TF(ikvp, t * icdm); TF(iscp, t * icdm); TF(ent, t * dmax); TF(ient, t * idm);
     TF(qi, t * Hi * Di); TF(wt, t * Hi);
@@ -159,10 +159,15 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     }
 #undef TF
 #undef TI
+    if (T >= DSV4_CUDA_HC_PP_T) w->X2 = NULL;
     return o;
 }
 
-size_t gpu_ws_bytes(const dsv4_cuda_model *g, int T) { return ws_layout(g, T, NULL, NULL); }
+/* the arena for passes of up to T rows (those below DSV4_CUDA_HC_PP_T carry w->X2) */
+size_t gpu_ws_bytes(const dsv4_cuda_model *g, int T) {
+    const size_t a = ws_layout(g, T, NULL, NULL), b = T >= DSV4_CUDA_HC_PP_T ? ws_layout(g, DSV4_CUDA_HC_PP_T - 1, NULL, NULL) : 0;
+    return a > b ? a : b;
+}
 void gpu_ws_carve(const dsv4_cuda_model *g, int T, gws *w) { ws_layout(g, T, g->arena, w); }
 
 void gpu_step_layout(int T, int S, gstepl *l) {
@@ -518,16 +523,24 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     return 0;
 }
 
-static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int ffn) {
+/* One sub-block up to its output w->y, on the streams X. Its mHC post is left to the next sub-block's pre (one kernel
+ * for both with few tokens: dsv4_cuda_hc_post_pre) or to gpu_run_layers after the last. Xin: the previous sub-block's
+ * streams, its post pending (NULL: none; X itself: in place). */
+static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int ffn, const float *Xin, float *X) {
     const dsv4_config *c = &g->m->cfg;
     const glayer *gl = &g->L[L];
     const int T = b->T, M = c->hc_mult, D = c->dim;
+    const dsv4_cuda_weight *fn = ffn ? &gl->hc_ffn_fn : &gl->hc_attn_fn;
+    const float *scale = ffn ? gl->hc_ffn_scale : gl->hc_attn_scale, *base = ffn ? gl->hc_ffn_base : gl->hc_attn_base;
+    const float *nw = ffn ? gl->ffn_norm : gl->attn_norm;
     gprof_layer(g, g->m->layers[L].ratio);
-    CK(dsv4_cuda_hc_pre(w->X, T, M, D, ffn ? &gl->hc_ffn_fn : &gl->hc_attn_fn, ffn ? gl->hc_ffn_scale : gl->hc_attn_scale,
-                        ffn ? gl->hc_ffn_base : gl->hc_attn_base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps,
-                        ffn ? gl->ffn_norm : gl->attn_norm, w->x, w->post, w->comb, w->hcs, g->stream)); /* + RMSNorm */
+    if (Xin) /* the previous sub-block's post, then this one's pre + RMSNorm */
+        CK(dsv4_cuda_hc_post_pre(w->y, Xin, X, T, M, D, fn, scale, base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps, nw, w->x,
+                                 w->post, w->comb, w->hcs, g->stream));
+    else
+        CK(dsv4_cuda_hc_pre(X, T, M, D, fn, scale, base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps, nw, w->x, w->post,
+                            w->comb, w->hcs, g->stream));
     CK(ffn ? moe(g, w, b, L, w->x, w->y) : attention(g, w, b, L, w->x, w->y));
-    CK(dsv4_cuda_hc_post(w->y, w->X, T, M, D, w->post, w->comb, g->stream));
     return 0;
 }
 
@@ -536,10 +549,18 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
     g->tail = 0;
     CK(dsv4_cuda_step_meta(b, c->n_layers, g->cap / 4 > 0 ? g->cap / 4 : 1, w->keys, w->nc4, w->nl4, g->stream));
     CK(dsv4_cuda_embed(&g->embed, b->tok, b->T, c->hc_mult, w->X, g->stream));
-    for (int L = 0; L < c->n_layers; L++) {
-        CK(sub_block(g, w, b, L, 0));
-        CK(sub_block(g, w, b, L, 1));
-    }
+    /* the streams alternate between w->X and w->X2 (few-token passes: each post writes the other buffer, inside the next
+     * pre's mixing kernel), else stay in w->X (posts in place); the last post writes w->X for the head */
+    float *Xb[2] = {w->X, w->X2 ? w->X2 : w->X};
+    int cur = 0;
+    for (int L = 0; L < c->n_layers; L++)
+        for (int ffn = 0; ffn < 2; ffn++) {
+            const int first = L == 0 && !ffn, nxt = first ? cur : cur ^ 1;
+            CK(sub_block(g, w, b, L, ffn, first ? NULL : Xb[cur], Xb[nxt]));
+            cur = nxt;
+        }
+    if (c->n_layers > 0) /* the last sub-block's post (its layer's op in a profile) */
+        CK(dsv4_cuda_hc_post_to(w->y, Xb[cur], w->X, b->T, c->hc_mult, c->dim, w->post, w->comb, g->stream));
     gprof_layer(g, -1);
     CK(tail_join(g));
     CK(dsv4_cuda_seq_advance(b, g->stream));

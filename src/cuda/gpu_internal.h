@@ -41,7 +41,7 @@ typedef struct urec {
  * for the same T, so a captured graph keeps pointing at the right places). */
 typedef struct gws {
     int T, qg, tg, hr; /* rows; indexer query group, MoE token group, head rows per pass of the head */
-    float *X, *x, *y, *post, *comb, *qr, *q, *kv, *o, *kvp, *scp, *ent, *qi, *wt, *scores, *og, *zg, *z;
+    float *X, *X2, *x, *y, *post, *comb, *qr, *q, *kv, *o, *kvp, *scp, *ent, *qi, *wt, *scores, *og, *zg, *z;
     float *ikvp, *iscp; /* the indexer compressor's projections (its linears run with the attention compressor's) */
     float *ient;        /* the indexer compressor's entries (ent: the attention compressor's; both may run at once) */
     float *lgE, *ew, *gg, *uu, *ye, *hs, *ys, *hy, *hrow, *logits;
@@ -67,6 +67,7 @@ typedef struct gstepl {
 
 #define DSV4_CUDA_TMAX_DEFAULT 4096 /* rows of a prefill pass (DSV4_CUDA_TMAX overrides) */
 #define GW_ATTN 64 /* attention rows per call (bounds ascr) */
+#define DSV4_CUDA_HC_PP_T 32 /* passes of fewer rows keep a second copy of the mHC streams (w->X2): posts out of place, fused into the next pre */
 #define GW_ATTN_TC_MIN 64 /* rows from which a pass (not a decode step) runs its attention on tensor cores */
 
 #define GB_N 9     /* decode buckets 1, 2, 4, .. 256 */

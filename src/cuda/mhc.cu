@@ -197,6 +197,91 @@ __global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, i
     }
 }
 
+/* The previous sub-block's post and this one's mixes in one kernel (decode chain: one launch less a sub-block):
+ * hc_mix_tok<TB> (TB 1: hc_mix_small's fast path) on the streams the post writes. Same grid and conditions as
+ * hc_mix_tok, and D % HC_SC == 0 (a super-chunk in one stream j). Out of place: the block reads the old values of
+ * every stream from Xin at its columns and writes stream j's new ones to Xout (Xin != Xout: other blocks still read
+ * the old ones), X(j, d) = hc_post4_kernel's value (the same fmul / fmaf chain), kept in shared memory for the mixes.
+ * So Xout, the partials and the squares' partials are bitwise hc_post's X then the mixing kernel's. */
+template <int TB>
+__global__ void __launch_bounds__(128) hc_post_mix(const float *__restrict__ f, const float *__restrict__ Xin,
+                                                   float *__restrict__ Xout, int T, int M, int D, const float *__restrict__ post,
+                                                   const float *__restrict__ comb, const float *__restrict__ W, int nr,
+                                                   int nsc, float *__restrict__ part, double *__restrict__ ssp) {
+    __shared__ __align__(16) float xs[TB][HC_SC];
+    __shared__ float ps[TB][HC_G][32];
+    __shared__ float pss[TB][HC_G];
+    const int K = M * D, sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
+    const int j = c0 / D, d0 = c0 - j * D;
+    const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
+    float4 wv[HC_CH / 4];
+    dev_pdl_trigger();
+    if (g < HC_G && r < nr) {
+        const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + cb);
+#pragma unroll
+        for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
+    }
+    dev_pdl_wait(); /* f, Xin, post and comb are earlier kernels' */
+    /* the post of stream j at the block's columns: item (token, quad) */
+    for (int i = tid; i < nt * (HC_SC / 4); i += 128) {
+        const int tk = i / (HC_SC / 4), q = i % (HC_SC / 4), t = t0 + tk, d = d0 + 4 * q;
+        const float *Xt = Xin + (int64_t)t * K, *C = comb + (int64_t)t * M * M;
+        const float p = post[(int64_t)t * M + j];
+        const float4 fd = *(const float4 *)(f + (int64_t)t * D + d);
+        float4 acc = make_float4(__fmul_rn(p, fd.x), __fmul_rn(p, fd.y), __fmul_rn(p, fd.z), __fmul_rn(p, fd.w));
+        for (int i2 = 0; i2 < M; i2++) {
+            const float4 o = *(const float4 *)(Xt + (int64_t)i2 * D + d);
+            const float c = C[i2 * M + j];
+            acc.x = fmaf(c, o.x, acc.x), acc.y = fmaf(c, o.y, acc.y), acc.z = fmaf(c, o.z, acc.z), acc.w = fmaf(c, o.w, acc.w);
+        }
+        *(float4 *)(xs[tk] + 4 * q) = acc;
+        *(float4 *)(Xout + (int64_t)t * K + c0 + 4 * q) = acc;
+    }
+    for (int i = nt * (HC_SC / 4) + tid; i < TB * (HC_SC / 4); i += 128) /* tokens past T: zeros, as hc_mix_tok */
+        *(float4 *)(xs[i / (HC_SC / 4)] + 4 * (i % (HC_SC / 4))) = make_float4(0, 0, 0, 0);
+    __syncthreads();
+    if (g < HC_G && r < nr) {
+        float a[TB];
+#pragma unroll
+        for (int tk = 0; tk < TB; tk++) a[tk] = 0;
+#pragma unroll
+        for (int q = 0; q < HC_CH / 4; q++)
+#pragma unroll
+            for (int tk = 0; tk < TB; tk++) {
+                const float4 xv = *(const float4 *)(xs[tk] + cb + 4 * q);
+                a[tk] = fmaf(wv[q].x, xv.x, a[tk]);
+                a[tk] = fmaf(wv[q].y, xv.y, a[tk]);
+                a[tk] = fmaf(wv[q].z, xv.z, a[tk]);
+                a[tk] = fmaf(wv[q].w, xv.w, a[tk]);
+            }
+#pragma unroll
+        for (int tk = 0; tk < TB; tk++) ps[tk][g][r] = a[tk];
+    } else if (g < HC_G) {
+        float a[TB];
+#pragma unroll
+        for (int tk = 0; tk < TB; tk++) a[tk] = 0;
+#pragma unroll 4
+        for (int k = 0; k < HC_CH; k++)
+#pragma unroll
+            for (int tk = 0; tk < TB; tk++) a[tk] = fmaf(xs[tk][cb + k], xs[tk][cb + k], a[tk]);
+#pragma unroll
+        for (int tk = 0; tk < TB; tk++) pss[tk][g] = a[tk];
+    }
+    __syncthreads();
+    for (int i = tid; i < nt * (nr + 1); i += 128) {
+        const int tk = i / (nr + 1), rr = i % (nr + 1);
+        if (rr < nr) {
+            float s = 0;
+            for (int gg = 0; gg < HC_G; gg++) s += ps[tk][gg][rr];
+            part[((int64_t)(t0 + tk) * nsc + sc) * nr + rr] = s;
+        } else {
+            double s = 0;
+            for (int gg = 0; gg < HC_G; gg++) s += (double)pss[tk][gg];
+            ssp[(int64_t)(t0 + tk) * nsc + sc] = s;
+        }
+    }
+}
+
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
@@ -544,11 +629,15 @@ static int hc_launch(const char *op, void (*kern)(KArgs...), dim3 grid, int thre
     return dsv4_cuda_check_launch(op);
 }
 
+static int hc_post_run(const float *f, const float *Xin, float *X, int T, int M, int D, const float *post, const float *comb,
+                       cudaStream_t st);
+
 /* the two kernels for tokens [0, T) of X; nrs: the scratch's row count ((2 + M) * M) */
 template <int HEAD>
 static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, int nrs,
                   const float *scale, const float *base, int iters, float norm_eps, float hc_eps, const float *nw,
-                  float *x, float *post, float *comb, void *scratch, cudaStream_t st) {
+                  float *x, float *post, float *comb, void *scratch, cudaStream_t st, const float *pf = NULL,
+                  const float *pXin = NULL) {
     const int K = M * D, nr = HEAD ? M : (2 + M) * M, nsc = hc_nsc(K);
     const size_t pbytes = ((size_t)T * nsc * nrs * sizeof(float) + 15) & ~(size_t)15;
     float *part = (float *)scratch;
@@ -577,10 +666,25 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
     /* few tokens: tokens per mixing block (1: hc_mix_small); the test hook's bits 4-6 pick another for timings */
     static const int tb_hook[5] = {0, 1, 2, 4, 8};
     const int th = (flags >> 4) & 7, tb = th && th < 5 ? tb_hook[th] : nr > 8 ? 4 : 1;
+    /* pf: the previous sub-block's post first (f pf, the old streams pXin, the post and comb in post / comb), into X: in
+     * the mixing kernel when it fits (few tokens, out of place, whole super-chunks per stream), else as its own launch */
+    const int pm = pf && !HEAD && pXin != X && big_ok && T < HC_BIG_T && (nr + 1) * HC_G <= 128 && D % HC_SC == 0 &&
+                   !((uintptr_t)pf & 15) && !((uintptr_t)pXin & 15) && !(flags & 8);
+    if (pf && !pm && hc_post_run(pf, pXin, (float *)X, T, M, D, post, comb, st)) return -1;
     for (int t0 = 0; t0 < T; t0 += HC_TGROUP) {
         const int n = T - t0 < HC_TGROUP ? T - t0 : HC_TGROUP;
         const float *Xg = X + (int64_t)t0 * K;
-        if (big_ok && n >= HC_BIG_T) {
+        if (pm) { /* n == T here */
+            const int pb = n == 1 ? 1 : tb;
+            void (*k)(const float *, const float *, float *, int, int, int, const float *, const float *, const float *, int, int,
+                      float *, double *) = pb == 1   ? hc_post_mix<1>
+                                           : pb == 2 ? hc_post_mix<2>
+                                           : pb == 4 ? hc_post_mix<4>
+                                                     : hc_post_mix<8>;
+            if (hc_launch(op, k, dim3(nsc, (n + pb - 1) / pb), 128, 0, st, flags, pf, pXin, (float *)X, n, M, D,
+                          (const float *)post, (const float *)comb, W, nr, nsc, part, ssp))
+                return -1;
+        } else if (big_ok && n >= HC_BIG_T) {
             const size_t smem = 2 * HC_STAGE * sizeof(float);
             const int k = nr <= 4 ? 0 : 1;
             const void *fnp = k ? (const void *)hc_mix_big<6> : (const void *)hc_mix_big<1>;
@@ -621,6 +725,16 @@ extern "C" int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_
                      scratch, DSV4_STREAM(stream));
 }
 
+extern "C" int dsv4_cuda_hc_post_pre(const float *f, const float *Xin, float *X, int T, int M, int D,
+                                     const dsv4_cuda_weight *fn, const float *scale, const float *base, int iters,
+                                     float norm_eps, float hc_eps, const float *norm_w, float *x, float *post, float *comb,
+                                     void *scratch, void *stream) {
+    if (hc_check("hc_post_pre", T, M, D, fn, (2 + M) * M, scratch)) return -1;
+    if (!T) return 0;
+    return hc_run<0>("hc_post_pre", X, T, M, D, fn, (2 + M) * M, scale, base, iters, norm_eps, hc_eps, norm_w, x, post, comb,
+                     scratch, DSV4_STREAM(stream), f, Xin);
+}
+
 extern "C" int dsv4_cuda_hc_head(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
                                  const float *base, float norm_eps, float hc_eps, const float *norm_w, float *y,
                                  void *scratch, void *stream) {
@@ -630,12 +744,15 @@ extern "C" int dsv4_cuda_hc_head(const float *X, int T, int M, int D, const dsv4
                      scratch, DSV4_STREAM(stream));
 }
 
-/* post: thread per (token, d); the M old stream values are read before any is written. */
-__global__ void hc_post_kernel(const float *f, float *X, int M, int D, const float *post, const float *comb) {
+/* post: thread per (token, d), from Xin into Xout (the same in place: the M old stream values are read before any is
+ * written). */
+__global__ void hc_post_kernel(const float *f, const float *Xin, float *Xout, int M, int D, const float *post,
+                               const float *comb) {
     dev_pdl_enter();
     int t = blockIdx.y, d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= D) return;
-    float *Xt = X + (int64_t)t * M * D;
+    const float *Xt = Xin + (int64_t)t * M * D;
+    float *Xo = Xout + (int64_t)t * M * D;
     const float *pt = post + (int64_t)t * M, *C = comb + (int64_t)t * M * M;
     float old[HC_MAXM];
 #pragma unroll
@@ -646,16 +763,18 @@ __global__ void hc_post_kernel(const float *f, float *X, int M, int D, const flo
 #pragma unroll
         for (int j = 0; j < HC_MAXM; j++)
             if (j < M) acc = fmaf(C[j * M + k], old[j], acc);
-        Xt[(int64_t)k * D + d] = acc;
+        Xo[(int64_t)k * D + d] = acc;
     }
 }
 
 /* the same with 4 consecutive d per thread (16-byte loads and stores; post and comb read once for 4 values) */
-__global__ void hc_post4_kernel(const float *f, float *X, int M, int D, const float *post, const float *comb) {
+__global__ void hc_post4_kernel(const float *f, const float *Xin, float *Xout, int M, int D, const float *post,
+                                const float *comb) {
     dev_pdl_enter();
     const int t = blockIdx.y, d = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (d >= D) return;
-    float *Xt = X + (int64_t)t * M * D;
+    const float *Xt = Xin + (int64_t)t * M * D;
+    float *Xo = Xout + (int64_t)t * M * D;
     const float *pt = post + (int64_t)t * M, *C = comb + (int64_t)t * M * M;
     float4 old[HC_MAXM];
 #pragma unroll
@@ -671,20 +790,30 @@ __global__ void hc_post4_kernel(const float *f, float *X, int M, int D, const fl
                 acc.x = fmaf(c, old[j].x, acc.x), acc.y = fmaf(c, old[j].y, acc.y);
                 acc.z = fmaf(c, old[j].z, acc.z), acc.w = fmaf(c, old[j].w, acc.w);
             }
-        *(float4 *)(Xt + (int64_t)k * D + d) = acc;
+        *(float4 *)(Xo + (int64_t)k * D + d) = acc;
     }
+}
+
+static int hc_post_run(const float *f, const float *Xin, float *X, int T, int M, int D, const float *post, const float *comb,
+                       cudaStream_t st) {
+    if (T < 0 || M <= 0 || M > HC_MAXM || D <= 0) return dsv4_cuda_fail("hc_post: bad shape (T %d M %d D %d)", T, M, D);
+    if (!T) return 0;
+    if (D % 4 == 0 && !((uintptr_t)f & 15) && !((uintptr_t)X & 15) && !((uintptr_t)Xin & 15)) {
+        dim3 grid((D / 4 + 255) / 256, T);
+        dev_launch(hc_post4_kernel, grid, 256, 0, st, f, Xin, X, M, D, post, comb);
+    } else {
+        dim3 grid((D + 255) / 256, T);
+        dev_launch(hc_post_kernel, grid, 256, 0, st, f, Xin, X, M, D, post, comb);
+    }
+    return dsv4_cuda_check_launch("hc_post");
 }
 
 extern "C" int dsv4_cuda_hc_post(const float *f, float *X, int T, int M, int D, const float *post, const float *comb,
                                  void *stream) {
-    if (T < 0 || M <= 0 || M > HC_MAXM || D <= 0) return dsv4_cuda_fail("hc_post: bad shape (T %d M %d D %d)", T, M, D);
-    if (!T) return 0;
-    if (D % 4 == 0 && !((uintptr_t)f & 15) && !((uintptr_t)X & 15)) {
-        dim3 grid((D / 4 + 255) / 256, T);
-        dev_launch(hc_post4_kernel, grid, 256, 0, DSV4_STREAM(stream), f, X, M, D, post, comb);
-    } else {
-        dim3 grid((D + 255) / 256, T);
-        dev_launch(hc_post_kernel, grid, 256, 0, DSV4_STREAM(stream), f, X, M, D, post, comb);
-    }
-    return dsv4_cuda_check_launch("hc_post");
+    return hc_post_run(f, X, X, T, M, D, post, comb, DSV4_STREAM(stream));
+}
+
+extern "C" int dsv4_cuda_hc_post_to(const float *f, const float *Xin, float *X, int T, int M, int D, const float *post,
+                                    const float *comb, void *stream) {
+    return hc_post_run(f, Xin, X, T, M, D, post, comb, DSV4_STREAM(stream));
 }

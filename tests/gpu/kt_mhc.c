@@ -1,7 +1,36 @@
 /* kt_mhc.c - test_kernels: mHC pre / post / head against the CPU twins (dsv4_cpu_hc_*). */
 #include "kt.h"
+#include "cpu/hc_split.h"
 
 /* ---- mHC ---- */
+
+/* The reference of hc_pre / hc_head: the twins' steps (dsv4_cpu_hc_pre / _head) with the mixes' M*D products summed in
+ * double (exact products, one rounding). The twin sums them in float in sequence (it matches the official reference's
+ * rounding on the fixtures' small models), which at Flash's 16,384 products strays ~10x further from the exact dot
+ * product than the GPU's fp32 chains of 64 (1.6e-6 against 1.6e-7 of the products' rms on random rows, bench/NOTES.md
+ * session 17): with 300 tokens the twin's own error took hc_pre's x check to 1.4x its bar. */
+static void ref_hc(const float *X, int M, int D, const dsv4_weight *fn, const float *scale, const float *base, int iters,
+                   float *x, float *post, float *comb) {
+    const int MD = M * D, nr = fn->rows;
+    float mix[(2 + 16) * 16], pre[16], *row = malloc(sizeof(float) * (size_t)MD);
+    double ss = 0;
+    for (int i = 0; i < MD; i++) ss += (double)X[i] * X[i];
+    const float r = 1.0f / sqrtf((float)(ss / MD) + 1e-6f);
+    for (int t = 0; t < nr; t++) {
+        dsv4_weight_row(fn, t, row);
+        double acc = 0;
+        for (int c = 0; c < MD; c++) acc += (double)row[c] * X[c];
+        mix[t] = (float)acc * r;
+    }
+    free(row);
+    dsv4_hc_pre_weights(mix, M, scale[0], base, 1e-6f, pre);
+    if (post) dsv4_hc_post_comb(mix, M, scale, base, iters, 1e-6f, post, comb);
+    for (int d = 0; d < D; d++) {
+        float acc = 0;
+        for (int j = 0; j < M; j++) acc += pre[j] * X[j * D + d];
+        x[d] = acc;
+    }
+}
 
 
 void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
@@ -14,8 +43,8 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
           *gc = malloc(sizeof(float) * (size_t)T * M * M);
     float *g2 = malloc(sizeof(float) * (size_t)T * D), *g3 = malloc(sizeof(float) * (size_t)T * M * M);
     for (int t = 0; t < T; t++)
-        dsv4_cpu_hc_pre(X + (size_t)t * M * D, M, D, &fn.w, scale, base, iters, 1e-6f, 1e-6f, rx + (size_t)t * D,
-                        rp + (size_t)t * M, rc + (size_t)t * M * M);
+        ref_hc(X + (size_t)t * M * D, M, D, &fn.w, scale, base, iters, rx + (size_t)t * D, rp + (size_t)t * M,
+               rc + (size_t)t * M * M);
     dsv4_cuda_weight dfn, dfh;
     op_ok(dsv4_cuda_weight_upload(&fn.w, &dfn), "upload");
     op_ok(dsv4_cuda_weight_upload(&fh.w, &dfh), "upload");
@@ -114,8 +143,50 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
     snprintf(name, sizeof name, "hc_post T=%d M=%d D=%d", T, M, D);
     check(name, gX, rX, (size_t)T * M * D, 1e-6, 1e-5);
 
+    /* post then the next pre in one call (dsv4_cuda_hc_post_pre; with few tokens out of place one kernel for both):
+     * bitwise the two calls (X, x with the norm, post, comb), out of place (v < 6: every few-token blocking, no PDL;
+     * the old streams untouched) and in place (v 6) */
+    for (int v = 0; v <= 6; v++) {
+        const int fl = v == 5 ? 2 : v == 6 ? 0 : 16 * v;
+        const size_t nX = (size_t)T * M * D;
+        float *dXa = dup_to_dev(X, sizeof(float) * nX), *dXb = dup_to_dev(X, sizeof(float) * nX);
+        float *dXo = v == 6 ? dXb : dsv4_cuda_alloc(sizeof(float) * nX);
+        float *dpa = dup_to_dev(rp, sizeof(float) * (size_t)T * M), *dca = dup_to_dev(rc, sizeof(float) * (size_t)T * M * M);
+        float *dpb = dup_to_dev(rp, sizeof(float) * (size_t)T * M), *dcb = dup_to_dev(rc, sizeof(float) * (size_t)T * M * M);
+        float *ha = malloc(sizeof(float) * nX), *hb = malloc(sizeof(float) * nX);
+        dsv4_cuda_hc_test_flags = fl;
+        op_ok(dsv4_cuda_hc_post(df, dXa, T, M, D, dpa, dca, NULL), "hc_post");
+        op_ok(dsv4_cuda_hc_pre(dXa, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx, dpa, dca, scr, NULL), "hc_pre");
+        sync_ok();
+        from_dev(gx, dx, sizeof(float) * (size_t)T * D);
+        op_ok(dsv4_cuda_hc_post_pre(df, dXb, dXo, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx2, dpb, dcb, scr, NULL),
+              "hc_post_pre");
+        sync_ok();
+        dsv4_cuda_hc_test_flags = 0;
+        from_dev(g2, dx2, sizeof(float) * (size_t)T * D);
+        int bad = memcmp(g2, gx, sizeof(float) * (size_t)T * D) != 0;
+        from_dev(ha, dXa, sizeof(float) * nX), from_dev(hb, dXo, sizeof(float) * nX);
+        bad += 2 * (memcmp(ha, hb, sizeof(float) * nX) != 0);
+        from_dev(ha, dpa, sizeof(float) * (size_t)T * M), from_dev(hb, dpb, sizeof(float) * (size_t)T * M);
+        bad += 4 * (memcmp(ha, hb, sizeof(float) * (size_t)T * M) != 0);
+        from_dev(ha, dca, sizeof(float) * (size_t)T * M * M), from_dev(hb, dcb, sizeof(float) * (size_t)T * M * M);
+        bad += 4 * (memcmp(ha, hb, sizeof(float) * (size_t)T * M * M) != 0);
+        if (v != 6) {
+            from_dev(hb, dXb, sizeof(float) * nX);
+            bad += 8 * (memcmp(X, hb, sizeof(float) * nX) != 0);
+        }
+        g_checks++;
+        if (bad) g_fail++;
+        printf("%-4s hc_post_pre = hc_post, hc_pre T=%d M=%d D=%d %s flags %d (bitwise x, X, post, comb)%s%s\n",
+               bad ? "FAIL" : "ok", T, M, D, v == 6 ? "in place" : "out of place", fl, bad ? ": differ " : "",
+               !bad ? "" : bad & 1 ? "x <<<" : bad & 2 ? "X <<<" : bad & 4 ? "post/comb <<<" : "old X written <<<");
+        dsv4_cuda_free(dXa), dsv4_cuda_free(dXb), dsv4_cuda_free(dpa), dsv4_cuda_free(dca), dsv4_cuda_free(dpb), dsv4_cuda_free(dcb);
+        if (v != 6) dsv4_cuda_free(dXo);
+        free(ha), free(hb);
+    }
+
     /* head, on the updated streams */
-    for (int t = 0; t < T; t++) dsv4_cpu_hc_head(rX + (size_t)t * M * D, M, D, &fh.w, scale, base, 1e-6f, 1e-6f, rx + (size_t)t * D);
+    for (int t = 0; t < T; t++) ref_hc(rX + (size_t)t * M * D, M, D, &fh.w, scale, base, 0, rx + (size_t)t * D, NULL, NULL);
     dsv4_cuda_upload(dX, rX, sizeof(float) * (size_t)T * M * D);
     op_ok(dsv4_cuda_hc_head(dX, T, M, D, &dfh, ds, db, 1e-6f, 1e-6f, NULL, dx, scr, NULL), "hc_head");
     sync_ok();
