@@ -205,10 +205,14 @@ int dsv4_cuda_hc_post_to(const float *f, const float *Xin, float *X, int T, int 
 /* dsv4_cuda_hc_post_to(f, Xin, X, T, M, D, post, comb) then dsv4_cuda_hc_pre(X, T, M, D, fn, ...): the same X and
  * outputs bit for bit; post and comb are read (the previous sub-block's), then overwritten with this one's. Few
  * tokens out of place (Xin != X; T < 32, F32 fn, D % 256 == 0): the post runs inside the mixing kernel (one launch
- * less). */
+ * less). mix [T, (2+M)*M] or NULL: with it, post and comb are left to dsv4_cuda_hc_comb (the Sinkhorn off the call's
+ * critical path) and the call stores the mixes there instead. */
 int dsv4_cuda_hc_post_pre(const float *f, const float *Xin, float *X, int T, int M, int D, const dsv4_cuda_weight *fn,
                           const float *scale, const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w,
-                          float *x, float *post, float *comb, void *scratch, void *stream);
+                          float *x, float *post, float *comb, float *mix, void *scratch, void *stream);
+/* post [T, M] and comb [T, M, M] from the mixes dsv4_cuda_hc_post_pre stored: bitwise what it computes without mix */
+int dsv4_cuda_hc_comb(const float *mix, int T, int M, const float *scale, const float *base, int iters, float hc_eps,
+                      float *post, float *comb, void *stream);
 /* mHC head: y [T, D] from X [T, M, D]; fn [M, M*D], scale [1+], base [M]. Twin: dsv4_cpu_hc_head.
  * norm_w and scratch as for dsv4_cuda_hc_pre. */
 int dsv4_cuda_hc_head(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,

@@ -119,7 +119,7 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     size_t o = 0;
 #define TF(field, n) w->field = take(base, &o, sizeof(float) * (n))
 #define TI(field, n) w->field = take(base, &o, sizeof(int) * (n))
-    TF(X, t * M * D); TF(X2, T < DSV4_CUDA_HC_PP_T ? t * M * D : 1); TF(x, t * D); TF(y, t * D); TF(post, t * M); TF(comb, t * M * M);
+    TF(X, t * M * D); TF(X2, T < DSV4_CUDA_HC_PP_T ? t * M * D : 1); TF(hmix, t * (2 + M) * M); TF(x, t * D); TF(y, t * D); TF(post, t * M); TF(comb, t * M * M);
     TF(qr, t * c->q_lora_rank); TF(q, t * H * Dh); TF(kv, t * Dh); TF(o, t * H * Dh);
     TF(kvp, t * cdm); TF(scp, t * cdm); TF(ikvp, t * icdm); TF(iscp, t * icdm); TF(ent, t * dmax); TF(ient, t * idm);
     TF(qi, t * Hi * Di); TF(wt, t * Hi);
@@ -268,6 +268,13 @@ static int tail_join(dsv4_cuda_model *g) {
     if (!g->tail) return 0;
     g->tail = 0;
     return dsv4_cuda_stream_wait(g->stream, g->ev_tail);
+}
+
+/* the main stream waits for the last sub-block's post / comb (stream3) */
+static int hc_join(dsv4_cuda_model *g) {
+    if (!g->hc_pend) return 0;
+    g->hc_pend = 0;
+    return dsv4_cuda_stream_wait(g->stream, g->ev_hcd);
 }
 
 static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
@@ -534,10 +541,20 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const float *scale = ffn ? gl->hc_ffn_scale : gl->hc_attn_scale, *base = ffn ? gl->hc_ffn_base : gl->hc_attn_base;
     const float *nw = ffn ? gl->ffn_norm : gl->attn_norm;
     gprof_layer(g, g->m->layers[L].ratio);
-    if (Xin) /* the previous sub-block's post, then this one's pre + RMSNorm */
+    if (Xin) { /* the previous sub-block's post, then this one's pre + RMSNorm; with few tokens this one's post / comb
+                * (the Sinkhorn) on stream3 beside the sub-block's work, from the mixes the pre stores (the same bits) */
+        const int defer = Xin != X && g->hc_defer && g->stream3 && !g->prof;
+        CK(hc_join(g));
         CK(dsv4_cuda_hc_post_pre(w->y, Xin, X, T, M, D, fn, scale, base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps, nw, w->x,
-                                 w->post, w->comb, w->hcs, g->stream));
-    else
+                                 w->post, w->comb, defer ? w->hmix : NULL, w->hcs, g->stream));
+        if (defer) {
+            CK(dsv4_cuda_event_record(g->ev_hc, g->stream));
+            CK(dsv4_cuda_stream_wait(g->stream3, g->ev_hc));
+            CK(dsv4_cuda_hc_comb(w->hmix, T, M, scale, base, c->hc_sinkhorn_iters, c->hc_eps, w->post, w->comb, g->stream3));
+            CK(dsv4_cuda_event_record(g->ev_hcd, g->stream3));
+            g->hc_pend = 1;
+        }
+    } else
         CK(dsv4_cuda_hc_pre(X, T, M, D, fn, scale, base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps, nw, w->x, w->post,
                             w->comb, w->hcs, g->stream));
     CK(ffn ? moe(g, w, b, L, w->x, w->y) : attention(g, w, b, L, w->x, w->y));
@@ -546,7 +563,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
 
 int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
     const dsv4_config *c = &g->m->cfg;
-    g->tail = 0;
+    g->tail = 0, g->hc_pend = 0;
     CK(dsv4_cuda_step_meta(b, c->n_layers, g->cap / 4 > 0 ? g->cap / 4 : 1, w->keys, w->nc4, w->nl4, g->stream));
     CK(dsv4_cuda_embed(&g->embed, b->tok, b->T, c->hc_mult, w->X, g->stream));
     /* the streams alternate between w->X and w->X2 (few-token passes: each post writes the other buffer, inside the next
@@ -559,6 +576,7 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
             CK(sub_block(g, w, b, L, ffn, first ? NULL : Xb[cur], Xb[nxt]));
             cur = nxt;
         }
+    CK(hc_join(g));
     if (c->n_layers > 0) /* the last sub-block's post (its layer's op in a profile) */
         CK(dsv4_cuda_hc_post_to(w->y, Xb[cur], w->X, b->T, c->hc_mult, c->dim, w->post, w->comb, g->stream));
     gprof_layer(g, -1);

@@ -41,7 +41,7 @@ typedef struct urec {
  * for the same T, so a captured graph keeps pointing at the right places). */
 typedef struct gws {
     int T, qg, tg, hr; /* rows; indexer query group, MoE token group, head rows per pass of the head */
-    float *X, *X2, *x, *y, *post, *comb, *qr, *q, *kv, *o, *kvp, *scp, *ent, *qi, *wt, *scores, *og, *zg, *z;
+    float *X, *X2, *hmix, *x, *y, *post, *comb, *qr, *q, *kv, *o, *kvp, *scp, *ent, *qi, *wt, *scores, *og, *zg, *z;
     float *ikvp, *iscp; /* the indexer compressor's projections (its linears run with the attention compressor's) */
     float *ient;        /* the indexer compressor's entries (ent: the attention compressor's; both may run at once) */
     float *lgE, *ew, *gg, *uu, *ye, *hs, *ys, *hy, *hrow, *logits;
@@ -95,6 +95,10 @@ struct dsv4_cuda_model {
                                                   * moe): their stream, fork / join events; ev_tail: the end of the
                                                   * tail work (window ring store, pending rows) enqueued on stream2 */
     int tail;    /* tail work on stream2 not yet waited for by the main stream */
+    void *stream3, *ev_hc, *ev_hcd; /* small decode passes: each sub-block's mHC post / comb (the Sinkhorn) beside its
+                                     * work (forward_cuda.c, sub_block): the stream, its fork and done events */
+    int hc_pend; /* that work not yet waited for by the main stream */
+    int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int cap;     /* context capacity of every sequence */
     int tmax;    /* most token rows of one pass */
     int qgmax;   /* most queries per indexer score block */

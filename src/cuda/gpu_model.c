@@ -287,6 +287,8 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->graphs = !(ge && !strcmp(ge, "0"));
     const char *fe = getenv("DSV4_CUDA_ATTN_FORK");
     g->attn_fork = !(fe && !strcmp(fe, "0"));
+    const char *he = getenv("DSV4_CUDA_HC_DEFER");
+    g->hc_defer = !(he && !strcmp(he, "0"));
     /* passes of at most tmax rows (DSV4_CUDA_TMAX, 64 .. 16384: the workspace grows ~1 MB a row at Flash's shapes;
      * longer passes read the routed experts' weights fewer times); the indexer scores at most ~64 MB at a time */
     g->tmax = DSV4_CUDA_TMAX_DEFAULT;
@@ -300,7 +302,8 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     if (g->qgmax < 1) g->qgmax = 1;
     int rc = 0;
     if (!(g->stream = dsv4_cuda_stream_new()) || !(g->stream2 = dsv4_cuda_stream_new()) || !(g->ev_fork = dsv4_cuda_event_new()) ||
-        !(g->ev_join = dsv4_cuda_event_new()) || !(g->ev_tail = dsv4_cuda_event_new()))
+        !(g->ev_join = dsv4_cuda_event_new()) || !(g->ev_tail = dsv4_cuda_event_new()) || !(g->stream3 = dsv4_cuda_stream_new()) ||
+        !(g->ev_hc = dsv4_cuda_event_new()) || !(g->ev_hcd = dsv4_cuda_event_new()))
         rc = -1;
     if (!rc) rc = upload_weights(g, verbose);
     if (!rc && !(g->L = calloc((size_t)c->n_layers, sizeof(glayer)))) rc = -1;
@@ -364,8 +367,12 @@ void dsv4_cuda_model_free(dsv4_cuda_model *g) {
     dsv4_cuda_host_free(g->hsp);
     dsv4_cuda_host_free(g->hids);
     if (g->stream2) dsv4_cuda_stream_sync(g->stream2);
+    if (g->stream3) dsv4_cuda_stream_sync(g->stream3);
     dsv4_cuda_stream_free(g->stream);
     dsv4_cuda_stream_free(g->stream2);
+    dsv4_cuda_stream_free(g->stream3);
+    dsv4_cuda_event_free(g->ev_hc);
+    dsv4_cuda_event_free(g->ev_hcd);
     dsv4_cuda_event_free(g->ev_fork);
     dsv4_cuda_event_free(g->ev_join);
     dsv4_cuda_event_free(g->ev_tail);

@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(HEAD ? HC_XT : HC_XT + 32, MM > 0 ? 1 : 4)
     hc_finish_kernel(const float *__restrict__ X, int M, int D, int nr, int nsc, const float *__restrict__ part,
                      const double *__restrict__ ssp, const float *scale, const float *base, int iters, float norm_eps,
                      float hc_eps, const float *__restrict__ nw, int stage, int serial, int vec, float *__restrict__ x,
-                     float *post, float *comb) {
+                     float *post, float *comb, float *__restrict__ mixo) {
     constexpr int NT = HEAD ? HC_XT : HC_XT + 32;
     extern __shared__ float4 hc_xs4[]; /* [nsc] double, [nsc * nr] float (when staged), then x [D] (MM 0 with nw) */
     __shared__ float mix[HC_MAXR], bs[HC_MAXR], sc[3];
@@ -492,10 +492,12 @@ __global__ void __launch_bounds__(HEAD ? HC_XT : HC_XT + 32, MM > 0 ? 1 : 4)
         for (int k = 0; k < nsc; k++) s += pt[k * nr + r], q += st[k];
         const float rs = 1.0f / sqrtf((float)(q / MD) + norm_eps), m = s * rs;
         mix[r] = m;
+        if (mixo) mixo[(int64_t)t * nr + r] = m; /* post / comb later, by hc_comb_kernel */
         if (!serial && r < M) pre[r] = dsv4_hc_sigmoid(m * sc[0] + bs[r]) + hc_eps; /* dsv4_hc_pre_weights, a thread per stream */
     }
     __syncthreads();
     if (!HEAD && warp == HC_XT / 32) {
+        if (mixo) return;
         float *pt_ = post + (int64_t)t * M, *ct = comb + (int64_t)t * M * M;
         if (!serial && M == 4) hc_post_comb_warp<4>(mix, sc, bs, iters, hc_eps, pt_, ct, lane);
         else if (!serial && M == 3) hc_post_comb_warp<3>(mix, sc, bs, iters, hc_eps, pt_, ct, lane);
@@ -596,6 +598,31 @@ __global__ void __launch_bounds__(HEAD ? HC_XT : HC_XT + 32, MM > 0 ? 1 : 4)
     }
 }
 
+/* post and comb of each token from the mixes the finishing kernel stored (mixo): its Sinkhorn warp's code, a warp a
+ * token, on the same values, so the same bits; off the critical chain (forward_cuda.c runs it on a side stream) */
+__global__ void __launch_bounds__(32) hc_comb_kernel(const float *__restrict__ mix, int M, int nr, const float *scale,
+                                                     const float *base, int iters, float hc_eps, int serial, float *post,
+                                                     float *comb) {
+    dev_pdl_enter();
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float *mt = mix + (int64_t)t * nr;
+    float *pt_ = post + (int64_t)t * M, *ct = comb + (int64_t)t * M * M;
+    if (!serial && M == 4) hc_post_comb_warp<4>(mt, scale, base, iters, hc_eps, pt_, ct, lane);
+    else if (!serial && M == 3) hc_post_comb_warp<3>(mt, scale, base, iters, hc_eps, pt_, ct, lane);
+    else if (!serial && M == 2) hc_post_comb_warp<2>(mt, scale, base, iters, hc_eps, pt_, ct, lane);
+    else if (lane == 0 && M == 4) hc_post_comb_out<4>(mt, 4, scale, base, iters, hc_eps, pt_, ct);
+    else if (lane == 0) hc_post_comb_out<HC_MAXM>(mt, M, scale, base, iters, hc_eps, pt_, ct);
+}
+
+extern "C" int dsv4_cuda_hc_comb(const float *mix, int T, int M, const float *scale, const float *base, int iters, float hc_eps,
+                                 float *post, float *comb, void *stream) {
+    if (T < 0 || M <= 0 || M > HC_MAXM) return dsv4_cuda_fail("hc_comb: bad shape (T %d M %d)", T, M);
+    if (!T) return 0;
+    dev_launch(hc_comb_kernel, dim3(T), 32, 0, DSV4_STREAM(stream), mix, M, (2 + M) * M, scale, base, iters, hc_eps,
+               dsv4_cuda_hc_test_flags & 1, post, comb);
+    return dsv4_cuda_check_launch("hc_comb");
+}
+
 static int hc_check(const char *op, int T, int M, int D, const dsv4_cuda_weight *fn, int nr, const void *scratch) {
     if (T < 0 || M <= 0 || M > HC_MAXM || D <= 0 || !fn || fn->rows != nr || fn->cols != M * D)
         return dsv4_cuda_fail("%s: bad shape (T %d M %d D %d, fn %dx%d)", op, T, M, D, fn ? fn->rows : 0, fn ? fn->cols : 0);
@@ -637,7 +664,7 @@ template <int HEAD>
 static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, int nrs,
                   const float *scale, const float *base, int iters, float norm_eps, float hc_eps, const float *nw,
                   float *x, float *post, float *comb, void *scratch, cudaStream_t st, const float *pf = NULL,
-                  const float *pXin = NULL) {
+                  const float *pXin = NULL, float *mixo = NULL) {
     const int K = M * D, nr = HEAD ? M : (2 + M) * M, nsc = hc_nsc(K);
     const size_t pbytes = ((size_t)T * nsc * nrs * sizeof(float) + 15) & ~(size_t)15;
     float *part = (float *)scratch;
@@ -659,7 +686,7 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
     const int fuse = nw && psa + xsm <= 48 * 1024;
     const size_t fsm = psa + (fuse ? xsm : 0);
     void (*fin)(const float *, int, int, int, int, const float *, const double *, const float *, const float *, int, float,
-                float, const float *, int, int, int, float *, float *, float *) =
+                float, const float *, int, int, int, float *, float *, float *, float *) =
         xq == 4 ? hc_finish_kernel<HEAD, 4, 4> : xq == 8 ? hc_finish_kernel<HEAD, 4, 8> : hc_finish_kernel<HEAD, 0, 1>;
     static int big_attr[2];
     const int flags = dsv4_cuda_hc_test_flags;
@@ -709,7 +736,7 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
             hc_launch(op, fin, dim3(n), HEAD ? HC_XT : HC_XT + 32, fsm, st, flags, Xg, M, D, nr, nsc, (const float *)part,
                       (const double *)ssp, scale, base, iters, norm_eps, hc_eps, fuse ? nw : (const float *)NULL, stage,
                       flags & 1, vec, x + (int64_t)t0 * D, HEAD ? (float *)NULL : post + (int64_t)t0 * M,
-                      HEAD ? (float *)NULL : comb + (int64_t)t0 * M * M))
+                      HEAD ? (float *)NULL : comb + (int64_t)t0 * M * M, HEAD || !mixo ? (float *)NULL : mixo + (int64_t)t0 * nr))
             return -1;
     }
     if (nw && !fuse) return dsv4_cuda_rmsnorm(x, T, D, D, nw, norm_eps, st);
@@ -728,11 +755,11 @@ extern "C" int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_
 extern "C" int dsv4_cuda_hc_post_pre(const float *f, const float *Xin, float *X, int T, int M, int D,
                                      const dsv4_cuda_weight *fn, const float *scale, const float *base, int iters,
                                      float norm_eps, float hc_eps, const float *norm_w, float *x, float *post, float *comb,
-                                     void *scratch, void *stream) {
+                                     float *mix, void *scratch, void *stream) {
     if (hc_check("hc_post_pre", T, M, D, fn, (2 + M) * M, scratch)) return -1;
     if (!T) return 0;
     return hc_run<0>("hc_post_pre", X, T, M, D, fn, (2 + M) * M, scale, base, iters, norm_eps, hc_eps, norm_w, x, post, comb,
-                     scratch, DSV4_STREAM(stream), f, Xin);
+                     scratch, DSV4_STREAM(stream), f, Xin, mix);
 }
 
 extern "C" int dsv4_cuda_hc_head(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,

@@ -145,9 +145,11 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
 
     /* post then the next pre in one call (dsv4_cuda_hc_post_pre; with few tokens out of place one kernel for both):
      * bitwise the two calls (X, x with the norm, post, comb), out of place (v < 6: every few-token blocking, no PDL;
-     * the old streams untouched) and in place (v 6) */
-    for (int v = 0; v <= 6; v++) {
-        const int fl = v == 5 ? 2 : v == 6 ? 0 : 16 * v;
+     * the old streams untouched), in place (v 6), and with post / comb left to dsv4_cuda_hc_comb (v 7: the mixes
+     * stored, then the Sinkhorn in its own kernel; v 8 the same with the reference Sinkhorn on one thread) */
+    for (int v = 0; v <= 8; v++) {
+        const int fl = v == 5 ? 2 : v == 6 || v == 7 ? 0 : v == 8 ? 1 : 16 * v;
+        float *dmix = v >= 7 ? dsv4_cuda_alloc(sizeof(float) * (size_t)T * nr) : NULL;
         const size_t nX = (size_t)T * M * D;
         float *dXa = dup_to_dev(X, sizeof(float) * nX), *dXb = dup_to_dev(X, sizeof(float) * nX);
         float *dXo = v == 6 ? dXb : dsv4_cuda_alloc(sizeof(float) * nX);
@@ -159,8 +161,9 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
         op_ok(dsv4_cuda_hc_pre(dXa, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx, dpa, dca, scr, NULL), "hc_pre");
         sync_ok();
         from_dev(gx, dx, sizeof(float) * (size_t)T * D);
-        op_ok(dsv4_cuda_hc_post_pre(df, dXb, dXo, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx2, dpb, dcb, scr, NULL),
+        op_ok(dsv4_cuda_hc_post_pre(df, dXb, dXo, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx2, dpb, dcb, dmix, scr, NULL),
               "hc_post_pre");
+        if (dmix) op_ok(dsv4_cuda_hc_comb(dmix, T, M, ds, db, iters, 1e-6f, dpb, dcb, NULL), "hc_comb");
         sync_ok();
         dsv4_cuda_hc_test_flags = 0;
         from_dev(g2, dx2, sizeof(float) * (size_t)T * D);
@@ -178,10 +181,11 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
         g_checks++;
         if (bad) g_fail++;
         printf("%-4s hc_post_pre = hc_post, hc_pre T=%d M=%d D=%d %s flags %d (bitwise x, X, post, comb)%s%s\n",
-               bad ? "FAIL" : "ok", T, M, D, v == 6 ? "in place" : "out of place", fl, bad ? ": differ " : "",
+               bad ? "FAIL" : "ok", T, M, D, v == 6 ? "in place" : v >= 7 ? "out of place, hc_comb" : "out of place", fl, bad ? ": differ " : "",
                !bad ? "" : bad & 1 ? "x <<<" : bad & 2 ? "X <<<" : bad & 4 ? "post/comb <<<" : "old X written <<<");
         dsv4_cuda_free(dXa), dsv4_cuda_free(dXb), dsv4_cuda_free(dpa), dsv4_cuda_free(dca), dsv4_cuda_free(dpb), dsv4_cuda_free(dcb);
         if (v != 6) dsv4_cuda_free(dXo);
+        if (dmix) dsv4_cuda_free(dmix);
         free(ha), free(hb);
     }
 
