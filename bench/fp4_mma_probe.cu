@@ -1,0 +1,424 @@
+/* fp4_mma_probe.cu - a measurement for the routed experts' decode kernels (issue 5): MXFP4 weights against FP8 (e4m3)
+ * activations on the tensor cores, two ways, in a stripped-down streaming GEMM (no experts, no ring; every warp a 16-row
+ * tile over all K columns, register double buffering of the weight loads, x staged once a block):
+ *   f16  the current kernels' way (moe_tc.cu, linear_tc.cuh): e2m1 re-packed as e4m3, converted to f16 (F2FP), times
+ *        the group's f16 factor 2^(e - emax) (HMUL2), mma.sync m16n8k16 f16 -> fp32 into the unit's accumulator, added
+ *        at the unit's end times 2^emax (the unit: 128 columns, four groups of 32);
+ *   e4m3 the re-packed e4m3 codes straight into mma.sync m16n8k32 e4m3 -> fp32, one mma a group (a group's 32 values in
+ *        one k-step: the weights laid out so that a lane's 16-byte load holds one word of each of the unit's four
+ *        groups), each group's fp32 result times its scale into the accumulator (FFMA): no F2FP, no HMUL2, half the
+ *        mma, x read as the e4m3 codes.
+ * It prints each way's time and weight bandwidth for 8 and 16 tokens against the device-to-device copy rate, and each
+ * way's error against a double-precision reference of the same codes (the e4m3 tensor-core sums are known to keep
+ * ~13 mantissa bits: that error is the price of the second way).
+ *   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o fp4_mma_probe bench/fp4_mma_probe.cu && ./fp4_mma_probe [rows]
+ * Results and what they mean: bench/NOTES.md, session 17. */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define K 2048 /* the down projection's columns (Flash); x of 16 tokens as f16 then fits three blocks an SM */
+#define NU (K / 128)
+#define XPAD 32 /* bytes of padding per staged token row (conflict-free 8- and 16-byte fragment reads) */
+
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "fp4_mma_probe: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);               \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* 8 e2m1 nibbles (value 8c + i at bits 4i) -> two words of e4m3 codes carrying 2^-6: lo the even nibbles (bytes j:
+ * nibble 2j), hi the odd ones (nibble 2j + 1); e4m3 = sign << 7 | magnitude bits << 2 */
+__device__ __forceinline__ void repack(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    const uint32_t t = w << 2;
+    lo = (t & 0x1C1C1C1Cu) | ((t << 2) & 0x80808080u);
+    hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+/* weights: word ((r * NU + u) * 4 + c) * 4 + G holds values u * 128 + G * 32 + 8c + i (i = 0..7) of row r; scales: word
+ * r * NU + u holds the E8M0 bytes of the unit's groups 0..3. x: [tokens][K + XPAD] bytes (e4m3) or halves (f16), each
+ * (u, G, c) eight values in the order 8c + {0, 2, 4, 6, 1, 3, 5, 7}. y [tokens][R]. */
+template <int NT, bool E4>
+__global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W, const uint32_t *__restrict__ S,
+                                                    const void *__restrict__ xg, int R, float *__restrict__ y) {
+    extern __shared__ __align__(16) uint8_t xs[];
+    constexpr int XB = E4 ? 1 : 2, LD = (K + XPAD) * XB;
+    const int tid = threadIdx.x;
+    for (int i = tid; i < NT * 8 * K * XB / 16; i += 256) {
+        const int n = i / (K * XB / 16), o = i % (K * XB / 16);
+        *(uint4 *)(xs + n * LD + o * 16) = ((const uint4 *)xg)[i];
+    }
+    __syncthreads();
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    for (int tile = blockIdx.x * 8 + warp; tile < R / 16; tile += gridDim.x * 8) {
+        const int r0 = tile * 16 + g, r1 = r0 + 8;
+        const uint4 *w0 = W + (size_t)r0 * NU * 4 + c, *w1 = W + (size_t)r1 * NU * 4 + c;
+        const uint32_t *s0 = S + (size_t)r0 * NU, *s1 = S + (size_t)r1 * NU;
+        float acc[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        uint4 q0 = ld_stream(w0), q1 = ld_stream(w1);
+        uint32_t e0 = __ldg(s0), e1 = __ldg(s1);
+        for (int u = 0; u < NU; u++) {
+            uint4 p0 = q0, p1 = q1;
+            uint32_t f0 = e0, f1 = e1;
+            if (u + 1 < NU) q0 = ld_stream(w0 + (u + 1) * 4), q1 = ld_stream(w1 + (u + 1) * 4), e0 = __ldg(s0 + u + 1), e1 = __ldg(s1 + u + 1);
+            const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
+            if (E4) {
+#pragma unroll
+                for (int G = 0; G < 4; G++) {
+                    uint32_t a0, a2, a1, a3;
+                    repack(wa[G], a0, a2);
+                    repack(wb[G], a1, a3);
+                    /* the codes carry 2^-6: scale 2^(e - 127 + 6) */
+                    const float sc0 = __uint_as_float((__byte_perm(f0, 0u, 0x4440u + G) + 6u) << 23);
+                    const float sc1 = __uint_as_float((__byte_perm(f1, 0u, 0x4440u + G) + 6u) << 23);
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        const uint2 b = *(const uint2 *)(xs + (n * 8 + g) * LD + (u * 4 + G) * 32 + c * 8);
+                        float d[4];
+                        mma_e4m3(d, a0, a1, a2, a3, b.x, b.y);
+                        acc[n][0] = fmaf(d[0], sc0, acc[n][0]), acc[n][1] = fmaf(d[1], sc0, acc[n][1]);
+                        acc[n][2] = fmaf(d[2], sc1, acc[n][2]), acc[n][3] = fmaf(d[3], sc1, acc[n][3]);
+                    }
+                }
+            } else {
+                /* each row's largest group exponent; the groups' f16 factors 2^(e - emax + 6) (the codes carry 2^-6) */
+                const int m0 = max(max((int)__byte_perm(f0, 0u, 0x4440u), (int)__byte_perm(f0, 0u, 0x4441u)),
+                                   max((int)__byte_perm(f0, 0u, 0x4442u), (int)(f0 >> 24)));
+                const int m1 = max(max((int)__byte_perm(f1, 0u, 0x4440u), (int)__byte_perm(f1, 0u, 0x4441u)),
+                                   max((int)__byte_perm(f1, 0u, 0x4442u), (int)(f1 >> 24)));
+                float ua[NT][4];
+#pragma unroll
+                for (int n = 0; n < NT; n++) ua[n][0] = ua[n][1] = ua[n][2] = ua[n][3] = 0.0f;
+#pragma unroll
+                for (int G = 0; G < 4; G++) {
+                    const uint32_t h0 = (uint32_t)((int)__byte_perm(f0, 0u, 0x4440u + G) - m0 + 6 + 15) * 0x04000400u;
+                    const uint32_t h1 = (uint32_t)((int)__byte_perm(f1, 0u, 0x4440u + G) - m1 + 6 + 15) * 0x04000400u;
+                    uint32_t lo0, hi0, lo1, hi1;
+                    repack(wa[G], lo0, hi0);
+                    repack(wb[G], lo1, hi1);
+                    const uint32_t A0 = hmul2(e4m3x2_f16x2(lo0), h0), A1 = hmul2(e4m3x2_f16x2(lo1), h1);
+                    const uint32_t A2 = hmul2(e4m3x2_f16x2(lo0 >> 16), h0), A3 = hmul2(e4m3x2_f16x2(lo1 >> 16), h1);
+                    const uint32_t B0 = hmul2(e4m3x2_f16x2(hi0), h0), B1 = hmul2(e4m3x2_f16x2(hi1), h1);
+                    const uint32_t B2 = hmul2(e4m3x2_f16x2(hi0 >> 16), h0), B3 = hmul2(e4m3x2_f16x2(hi1 >> 16), h1);
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        const uint4 b = *(const uint4 *)(xs + (n * 8 + g) * LD + ((u * 4 + G) * 32 + c * 8) * 2);
+                        mma_f16(ua[n], A0, A1, A2, A3, b.x, b.y);
+                        mma_f16(ua[n], B0, B1, B2, B3, b.z, b.w);
+                    }
+                }
+                const float sc0 = __uint_as_float((uint32_t)m0 << 23), sc1 = __uint_as_float((uint32_t)m1 << 23);
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    acc[n][0] = fmaf(ua[n][0], sc0, acc[n][0]), acc[n][1] = fmaf(ua[n][1], sc0, acc[n][1]);
+                    acc[n][2] = fmaf(ua[n][2], sc1, acc[n][2]), acc[n][3] = fmaf(ua[n][3], sc1, acc[n][3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const int t0 = n * 8 + 2 * c;
+            y[(size_t)t0 * R + r0] = acc[n][0], y[(size_t)(t0 + 1) * R + r0] = acc[n][1];
+            y[(size_t)t0 * R + r1] = acc[n][2], y[(size_t)(t0 + 1) * R + r1] = acc[n][3];
+        }
+    }
+}
+
+/* the e4m3 way on Hopper's FP8 tensor-core path, wgmma m64nNk32 e4m3 (mma.sync m16n8k32 e4m3 above compiles on sm_90
+ * to F2FP conversions and two f16 HMMA: no FP8 mma.sync there). A warpgroup takes a 64-row tile (warp w: rows 16 w ..,
+ * the same per-lane words and re-pack as above, A from registers), B (x) from shared memory as K-major core matrices (8
+ * tokens x 16 bytes; the k32 step's two along K 128 bytes apart, n-groups of 8 tokens 256 bytes apart); one wgmma a group
+ * into a zeroed D (scale-d 0), each group's D times its scale into the accumulator while the next group's wgmma runs
+ * (A and D double buffered: a wgmma reads and writes its registers asynchronously until its wait). */
+__device__ __forceinline__ uint64_t wg_desc(unsigned sa, unsigned lbo, unsigned sbo) {
+    return (uint64_t)((sa & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) | ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32);
+}
+template <int NT>
+__device__ __forceinline__ void wg_e4m3(float (&d)[2][4], const uint32_t (&a)[4], uint64_t desc) {
+    if (NT == 1)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1; }"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                     : "memory");
+    else
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1; }"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+                       "+f"(d[1][3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                     : "memory");
+}
+__device__ __forceinline__ void keep(float &v) { asm volatile("" : "+f"(v)::"memory"); }
+__device__ __forceinline__ void keep(uint32_t &v) { asm volatile("" : "+r"(v)::"memory"); }
+
+template <int NT, int PIPE>
+__global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, const uint32_t *__restrict__ S,
+                                                const uint32_t *__restrict__ xg, int R, float *__restrict__ y) {
+    extern __shared__ __align__(16) uint8_t xs[]; /* [K / 32][NT][2][8][16] */
+    const int tid = threadIdx.x;
+    /* from the staged order (per (u, G, c): 8c + {0, 2, 4, 6} then {1, 3, 5, 7}): word h of lane c goes to core matrix h */
+    for (int i = tid; i < NT * 8 * K / 4; i += 256) {
+        const int n = i / (K / 4), o = i % (K / 4), q = o / 8, c = (o % 8) / 2, h = o % 2;
+        *(uint32_t *)(xs + ((q * NT + n / 8) * 2 + h) * 128 + (n % 8) * 16 + c * 4) = xg[i];
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs);
+    const int warp = tid >> 5, wg = warp >> 2, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    for (int tile = blockIdx.x * 2 + wg; tile < R / 64; tile += gridDim.x * 2) {
+        const int r0 = tile * 64 + (warp & 3) * 16 + g, r1 = r0 + 8;
+        const uint4 *w0 = W + (size_t)r0 * NU * 4 + c, *w1 = W + (size_t)r1 * NU * 4 + c;
+        const uint32_t *s0 = S + (size_t)r0 * NU, *s1 = S + (size_t)r1 * NU;
+        float acc[NT][4], dt[2][2][4];
+        uint32_t A[2][4];
+        float scp0 = 0.0f, scp1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+        for (int b = 0; b < 2; b++)
+#pragma unroll
+            for (int n = 0; n < 2; n++) dt[b][n][0] = dt[b][n][1] = dt[b][n][2] = dt[b][n][3] = 0.0f;
+        uint4 q0 = ld_stream(w0), q1 = ld_stream(w1);
+        uint32_t e0 = __ldg(s0), e1 = __ldg(s1);
+        for (int u = 0; u < NU; u++) {
+            const uint4 p0 = q0, p1 = q1;
+            const uint32_t f0 = e0, f1 = e1;
+            if (u + 1 < NU) q0 = ld_stream(w0 + (u + 1) * 4), q1 = ld_stream(w1 + (u + 1) * 4), e0 = __ldg(s0 + u + 1), e1 = __ldg(s1 + u + 1);
+            const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+            for (int G = 0; G < 4; G++) {
+                const int b = G & 1; /* the buffers of group q = 4u + G */
+                repack(wa[G], A[b][0], A[b][2]);
+                repack(wb[G], A[b][1], A[b][3]);
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+                wg_e4m3<NT>(dt[b], A[b], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                if (!PIPE) { /* this group's D now (other warpgroups of the SM hide the latency) */
+                    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+                    scp0 = __uint_as_float((__byte_perm(f0, 0u, 0x4440u + G) + 6u) << 23);
+                    scp1 = __uint_as_float((__byte_perm(f1, 0u, 0x4440u + G) + 6u) << 23);
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+#pragma unroll
+                        for (int k = 0; k < 4; k++) keep(dt[b][n][k]);
+                        acc[n][0] = fmaf(dt[b][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[b][n][1], scp0, acc[n][1]);
+                        acc[n][2] = fmaf(dt[b][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[b][n][3], scp1, acc[n][3]);
+                    }
+                    continue;
+                }
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); /* group q - 1 done */
+                if (u > 0 || G > 0) {
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+#pragma unroll
+                        for (int k = 0; k < 4; k++) keep(dt[b ^ 1][n][k]);
+                        acc[n][0] = fmaf(dt[b ^ 1][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[b ^ 1][n][1], scp0, acc[n][1]);
+                        acc[n][2] = fmaf(dt[b ^ 1][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[b ^ 1][n][3], scp1, acc[n][3]);
+                    }
+                }
+                scp0 = __uint_as_float((__byte_perm(f0, 0u, 0x4440u + G) + 6u) << 23);
+                scp1 = __uint_as_float((__byte_perm(f1, 0u, 0x4440u + G) + 6u) << 23);
+            }
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int n = 0; n < NT && PIPE; n++) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) keep(dt[1][n][k]);
+            acc[n][0] = fmaf(dt[1][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[1][n][1], scp0, acc[n][1]);
+            acc[n][2] = fmaf(dt[1][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[1][n][3], scp1, acc[n][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const int t0 = n * 8 + 2 * c;
+            y[(size_t)t0 * R + r0] = acc[n][0], y[(size_t)(t0 + 1) * R + r0] = acc[n][1];
+            y[(size_t)t0 * R + r1] = acc[n][2], y[(size_t)(t0 + 1) * R + r1] = acc[n][3];
+        }
+    }
+}
+
+/* random weights on the device: codes from a hash, E8M0 scales 127 +- 6 (the f16 path's factors stay normal) */
+__global__ void fill_kernel(uint32_t *W, uint32_t *S, size_t nw, size_t ns) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nw + ns; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ (uint32_t)(i >> 32) * 40503u;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+        if (i < nw) W[i] = h;
+        else {
+            uint32_t s = 0;
+            for (int b = 0; b < 4; b++) s |= (121u + ((h >> (8 * b)) % 13u)) << (8 * b);
+            S[i - nw] = s;
+        }
+    }
+}
+
+static float e2m1_val(int n) {
+    static const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return n & 8 ? -v[n & 7] : v[n & 7];
+}
+static float e4m3_val(uint8_t b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    const float v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+    return b & 0x80 ? -v : v;
+}
+
+int main(int argc, char **argv) {
+    const int R = argc > 1 ? atoi(argv[1]) : 524288; /* rows: 524288 x 2048 FP4 = 512 MiB of weights */
+    if (R < 16 || R % 16) {
+        fprintf(stderr, "fp4_mma_probe: rows must be a positive multiple of 16\n");
+        return 2;
+    }
+    const size_t nw = (size_t)R * K / 8, ns = (size_t)R * NU, wbytes = nw * 4 + ns * 4;
+    uint32_t *dW, *dS;
+    float *dy;
+    void *dx8, *dx16, *dcp;
+    CK(cudaMalloc(&dW, nw * 4));
+    CK(cudaMalloc(&dS, ns * 4));
+    CK(cudaMalloc(&dy, sizeof(float) * 16 * (size_t)R));
+    CK(cudaMalloc(&dx8, 16 * K));
+    CK(cudaMalloc(&dx16, 16 * K * 2));
+    CK(cudaMalloc(&dcp, wbytes));
+    fill_kernel<<<1024, 256>>>(dW, dS, nw, ns);
+    CK(cudaGetLastError());
+    /* x: 16 tokens of random e4m3 codes (no NaN), as codes and as f16 in the staged order */
+    static uint8_t xc[16][K], xs8[16][K];
+    static __half xs16[16][K];
+    srand(1);
+    for (int n = 0; n < 16; n++)
+        for (int k = 0; k < K; k++) {
+            uint8_t b;
+            do b = (uint8_t)(rand() & 0xff);
+            while ((b & 0x7f) == 0x7f || ((b >> 3) & 15) < 2 || ((b >> 3) & 15) > 12);
+            xc[n][k] = b;
+        }
+    static const int ord[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    for (int n = 0; n < 16; n++)
+        for (int k0 = 0; k0 < K; k0 += 8)
+            for (int i = 0; i < 8; i++) {
+                xs8[n][k0 + i] = xc[n][k0 + ord[i]];
+                xs16[n][k0 + i] = __float2half(e4m3_val(xc[n][k0 + ord[i]]));
+            }
+    CK(cudaMemcpy(dx8, xs8, sizeof xs8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx16, xs16, sizeof xs16, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
+
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    float ms, best = 1e30f;
+    for (int i = 0; i < 10; i++) {
+        CK(cudaEventRecord(a));
+        CK(cudaMemcpy(dcp, dW, wbytes < nw * 4 ? wbytes : nw * 4, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (ms < best) best = ms;
+    }
+    printf("device-to-device copy of %.0f MiB: %.0f GB/s (read + write)\n", nw * 4 / 1048576.0, 2.0 * nw * 4 / best / 1e6);
+
+    /* the reference for the first 64 rows (double, from the codes) */
+    const int RR = 64;
+    uint32_t *hW = (uint32_t *)malloc((size_t)RR * K / 8 * 4), *hS = (uint32_t *)malloc((size_t)RR * NU * 4);
+    CK(cudaMemcpy(hW, dW, (size_t)RR * K / 8 * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hS, dS, (size_t)RR * NU * 4, cudaMemcpyDeviceToHost));
+    static double ref[16][64], mag[16][64];
+    for (int r = 0; r < RR; r++)
+        for (int n = 0; n < 16; n++) {
+            double s = 0, m = 0;
+            for (int u = 0; u < NU; u++)
+                for (int c = 0; c < 4; c++)
+                    for (int G = 0; G < 4; G++) {
+                        const uint32_t w = hW[((size_t)r * NU + u) * 16 + c * 4 + G];
+                        const int e = (int)((hS[(size_t)r * NU + u] >> (8 * G)) & 0xff) - 127;
+                        for (int i = 0; i < 8; i++) {
+                            const double p = ldexp(e2m1_val((int)(w >> (4 * i)) & 15), e) * e4m3_val(xc[n][u * 128 + G * 32 + 8 * c + i]);
+                            s += p, m += fabs(p);
+                        }
+                    }
+            ref[n][r] = s, mag[n][r] = m;
+        }
+
+    float *hy = (float *)malloc(sizeof(float) * 16 * (size_t)R);
+    for (int way = 0; way < 4; way++)
+        for (int nt = 1; nt <= 2; nt++) {
+            const size_t smem = way >= 2 ? (size_t)nt * 8 * K : (size_t)nt * 8 * (K + XPAD) * (way ? 1 : 2);
+            typedef void (*kfn)(const uint4 *, const uint32_t *, const void *, int, float *);
+            kfn kern =
+                way == 3   ? (kfn)(nt == 1 ? probe_wg<1, 1> : probe_wg<2, 1>)
+                : way == 2 ? (kfn)(nt == 1 ? probe_wg<1, 0> : probe_wg<2, 0>)
+                : way    ? (nt == 1 ? probe_kernel<1, true> : probe_kernel<2, true>)
+                         : (nt == 1 ? probe_kernel<1, false> : probe_kernel<2, false>);
+            CK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            int per = 0;
+            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, 256, smem));
+            const int grid = per * sms;
+            best = 1e30f;
+            for (int i = 0; i < 12; i++) {
+                CK(cudaEventRecord(a));
+                kern<<<grid, 256, smem>>>((const uint4 *)dW, dS, way ? dx8 : dx16, R, dy);
+                CK(cudaEventRecord(b));
+                CK(cudaEventSynchronize(b));
+                CK(cudaGetLastError());
+                CK(cudaEventElapsedTime(&ms, a, b));
+                if (i > 1 && ms < best) best = ms;
+            }
+            CK(cudaMemcpy(hy, dy, sizeof(float) * nt * 8 * (size_t)R, cudaMemcpyDeviceToHost));
+            double worst = 0, sum = 0;
+            int cnt = 0;
+            for (int n = 0; n < nt * 8; n++)
+                for (int r = 0; r < RR; r++) {
+                    const double e = fabs(hy[(size_t)n * R + r] - ref[n][r]) / mag[n][r];
+                    worst = e > worst ? e : worst, sum += e, cnt++;
+                }
+            printf("%-13s %2d tokens: %8.1f us  %6.0f GB/s of weights  (%d blocks of 8 warps, %d an SM)  error / sum|w x|: "
+                   "mean %.2e worst %.2e\n",
+                   way == 3 ? "wgmma e4m3 p1" : way == 2 ? "wgmma e4m3" : way ? "mma.sync e4m3" : "f16", nt * 8, best * 1e3, wbytes / best / 1e6, grid, per, sum / cnt, worst);
+        }
+    free(hW), free(hS), free(hy);
+    cudaFree(dW), cudaFree(dS), cudaFree(dy), cudaFree(dx8), cudaFree(dx16), cudaFree(dcp);
+    return 0;
+}
