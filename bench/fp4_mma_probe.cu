@@ -10,7 +10,9 @@
  *        mma, x read as the e4m3 codes.
  * It prints each way's time and weight bandwidth for 8 and 16 tokens against the device-to-device copy rate, and each
  * way's error against a double-precision reference of the same codes (the e4m3 tensor-core sums are known to keep
- * ~13 mantissa bits: that error is the price of the second way).
+ * ~13 mantissa bits: that error is the price of the second way). "wgmma k128 *" runs a unit's four groups as one wgmma
+ * chain with one scale (wrong values unless a unit's group scales are equal: its speed is the ceiling of promoting once a
+ * unit, its error column meaningless).
  *   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o fp4_mma_probe bench/fp4_mma_probe.cu && ./fp4_mma_probe [rows]
  * Results and what they mean: bench/NOTES.md, session 17. */
 #include <cuda_fp16.h>
@@ -174,20 +176,20 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W,
 __device__ __forceinline__ uint64_t wg_desc(unsigned sa, unsigned lbo, unsigned sbo) {
     return (uint64_t)((sa & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) | ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32);
 }
-template <int NT>
+template <int NT, int ACC = 0> /* ACC: D += A B (scale-d 1), else D = A B */
 __device__ __forceinline__ void wg_e4m3(float (&d)[2][4], const uint32_t (&a)[4], uint64_t desc) {
     if (NT == 1)
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %9, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1; }"
                      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC)
                      : "memory");
     else
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %13, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1; }"
                      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
                        "+f"(d[1][3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC)
                      : "memory");
 }
 __device__ __forceinline__ void keep(float &v) { asm volatile("" : "+f"(v)::"memory"); }
@@ -227,6 +229,27 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
             const uint32_t f0 = e0, f1 = e1;
             if (u + 1 < NU) q0 = ld_stream(w0 + (u + 1) * 4), q1 = ld_stream(w1 + (u + 1) * 4), e0 = __ldg(s0 + u + 1), e1 = __ldg(s1 + u + 1);
             const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
+            if constexpr (PIPE == 2) { /* speed only: the unit's four groups in one wgmma chain (k128), one D and one scale a unit,
+                              * as if the group scales were folded into the codes: the ceiling of per-unit promotion */
+                uint32_t A4[4][4];
+#pragma unroll
+                for (int G = 0; G < 4; G++) repack(wa[G], A4[G][0], A4[G][2]), repack(wb[G], A4[G][1], A4[G][3]);
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+                wg_e4m3<NT, 0>(dt[0], A4[0], wg_desc(xsa + (unsigned)((u * 4 + 0) * NT * 256), 128, 256));
+#pragma unroll
+                for (int G = 1; G < 4; G++) wg_e4m3<NT, 1>(dt[0], A4[G], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+                scp0 = __uint_as_float((__byte_perm(f0, 0u, 0x4440u) + 6u) << 23);
+                scp1 = __uint_as_float((__byte_perm(f1, 0u, 0x4440u) + 6u) << 23);
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+#pragma unroll
+                    for (int k = 0; k < 4; k++) keep(dt[0][n][k]);
+                    acc[n][0] = fmaf(dt[0][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[0][n][1], scp0, acc[n][1]);
+                    acc[n][2] = fmaf(dt[0][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[0][n][3], scp1, acc[n][3]);
+                }
+            } else
 #pragma unroll
             for (int G = 0; G < 4; G++) {
                 const int b = G & 1; /* the buffers of group q = 4u + G */
@@ -264,7 +287,7 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-        for (int n = 0; n < NT && PIPE; n++) {
+        for (int n = 0; n < NT && PIPE == 1; n++) {
 #pragma unroll
             for (int k = 0; k < 4; k++) keep(dt[1][n][k]);
             acc[n][0] = fmaf(dt[1][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[1][n][1], scp0, acc[n][1]);
@@ -383,12 +406,13 @@ int main(int argc, char **argv) {
         }
 
     float *hy = (float *)malloc(sizeof(float) * 16 * (size_t)R);
-    for (int way = 0; way < 4; way++)
+    for (int way = 0; way < 5; way++)
         for (int nt = 1; nt <= 2; nt++) {
             const size_t smem = way >= 2 ? (size_t)nt * 8 * K : (size_t)nt * 8 * (K + XPAD) * (way ? 1 : 2);
             typedef void (*kfn)(const uint4 *, const uint32_t *, const void *, int, float *);
             kfn kern =
-                way == 3   ? (kfn)(nt == 1 ? probe_wg<1, 1> : probe_wg<2, 1>)
+                way == 4   ? (kfn)(nt == 1 ? probe_wg<1, 2> : probe_wg<2, 2>)
+                : way == 3 ? (kfn)(nt == 1 ? probe_wg<1, 1> : probe_wg<2, 1>)
                 : way == 2 ? (kfn)(nt == 1 ? probe_wg<1, 0> : probe_wg<2, 0>)
                 : way    ? (nt == 1 ? probe_kernel<1, true> : probe_kernel<2, true>)
                          : (nt == 1 ? probe_kernel<1, false> : probe_kernel<2, false>);
@@ -416,7 +440,7 @@ int main(int argc, char **argv) {
                 }
             printf("%-13s %2d tokens: %8.1f us  %6.0f GB/s of weights  (%d blocks of 8 warps, %d an SM)  error / sum|w x|: "
                    "mean %.2e worst %.2e\n",
-                   way == 3 ? "wgmma e4m3 p1" : way == 2 ? "wgmma e4m3" : way ? "mma.sync e4m3" : "f16", nt * 8, best * 1e3, wbytes / best / 1e6, grid, per, sum / cnt, worst);
+                   way == 4 ? "wgmma k128 *" : way == 3 ? "wgmma e4m3 p1" : way == 2 ? "wgmma e4m3" : way ? "mma.sync e4m3" : "f16", nt * 8, best * 1e3, wbytes / best / 1e6, grid, per, sum / cnt, worst);
         }
     free(hW), free(hS), free(hy);
     cudaFree(dW), cudaFree(dS), cudaFree(dy), cudaFree(dx8), cudaFree(dx16), cudaFree(dcp);
