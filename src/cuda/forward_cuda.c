@@ -119,7 +119,8 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     size_t o = 0;
 #define TF(field, n) w->field = take(base, &o, sizeof(float) * (n))
 #define TI(field, n) w->field = take(base, &o, sizeof(int) * (n))
-    TF(X, t * M * D); TF(X2, T < DSV4_CUDA_HC_PP_T ? t * M * D : 1); TF(hmix, t * (2 + M) * M); TF(x, t * D); TF(y, t * D); TF(post, t * M); TF(comb, t * M * M);
+    TF(X, t * M * D); TF(X2, T < DSV4_CUDA_HC_PP_T ? t * M * D : 1); TF(hmix, t * (2 + M) * M);
+    TF(x, t * D); TF(y, t * D); TF(post, t * M); TF(comb, t * M * M);
     TF(qr, t * c->q_lora_rank); TF(q, t * H * Dh); TF(kv, t * Dh); TF(o, t * H * Dh);
     TF(kvp, t * cdm); TF(scp, t * cdm); TF(ikvp, t * icdm); TF(iscp, t * icdm); TF(ent, t * dmax); TF(ient, t * idm);
     TF(qi, t * Hi * Di); TF(wt, t * Hi);
@@ -165,7 +166,8 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
 
 /* the arena for passes of up to T rows (those below DSV4_CUDA_HC_PP_T carry w->X2) */
 size_t gpu_ws_bytes(const dsv4_cuda_model *g, int T) {
-    const size_t a = ws_layout(g, T, NULL, NULL), b = T >= DSV4_CUDA_HC_PP_T ? ws_layout(g, DSV4_CUDA_HC_PP_T - 1, NULL, NULL) : 0;
+    const size_t a = ws_layout(g, T, NULL, NULL);
+    const size_t b = T >= DSV4_CUDA_HC_PP_T ? ws_layout(g, DSV4_CUDA_HC_PP_T - 1, NULL, NULL) : 0;
     return a > b ? a : b;
 }
 void gpu_ws_carve(const dsv4_cuda_model *g, int T, gws *w) { ws_layout(g, T, g->arena, w); }
