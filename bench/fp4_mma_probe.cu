@@ -14,15 +14,17 @@
  * chain with one scale (wrong values unless a unit's group scales are equal: its speed is the ceiling of promoting once a
  * unit, its error column meaningless).
  *   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o fp4_mma_probe bench/fp4_mma_probe.cu && ./fp4_mma_probe [rows]
+ *   (or make -f bench/Makefile fp4-mma-probe)
  * Results and what they mean: bench/NOTES.md, session 17. */
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../src/cuda/linear_tc.cuh" /* tc_ld_stream, tc_e2m1x8_f16x2, tc_hmul2, tc_mma: the decode kernels' own */
+#include "../src/cuda/wgmma.cuh"     /* wg_desc, the fences, wg_keep */
+
+dsv4_cuda_props dsv4_cuda_dev; /* common.cuh declares it (unused here) */
 
 #define K 2048 /* the down projection's columns (Flash); x of 16 tokens as f16 then fits three blocks an SM */
 #define NU (K / 128)
@@ -37,37 +39,13 @@
         }                                                                                                              \
     } while (0)
 
-__device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* 8 e2m1 nibbles (value 8c + i at bits 4i) -> two words of e4m3 codes carrying 2^-6: lo the even nibbles (bytes j:
- * nibble 2j), hi the odd ones (nibble 2j + 1); e4m3 = sign << 7 | magnitude bits << 2 */
+ * nibble 2j), hi the odd ones (nibble 2j + 1); e4m3 = sign << 7 | magnitude bits << 2 (tc_e2m1x8_f16x2's bytes,
+ * before its conversion to f16) */
 __device__ __forceinline__ void repack(uint32_t w, uint32_t &lo, uint32_t &hi) {
     const uint32_t t = w << 2;
     lo = (t & 0x1C1C1C1Cu) | ((t << 2) & 0x80808080u);
     hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
-}
-
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
-}
-
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -98,12 +76,12 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W,
         float acc[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-        uint4 q0 = ld_stream(w0), q1 = ld_stream(w1);
+        uint4 q0 = tc_ld_stream(w0), q1 = tc_ld_stream(w1);
         uint32_t e0 = __ldg(s0), e1 = __ldg(s1);
         for (int u = 0; u < NU; u++) {
             uint4 p0 = q0, p1 = q1;
             uint32_t f0 = e0, f1 = e1;
-            if (u + 1 < NU) q0 = ld_stream(w0 + (u + 1) * 4), q1 = ld_stream(w1 + (u + 1) * 4), e0 = __ldg(s0 + u + 1), e1 = __ldg(s1 + u + 1);
+            if (u + 1 < NU) q0 = tc_ld_stream(w0 + (u + 1) * 4), q1 = tc_ld_stream(w1 + (u + 1) * 4), e0 = __ldg(s0 + u + 1), e1 = __ldg(s1 + u + 1);
             const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
             if (E4) {
 #pragma unroll
@@ -136,18 +114,16 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W,
                 for (int G = 0; G < 4; G++) {
                     const uint32_t h0 = (uint32_t)((int)__byte_perm(f0, 0u, 0x4440u + G) - m0 + 6 + 15) * 0x04000400u;
                     const uint32_t h1 = (uint32_t)((int)__byte_perm(f1, 0u, 0x4440u + G) - m1 + 6 + 15) * 0x04000400u;
-                    uint32_t lo0, hi0, lo1, hi1;
-                    repack(wa[G], lo0, hi0);
-                    repack(wb[G], lo1, hi1);
-                    const uint32_t A0 = hmul2(e4m3x2_f16x2(lo0), h0), A1 = hmul2(e4m3x2_f16x2(lo1), h1);
-                    const uint32_t A2 = hmul2(e4m3x2_f16x2(lo0 >> 16), h0), A3 = hmul2(e4m3x2_f16x2(lo1 >> 16), h1);
-                    const uint32_t B0 = hmul2(e4m3x2_f16x2(hi0), h0), B1 = hmul2(e4m3x2_f16x2(hi1), h1);
-                    const uint32_t B2 = hmul2(e4m3x2_f16x2(hi0 >> 16), h0), B3 = hmul2(e4m3x2_f16x2(hi1 >> 16), h1);
+                    uint32_t r0[4], r1[4]; /* {e0, e2}, {e4, e6}, {e1, e3}, {e5, e7} of rows g, g + 8 */
+                    tc_e2m1x8_f16x2(wa[G], r0);
+                    tc_e2m1x8_f16x2(wb[G], r1);
+                    const uint32_t A0 = tc_hmul2(r0[0], h0), A1 = tc_hmul2(r1[0], h1), A2 = tc_hmul2(r0[1], h0), A3 = tc_hmul2(r1[1], h1);
+                    const uint32_t B0 = tc_hmul2(r0[2], h0), B1 = tc_hmul2(r1[2], h1), B2 = tc_hmul2(r0[3], h0), B3 = tc_hmul2(r1[3], h1);
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
                         const uint4 b = *(const uint4 *)(xs + (n * 8 + g) * LD + ((u * 4 + G) * 32 + c * 8) * 2);
-                        mma_f16(ua[n], A0, A1, A2, A3, b.x, b.y);
-                        mma_f16(ua[n], B0, B1, B2, B3, b.z, b.w);
+                        tc_mma<0>(ua[n], A0, A1, A2, A3, b.x, b.y);
+                        tc_mma<0>(ua[n], B0, B1, B2, B3, b.z, b.w);
                     }
                 }
                 const float sc0 = __uint_as_float((uint32_t)m0 << 23), sc1 = __uint_as_float((uint32_t)m1 << 23);
@@ -173,9 +149,6 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W,
  * tokens x 16 bytes; the k32 step's two along K 128 bytes apart, n-groups of 8 tokens 256 bytes apart); one wgmma a group
  * into a zeroed D (scale-d 0), each group's D times its scale into the accumulator while the next group's wgmma runs
  * (A and D double buffered: a wgmma reads and writes its registers asynchronously until its wait). */
-__device__ __forceinline__ uint64_t wg_desc(unsigned sa, unsigned lbo, unsigned sbo) {
-    return (uint64_t)((sa & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) | ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32);
-}
 template <int NT, int ACC = 0> /* ACC: D += A B (scale-d 1), else D = A B */
 __device__ __forceinline__ void wg_e4m3(float (&d)[2][4], const uint32_t (&a)[4], uint64_t desc) {
     if (NT == 1)
@@ -192,9 +165,6 @@ __device__ __forceinline__ void wg_e4m3(float (&d)[2][4], const uint32_t (&a)[4]
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC)
                      : "memory");
 }
-__device__ __forceinline__ void keep(float &v) { asm volatile("" : "+f"(v)::"memory"); }
-__device__ __forceinline__ void keep(uint32_t &v) { asm volatile("" : "+r"(v)::"memory"); }
-
 template <int NT, int PIPE>
 __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, const uint32_t *__restrict__ S,
                                                 const uint32_t *__restrict__ xg, int R, float *__restrict__ y) {
@@ -205,7 +175,7 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
         const int n = i / (K / 4), o = i % (K / 4), q = o / 8, c = (o % 8) / 2, h = o % 2;
         *(uint32_t *)(xs + ((q * NT + n / 8) * 2 + h) * 128 + (n % 8) * 16 + c * 4) = xg[i];
     }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    wg_fence_proxy();
     __syncthreads();
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs);
     const int warp = tid >> 5, wg = warp >> 2, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -222,30 +192,30 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
         for (int b = 0; b < 2; b++)
 #pragma unroll
             for (int n = 0; n < 2; n++) dt[b][n][0] = dt[b][n][1] = dt[b][n][2] = dt[b][n][3] = 0.0f;
-        uint4 q0 = ld_stream(w0), q1 = ld_stream(w1);
+        uint4 q0 = tc_ld_stream(w0), q1 = tc_ld_stream(w1);
         uint32_t e0 = __ldg(s0), e1 = __ldg(s1);
         for (int u = 0; u < NU; u++) {
             const uint4 p0 = q0, p1 = q1;
             const uint32_t f0 = e0, f1 = e1;
-            if (u + 1 < NU) q0 = ld_stream(w0 + (u + 1) * 4), q1 = ld_stream(w1 + (u + 1) * 4), e0 = __ldg(s0 + u + 1), e1 = __ldg(s1 + u + 1);
+            if (u + 1 < NU) q0 = tc_ld_stream(w0 + (u + 1) * 4), q1 = tc_ld_stream(w1 + (u + 1) * 4), e0 = __ldg(s0 + u + 1), e1 = __ldg(s1 + u + 1);
             const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
             if constexpr (PIPE == 2) { /* speed only: the unit's four groups in one wgmma chain (k128), one D and one scale a unit,
                               * as if the group scales were folded into the codes: the ceiling of per-unit promotion */
                 uint32_t A4[4][4];
 #pragma unroll
                 for (int G = 0; G < 4; G++) repack(wa[G], A4[G][0], A4[G][2]), repack(wb[G], A4[G][1], A4[G][3]);
-                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+                wg_fence();
                 wg_e4m3<NT, 0>(dt[0], A4[0], wg_desc(xsa + (unsigned)((u * 4 + 0) * NT * 256), 128, 256));
 #pragma unroll
                 for (int G = 1; G < 4; G++) wg_e4m3<NT, 1>(dt[0], A4[G], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+                wg_commit();
+                wg_wait<0>();
                 scp0 = __uint_as_float((__byte_perm(f0, 0u, 0x4440u) + 6u) << 23);
                 scp1 = __uint_as_float((__byte_perm(f1, 0u, 0x4440u) + 6u) << 23);
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
 #pragma unroll
-                    for (int k = 0; k < 4; k++) keep(dt[0][n][k]);
+                    for (int k = 0; k < 4; k++) wg_keep(dt[0][n][k]);
                     acc[n][0] = fmaf(dt[0][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[0][n][1], scp0, acc[n][1]);
                     acc[n][2] = fmaf(dt[0][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[0][n][3], scp1, acc[n][3]);
                 }
@@ -255,28 +225,28 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
                 const int b = G & 1; /* the buffers of group q = 4u + G */
                 repack(wa[G], A[b][0], A[b][2]);
                 repack(wb[G], A[b][1], A[b][3]);
-                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+                wg_fence();
                 wg_e4m3<NT>(dt[b], A[b], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                wg_commit();
                 if (!PIPE) { /* this group's D now (other warpgroups of the SM hide the latency) */
-                    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+                    wg_wait<0>();
                     scp0 = __uint_as_float((__byte_perm(f0, 0u, 0x4440u + G) + 6u) << 23);
                     scp1 = __uint_as_float((__byte_perm(f1, 0u, 0x4440u + G) + 6u) << 23);
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
 #pragma unroll
-                        for (int k = 0; k < 4; k++) keep(dt[b][n][k]);
+                        for (int k = 0; k < 4; k++) wg_keep(dt[b][n][k]);
                         acc[n][0] = fmaf(dt[b][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[b][n][1], scp0, acc[n][1]);
                         acc[n][2] = fmaf(dt[b][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[b][n][3], scp1, acc[n][3]);
                     }
                     continue;
                 }
-                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); /* group q - 1 done */
+                wg_wait<1>(); /* group q - 1 done */
                 if (u > 0 || G > 0) {
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
 #pragma unroll
-                        for (int k = 0; k < 4; k++) keep(dt[b ^ 1][n][k]);
+                        for (int k = 0; k < 4; k++) wg_keep(dt[b ^ 1][n][k]);
                         acc[n][0] = fmaf(dt[b ^ 1][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[b ^ 1][n][1], scp0, acc[n][1]);
                         acc[n][2] = fmaf(dt[b ^ 1][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[b ^ 1][n][3], scp1, acc[n][3]);
                     }
@@ -285,11 +255,11 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
                 scp1 = __uint_as_float((__byte_perm(f1, 0u, 0x4440u + G) + 6u) << 23);
             }
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wg_wait<0>();
 #pragma unroll
         for (int n = 0; n < NT && PIPE == 1; n++) {
 #pragma unroll
-            for (int k = 0; k < 4; k++) keep(dt[1][n][k]);
+            for (int k = 0; k < 4; k++) wg_keep(dt[1][n][k]);
             acc[n][0] = fmaf(dt[1][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[1][n][1], scp0, acc[n][1]);
             acc[n][2] = fmaf(dt[1][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[1][n][3], scp1, acc[n][3]);
         }
