@@ -13,7 +13,8 @@
  * ~13 mantissa bits: that error is the price of the second way). "wgmma k128 *" runs a unit's four groups as one wgmma
  * chain with one scale (wrong values unless a unit's group scales are equal: its speed is the ceiling of promoting once a
  * unit, its error column meaningless).
- *   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o fp4_mma_probe bench/fp4_mma_probe.cu && ./fp4_mma_probe [rows]
+ *   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o fp4_mma_probe bench/fp4_mma_probe.cu && ./fp4_mma_probe [rows [way]]
+ *   (way: only the ways whose name contains it)
  *   (or make -f bench/Makefile fp4-mma-probe)
  * Results and what they mean: bench/NOTES.md, session 17. */
 #include <math.h>
@@ -54,10 +55,53 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
+/* the weights' layouts: row-major (the checkpoint's, as the kernels read it today: a row's 1 KB in order, so a warp's
+ * 16-byte loads of a unit touch 16 rows, 64 bytes each, 1 KB apart), or tiled (TL: per 16-row tile and unit, the 16
+ * rows' 64 bytes together, 1 KB contiguous: a warp's load of a unit half is 512 contiguous bytes). wbase: the scale
+ * word of (row r, unit 0); unit u adds u (row-major) or 16 u (tiled) scale words, 4x that in 16-byte weight quads. */
+template <bool TL> __device__ __forceinline__ size_t wbase(int r) { return TL ? (size_t)(r >> 4) * NU * 16 + (r & 15) : (size_t)r * NU; }
+
+/* one 128-column unit of the f16 way: rows g and g + 8 (words wa, wb; scale words f0, f1) against the NT x 8 staged
+ * tokens (f16, LD bytes a row), summed at the unit's end into acc */
+template <int NT, int LD>
+__device__ __forceinline__ void unit_f16(float (&acc)[NT][4], const uint32_t (&wa)[4], const uint32_t (&wb)[4], uint32_t f0, uint32_t f1,
+                                         const uint8_t *xs, int u, int g, int c) {
+    /* each row's largest group exponent; the groups' f16 factors 2^(e - emax + 6) (the codes carry 2^-6) */
+    const int m0 = max(max((int)__byte_perm(f0, 0u, 0x4440u), (int)__byte_perm(f0, 0u, 0x4441u)),
+                       max((int)__byte_perm(f0, 0u, 0x4442u), (int)(f0 >> 24)));
+    const int m1 = max(max((int)__byte_perm(f1, 0u, 0x4440u), (int)__byte_perm(f1, 0u, 0x4441u)),
+                       max((int)__byte_perm(f1, 0u, 0x4442u), (int)(f1 >> 24)));
+    float ua[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) ua[n][0] = ua[n][1] = ua[n][2] = ua[n][3] = 0.0f;
+#pragma unroll
+    for (int G = 0; G < 4; G++) {
+        const uint32_t h0 = (uint32_t)((int)__byte_perm(f0, 0u, 0x4440u + G) - m0 + 6 + 15) * 0x04000400u;
+        const uint32_t h1 = (uint32_t)((int)__byte_perm(f1, 0u, 0x4440u + G) - m1 + 6 + 15) * 0x04000400u;
+        uint32_t r0[4], r1[4]; /* {e0, e2}, {e4, e6}, {e1, e3}, {e5, e7} of rows g, g + 8 */
+        tc_e2m1x8_f16x2(wa[G], r0);
+        tc_e2m1x8_f16x2(wb[G], r1);
+        const uint32_t A0 = tc_hmul2(r0[0], h0), A1 = tc_hmul2(r1[0], h1), A2 = tc_hmul2(r0[1], h0), A3 = tc_hmul2(r1[1], h1);
+        const uint32_t B0 = tc_hmul2(r0[2], h0), B1 = tc_hmul2(r1[2], h1), B2 = tc_hmul2(r0[3], h0), B3 = tc_hmul2(r1[3], h1);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const uint4 b = *(const uint4 *)(xs + (n * 8 + g) * LD + ((u * 4 + G) * 32 + c * 8) * 2);
+            tc_mma<0>(ua[n], A0, A1, A2, A3, b.x, b.y);
+            tc_mma<0>(ua[n], B0, B1, B2, B3, b.z, b.w);
+        }
+    }
+    const float sc0 = __uint_as_float((uint32_t)m0 << 23), sc1 = __uint_as_float((uint32_t)m1 << 23);
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        acc[n][0] = fmaf(ua[n][0], sc0, acc[n][0]), acc[n][1] = fmaf(ua[n][1], sc0, acc[n][1]);
+        acc[n][2] = fmaf(ua[n][2], sc1, acc[n][2]), acc[n][3] = fmaf(ua[n][3], sc1, acc[n][3]);
+    }
+}
+
 /* weights: word ((r * NU + u) * 4 + c) * 4 + G holds values u * 128 + G * 32 + 8c + i (i = 0..7) of row r; scales: word
  * r * NU + u holds the E8M0 bytes of the unit's groups 0..3. x: [tokens][K + XPAD] bytes (e4m3) or halves (f16), each
  * (u, G, c) eight values in the order 8c + {0, 2, 4, 6, 1, 3, 5, 7}. y [tokens][R]. */
-template <int NT, bool E4>
+template <int NT, bool E4, int D = 1, bool TL = false> /* D: units whose weight loads are in flight ahead of the one computed */
 __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W, const uint32_t *__restrict__ S,
                                                     const void *__restrict__ xg, int R, float *__restrict__ y) {
     extern __shared__ __align__(16) uint8_t xs[];
@@ -71,17 +115,24 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W,
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     for (int tile = blockIdx.x * 8 + warp; tile < R / 16; tile += gridDim.x * 8) {
         const int r0 = tile * 16 + g, r1 = r0 + 8;
-        const uint4 *w0 = W + (size_t)r0 * NU * 4 + c, *w1 = W + (size_t)r1 * NU * 4 + c;
-        const uint32_t *s0 = S + (size_t)r0 * NU, *s1 = S + (size_t)r1 * NU;
+        constexpr int US = TL ? 16 : 1; /* a unit's stride in scale words (x 4: in weight quads) */
+        const uint4 *w0 = W + wbase<TL>(r0) * 4 + c, *w1 = W + wbase<TL>(r1) * 4 + c;
+        const uint32_t *s0 = S + wbase<TL>(r0), *s1 = S + wbase<TL>(r1);
         float acc[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-        uint4 q0 = tc_ld_stream(w0), q1 = tc_ld_stream(w1);
-        uint32_t e0 = __ldg(s0), e1 = __ldg(s1);
+        uint4 qa[NU], qb[NU];
+        uint32_t ea[NU], eb[NU];
+#pragma unroll
+        for (int u = 0; u < D; u++)
+            qa[u] = tc_ld_stream(w0 + u * US * 4), qb[u] = tc_ld_stream(w1 + u * US * 4), ea[u] = __ldg(s0 + u * US), eb[u] = __ldg(s1 + u * US);
+#pragma unroll
         for (int u = 0; u < NU; u++) {
-            uint4 p0 = q0, p1 = q1;
-            uint32_t f0 = e0, f1 = e1;
-            if (u + 1 < NU) q0 = tc_ld_stream(w0 + (u + 1) * 4), q1 = tc_ld_stream(w1 + (u + 1) * 4), e0 = __ldg(s0 + u + 1), e1 = __ldg(s1 + u + 1);
+            if (u + D < NU)
+                qa[u + D] = tc_ld_stream(w0 + (u + D) * US * 4), qb[u + D] = tc_ld_stream(w1 + (u + D) * US * 4),
+                ea[u + D] = __ldg(s0 + (u + D) * US), eb[u + D] = __ldg(s1 + (u + D) * US);
+            const uint4 p0 = qa[u], p1 = qb[u];
+            const uint32_t f0 = ea[u], f1 = eb[u];
             const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
             if (E4) {
 #pragma unroll
@@ -102,36 +153,7 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W,
                     }
                 }
             } else {
-                /* each row's largest group exponent; the groups' f16 factors 2^(e - emax + 6) (the codes carry 2^-6) */
-                const int m0 = max(max((int)__byte_perm(f0, 0u, 0x4440u), (int)__byte_perm(f0, 0u, 0x4441u)),
-                                   max((int)__byte_perm(f0, 0u, 0x4442u), (int)(f0 >> 24)));
-                const int m1 = max(max((int)__byte_perm(f1, 0u, 0x4440u), (int)__byte_perm(f1, 0u, 0x4441u)),
-                                   max((int)__byte_perm(f1, 0u, 0x4442u), (int)(f1 >> 24)));
-                float ua[NT][4];
-#pragma unroll
-                for (int n = 0; n < NT; n++) ua[n][0] = ua[n][1] = ua[n][2] = ua[n][3] = 0.0f;
-#pragma unroll
-                for (int G = 0; G < 4; G++) {
-                    const uint32_t h0 = (uint32_t)((int)__byte_perm(f0, 0u, 0x4440u + G) - m0 + 6 + 15) * 0x04000400u;
-                    const uint32_t h1 = (uint32_t)((int)__byte_perm(f1, 0u, 0x4440u + G) - m1 + 6 + 15) * 0x04000400u;
-                    uint32_t r0[4], r1[4]; /* {e0, e2}, {e4, e6}, {e1, e3}, {e5, e7} of rows g, g + 8 */
-                    tc_e2m1x8_f16x2(wa[G], r0);
-                    tc_e2m1x8_f16x2(wb[G], r1);
-                    const uint32_t A0 = tc_hmul2(r0[0], h0), A1 = tc_hmul2(r1[0], h1), A2 = tc_hmul2(r0[1], h0), A3 = tc_hmul2(r1[1], h1);
-                    const uint32_t B0 = tc_hmul2(r0[2], h0), B1 = tc_hmul2(r1[2], h1), B2 = tc_hmul2(r0[3], h0), B3 = tc_hmul2(r1[3], h1);
-#pragma unroll
-                    for (int n = 0; n < NT; n++) {
-                        const uint4 b = *(const uint4 *)(xs + (n * 8 + g) * LD + ((u * 4 + G) * 32 + c * 8) * 2);
-                        tc_mma<0>(ua[n], A0, A1, A2, A3, b.x, b.y);
-                        tc_mma<0>(ua[n], B0, B1, B2, B3, b.z, b.w);
-                    }
-                }
-                const float sc0 = __uint_as_float((uint32_t)m0 << 23), sc1 = __uint_as_float((uint32_t)m1 << 23);
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    acc[n][0] = fmaf(ua[n][0], sc0, acc[n][0]), acc[n][1] = fmaf(ua[n][1], sc0, acc[n][1]);
-                    acc[n][2] = fmaf(ua[n][2], sc1, acc[n][2]), acc[n][3] = fmaf(ua[n][3], sc1, acc[n][3]);
-                }
+                unit_f16<NT, LD>(acc, wa, wb, f0, f1, xs, u, g, c);
             }
         }
 #pragma unroll
@@ -165,24 +187,67 @@ __device__ __forceinline__ void wg_e4m3(float (&d)[2][4], const uint32_t (&a)[4]
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC)
                      : "memory");
 }
-template <int NT, int PIPE>
-__global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, const uint32_t *__restrict__ S,
-                                                const uint32_t *__restrict__ xg, int R, float *__restrict__ y) {
-    extern __shared__ __align__(16) uint8_t xs[]; /* [K / 32][NT][2][8][16] */
-    const int tid = threadIdx.x;
-    /* from the staged order (per (u, G, c): 8c + {0, 2, 4, 6} then {1, 3, 5, 7}): word h of lane c goes to core matrix h */
-    for (int i = tid; i < NT * 8 * K / 4; i += 256) {
+/* one 128-column unit of the wgmma way (the warpgroup's 64 rows; this warp's rows g and g + 8 from words wa, wb, scale
+ * words f0, f1): one wgmma a group into a zeroed D, waited for at once (other warpgroups of the SM hide the latency),
+ * then D times the group's scale into acc */
+template <int NT>
+__device__ __forceinline__ void unit_wg(float (&acc)[NT][4], const uint32_t (&wa)[4], const uint32_t (&wb)[4], uint32_t f0, uint32_t f1,
+                                        unsigned xsa, int u) {
+#pragma unroll
+    for (int G = 0; G < 4; G++) {
+        uint32_t A[4];
+        float dt[2][4] = {};
+        repack(wa[G], A[0], A[2]);
+        repack(wb[G], A[1], A[3]);
+        wg_fence();
+        wg_e4m3<NT>(dt, A, wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
+        wg_commit();
+        wg_wait<0>();
+        const float sc0 = __uint_as_float((__byte_perm(f0, 0u, 0x4440u + G) + 6u) << 23);
+        const float sc1 = __uint_as_float((__byte_perm(f1, 0u, 0x4440u + G) + 6u) << 23);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) wg_keep(dt[n][k]);
+            acc[n][0] = fmaf(dt[n][0], sc0, acc[n][0]), acc[n][1] = fmaf(dt[n][1], sc0, acc[n][1]);
+            acc[n][2] = fmaf(dt[n][2], sc1, acc[n][2]), acc[n][3] = fmaf(dt[n][3], sc1, acc[n][3]);
+        }
+    }
+}
+
+/* x staged once a block: f16 rows of LD bytes (the f16 way), or the e4m3 codes as wgmma core matrices
+ * [K / 32][NT][2][8][16] (from the staged order, per (u, G, c): 8c + {0, 2, 4, 6} then {1, 3, 5, 7}: word h of lane c
+ * goes to core matrix h) */
+template <int NT, int LD>
+__device__ __forceinline__ void stage_f16(uint8_t *xs, const void *xg) {
+    for (int i = threadIdx.x; i < NT * 8 * K * 2 / 16; i += 256) {
+        const int n = i / (K * 2 / 16), o = i % (K * 2 / 16);
+        *(uint4 *)(xs + n * LD + o * 16) = ((const uint4 *)xg)[i];
+    }
+}
+template <int NT>
+__device__ __forceinline__ void stage_wg(uint8_t *xs, const uint32_t *xg) {
+    for (int i = threadIdx.x; i < NT * 8 * K / 4; i += 256) {
         const int n = i / (K / 4), o = i % (K / 4), q = o / 8, c = (o % 8) / 2, h = o % 2;
         *(uint32_t *)(xs + ((q * NT + n / 8) * 2 + h) * 128 + (n % 8) * 16 + c * 4) = xg[i];
     }
     wg_fence_proxy();
+}
+
+template <int NT, int PIPE, int D = 1, bool TL = false>
+__global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, const uint32_t *__restrict__ S,
+                                                const uint32_t *__restrict__ xg, int R, float *__restrict__ y) {
+    extern __shared__ __align__(16) uint8_t xs[]; /* [K / 32][NT][2][8][16] */
+    const int tid = threadIdx.x;
+    stage_wg<NT>(xs, xg);
     __syncthreads();
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs);
     const int warp = tid >> 5, wg = warp >> 2, lane = tid & 31, g = lane >> 2, c = lane & 3;
     for (int tile = blockIdx.x * 2 + wg; tile < R / 64; tile += gridDim.x * 2) {
         const int r0 = tile * 64 + (warp & 3) * 16 + g, r1 = r0 + 8;
-        const uint4 *w0 = W + (size_t)r0 * NU * 4 + c, *w1 = W + (size_t)r1 * NU * 4 + c;
-        const uint32_t *s0 = S + (size_t)r0 * NU, *s1 = S + (size_t)r1 * NU;
+        constexpr int US = TL ? 16 : 1; /* a unit's stride in scale words (x 4: in weight quads) */
+        const uint4 *w0 = W + wbase<TL>(r0) * 4 + c, *w1 = W + wbase<TL>(r1) * 4 + c;
+        const uint32_t *s0 = S + wbase<TL>(r0), *s1 = S + wbase<TL>(r1);
         float acc[NT][4], dt[2][2][4];
         uint32_t A[2][4];
         float scp0 = 0.0f, scp1 = 0.0f;
@@ -192,12 +257,18 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
         for (int b = 0; b < 2; b++)
 #pragma unroll
             for (int n = 0; n < 2; n++) dt[b][n][0] = dt[b][n][1] = dt[b][n][2] = dt[b][n][3] = 0.0f;
-        uint4 q0 = tc_ld_stream(w0), q1 = tc_ld_stream(w1);
-        uint32_t e0 = __ldg(s0), e1 = __ldg(s1);
+        uint4 qa[NU], qb[NU];
+        uint32_t ea[NU], eb[NU];
+#pragma unroll
+        for (int u = 0; u < D; u++)
+            qa[u] = tc_ld_stream(w0 + u * US * 4), qb[u] = tc_ld_stream(w1 + u * US * 4), ea[u] = __ldg(s0 + u * US), eb[u] = __ldg(s1 + u * US);
+#pragma unroll
         for (int u = 0; u < NU; u++) {
-            const uint4 p0 = q0, p1 = q1;
-            const uint32_t f0 = e0, f1 = e1;
-            if (u + 1 < NU) q0 = tc_ld_stream(w0 + (u + 1) * 4), q1 = tc_ld_stream(w1 + (u + 1) * 4), e0 = __ldg(s0 + u + 1), e1 = __ldg(s1 + u + 1);
+            if (u + D < NU)
+                qa[u + D] = tc_ld_stream(w0 + (u + D) * US * 4), qb[u + D] = tc_ld_stream(w1 + (u + D) * US * 4),
+                ea[u + D] = __ldg(s0 + (u + D) * US), eb[u + D] = __ldg(s1 + (u + D) * US);
+            const uint4 p0 = qa[u], p1 = qb[u];
+            const uint32_t f0 = ea[u], f1 = eb[u];
             const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
             if constexpr (PIPE == 2) { /* speed only: the unit's four groups in one wgmma chain (k128), one D and one scale a unit,
                               * as if the group scales were folded into the codes: the ceiling of per-unit promotion */
@@ -219,6 +290,8 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
                     acc[n][0] = fmaf(dt[0][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[0][n][1], scp0, acc[n][1]);
                     acc[n][2] = fmaf(dt[0][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[0][n][3], scp1, acc[n][3]);
                 }
+            } else if constexpr (PIPE == 0) {
+                unit_wg<NT>(acc, wa, wb, f0, f1, xsa, u);
             } else
 #pragma unroll
             for (int G = 0; G < 4; G++) {
@@ -228,19 +301,6 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
                 wg_fence();
                 wg_e4m3<NT>(dt[b], A[b], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
                 wg_commit();
-                if (!PIPE) { /* this group's D now (other warpgroups of the SM hide the latency) */
-                    wg_wait<0>();
-                    scp0 = __uint_as_float((__byte_perm(f0, 0u, 0x4440u + G) + 6u) << 23);
-                    scp1 = __uint_as_float((__byte_perm(f1, 0u, 0x4440u + G) + 6u) << 23);
-#pragma unroll
-                    for (int n = 0; n < NT; n++) {
-#pragma unroll
-                        for (int k = 0; k < 4; k++) wg_keep(dt[b][n][k]);
-                        acc[n][0] = fmaf(dt[b][n][0], scp0, acc[n][0]), acc[n][1] = fmaf(dt[b][n][1], scp0, acc[n][1]);
-                        acc[n][2] = fmaf(dt[b][n][2], scp1, acc[n][2]), acc[n][3] = fmaf(dt[b][n][3], scp1, acc[n][3]);
-                    }
-                    continue;
-                }
                 wg_wait<1>(); /* group q - 1 done */
                 if (u > 0 || G > 0) {
 #pragma unroll
@@ -270,6 +330,74 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
             y[(size_t)t0 * R + r1] = acc[n][2], y[(size_t)(t0 + 1) * R + r1] = acc[n][3];
         }
     }
+}
+
+__device__ __forceinline__ void cp16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* The decode kernels' way of streaming (moe_tc.cu's ring): each warp copies its own weight and scale words by cp.async
+ * into a ring of S unit stages in shared memory, S - 1 units in flight ahead of the one computed, across its tiles
+ * (no drain between them); each lane reads back only what it copied (no barrier). WG: the wgmma way (64-row tiles a
+ * warpgroup), else the f16 way (16-row tiles a warp). */
+template <int NT, bool WG, int S, bool TL = false>
+__global__ void __launch_bounds__(256) probe_ring(const uint4 *__restrict__ W, const uint32_t *__restrict__ Sc,
+                                                  const void *__restrict__ xg, int R, float *__restrict__ y) {
+    extern __shared__ __align__(16) uint8_t sm[];
+    constexpr int LD = (K + XPAD) * 2, XBYTES = WG ? NT * 8 * K : NT * 8 * LD;
+    uint8_t *xs = sm;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    if (WG) stage_wg<NT>(xs, (const uint32_t *)xg);
+    else stage_f16<NT, LD>(xs, xg);
+    __syncthreads();
+    const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs);
+    uint4 *rw = (uint4 *)(sm + XBYTES) + warp * S * 64;                      /* [S][2][32] */
+    uint32_t *rs = (uint32_t *)((uint4 *)(sm + XBYTES) + 8 * S * 64) + warp * S * 64; /* [S][2][32] */
+    const int ntile = WG ? R / 64 : R / 16, t0 = WG ? blockIdx.x * 2 + (warp >> 2) : blockIdx.x * 8 + warp;
+    const int ts = WG ? gridDim.x * 2 : gridDim.x * 8, n = (t0 < ntile ? (ntile - t0 + ts - 1) / ts : 0) * NU;
+    auto row = [&](int i) { return WG ? (t0 + (i / NU) * ts) * 64 + (warp & 3) * 16 + g : (t0 + (i / NU) * ts) * 16 + g; };
+    auto issue = [&](int i) {
+        if (i < n) {
+            const int u = i % NU, st = i % S, r0 = row(i);
+            constexpr int US = TL ? 16 : 1;
+            cp16(rw + st * 64 + lane, W + (wbase<TL>(r0) + u * US) * 4 + c);
+            cp16(rw + st * 64 + 32 + lane, W + (wbase<TL>(r0 + 8) + u * US) * 4 + c);
+            cp4(rs + st * 64 + lane, Sc + wbase<TL>(r0) + u * US);
+            cp4(rs + st * 64 + 32 + lane, Sc + wbase<TL>(r0 + 8) + u * US);
+        }
+        cp_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) issue(i);
+    float acc[NT][4];
+#pragma unroll
+    for (int q = 0; q < NT; q++) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        issue(i + S - 1); /* into the stage read (into registers, used) at i - 1 */
+        cp_wait<S - 1>();
+        const int st = i % S, u = i % NU;
+        const uint4 p0 = rw[st * 64 + lane], p1 = rw[st * 64 + 32 + lane];
+        const uint32_t f0 = rs[st * 64 + lane], f1 = rs[st * 64 + 32 + lane];
+        const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
+        if constexpr (WG) unit_wg<NT>(acc, wa, wb, f0, f1, xsa, u);
+        else unit_f16<NT, LD>(acc, wa, wb, f0, f1, xs, u, g, c);
+        if (u == NU - 1) {
+            const int r0 = row(i), r1 = r0 + 8;
+#pragma unroll
+            for (int q = 0; q < NT; q++) {
+                const int tq = q * 8 + 2 * c;
+                y[(size_t)tq * R + r0] = acc[q][0], y[(size_t)(tq + 1) * R + r0] = acc[q][1];
+                y[(size_t)tq * R + r1] = acc[q][2], y[(size_t)(tq + 1) * R + r1] = acc[q][3];
+                acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+            }
+        }
+    }
+    cp_wait<0>();
 }
 
 /* random weights on the device: codes from a hash, E8M0 scales 127 +- 6 (the f16 path's factors stay normal) */
@@ -358,34 +486,60 @@ int main(int argc, char **argv) {
     uint32_t *hW = (uint32_t *)malloc((size_t)RR * K / 8 * 4), *hS = (uint32_t *)malloc((size_t)RR * NU * 4);
     CK(cudaMemcpy(hW, dW, (size_t)RR * K / 8 * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hS, dS, (size_t)RR * NU * 4, cudaMemcpyDeviceToHost));
-    static double ref[16][64], mag[16][64];
+    static double ref[2][16][64], mag[2][16][64]; /* [tiled] */
+    for (int tl = 0; tl < 2; tl++)
     for (int r = 0; r < RR; r++)
         for (int n = 0; n < 16; n++) {
             double s = 0, m = 0;
             for (int u = 0; u < NU; u++)
                 for (int c = 0; c < 4; c++)
                     for (int G = 0; G < 4; G++) {
-                        const uint32_t w = hW[((size_t)r * NU + u) * 16 + c * 4 + G];
-                        const int e = (int)((hS[(size_t)r * NU + u] >> (8 * G)) & 0xff) - 127;
+                        const uint32_t w = hW[(tl ? ((size_t)(r >> 4) * NU + u) * 16 + (r & 15) : (size_t)r * NU + u) * 16 + c * 4 + G];
+                        const int e = (int)((hS[tl ? ((size_t)(r >> 4) * NU + u) * 16 + (r & 15) : (size_t)r * NU + u] >> (8 * G)) & 0xff) - 127;
                         for (int i = 0; i < 8; i++) {
                             const double p = ldexp(e2m1_val((int)(w >> (4 * i)) & 15), e) * e4m3_val(xc[n][u * 128 + G * 32 + 8 * c + i]);
                             s += p, m += fabs(p);
                         }
                     }
-            ref[n][r] = s, mag[n][r] = m;
+            ref[tl][n][r] = s, mag[tl][n][r] = m;
         }
 
     float *hy = (float *)malloc(sizeof(float) * 16 * (size_t)R);
-    for (int way = 0; way < 5; way++)
+    typedef void (*kfn)(const uint4 *, const uint32_t *, const void *, int, float *);
+    /* kind: 0 f16 (x as f16), 1 mma.sync e4m3, 2 wgmma (x codes as core matrices); d: units in flight ahead (registers),
+     * -S: a cp.async ring of S stages a warp (probe_ring) */
+    static const struct {
+        const char *name;
+        int kind, d, tl;
+        kfn k1, k2;
+    } ways[] = {
+        {"f16", 0, 1, 0, (kfn)probe_kernel<1, false>, (kfn)probe_kernel<2, false>},
+        {"f16 d2", 0, 2, 0, (kfn)probe_kernel<1, false, 2>, (kfn)probe_kernel<2, false, 2>},
+        {"f16 d4", 0, 4, 0, (kfn)probe_kernel<1, false, 4>, (kfn)probe_kernel<2, false, 4>},
+        {"mma.sync e4m3", 1, 1, 0, (kfn)probe_kernel<1, true>, (kfn)probe_kernel<2, true>},
+        {"wgmma e4m3", 2, 1, 0, (kfn)probe_wg<1, 0>, (kfn)probe_wg<2, 0>},
+        {"wgmma d2", 2, 2, 0, (kfn)probe_wg<1, 0, 2>, (kfn)probe_wg<2, 0, 2>},
+        {"wgmma d4", 2, 4, 0, (kfn)probe_wg<1, 0, 4>, (kfn)probe_wg<2, 0, 4>},
+        {"wgmma e4m3 p1", 2, 1, 0, (kfn)probe_wg<1, 1>, (kfn)probe_wg<2, 1>},
+        {"wgmma k128 *", 2, 1, 0, (kfn)probe_wg<1, 2>, (kfn)probe_wg<2, 2>},
+        {"wgmma k128 * d4", 2, 4, 0, (kfn)probe_wg<1, 2, 4>, (kfn)probe_wg<2, 2, 4>},
+        {"f16 ring 4", 0, -4, 0, (kfn)probe_ring<1, false, 4>, (kfn)probe_ring<2, false, 4>},
+        {"f16 ring 6", 0, -6, 0, (kfn)probe_ring<1, false, 6>, (kfn)probe_ring<2, false, 6>},
+        {"f16 tiled", 0, 1, 1, (kfn)probe_kernel<1, false, 1, true>, (kfn)probe_kernel<2, false, 1, true>},
+        {"wgmma tiled", 2, 1, 1, (kfn)probe_wg<1, 0, 1, true>, (kfn)probe_wg<2, 0, 1, true>},
+        {"f16 ring 4 tiled", 0, -4, 1, (kfn)probe_ring<1, false, 4, true>, (kfn)probe_ring<2, false, 4, true>},
+        {"f16 ring 6 tiled", 0, -6, 1, (kfn)probe_ring<1, false, 6, true>, (kfn)probe_ring<2, false, 6, true>},
+        {"wgmma ring 4", 2, -4, 0, (kfn)probe_ring<1, true, 4>, (kfn)probe_ring<2, true, 4>},
+        {"wgmma ring 6", 2, -6, 0, (kfn)probe_ring<1, true, 6>, (kfn)probe_ring<2, true, 6>},
+        {"wgmma ring 8", 2, -8, 0, (kfn)probe_ring<1, true, 8>, (kfn)probe_ring<2, true, 8>},
+    };
+    for (int way = 0; way < (int)(sizeof ways / sizeof ways[0]); way++)
         for (int nt = 1; nt <= 2; nt++) {
-            const size_t smem = way >= 2 ? (size_t)nt * 8 * K : (size_t)nt * 8 * (K + XPAD) * (way ? 1 : 2);
-            typedef void (*kfn)(const uint4 *, const uint32_t *, const void *, int, float *);
-            kfn kern =
-                way == 4   ? (kfn)(nt == 1 ? probe_wg<1, 2> : probe_wg<2, 2>)
-                : way == 3 ? (kfn)(nt == 1 ? probe_wg<1, 1> : probe_wg<2, 1>)
-                : way == 2 ? (kfn)(nt == 1 ? probe_wg<1, 0> : probe_wg<2, 0>)
-                : way    ? (nt == 1 ? probe_kernel<1, true> : probe_kernel<2, true>)
-                         : (nt == 1 ? probe_kernel<1, false> : probe_kernel<2, false>);
+            if (argc > 2 && !strstr(ways[way].name, argv[2])) continue;
+            const int kind = ways[way].kind;
+            const size_t smem = kind == 2 ? (size_t)nt * 8 * K : (size_t)nt * 8 * (K + XPAD) * (kind ? 1 : 2)
+                               + (ways[way].d < 0 ? (size_t)8 * -ways[way].d * 64 * 20 : 0);
+            const kfn kern = nt == 1 ? ways[way].k1 : ways[way].k2;
             CK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             int per = 0;
             CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, 256, smem));
@@ -393,7 +547,7 @@ int main(int argc, char **argv) {
             best = 1e30f;
             for (int i = 0; i < 12; i++) {
                 CK(cudaEventRecord(a));
-                kern<<<grid, 256, smem>>>((const uint4 *)dW, dS, way ? dx8 : dx16, R, dy);
+                kern<<<grid, 256, smem>>>((const uint4 *)dW, dS, kind ? dx8 : dx16, R, dy);
                 CK(cudaEventRecord(b));
                 CK(cudaEventSynchronize(b));
                 CK(cudaGetLastError());
@@ -405,12 +559,12 @@ int main(int argc, char **argv) {
             int cnt = 0;
             for (int n = 0; n < nt * 8; n++)
                 for (int r = 0; r < RR; r++) {
-                    const double e = fabs(hy[(size_t)n * R + r] - ref[n][r]) / mag[n][r];
+                    const double e = fabs(hy[(size_t)n * R + r] - ref[ways[way].tl][n][r]) / mag[ways[way].tl][n][r];
                     worst = e > worst ? e : worst, sum += e, cnt++;
                 }
-            printf("%-13s %2d tokens: %8.1f us  %6.0f GB/s of weights  (%d blocks of 8 warps, %d an SM)  error / sum|w x|: "
+            printf("%-15s %2d tokens: %8.1f us  %6.0f GB/s of weights  (%d blocks of 8 warps, %d an SM)  error / sum|w x|: "
                    "mean %.2e worst %.2e\n",
-                   way == 4 ? "wgmma k128 *" : way == 3 ? "wgmma e4m3 p1" : way == 2 ? "wgmma e4m3" : way ? "mma.sync e4m3" : "f16", nt * 8, best * 1e3, wbytes / best / 1e6, grid, per, sum / cnt, worst);
+                   ways[way].name, nt * 8, best * 1e3, wbytes / best / 1e6, grid, per, sum / cnt, worst);
         }
     free(hW), free(hS), free(hy);
     cudaFree(dW), cudaFree(dS), cudaFree(dy), cudaFree(dx8), cudaFree(dx16), cudaFree(dcp);
