@@ -57,9 +57,14 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
 
 /* the weights' layouts: row-major (the checkpoint's, as the kernels read it today: a row's 1 KB in order, so a warp's
  * 16-byte loads of a unit touch 16 rows, 64 bytes each, 1 KB apart), or tiled (TL: per 16-row tile and unit, the 16
- * rows' 64 bytes together, 1 KB contiguous: a warp's load of a unit half is 512 contiguous bytes). wbase: the scale
- * word of (row r, unit 0); unit u adds u (row-major) or 16 u (tiled) scale words, 4x that in 16-byte weight quads. */
-template <bool TL> __device__ __forceinline__ size_t wbase(int r) { return TL ? (size_t)(r >> 4) * NU * 16 + (r & 15) : (size_t)r * NU; }
+ * rows' 64 bytes together, 1 KB contiguous: a warp's load of a unit half is 512 contiguous bytes), or interleaved (TL 2:
+ * per 8-row group and unit the 8 rows' 64 bytes together, 512 bytes: the same warp loads, the two halves of a 16-row
+ * tile in two streams). wbase: the scale word of (row r, unit 0); unit u adds u, 16 u or 8 u scale words (wustride),
+ * 4x that in 16-byte weight quads. */
+template <int TL> __device__ __forceinline__ size_t wbase(int r) {
+    return TL == 1 ? (size_t)(r >> 4) * NU * 16 + (r & 15) : TL == 2 ? (size_t)(r >> 3) * NU * 8 + (r & 7) : (size_t)r * NU;
+}
+template <int TL> __host__ __device__ constexpr int wustride() { return TL == 1 ? 16 : TL == 2 ? 8 : 1; }
 
 /* one 128-column unit of the f16 way: rows g and g + 8 (words wa, wb; scale words f0, f1) against the NT x 8 staged
  * tokens (f16, LD bytes a row), summed at the unit's end into acc */
@@ -101,7 +106,7 @@ __device__ __forceinline__ void unit_f16(float (&acc)[NT][4], const uint32_t (&w
 /* weights: word ((r * NU + u) * 4 + c) * 4 + G holds values u * 128 + G * 32 + 8c + i (i = 0..7) of row r; scales: word
  * r * NU + u holds the E8M0 bytes of the unit's groups 0..3. x: [tokens][K + XPAD] bytes (e4m3) or halves (f16), each
  * (u, G, c) eight values in the order 8c + {0, 2, 4, 6, 1, 3, 5, 7}. y [tokens][R]. */
-template <int NT, bool E4, int D = 1, bool TL = false> /* D: units whose weight loads are in flight ahead of the one computed */
+template <int NT, bool E4, int D = 1, int TL = 0> /* D: units whose weight loads are in flight ahead of the one computed */
 __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W, const uint32_t *__restrict__ S,
                                                     const void *__restrict__ xg, int R, float *__restrict__ y) {
     extern __shared__ __align__(16) uint8_t xs[];
@@ -115,7 +120,7 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W,
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     for (int tile = blockIdx.x * 8 + warp; tile < R / 16; tile += gridDim.x * 8) {
         const int r0 = tile * 16 + g, r1 = r0 + 8;
-        constexpr int US = TL ? 16 : 1; /* a unit's stride in scale words (x 4: in weight quads) */
+        constexpr int US = wustride<TL>(); /* a unit's stride in scale words (x 4: in weight quads) */
         const uint4 *w0 = W + wbase<TL>(r0) * 4 + c, *w1 = W + wbase<TL>(r1) * 4 + c;
         const uint32_t *s0 = S + wbase<TL>(r0), *s1 = S + wbase<TL>(r1);
         float acc[NT][4];
@@ -234,7 +239,7 @@ __device__ __forceinline__ void stage_wg(uint8_t *xs, const uint32_t *xg) {
     wg_fence_proxy();
 }
 
-template <int NT, int PIPE, int D = 1, bool TL = false>
+template <int NT, int PIPE, int D = 1, int TL = 0>
 __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, const uint32_t *__restrict__ S,
                                                 const uint32_t *__restrict__ xg, int R, float *__restrict__ y) {
     extern __shared__ __align__(16) uint8_t xs[]; /* [K / 32][NT][2][8][16] */
@@ -245,7 +250,7 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
     const int warp = tid >> 5, wg = warp >> 2, lane = tid & 31, g = lane >> 2, c = lane & 3;
     for (int tile = blockIdx.x * 2 + wg; tile < R / 64; tile += gridDim.x * 2) {
         const int r0 = tile * 64 + (warp & 3) * 16 + g, r1 = r0 + 8;
-        constexpr int US = TL ? 16 : 1; /* a unit's stride in scale words (x 4: in weight quads) */
+        constexpr int US = wustride<TL>(); /* a unit's stride in scale words (x 4: in weight quads) */
         const uint4 *w0 = W + wbase<TL>(r0) * 4 + c, *w1 = W + wbase<TL>(r1) * 4 + c;
         const uint32_t *s0 = S + wbase<TL>(r0), *s1 = S + wbase<TL>(r1);
         float acc[NT][4], dt[2][2][4];
@@ -345,7 +350,7 @@ template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.as
  * into a ring of S unit stages in shared memory, S - 1 units in flight ahead of the one computed, across its tiles
  * (no drain between them); each lane reads back only what it copied (no barrier). WG: the wgmma way (64-row tiles a
  * warpgroup), else the f16 way (16-row tiles a warp). */
-template <int NT, bool WG, int S, bool TL = false>
+template <int NT, bool WG, int S, int TL = 0>
 __global__ void __launch_bounds__(256) probe_ring(const uint4 *__restrict__ W, const uint32_t *__restrict__ Sc,
                                                   const void *__restrict__ xg, int R, float *__restrict__ y) {
     extern __shared__ __align__(16) uint8_t sm[];
@@ -364,7 +369,7 @@ __global__ void __launch_bounds__(256) probe_ring(const uint4 *__restrict__ W, c
     auto issue = [&](int i) {
         if (i < n) {
             const int u = i % NU, st = i % S, r0 = row(i);
-            constexpr int US = TL ? 16 : 1;
+            constexpr int US = wustride<TL>();
             cp16(rw + st * 64 + lane, W + (wbase<TL>(r0) + u * US) * 4 + c);
             cp16(rw + st * 64 + 32 + lane, W + (wbase<TL>(r0 + 8) + u * US) * 4 + c);
             cp4(rs + st * 64 + lane, Sc + wbase<TL>(r0) + u * US);
@@ -400,6 +405,87 @@ __global__ void __launch_bounds__(256) probe_ring(const uint4 *__restrict__ W, c
     cp_wait<0>();
 }
 
+/* mbarrier and bulk copy (TMA, one instruction for a contiguous run of bytes): the completion is counted in bytes on the
+ * stage's barrier, the consumer waits for the barrier's phase */
+__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(b);
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(a), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     (unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(bytes), "r"((unsigned)__cvta_generic_to_shared(b))
+                 : "memory");
+}
+
+/* The tiled layout streamed by bulk copies: per warp a ring of S stages, each one (16-row tile, unit): its 1 KB of
+ * weights and 64 bytes of scale words in two bulk copies issued by lane 0 on the stage's barrier, S - 1 units ahead;
+ * each lane then reads its 16 bytes of each row half (conflict-free) and its rows' scale words. WG: the wgmma way. */
+template <int NT, bool WG, int S>
+__global__ void __launch_bounds__(256) probe_bulk(const uint4 *__restrict__ W, const uint32_t *__restrict__ Sc,
+                                                  const void *__restrict__ xg, int R, float *__restrict__ y) {
+    extern __shared__ __align__(16) uint8_t sm[];
+    constexpr int LD = (K + XPAD) * 2, XBYTES = WG ? NT * 8 * K : NT * 8 * LD, STG = 1024 + 64;
+    uint8_t *xs = sm;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    uint8_t *ring = sm + XBYTES + warp * S * STG;
+    uint64_t *bar = (uint64_t *)(sm + XBYTES + 8 * S * STG) + warp * S;
+    if (WG) stage_wg<NT>(xs, (const uint32_t *)xg);
+    else stage_f16<NT, LD>(xs, xg);
+    if (lane < S) mbar_init(bar + lane, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncthreads();
+    const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs);
+    const int ntile = WG ? R / 64 : R / 16, t0 = WG ? blockIdx.x * 2 + (warp >> 2) : blockIdx.x * 8 + warp;
+    const int ts = WG ? gridDim.x * 2 : gridDim.x * 8, n = (t0 < ntile ? (ntile - t0 + ts - 1) / ts : 0) * NU;
+    auto tile16 = [&](int i) { return WG ? (t0 + (i / NU) * ts) * 4 + (warp & 3) : t0 + (i / NU) * ts; };
+    auto issue = [&](int i) {
+        if (lane == 0 && i < n) {
+            const int st = i % S;
+            const size_t tu = (size_t)tile16(i) * NU + i % NU;
+            mbar_expect(bar + st, STG);
+            bulk_g2s(ring + st * STG, W + tu * 64, 1024, bar + st);
+            bulk_g2s(ring + st * STG + 1024, Sc + tu * 16, 64, bar + st);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) issue(i);
+    float acc[NT][4];
+#pragma unroll
+    for (int q = 0; q < NT; q++) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        __syncwarp(); /* every lane has read stage (i - 1) % S, which the next issue refills */
+        issue(i + S - 1);
+        const int st = i % S, u = i % NU;
+        mbar_wait(bar + st, (unsigned)(i / S) & 1u);
+        const uint8_t *sb = ring + st * STG;
+        const uint4 p0 = *(const uint4 *)(sb + lane * 16), p1 = *(const uint4 *)(sb + 512 + lane * 16);
+        const uint32_t f0 = *(const uint32_t *)(sb + 1024 + g * 4), f1 = *(const uint32_t *)(sb + 1024 + (g + 8) * 4);
+        const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
+        if constexpr (WG) unit_wg<NT>(acc, wa, wb, f0, f1, xsa, u);
+        else unit_f16<NT, LD>(acc, wa, wb, f0, f1, xs, u, g, c);
+        if (u == NU - 1) {
+            const int r0 = tile16(i) * 16 + g, r1 = r0 + 8;
+#pragma unroll
+            for (int q = 0; q < NT; q++) {
+                const int tq = q * 8 + 2 * c;
+                y[(size_t)tq * R + r0] = acc[q][0], y[(size_t)(tq + 1) * R + r0] = acc[q][1];
+                y[(size_t)tq * R + r1] = acc[q][2], y[(size_t)(tq + 1) * R + r1] = acc[q][3];
+                acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+            }
+        }
+    }
+}
+
 /* random weights on the device: codes from a hash, E8M0 scales 127 +- 6 (the f16 path's factors stay normal) */
 __global__ void fill_kernel(uint32_t *W, uint32_t *S, size_t nw, size_t ns) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nw + ns; i += (size_t)gridDim.x * blockDim.x) {
@@ -414,6 +500,10 @@ __global__ void fill_kernel(uint32_t *W, uint32_t *S, size_t nw, size_t ns) {
     }
 }
 
+/* wbase + u * wustride on the host: the scale word (and the weight quad / 4) of (row r, unit u) in layout tl */
+static size_t hix(int tl, int r, int u) {
+    return tl == 1 ? ((size_t)(r >> 4) * NU + u) * 16 + (r & 15) : tl == 2 ? ((size_t)(r >> 3) * NU + u) * 8 + (r & 7) : (size_t)r * NU + u;
+}
 static float e2m1_val(int n) {
     static const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     return n & 8 ? -v[n & 7] : v[n & 7];
@@ -486,16 +576,16 @@ int main(int argc, char **argv) {
     uint32_t *hW = (uint32_t *)malloc((size_t)RR * K / 8 * 4), *hS = (uint32_t *)malloc((size_t)RR * NU * 4);
     CK(cudaMemcpy(hW, dW, (size_t)RR * K / 8 * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hS, dS, (size_t)RR * NU * 4, cudaMemcpyDeviceToHost));
-    static double ref[2][16][64], mag[2][16][64]; /* [tiled] */
-    for (int tl = 0; tl < 2; tl++)
+    static double ref[3][16][64], mag[3][16][64]; /* [layout] */
+    for (int tl = 0; tl < 3; tl++)
     for (int r = 0; r < RR; r++)
         for (int n = 0; n < 16; n++) {
             double s = 0, m = 0;
             for (int u = 0; u < NU; u++)
                 for (int c = 0; c < 4; c++)
                     for (int G = 0; G < 4; G++) {
-                        const uint32_t w = hW[(tl ? ((size_t)(r >> 4) * NU + u) * 16 + (r & 15) : (size_t)r * NU + u) * 16 + c * 4 + G];
-                        const int e = (int)((hS[tl ? ((size_t)(r >> 4) * NU + u) * 16 + (r & 15) : (size_t)r * NU + u] >> (8 * G)) & 0xff) - 127;
+                        const uint32_t w = hW[hix(tl, r, u) * 16 + c * 4 + G];
+                        const int e = (int)((hS[hix(tl, r, u)] >> (8 * G)) & 0xff) - 127;
                         for (int i = 0; i < 8; i++) {
                             const double p = ldexp(e2m1_val((int)(w >> (4 * i)) & 15), e) * e4m3_val(xc[n][u * 128 + G * 32 + 8 * c + i]);
                             s += p, m += fabs(p);
@@ -507,7 +597,7 @@ int main(int argc, char **argv) {
     float *hy = (float *)malloc(sizeof(float) * 16 * (size_t)R);
     typedef void (*kfn)(const uint4 *, const uint32_t *, const void *, int, float *);
     /* kind: 0 f16 (x as f16), 1 mma.sync e4m3, 2 wgmma (x codes as core matrices); d: units in flight ahead (registers),
-     * -S: a cp.async ring of S stages a warp (probe_ring) */
+     * -S: a cp.async ring of S stages a warp (probe_ring), -100 - S: a bulk-copy ring (probe_bulk, tiled) */
     static const struct {
         const char *name;
         int kind, d, tl;
@@ -525,10 +615,17 @@ int main(int argc, char **argv) {
         {"wgmma k128 * d4", 2, 4, 0, (kfn)probe_wg<1, 2, 4>, (kfn)probe_wg<2, 2, 4>},
         {"f16 ring 4", 0, -4, 0, (kfn)probe_ring<1, false, 4>, (kfn)probe_ring<2, false, 4>},
         {"f16 ring 6", 0, -6, 0, (kfn)probe_ring<1, false, 6>, (kfn)probe_ring<2, false, 6>},
-        {"f16 tiled", 0, 1, 1, (kfn)probe_kernel<1, false, 1, true>, (kfn)probe_kernel<2, false, 1, true>},
-        {"wgmma tiled", 2, 1, 1, (kfn)probe_wg<1, 0, 1, true>, (kfn)probe_wg<2, 0, 1, true>},
-        {"f16 ring 4 tiled", 0, -4, 1, (kfn)probe_ring<1, false, 4, true>, (kfn)probe_ring<2, false, 4, true>},
-        {"f16 ring 6 tiled", 0, -6, 1, (kfn)probe_ring<1, false, 6, true>, (kfn)probe_ring<2, false, 6, true>},
+        {"f16 tiled", 0, 1, 1, (kfn)probe_kernel<1, false, 1, 1>, (kfn)probe_kernel<2, false, 1, 1>},
+        {"wgmma tiled", 2, 1, 1, (kfn)probe_wg<1, 0, 1, 1>, (kfn)probe_wg<2, 0, 1, 1>},
+        {"f16 ring 4 tiled", 0, -4, 1, (kfn)probe_ring<1, false, 4, 1>, (kfn)probe_ring<2, false, 4, 1>},
+        {"f16 ring 6 tiled", 0, -6, 1, (kfn)probe_ring<1, false, 6, 1>, (kfn)probe_ring<2, false, 6, 1>},
+        {"f16 il8", 0, 1, 2, (kfn)probe_kernel<1, false, 1, 2>, (kfn)probe_kernel<2, false, 1, 2>},
+        {"wgmma il8", 2, 1, 2, (kfn)probe_wg<1, 0, 1, 2>, (kfn)probe_wg<2, 0, 1, 2>},
+        {"f16 bulk 4", 0, -104, 1, (kfn)probe_bulk<1, false, 4>, (kfn)probe_bulk<2, false, 4>},
+        {"f16 bulk 8", 0, -108, 1, (kfn)probe_bulk<1, false, 8>, (kfn)probe_bulk<2, false, 8>},
+        {"wgmma bulk 4", 2, -104, 1, (kfn)probe_bulk<1, true, 4>, (kfn)probe_bulk<2, true, 4>},
+        {"wgmma bulk 8", 2, -108, 1, (kfn)probe_bulk<1, true, 8>, (kfn)probe_bulk<2, true, 8>},
+        {"wgmma ring 4 tiled", 2, -4, 1, (kfn)probe_ring<1, true, 4, 1>, (kfn)probe_ring<2, true, 4, 1>},
         {"wgmma ring 4", 2, -4, 0, (kfn)probe_ring<1, true, 4>, (kfn)probe_ring<2, true, 4>},
         {"wgmma ring 6", 2, -6, 0, (kfn)probe_ring<1, true, 6>, (kfn)probe_ring<2, true, 6>},
         {"wgmma ring 8", 2, -8, 0, (kfn)probe_ring<1, true, 8>, (kfn)probe_ring<2, true, 8>},
@@ -537,8 +634,9 @@ int main(int argc, char **argv) {
         for (int nt = 1; nt <= 2; nt++) {
             if (argc > 2 && !strstr(ways[way].name, argv[2])) continue;
             const int kind = ways[way].kind;
-            const size_t smem = kind == 2 ? (size_t)nt * 8 * K : (size_t)nt * 8 * (K + XPAD) * (kind ? 1 : 2)
-                               + (ways[way].d < 0 ? (size_t)8 * -ways[way].d * 64 * 20 : 0);
+            const size_t smem = (kind == 2 ? (size_t)nt * 8 * K : (size_t)nt * 8 * (K + XPAD) * (kind ? 1 : 2)) +
+                                (ways[way].d < -100 ? (size_t)8 * (-ways[way].d - 100) * (1024 + 64 + 8)
+                                 : ways[way].d < 0 ? (size_t)8 * -ways[way].d * 64 * 20 : 0);
             const kfn kern = nt == 1 ? ways[way].k1 : ways[way].k2;
             CK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             int per = 0;
