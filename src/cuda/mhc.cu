@@ -27,6 +27,7 @@
  * Launches carry the programmatic-dependent-launch attribute: each kernel lets the next one launch at once,
  * loads what does not depend on earlier kernels (the fn chunk), then waits in griddepcontrol.wait. */
 #include "common.cuh"
+#include "cuda_model.h"
 #include "../cpu/hc_split.h"
 
 #define HC_MAXM 16
@@ -203,8 +204,27 @@ __global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, i
  * every stream from Xin at its columns and writes stream j's new ones to Xout (Xin != Xout: other blocks still read
  * the old ones), X(j, d) = hc_post4_kernel's value (the same fmul / fmaf chain), kept in shared memory for the mixes.
  * So Xout, the partials and the squares' partials are bitwise hc_post's X then the mixing kernel's. */
+/* values d .. d+3 of token t's post input: f, or the routed experts' rows ys by the token's slots (in order, to the
+ * first empty one) then the shared expert's, moe_combine_kernel's additions on each value */
+__device__ __forceinline__ float4 hc_fq(const dsv4_cuda_hc_f &src, int t, int D, int d) {
+    if (!src.ys) return *(const float4 *)(src.f + (int64_t)t * D + d);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int *ts = src.tslot + (int64_t)t * src.K;
+    for (int k = 0; k < src.K; k++) {
+        const int s = ts[k];
+        if (s < 0) break;
+        const float4 v = *(const float4 *)(src.ys + (int64_t)s * D + d);
+        acc.x = __fadd_rn(acc.x, v.x), acc.y = __fadd_rn(acc.y, v.y), acc.z = __fadd_rn(acc.z, v.z), acc.w = __fadd_rn(acc.w, v.w);
+    }
+    if (src.shared) {
+        const float4 v = *(const float4 *)(src.shared + (int64_t)t * D + d);
+        acc.x = __fadd_rn(acc.x, v.x), acc.y = __fadd_rn(acc.y, v.y), acc.z = __fadd_rn(acc.z, v.z), acc.w = __fadd_rn(acc.w, v.w);
+    }
+    return acc;
+}
+
 template <int TB>
-__global__ void __launch_bounds__(128) hc_post_mix(const float *__restrict__ f, const float *__restrict__ Xin,
+__global__ void __launch_bounds__(128) hc_post_mix(const __grid_constant__ dsv4_cuda_hc_f src, const float *__restrict__ Xin,
                                                    float *__restrict__ Xout, int T, int M, int D, const float *__restrict__ post,
                                                    const float *__restrict__ comb, const float *__restrict__ W, int nr,
                                                    int nsc, float *__restrict__ part, double *__restrict__ ssp) {
@@ -227,7 +247,7 @@ __global__ void __launch_bounds__(128) hc_post_mix(const float *__restrict__ f, 
         const int tk = i / (HC_SC / 4), q = i % (HC_SC / 4), t = t0 + tk, d = d0 + 4 * q;
         const float *Xt = Xin + (int64_t)t * K, *C = comb + (int64_t)t * M * M;
         const float p = post[(int64_t)t * M + j];
-        const float4 fd = *(const float4 *)(f + (int64_t)t * D + d);
+        const float4 fd = hc_fq(src, t, D, d);
         float4 acc = make_float4(__fmul_rn(p, fd.x), __fmul_rn(p, fd.y), __fmul_rn(p, fd.z), __fmul_rn(p, fd.w));
         for (int i2 = 0; i2 < M; i2++) {
             const float4 o = *(const float4 *)(Xt + (int64_t)i2 * D + d);
@@ -663,7 +683,7 @@ static int hc_post_run(const float *f, const float *Xin, float *X, int T, int M,
 template <int HEAD>
 static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, int nrs,
                   const float *scale, const float *base, int iters, float norm_eps, float hc_eps, const float *nw,
-                  float *x, float *post, float *comb, void *scratch, cudaStream_t st, const float *pf = NULL,
+                  float *x, float *post, float *comb, void *scratch, cudaStream_t st, const dsv4_cuda_hc_f *pf = NULL,
                   const float *pXin = NULL, float *mixo = NULL) {
     const int K = M * D, nr = HEAD ? M : (2 + M) * M, nsc = hc_nsc(K);
     const size_t pbytes = ((size_t)T * nsc * nrs * sizeof(float) + 15) & ~(size_t)15;
@@ -696,19 +716,23 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
     /* pf: the previous sub-block's post first (f pf, the old streams pXin, the post and comb in post / comb), into X: in
      * the mixing kernel when it fits (few tokens, out of place, whole super-chunks per stream), else as its own launch */
     const int pm = pf && !HEAD && pXin != X && big_ok && T < HC_BIG_T && (nr + 1) * HC_G <= 128 && D % HC_SC == 0 &&
-                   !((uintptr_t)pf & 15) && !((uintptr_t)pXin & 15) && !(flags & 8);
-    if (pf && !pm && hc_post_run(pf, pXin, (float *)X, T, M, D, post, comb, st)) return -1;
+                   !((uintptr_t)pf->f & 15) && !((uintptr_t)pf->ys & 15) && !((uintptr_t)pf->shared & 15) &&
+                   !((uintptr_t)pXin & 15) && !(flags & 8);
+    if (pf && !pm) { /* the experts' rows combined into f first, then the post on its own */
+        if (pf->ys && dsv4_cuda_moe_combine(pf->ys, pf->tslot, T, pf->K, D, pf->shared, (float *)pf->f, st)) return -1;
+        if (hc_post_run(pf->f, pXin, (float *)X, T, M, D, post, comb, st)) return -1;
+    }
     for (int t0 = 0; t0 < T; t0 += HC_TGROUP) {
         const int n = T - t0 < HC_TGROUP ? T - t0 : HC_TGROUP;
         const float *Xg = X + (int64_t)t0 * K;
         if (pm) { /* n == T here */
             const int pb = n == 1 ? 1 : tb;
-            void (*k)(const float *, const float *, float *, int, int, int, const float *, const float *, const float *, int, int,
-                      float *, double *) = pb == 1   ? hc_post_mix<1>
+            void (*k)(const dsv4_cuda_hc_f, const float *, float *, int, int, int, const float *, const float *, const float *,
+                      int, int, float *, double *) = pb == 1   ? hc_post_mix<1>
                                            : pb == 2 ? hc_post_mix<2>
                                            : pb == 4 ? hc_post_mix<4>
                                                      : hc_post_mix<8>;
-            if (hc_launch(op, k, dim3(nsc, (n + pb - 1) / pb), 128, 0, st, flags, pf, pXin, (float *)X, n, M, D,
+            if (hc_launch(op, k, dim3(nsc, (n + pb - 1) / pb), 128, 0, st, flags, *pf, pXin, (float *)X, n, M, D,
                           (const float *)post, (const float *)comb, W, nr, nsc, part, ssp))
                 return -1;
         } else if (big_ok && n >= HC_BIG_T) {
@@ -752,7 +776,7 @@ extern "C" int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_
                      scratch, DSV4_STREAM(stream));
 }
 
-extern "C" int dsv4_cuda_hc_post_pre(const float *f, const float *Xin, float *X, int T, int M, int D,
+extern "C" int dsv4_cuda_hc_post_pre(const dsv4_cuda_hc_f *f, const float *Xin, float *X, int T, int M, int D,
                                      const dsv4_cuda_weight *fn, const float *scale, const float *base, int iters,
                                      float norm_eps, float hc_eps, const float *norm_w, float *x, float *post, float *comb,
                                      float *mix, void *scratch, void *stream) {
