@@ -131,31 +131,15 @@ __global__ void __launch_bounds__(128) hc_mix_small(const float *__restrict__ X,
     }
 }
 
-/* grid (nsc, ceil(T / TB)), 128 threads; F32 fn, K % HC_SC == 0, (nr + 1) * HC_G <= 128, 16-byte aligned X and fn:
- * hc_mix_small's fast path for up to TB tokens per block, each thread's fn chunk loaded once for all of them (the
- * same chains per token, so the same bits) */
+/* hc_mix_tok's second half, for the TB tokens staged in xs (after the barrier that ends the staging): thread (chunk g,
+ * row r) its fmaf chain over the chunk against each token (wv: its fn chunk; r == nr: the chunk's sum of squares), then
+ * per (token, row) the chunk sums added in order into the super-chunk's partial (the squares' in double) */
 template <int TB>
-__global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, int T, int K, const float *__restrict__ W,
-                                                  int nr, int nsc, float *__restrict__ part, double *__restrict__ ssp) {
-    __shared__ __align__(16) float xs[TB][HC_SC];
+__device__ __forceinline__ void hc_tok_mix(const float (*xs)[HC_SC], const float4 (&wv)[HC_CH / 4], int nr, int nsc, int sc,
+                                           int t0, int nt, float *__restrict__ part, double *__restrict__ ssp) {
     __shared__ float ps[TB][HC_G][32];
     __shared__ float pss[TB][HC_G];
-    const int sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
-    const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
-    float4 wv[HC_CH / 4];
-    dev_pdl_trigger();
-    if (g < HC_G && r < nr) {
-        const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + cb);
-#pragma unroll
-        for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
-    }
-    dev_pdl_wait(); /* X is the previous kernel's */
-#pragma unroll
-    for (int u = 0; u < TB * HC_SC / 4 / 128; u++) {
-        const int i = tid + 128 * u, tk = i / (HC_SC / 4), q = i % (HC_SC / 4);
-        ((float4 *)xs[tk])[q] = tk < nt ? ((const float4 *)(X + (int64_t)(t0 + tk) * K + c0))[q] : make_float4(0, 0, 0, 0);
-    }
-    __syncthreads();
+    const int tid = threadIdx.x, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
     if (g < HC_G && r < nr) {
         float a[TB];
 #pragma unroll
@@ -196,6 +180,32 @@ __global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, i
             ssp[(int64_t)(t0 + tk) * nsc + sc] = s;
         }
     }
+}
+
+/* grid (nsc, ceil(T / TB)), 128 threads; F32 fn, K % HC_SC == 0, (nr + 1) * HC_G <= 128, 16-byte aligned X and fn:
+ * hc_mix_small's fast path for up to TB tokens per block, each thread's fn chunk loaded once for all of them (the
+ * same chains per token, so the same bits) */
+template <int TB>
+__global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, int T, int K, const float *__restrict__ W,
+                                                  int nr, int nsc, float *__restrict__ part, double *__restrict__ ssp) {
+    __shared__ __align__(16) float xs[TB][HC_SC];
+    const int sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
+    const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
+    float4 wv[HC_CH / 4];
+    dev_pdl_trigger();
+    if (g < HC_G && r < nr) {
+        const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + cb);
+#pragma unroll
+        for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
+    }
+    dev_pdl_wait(); /* X is the previous kernel's */
+#pragma unroll
+    for (int u = 0; u < TB * HC_SC / 4 / 128; u++) {
+        const int i = tid + 128 * u, tk = i / (HC_SC / 4), q = i % (HC_SC / 4);
+        ((float4 *)xs[tk])[q] = tk < nt ? ((const float4 *)(X + (int64_t)(t0 + tk) * K + c0))[q] : make_float4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    hc_tok_mix<TB>(xs, wv, nr, nsc, sc, t0, nt, part, ssp);
 }
 
 /* The previous sub-block's post and this one's mixes in one kernel (decode chain: one launch less a sub-block):
@@ -229,8 +239,6 @@ __global__ void __launch_bounds__(128) hc_post_mix(const __grid_constant__ dsv4_
                                                    const float *__restrict__ comb, const float *__restrict__ W, int nr,
                                                    int nsc, float *__restrict__ part, double *__restrict__ ssp) {
     __shared__ __align__(16) float xs[TB][HC_SC];
-    __shared__ float ps[TB][HC_G][32];
-    __shared__ float pss[TB][HC_G];
     const int K = M * D, sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
     const int j = c0 / D, d0 = c0 - j * D;
     const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
@@ -260,46 +268,7 @@ __global__ void __launch_bounds__(128) hc_post_mix(const __grid_constant__ dsv4_
     for (int i = nt * (HC_SC / 4) + tid; i < TB * (HC_SC / 4); i += 128) /* tokens past T: zeros, as hc_mix_tok */
         *(float4 *)(xs[i / (HC_SC / 4)] + 4 * (i % (HC_SC / 4))) = make_float4(0, 0, 0, 0);
     __syncthreads();
-    if (g < HC_G && r < nr) {
-        float a[TB];
-#pragma unroll
-        for (int tk = 0; tk < TB; tk++) a[tk] = 0;
-#pragma unroll
-        for (int q = 0; q < HC_CH / 4; q++)
-#pragma unroll
-            for (int tk = 0; tk < TB; tk++) {
-                const float4 xv = *(const float4 *)(xs[tk] + cb + 4 * q);
-                a[tk] = fmaf(wv[q].x, xv.x, a[tk]);
-                a[tk] = fmaf(wv[q].y, xv.y, a[tk]);
-                a[tk] = fmaf(wv[q].z, xv.z, a[tk]);
-                a[tk] = fmaf(wv[q].w, xv.w, a[tk]);
-            }
-#pragma unroll
-        for (int tk = 0; tk < TB; tk++) ps[tk][g][r] = a[tk];
-    } else if (g < HC_G) {
-        float a[TB];
-#pragma unroll
-        for (int tk = 0; tk < TB; tk++) a[tk] = 0;
-#pragma unroll 4
-        for (int k = 0; k < HC_CH; k++)
-#pragma unroll
-            for (int tk = 0; tk < TB; tk++) a[tk] = fmaf(xs[tk][cb + k], xs[tk][cb + k], a[tk]);
-#pragma unroll
-        for (int tk = 0; tk < TB; tk++) pss[tk][g] = a[tk];
-    }
-    __syncthreads();
-    for (int i = tid; i < nt * (nr + 1); i += 128) {
-        const int tk = i / (nr + 1), rr = i % (nr + 1);
-        if (rr < nr) {
-            float s = 0;
-            for (int gg = 0; gg < HC_G; gg++) s += ps[tk][gg][rr];
-            part[((int64_t)(t0 + tk) * nsc + sc) * nr + rr] = s;
-        } else {
-            double s = 0;
-            for (int gg = 0; gg < HC_G; gg++) s += (double)pss[tk][gg];
-            ssp[(int64_t)(t0 + tk) * nsc + sc] = s;
-        }
-    }
+    hc_tok_mix<TB>(xs, wv, nr, nsc, sc, t0, nt, part, ssp);
 }
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
