@@ -219,17 +219,30 @@ __global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, i
 __device__ __forceinline__ float4 hc_fq(const dsv4_cuda_hc_f &src, int t, int D, int d) {
     if (!src.ys) return *(const float4 *)(src.f + (int64_t)t * D + d);
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 sh = src.shared ? *(const float4 *)(src.shared + (int64_t)t * D + d) : acc;
     const int *ts = src.tslot + (int64_t)t * src.K;
-    for (int k = 0; k < src.K; k++) {
-        const int s = ts[k];
-        if (s < 0) break;
-        const float4 v = *(const float4 *)(src.ys + (int64_t)s * D + d);
-        acc.x = __fadd_rn(acc.x, v.x), acc.y = __fadd_rn(acc.y, v.y), acc.z = __fadd_rn(acc.z, v.z), acc.w = __fadd_rn(acc.w, v.w);
+    for (int k0 = 0; k0 < src.K; k0 += 8) { /* as moe_combine_kernel: 8 slots, then their rows, all in flight */
+        int s[8];
+        float4 v[8];
+        bool live = true;
+#pragma unroll
+        for (int u = 0; u < 8; u++) s[u] = k0 + u < src.K ? ts[k0 + u] : -1;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            live = live && s[u] >= 0;
+            v[u] = live ? *(const float4 *)(src.ys + (int64_t)s[u] * D + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        bool add = true;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            add = add && s[u] >= 0;
+            if (add)
+                acc.x = __fadd_rn(acc.x, v[u].x), acc.y = __fadd_rn(acc.y, v[u].y), acc.z = __fadd_rn(acc.z, v[u].z),
+                acc.w = __fadd_rn(acc.w, v[u].w);
+        }
+        if (!live) break;
     }
-    if (src.shared) {
-        const float4 v = *(const float4 *)(src.shared + (int64_t)t * D + d);
-        acc.x = __fadd_rn(acc.x, v.x), acc.y = __fadd_rn(acc.y, v.y), acc.z = __fadd_rn(acc.z, v.z), acc.w = __fadd_rn(acc.w, v.w);
-    }
+    if (src.shared) acc.x = __fadd_rn(acc.x, sh.x), acc.y = __fadd_rn(acc.y, sh.y), acc.z = __fadd_rn(acc.z, sh.z), acc.w = __fadd_rn(acc.w, sh.w);
     return acc;
 }
 
