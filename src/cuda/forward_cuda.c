@@ -571,7 +571,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
                             w->comb, w->hcs, g->stream));
     /* a routed-experts combine that a post kernel can take over (out of place: few tokens) is left to it */
     *po = (dsv4_cuda_hc_f){w->y, NULL, NULL, 0, NULL};
-    CK(ffn ? moe(g, w, b, L, w->x, w->y, !last && w->X2 && g->combine_defer, po) : attention(g, w, b, L, w->x, w->y));
+    CK(ffn ? moe(g, w, b, L, w->x, w->y, !last && w->X2 && T <= g->combine_defer, po) : attention(g, w, b, L, w->x, w->y));
     return 0;
 }
 
