@@ -202,12 +202,22 @@ int dsv4_cuda_hc_post(const float *f, float *X, int T, int M, int D, const float
 /* The same post from Xin into X (Xin == X: in place) */
 int dsv4_cuda_hc_post_to(const float *f, const float *Xin, float *X, int T, int M, int D, const float *post,
                          const float *comb, void *stream);
+/* The input of a post (dsv4_cuda_hc_post_pre): f [T, D]; or, with ys, the routed experts' rows ys combined by the
+ * token slots tslot [T, K] and the shared expert's rows (shared [T, D] or NULL) exactly as dsv4_cuda_moe_combine
+ * does, inside the post's kernel (f: where the combine goes when the call cannot fuse them). */
+typedef struct dsv4_cuda_hc_f {
+    const float *f;
+    const float *ys;
+    const int *tslot;
+    int K;
+    const float *shared;
+} dsv4_cuda_hc_f;
 /* dsv4_cuda_hc_post_to(f, Xin, X, T, M, D, post, comb) then dsv4_cuda_hc_pre(X, T, M, D, fn, ...): the same X and
  * outputs bit for bit; post and comb are read (the previous sub-block's), then overwritten with this one's. Few
  * tokens out of place (Xin != X; T < 32, F32 fn, D % 256 == 0): the post runs inside the mixing kernel (one launch
  * less). mix [T, (2+M)*M] or NULL: with it, post and comb are left to dsv4_cuda_hc_comb (the Sinkhorn off the call's
  * critical path) and the call stores the mixes there instead. */
-int dsv4_cuda_hc_post_pre(const float *f, const float *Xin, float *X, int T, int M, int D, const dsv4_cuda_weight *fn,
+int dsv4_cuda_hc_post_pre(const dsv4_cuda_hc_f *f, const float *Xin, float *X, int T, int M, int D, const dsv4_cuda_weight *fn,
                           const float *scale, const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w,
                           float *x, float *post, float *comb, float *mix, void *scratch, void *stream);
 /* post [T, M] and comb [T, M, M] from the mixes dsv4_cuda_hc_post_pre stored: bitwise what it computes without mix */

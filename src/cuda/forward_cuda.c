@@ -495,7 +495,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     return 0;
 }
 
-static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, const float *x, float *out) {
+/* The MoE block of x into out; po: the input of its mHC post, out itself, or (defer, one token group) the experts'
+ * rows and slots for the next sub-block's post kernel to combine (dsv4_cuda_hc_post_pre: the same additions) */
+static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, const float *x, float *out, int defer,
+               dsv4_cuda_hc_f *po) {
     const dsv4_config *c = &g->m->cfg;
     const dsv4_layer *ly = &g->m->layers[L];
     const glayer *gl = &g->L[L];
@@ -521,11 +524,17 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
     const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;
     const int gsz = even < w->tg ? even : w->tg;
+    *po = (dsv4_cuda_hc_f){out, NULL, NULL, 0, NULL};
+    if (ng > 1) defer = 0;
     for (int g0 = 0; g0 < T; g0 += gsz) {
         int tg = T - g0 < gsz ? T - g0 : gsz;
         CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
         CK(dsv4_cuda_moe_experts(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
         if (fork && g0 == 0) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the shared expert's y, for the combine */
+        if (defer) {
+            *po = (dsv4_cuda_hc_f){out, w->ys, w->plan.tslot, K, ly->has_shared ? w->ye : NULL};
+            continue;
+        }
         CK(dsv4_cuda_moe_combine(w->ys, w->plan.tslot, tg, K, D, ly->has_shared ? w->ye + (size_t)g0 * D : NULL,
                                  out + (size_t)g0 * D, st));
     }
@@ -535,7 +544,8 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
 /* One sub-block up to its output w->y, on the streams X. Its mHC post is left to the next sub-block's pre (one kernel
  * for both with few tokens: dsv4_cuda_hc_post_pre) or to gpu_run_layers after the last. Xin: the previous sub-block's
  * streams, its post pending (NULL: none; X itself: in place). */
-static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int ffn, const float *Xin, float *X) {
+static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int ffn, const float *Xin, float *X,
+                     const dsv4_cuda_hc_f *pi, dsv4_cuda_hc_f *po, int last) {
     const dsv4_config *c = &g->m->cfg;
     const glayer *gl = &g->L[L];
     const int T = b->T, M = c->hc_mult, D = c->dim;
@@ -547,7 +557,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
                 * (the Sinkhorn) on stream3 beside the sub-block's work, from the mixes the pre stores (the same bits) */
         const int defer = Xin != X && g->hc_defer && g->stream3 && !g->prof;
         CK(hc_join(g));
-        CK(dsv4_cuda_hc_post_pre(w->y, Xin, X, T, M, D, fn, scale, base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps, nw, w->x,
+        CK(dsv4_cuda_hc_post_pre(pi, Xin, X, T, M, D, fn, scale, base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps, nw, w->x,
                                  w->post, w->comb, defer ? w->hmix : NULL, w->hcs, g->stream));
         if (defer) {
             CK(dsv4_cuda_event_record(g->ev_hc, g->stream));
@@ -559,7 +569,9 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     } else
         CK(dsv4_cuda_hc_pre(X, T, M, D, fn, scale, base, c->hc_sinkhorn_iters, c->norm_eps, c->hc_eps, nw, w->x, w->post,
                             w->comb, w->hcs, g->stream));
-    CK(ffn ? moe(g, w, b, L, w->x, w->y) : attention(g, w, b, L, w->x, w->y));
+    /* a routed-experts combine that a post kernel can take over (out of place: few tokens) is left to it */
+    *po = (dsv4_cuda_hc_f){w->y, NULL, NULL, 0, NULL};
+    CK(ffn ? moe(g, w, b, L, w->x, w->y, !last && w->X2 && T <= g->combine_defer, po) : attention(g, w, b, L, w->x, w->y));
     return 0;
 }
 
@@ -572,10 +584,11 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
      * pre's mixing kernel), else stay in w->X (posts in place); the last post writes w->X for the head */
     float *Xb[2] = {w->X, w->X2 ? w->X2 : w->X};
     int cur = 0;
+    dsv4_cuda_hc_f pf[2]; /* the post inputs of the previous sub-block and this one */
     for (int L = 0; L < c->n_layers; L++)
         for (int ffn = 0; ffn < 2; ffn++) {
-            const int first = L == 0 && !ffn, nxt = first ? cur : cur ^ 1;
-            CK(sub_block(g, w, b, L, ffn, first ? NULL : Xb[cur], Xb[nxt]));
+            const int first = L == 0 && !ffn, nxt = first ? cur : cur ^ 1, k = (2 * L + ffn) & 1;
+            CK(sub_block(g, w, b, L, ffn, first ? NULL : Xb[cur], Xb[nxt], &pf[k ^ 1], &pf[k], ffn && L == c->n_layers - 1));
             cur = nxt;
         }
     CK(hc_join(g));

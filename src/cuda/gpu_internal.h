@@ -99,6 +99,7 @@ struct dsv4_cuda_model {
                                      * work (forward_cuda.c, sub_block): the stream, its fork and done events */
     int hc_pend; /* that work not yet waited for by the main stream */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
+    int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */
     int tmax;    /* most token rows of one pass */
     int qgmax;   /* most queries per indexer score block */

@@ -27,6 +27,7 @@
  * Launches carry the programmatic-dependent-launch attribute: each kernel lets the next one launch at once,
  * loads what does not depend on earlier kernels (the fn chunk), then waits in griddepcontrol.wait. */
 #include "common.cuh"
+#include "cuda_model.h"
 #include "../cpu/hc_split.h"
 
 #define HC_MAXM 16
@@ -130,31 +131,15 @@ __global__ void __launch_bounds__(128) hc_mix_small(const float *__restrict__ X,
     }
 }
 
-/* grid (nsc, ceil(T / TB)), 128 threads; F32 fn, K % HC_SC == 0, (nr + 1) * HC_G <= 128, 16-byte aligned X and fn:
- * hc_mix_small's fast path for up to TB tokens per block, each thread's fn chunk loaded once for all of them (the
- * same chains per token, so the same bits) */
+/* hc_mix_tok's second half, for the TB tokens staged in xs (after the barrier that ends the staging): thread (chunk g,
+ * row r) its fmaf chain over the chunk against each token (wv: its fn chunk; r == nr: the chunk's sum of squares), then
+ * per (token, row) the chunk sums added in order into the super-chunk's partial (the squares' in double) */
 template <int TB>
-__global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, int T, int K, const float *__restrict__ W,
-                                                  int nr, int nsc, float *__restrict__ part, double *__restrict__ ssp) {
-    __shared__ __align__(16) float xs[TB][HC_SC];
+__device__ __forceinline__ void hc_tok_mix(const float (*xs)[HC_SC], const float4 (&wv)[HC_CH / 4], int nr, int nsc, int sc,
+                                           int t0, int nt, float *__restrict__ part, double *__restrict__ ssp) {
     __shared__ float ps[TB][HC_G][32];
     __shared__ float pss[TB][HC_G];
-    const int sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
-    const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
-    float4 wv[HC_CH / 4];
-    dev_pdl_trigger();
-    if (g < HC_G && r < nr) {
-        const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + cb);
-#pragma unroll
-        for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
-    }
-    dev_pdl_wait(); /* X is the previous kernel's */
-#pragma unroll
-    for (int u = 0; u < TB * HC_SC / 4 / 128; u++) {
-        const int i = tid + 128 * u, tk = i / (HC_SC / 4), q = i % (HC_SC / 4);
-        ((float4 *)xs[tk])[q] = tk < nt ? ((const float4 *)(X + (int64_t)(t0 + tk) * K + c0))[q] : make_float4(0, 0, 0, 0);
-    }
-    __syncthreads();
+    const int tid = threadIdx.x, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
     if (g < HC_G && r < nr) {
         float a[TB];
 #pragma unroll
@@ -197,20 +182,76 @@ __global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, i
     }
 }
 
+/* grid (nsc, ceil(T / TB)), 128 threads; F32 fn, K % HC_SC == 0, (nr + 1) * HC_G <= 128, 16-byte aligned X and fn:
+ * hc_mix_small's fast path for up to TB tokens per block, each thread's fn chunk loaded once for all of them (the
+ * same chains per token, so the same bits) */
+template <int TB>
+__global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, int T, int K, const float *__restrict__ W,
+                                                  int nr, int nsc, float *__restrict__ part, double *__restrict__ ssp) {
+    __shared__ __align__(16) float xs[TB][HC_SC];
+    const int sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
+    const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
+    float4 wv[HC_CH / 4];
+    dev_pdl_trigger();
+    if (g < HC_G && r < nr) {
+        const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + cb);
+#pragma unroll
+        for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
+    }
+    dev_pdl_wait(); /* X is the previous kernel's */
+#pragma unroll
+    for (int u = 0; u < TB * HC_SC / 4 / 128; u++) {
+        const int i = tid + 128 * u, tk = i / (HC_SC / 4), q = i % (HC_SC / 4);
+        ((float4 *)xs[tk])[q] = tk < nt ? ((const float4 *)(X + (int64_t)(t0 + tk) * K + c0))[q] : make_float4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    hc_tok_mix<TB>(xs, wv, nr, nsc, sc, t0, nt, part, ssp);
+}
+
 /* The previous sub-block's post and this one's mixes in one kernel (decode chain: one launch less a sub-block):
  * hc_mix_tok<TB> (TB 1: hc_mix_small's fast path) on the streams the post writes. Same grid and conditions as
  * hc_mix_tok, and D % HC_SC == 0 (a super-chunk in one stream j). Out of place: the block reads the old values of
  * every stream from Xin at its columns and writes stream j's new ones to Xout (Xin != Xout: other blocks still read
  * the old ones), X(j, d) = hc_post4_kernel's value (the same fmul / fmaf chain), kept in shared memory for the mixes.
  * So Xout, the partials and the squares' partials are bitwise hc_post's X then the mixing kernel's. */
+/* values d .. d+3 of token t's post input: f, or the routed experts' rows ys by the token's slots (in order, to the
+ * first empty one) then the shared expert's, moe_combine_kernel's additions on each value */
+__device__ __forceinline__ float4 hc_fq(const dsv4_cuda_hc_f &src, int t, int D, int d) {
+    if (!src.ys) return *(const float4 *)(src.f + (int64_t)t * D + d);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 sh = src.shared ? *(const float4 *)(src.shared + (int64_t)t * D + d) : acc;
+    const int *ts = src.tslot + (int64_t)t * src.K;
+    for (int k0 = 0; k0 < src.K; k0 += 8) { /* as moe_combine_kernel: 8 slots, then their rows, all in flight */
+        int s[8];
+        float4 v[8];
+        bool live = true;
+#pragma unroll
+        for (int u = 0; u < 8; u++) s[u] = k0 + u < src.K ? ts[k0 + u] : -1;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            live = live && s[u] >= 0;
+            v[u] = live ? *(const float4 *)(src.ys + (int64_t)s[u] * D + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        bool add = true;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            add = add && s[u] >= 0;
+            if (add)
+                acc.x = __fadd_rn(acc.x, v[u].x), acc.y = __fadd_rn(acc.y, v[u].y), acc.z = __fadd_rn(acc.z, v[u].z),
+                acc.w = __fadd_rn(acc.w, v[u].w);
+        }
+        if (!live) break;
+    }
+    if (src.shared) acc.x = __fadd_rn(acc.x, sh.x), acc.y = __fadd_rn(acc.y, sh.y), acc.z = __fadd_rn(acc.z, sh.z), acc.w = __fadd_rn(acc.w, sh.w);
+    return acc;
+}
+
 template <int TB>
-__global__ void __launch_bounds__(128) hc_post_mix(const float *__restrict__ f, const float *__restrict__ Xin,
+__global__ void __launch_bounds__(128) hc_post_mix(const __grid_constant__ dsv4_cuda_hc_f src, const float *__restrict__ Xin,
                                                    float *__restrict__ Xout, int T, int M, int D, const float *__restrict__ post,
                                                    const float *__restrict__ comb, const float *__restrict__ W, int nr,
                                                    int nsc, float *__restrict__ part, double *__restrict__ ssp) {
     __shared__ __align__(16) float xs[TB][HC_SC];
-    __shared__ float ps[TB][HC_G][32];
-    __shared__ float pss[TB][HC_G];
     const int K = M * D, sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
     const int j = c0 / D, d0 = c0 - j * D;
     const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
@@ -227,7 +268,7 @@ __global__ void __launch_bounds__(128) hc_post_mix(const float *__restrict__ f, 
         const int tk = i / (HC_SC / 4), q = i % (HC_SC / 4), t = t0 + tk, d = d0 + 4 * q;
         const float *Xt = Xin + (int64_t)t * K, *C = comb + (int64_t)t * M * M;
         const float p = post[(int64_t)t * M + j];
-        const float4 fd = *(const float4 *)(f + (int64_t)t * D + d);
+        const float4 fd = hc_fq(src, t, D, d);
         float4 acc = make_float4(__fmul_rn(p, fd.x), __fmul_rn(p, fd.y), __fmul_rn(p, fd.z), __fmul_rn(p, fd.w));
         for (int i2 = 0; i2 < M; i2++) {
             const float4 o = *(const float4 *)(Xt + (int64_t)i2 * D + d);
@@ -240,46 +281,7 @@ __global__ void __launch_bounds__(128) hc_post_mix(const float *__restrict__ f, 
     for (int i = nt * (HC_SC / 4) + tid; i < TB * (HC_SC / 4); i += 128) /* tokens past T: zeros, as hc_mix_tok */
         *(float4 *)(xs[i / (HC_SC / 4)] + 4 * (i % (HC_SC / 4))) = make_float4(0, 0, 0, 0);
     __syncthreads();
-    if (g < HC_G && r < nr) {
-        float a[TB];
-#pragma unroll
-        for (int tk = 0; tk < TB; tk++) a[tk] = 0;
-#pragma unroll
-        for (int q = 0; q < HC_CH / 4; q++)
-#pragma unroll
-            for (int tk = 0; tk < TB; tk++) {
-                const float4 xv = *(const float4 *)(xs[tk] + cb + 4 * q);
-                a[tk] = fmaf(wv[q].x, xv.x, a[tk]);
-                a[tk] = fmaf(wv[q].y, xv.y, a[tk]);
-                a[tk] = fmaf(wv[q].z, xv.z, a[tk]);
-                a[tk] = fmaf(wv[q].w, xv.w, a[tk]);
-            }
-#pragma unroll
-        for (int tk = 0; tk < TB; tk++) ps[tk][g][r] = a[tk];
-    } else if (g < HC_G) {
-        float a[TB];
-#pragma unroll
-        for (int tk = 0; tk < TB; tk++) a[tk] = 0;
-#pragma unroll 4
-        for (int k = 0; k < HC_CH; k++)
-#pragma unroll
-            for (int tk = 0; tk < TB; tk++) a[tk] = fmaf(xs[tk][cb + k], xs[tk][cb + k], a[tk]);
-#pragma unroll
-        for (int tk = 0; tk < TB; tk++) pss[tk][g] = a[tk];
-    }
-    __syncthreads();
-    for (int i = tid; i < nt * (nr + 1); i += 128) {
-        const int tk = i / (nr + 1), rr = i % (nr + 1);
-        if (rr < nr) {
-            float s = 0;
-            for (int gg = 0; gg < HC_G; gg++) s += ps[tk][gg][rr];
-            part[((int64_t)(t0 + tk) * nsc + sc) * nr + rr] = s;
-        } else {
-            double s = 0;
-            for (int gg = 0; gg < HC_G; gg++) s += (double)pss[tk][gg];
-            ssp[(int64_t)(t0 + tk) * nsc + sc] = s;
-        }
-    }
+    hc_tok_mix<TB>(xs, wv, nr, nsc, sc, t0, nt, part, ssp);
 }
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
@@ -663,7 +665,7 @@ static int hc_post_run(const float *f, const float *Xin, float *X, int T, int M,
 template <int HEAD>
 static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, int nrs,
                   const float *scale, const float *base, int iters, float norm_eps, float hc_eps, const float *nw,
-                  float *x, float *post, float *comb, void *scratch, cudaStream_t st, const float *pf = NULL,
+                  float *x, float *post, float *comb, void *scratch, cudaStream_t st, const dsv4_cuda_hc_f *pf = NULL,
                   const float *pXin = NULL, float *mixo = NULL) {
     const int K = M * D, nr = HEAD ? M : (2 + M) * M, nsc = hc_nsc(K);
     const size_t pbytes = ((size_t)T * nsc * nrs * sizeof(float) + 15) & ~(size_t)15;
@@ -696,19 +698,23 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
     /* pf: the previous sub-block's post first (f pf, the old streams pXin, the post and comb in post / comb), into X: in
      * the mixing kernel when it fits (few tokens, out of place, whole super-chunks per stream), else as its own launch */
     const int pm = pf && !HEAD && pXin != X && big_ok && T < HC_BIG_T && (nr + 1) * HC_G <= 128 && D % HC_SC == 0 &&
-                   !((uintptr_t)pf & 15) && !((uintptr_t)pXin & 15) && !(flags & 8);
-    if (pf && !pm && hc_post_run(pf, pXin, (float *)X, T, M, D, post, comb, st)) return -1;
+                   !((uintptr_t)pf->f & 15) && !((uintptr_t)pf->ys & 15) && !((uintptr_t)pf->shared & 15) &&
+                   !((uintptr_t)pXin & 15) && !(flags & 8);
+    if (pf && !pm) { /* the experts' rows combined into f first, then the post on its own */
+        if (pf->ys && dsv4_cuda_moe_combine(pf->ys, pf->tslot, T, pf->K, D, pf->shared, (float *)pf->f, st)) return -1;
+        if (hc_post_run(pf->f, pXin, (float *)X, T, M, D, post, comb, st)) return -1;
+    }
     for (int t0 = 0; t0 < T; t0 += HC_TGROUP) {
         const int n = T - t0 < HC_TGROUP ? T - t0 : HC_TGROUP;
         const float *Xg = X + (int64_t)t0 * K;
         if (pm) { /* n == T here */
             const int pb = n == 1 ? 1 : tb;
-            void (*k)(const float *, const float *, float *, int, int, int, const float *, const float *, const float *, int, int,
-                      float *, double *) = pb == 1   ? hc_post_mix<1>
+            void (*k)(const dsv4_cuda_hc_f, const float *, float *, int, int, int, const float *, const float *, const float *,
+                      int, int, float *, double *) = pb == 1   ? hc_post_mix<1>
                                            : pb == 2 ? hc_post_mix<2>
                                            : pb == 4 ? hc_post_mix<4>
                                                      : hc_post_mix<8>;
-            if (hc_launch(op, k, dim3(nsc, (n + pb - 1) / pb), 128, 0, st, flags, pf, pXin, (float *)X, n, M, D,
+            if (hc_launch(op, k, dim3(nsc, (n + pb - 1) / pb), 128, 0, st, flags, *pf, pXin, (float *)X, n, M, D,
                           (const float *)post, (const float *)comb, W, nr, nsc, part, ssp))
                 return -1;
         } else if (big_ok && n >= HC_BIG_T) {
@@ -752,7 +758,7 @@ extern "C" int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_
                      scratch, DSV4_STREAM(stream));
 }
 
-extern "C" int dsv4_cuda_hc_post_pre(const float *f, const float *Xin, float *X, int T, int M, int D,
+extern "C" int dsv4_cuda_hc_post_pre(const dsv4_cuda_hc_f *f, const float *Xin, float *X, int T, int M, int D,
                                      const dsv4_cuda_weight *fn, const float *scale, const float *base, int iters,
                                      float norm_eps, float hc_eps, const float *norm_w, float *x, float *post, float *comb,
                                      float *mix, void *scratch, void *stream) {

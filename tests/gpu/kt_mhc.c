@@ -146,22 +146,36 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
     /* post then the next pre in one call (dsv4_cuda_hc_post_pre; with few tokens out of place one kernel for both):
      * bitwise the two calls (X, x with the norm, post, comb), out of place (v < 6: every few-token blocking, no PDL;
      * the old streams untouched), in place (v 6), and with post / comb left to dsv4_cuda_hc_comb (v 7: the mixes
-     * stored, then the Sinkhorn in its own kernel; v 8 the same with the reference Sinkhorn on one thread) */
-    for (int v = 0; v <= 8; v++) {
-        const int fl = v == 5 ? 2 : v == 6 || v == 7 ? 0 : v == 8 ? 1 : 16 * v;
-        float *dmix = v >= 7 ? dsv4_cuda_alloc(sizeof(float) * (size_t)T * nr) : NULL;
+     * stored, then the Sinkhorn in its own kernel; v 8 the same with the reference Sinkhorn on one thread), and with the
+     * post's input the routed experts' rows combined in the call (v 9 out of place: in the post kernel; v 10 in place:
+     * dsv4_cuda_moe_combine first) against moe_combine then the two calls: 3 slots a token, some empty (the combine
+     * stops at the first), the shared expert's rows added last */
+    const int KC = 3;
+    int *tsl = malloc(sizeof(int) * (size_t)T * KC);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < KC; k++) tsl[t * KC + k] = (t % 4 == 3 && k == 1) || (t % 5 == 2 && k == 2) ? -1 : (t * KC + k * 7) % (T * KC);
+    float *ys = randn((size_t)T * KC * D, 1.0f), *shv = randn((size_t)T * D, 0.5f);
+    float *dys = dup_to_dev(ys, sizeof(float) * (size_t)T * KC * D), *dsh = dup_to_dev(shv, sizeof(float) * (size_t)T * D);
+    int *dts = dsv4_cuda_alloc(sizeof(int) * (size_t)T * KC);
+    dsv4_cuda_upload(dts, tsl, sizeof(int) * (size_t)T * KC);
+    float *dfc = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D), *dfb = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    for (int v = 0; v <= 10; v++) {
+        const int fl = v == 5 ? 2 : v == 6 || v == 7 || v >= 9 ? 0 : v == 8 ? 1 : 16 * v;
+        const dsv4_cuda_hc_f src = v >= 9 ? (dsv4_cuda_hc_f){dfb, dys, dts, KC, dsh} : (dsv4_cuda_hc_f){df, NULL, NULL, 0, NULL};
+        float *dmix = v == 7 || v == 8 ? dsv4_cuda_alloc(sizeof(float) * (size_t)T * nr) : NULL;
         const size_t nX = (size_t)T * M * D;
         float *dXa = dup_to_dev(X, sizeof(float) * nX), *dXb = dup_to_dev(X, sizeof(float) * nX);
-        float *dXo = v == 6 ? dXb : dsv4_cuda_alloc(sizeof(float) * nX);
+        float *dXo = v == 6 || v == 10 ? dXb : dsv4_cuda_alloc(sizeof(float) * nX);
         float *dpa = dup_to_dev(rp, sizeof(float) * (size_t)T * M), *dca = dup_to_dev(rc, sizeof(float) * (size_t)T * M * M);
         float *dpb = dup_to_dev(rp, sizeof(float) * (size_t)T * M), *dcb = dup_to_dev(rc, sizeof(float) * (size_t)T * M * M);
         float *ha = malloc(sizeof(float) * nX), *hb = malloc(sizeof(float) * nX);
         dsv4_cuda_hc_test_flags = fl;
-        op_ok(dsv4_cuda_hc_post(df, dXa, T, M, D, dpa, dca, NULL), "hc_post");
+        if (v >= 9) op_ok(dsv4_cuda_moe_combine(dys, dts, T, KC, D, dsh, dfc, NULL), "moe_combine");
+        op_ok(dsv4_cuda_hc_post(v >= 9 ? dfc : df, dXa, T, M, D, dpa, dca, NULL), "hc_post");
         op_ok(dsv4_cuda_hc_pre(dXa, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx, dpa, dca, scr, NULL), "hc_pre");
         sync_ok();
         from_dev(gx, dx, sizeof(float) * (size_t)T * D);
-        op_ok(dsv4_cuda_hc_post_pre(df, dXb, dXo, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx2, dpb, dcb, dmix, scr, NULL),
+        op_ok(dsv4_cuda_hc_post_pre(&src, dXb, dXo, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx2, dpb, dcb, dmix, scr, NULL),
               "hc_post_pre");
         if (dmix) op_ok(dsv4_cuda_hc_comb(dmix, T, M, ds, db, iters, 1e-6f, dpb, dcb, NULL), "hc_comb");
         sync_ok();
@@ -174,20 +188,28 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
         bad += 4 * (memcmp(ha, hb, sizeof(float) * (size_t)T * M) != 0);
         from_dev(ha, dca, sizeof(float) * (size_t)T * M * M), from_dev(hb, dcb, sizeof(float) * (size_t)T * M * M);
         bad += 4 * (memcmp(ha, hb, sizeof(float) * (size_t)T * M * M) != 0);
-        if (v != 6) {
+        if (v != 6 && v != 10) {
             from_dev(hb, dXb, sizeof(float) * nX);
             bad += 8 * (memcmp(X, hb, sizeof(float) * nX) != 0);
         }
         g_checks++;
         if (bad) g_fail++;
         printf("%-4s hc_post_pre = hc_post, hc_pre T=%d M=%d D=%d %s flags %d (bitwise x, X, post, comb)%s%s\n",
-               bad ? "FAIL" : "ok", T, M, D, v == 6 ? "in place" : v >= 7 ? "out of place, hc_comb" : "out of place", fl, bad ? ": differ " : "",
+               bad ? "FAIL" : "ok", T, M, D,
+               v == 10  ? "in place, experts' rows"
+               : v == 9 ? "out of place, experts' rows"
+               : v == 6 ? "in place"
+               : v >= 7 ? "out of place, hc_comb"
+                        : "out of place",
+               fl, bad ? ": differ " : "",
                !bad ? "" : bad & 1 ? "x <<<" : bad & 2 ? "X <<<" : bad & 4 ? "post/comb <<<" : "old X written <<<");
         dsv4_cuda_free(dXa), dsv4_cuda_free(dXb), dsv4_cuda_free(dpa), dsv4_cuda_free(dca), dsv4_cuda_free(dpb), dsv4_cuda_free(dcb);
-        if (v != 6) dsv4_cuda_free(dXo);
+        if (v != 6 && v != 10) dsv4_cuda_free(dXo);
         if (dmix) dsv4_cuda_free(dmix);
         free(ha), free(hb);
     }
+    dsv4_cuda_free(dys), dsv4_cuda_free(dsh), dsv4_cuda_free(dts), dsv4_cuda_free(dfc), dsv4_cuda_free(dfb);
+    free(tsl), free(ys), free(shv);
 
     /* head, on the updated streams */
     for (int t = 0; t < T; t++) ref_hc(rX + (size_t)t * M * D, M, D, &fh.w, scale, base, 0, rx + (size_t)t * D, NULL, NULL);
