@@ -234,6 +234,10 @@ int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, i
 /* The most tokens one moe_group call takes for E experts (a multiple of 32; its token bitmaps live in shared memory:
  * 4096 for Flash's 256 experts and Pro's 384, 2528 for 640); 0 when none fit. */
 int dsv4_cuda_moe_group_maxt(int K, int E);
+/* dsv4_cuda_router (cuda_backend.h) into sel / weight, then dsv4_cuda_moe_group of those picks into p: the same values.
+ * Few tokens (T <= 8, E <= 256) in one kernel (one launch fewer on the decode chain; DSV4_CUDA_ROUTE_GROUP=0: two). */
+int dsv4_cuda_moe_route(const float *logits, int T, int E, int K, const float *bias, const int *tid2eid, const int *tokens,
+                        float route_scale, const int *sid, int *sel, float *weight, const dsv4_cuda_moe_plan *p, void *stream);
 /* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),
  * y[i] = h[i] . w2^T ([T*K, D]). One launch each over (active expert, block of output rows) with a fixed
  * shape for maxslots = min(E, T*K) experts; blocks past *nact return. FP8 / MXFP4 / NVFP4 experts with

@@ -505,8 +505,14 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     const int T = b->T, D = c->dim, E = c->n_routed_experts, K = c->n_activated_experts, I = c->moe_inter_dim;
     void *st = g->stream;
     CK(lin(g, w, &gl->gate, x, T, w->lgE));
-    CK(dsv4_cuda_router(w->lgE, T, E, K, ly->hash ? NULL : gl->gate_bias, ly->hash ? gl->tid2eid : NULL, b->tok,
-                        c->route_scale, w->rsel, w->ew, st));
+    if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
+    const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;
+    const int gsz = even < w->tg ? even : w->tg;
+    /* one token group: the router and the grouping together (one kernel with few tokens) */
+    const float *gbias = ly->hash ? NULL : gl->gate_bias;
+    const int *t2e = ly->hash ? gl->tid2eid : NULL;
+    if (ng == 1) CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
+    else CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
     /* the shared expert on the second stream, beside the routed experts (a parallel branch of the step's graph; the
      * same kernels on the same data, so the same bits): at small batches each leaves most of the GPU idle. Serial
      * while an op profile times the ops one by one. */
@@ -521,14 +527,11 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
         CK(branch_end(g, st, fork, rc));
     }
     /* routed experts, in equal groups of at most w->tg tokens (each token's result does not depend on its group) */
-    if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
-    const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;
-    const int gsz = even < w->tg ? even : w->tg;
     *po = (dsv4_cuda_hc_f){out, NULL, NULL, 0, NULL};
     if (ng > 1) defer = 0;
     for (int g0 = 0; g0 < T; g0 += gsz) {
         int tg = T - g0 < gsz ? T - g0 : gsz;
-        CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
+        if (ng > 1) CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
         CK(dsv4_cuda_moe_experts(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
         if (fork && g0 == 0) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the shared expert's y, for the combine */
         if (defer) {

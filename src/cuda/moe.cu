@@ -2,6 +2,7 @@
  * and SwiGLU with clamps (spec 11). Twins: the router loop and swiglu() of
  * src/model/forward_moe.c. */
 #include "common.cuh"
+#include "moe_router.cuh"
 
 #define ROUTER_MAXK 32
 
@@ -54,68 +55,14 @@ __global__ void __launch_bounds__(32) router_kernel(const float *logits, int E, 
     }
 }
 
-/* E <= 32 * ROUTER_RPL: the same picks and weights with each lane's scores in registers: a pick is the warp's
- * largest biased score as an order-preserving key (__reduce_max_sync), then the lowest expert id holding it
- * (__reduce_min_sync); a lane per pick forms the weights. */
-#define ROUTER_RPL 8
-
-/* order-preserving key of a biased score; 0 (never picked) for -inf and NaN, which `bs[e] > best` never picks */
-__device__ __forceinline__ unsigned router_key(float b) {
-    if (!(b > -INFINITY)) return 0u;
-    const unsigned u = __float_as_uint(b + 0.0f); /* -0 -> +0: equal scores, equal keys */
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
+/* E <= 32 * ROUTER_RPL (moe_router.cuh): one warp per token */
 __global__ void __launch_bounds__(32) router_reg_kernel(const float *logits, int E, int K, const float *bias, const int *tid2eid,
                                                         const int *tokens, float route_scale, int *sel, float *weight) {
     dev_pdl_enter();
     __shared__ float s[32 * ROUTER_RPL];
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float *lt = logits + (int64_t)t * E;
-    float z[ROUTER_RPL], bv[ROUTER_RPL];
-    unsigned key[ROUTER_RPL];
-    int pk = 0;
-    if (tid2eid && lane < K) pk = tid2eid[(int64_t)tokens[t] * K + lane];
-#pragma unroll
-    for (int i = 0; i < ROUTER_RPL; i++) {
-        const int e = lane + 32 * i;
-        z[i] = e < E ? lt[e] : 0.0f;
-        bv[i] = e < E && !tid2eid ? bias[e] : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < ROUTER_RPL; i++) {
-        const int e = lane + 32 * i;
-        key[i] = 0u;
-        if (e >= E) continue;
-        const float sp = z[i] > 20.0f ? z[i] : log1pf(expf(z[i]));
-        const float si = sqrtf(sp);
-        s[e] = si;
-        if (!tid2eid) key[i] = router_key(si + bv[i]);
-    }
-    if (!tid2eid) {
-        for (int k = 0; k < K; k++) {
-            unsigned best = 0u;
-            int bi = 0x7fffffff;
-#pragma unroll
-            for (int i = 0; i < ROUTER_RPL; i++)
-                if (key[i] > best) best = key[i], bi = lane + 32 * i;
-            const unsigned m = __reduce_max_sync(0xffffffffu, best);
-            const int w = __reduce_min_sync(0xffffffffu, m && best == m ? bi : 0x7fffffff);
-            if (lane == k) pk = w;
-            if (m && (w & 31) == lane)
-#pragma unroll
-                for (int i = 0; i < ROUTER_RPL; i++)
-                    if (i == (w >> 5)) key[i] = 0u;
-        }
-    }
-    __syncwarp();
-    const float sk = lane < K && pk >= 0 && pk < E ? s[pk] : 0.0f;
-    float sum = 0;
-    for (int k = 0; k < K; k++) sum += __shfl_sync(0xffffffffu, sk, k);
-    if (lane < K) {
-        sel[(int64_t)t * K + lane] = pk;
-        weight[(int64_t)t * K + lane] = sk / sum * route_scale;
-    }
+    const int t = blockIdx.x;
+    router_reg_warp(logits + (int64_t)t * E, E, K, bias, tid2eid, tid2eid ? tokens[t] : 0, route_scale, s, sel + (int64_t)t * K,
+                    weight + (int64_t)t * K);
 }
 
 extern "C" int dsv4_cuda_router(const float *logits, int T, int E, int K, const float *bias, const int *tid2eid,

@@ -12,6 +12,7 @@
  *   3. moe_combine: each token's expert outputs summed in increasing expert id, then the shared expert:
  *      the CPU's order (src/model/forward_moe.c), by one thread per output element, no atomics. */
 #include "cuda_model.h"
+#include "moe_router.cuh"
 #include "moe_tc.h"
 #include "wvec.cuh"
 
@@ -80,10 +81,8 @@ __device__ __forceinline__ int group_rank(const uint32_t *bm, const uint16_t *pr
 #define GROUP_CACHE 2048
 
 template <int CACHE>
-__global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel, const float *ew, const int *sid, int T, int K,
-                                                                  int E, dsv4_cuda_moe_plan p) {
-    dev_pdl_enter();
-    extern __shared__ uint32_t gsm[];
+__device__ __forceinline__ void moe_group_block(const int *sel, const float *ew, const int *sid, int T, int K, int E,
+                                                const dsv4_cuda_moe_plan &p, uint32_t *gsm) {
     const int NW = (T + 31) / 32, NQ = (NW + 3) / 4, TK = T * K;
     uint32_t *bm = gsm;                          /* [E][NW]: token bitmap of each expert */
     int *base = (int *)(bm + (size_t)E * NW);    /* [E]: first slot of each expert */
@@ -158,6 +157,37 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel
     }
 }
 
+template <int CACHE>
+__global__ void __launch_bounds__(GROUP_THREADS) moe_group_kernel(const int *sel, const float *ew, const int *sid, int T, int K,
+                                                                  int E, dsv4_cuda_moe_plan p) {
+    dev_pdl_enter();
+    extern __shared__ uint32_t gsm[];
+    moe_group_block<CACHE>(sel, ew, sid, T, K, E, p, gsm);
+}
+
+/* Few tokens (T <= ROUTE_GROUP_T, E <= 32 * ROUTER_RPL): the router and the grouping in one block, one launch fewer on
+ * the decode chain. Warp t routes token t (router_reg_warp: moe.cu's router_reg_kernel's code) into shared memory, then
+ * the block groups those picks (moe_group_block, cached); the picks and weights also go to sel / weight. The same
+ * values as dsv4_cuda_router then dsv4_cuda_moe_group. Shared memory: group_smem's, then the picks [T * K], the
+ * weights [T * K] and each warp's scores [T][32 * ROUTER_RPL]. */
+#define ROUTE_GROUP_T 8
+__global__ void __launch_bounds__(GROUP_THREADS) moe_route_group_kernel(const float *logits, int E, int K, const float *bias,
+                                                                        const int *tid2eid, const int *tokens, float route_scale,
+                                                                        const int *sid, int T, size_t goff, int *sel,
+                                                                        float *weight, dsv4_cuda_moe_plan p) {
+    dev_pdl_enter();
+    extern __shared__ uint32_t gsm[];
+    int *ssel = (int *)((unsigned char *)gsm + goff);
+    float *sw = (float *)(ssel + T * K), *ssc = sw + T * K;
+    const int warp = threadIdx.x >> 5;
+    if (warp < T)
+        router_reg_warp(logits + (int64_t)warp * E, E, K, bias, tid2eid, tid2eid ? tokens[warp] : 0, route_scale,
+                        ssc + warp * 32 * ROUTER_RPL, ssel + warp * K, sw + warp * K);
+    __syncthreads();
+    for (int q = threadIdx.x; q < T * K; q += blockDim.x) sel[q] = ssel[q], weight[q] = sw[q];
+    moe_group_block<1>(ssel, sw, sid, T, K, E, p, gsm);
+}
+
 /* The kernel's shared memory for T tokens: the [E][NW] bitmap, the experts' first slots, the cached picks, the
  * [E][NW / 4] prefix counts. */
 static size_t group_smem(int T, int K, int E) {
@@ -196,6 +226,32 @@ extern "C" int dsv4_cuda_moe_group(const int *sel, const float *w, const int *si
     }
     dev_launch(kern, 1, nth, smem, DSV4_STREAM(stream), sel, w, sid, T, K, E, *p);
     return dsv4_cuda_check_launch("moe_group");
+}
+
+/* DSV4_CUDA_ROUTE_GROUP=0: the router and the grouping as two launches at every size */
+static int route_group_on(void) {
+    static int on = -1;
+    if (on < 0) on = dsv4_env_int("DSV4_CUDA_ROUTE_GROUP", 1) != 0;
+    return on;
+}
+
+extern "C" int dsv4_cuda_moe_route(const float *logits, int T, int E, int K, const float *bias, const int *tid2eid,
+                                   const int *tokens, float route_scale, const int *sid, int *sel, float *weight,
+                                   const dsv4_cuda_moe_plan *p, void *stream) {
+    const size_t goff = (group_smem(T, K, E) + 15) & ~(size_t)15;
+    const size_t smem = goff + sizeof(float) * (2 * (size_t)T * K + (size_t)T * 32 * ROUTER_RPL);
+    if (T < 1 || T > ROUTE_GROUP_T || E > 32 * ROUTER_RPL || K > 32 || K > E || T * K > GROUP_CACHE || (!tid2eid && !bias) ||
+        (tid2eid && !tokens) || smem > 48 * 1024 || !route_group_on()) {
+        if (dsv4_cuda_router(logits, T, E, K, bias, tid2eid, tokens, route_scale, sel, weight, stream)) return -1;
+        return dsv4_cuda_moe_group(sel, weight, sid, T, K, E, p, stream);
+    }
+    /* the cached grouping's block size (a thread per expert / pick), and a warp per token */
+    const int want = E > T * K ? E : T * K;
+    int nth = want >= GROUP_THREADS ? GROUP_THREADS : (want + 31) / 32 * 32;
+    if (nth < 32 * T) nth = 32 * T;
+    dev_launch(moe_route_group_kernel, 1, nth, smem, DSV4_STREAM(stream), logits, E, K, bias, tid2eid, tokens, route_scale, sid,
+               T, goff, sel, weight, *p);
+    return dsv4_cuda_check_launch("moe_route");
 }
 
 /* ---- 2. grouped expert GEMV ---- */

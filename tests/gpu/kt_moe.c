@@ -166,6 +166,67 @@ static void rand_picks(int T, int K, int E, int *sel, float *w, int *sid) {
     }
 }
 
+/* the plan (and the picks) of dsv4_cuda_moe_route against dsv4_cuda_router then dsv4_cuda_moe_group, bitwise: nact,
+ * the active lists, rows, weights, tslot, then sel and the router weights */
+static float *plan_vec(const dsv4_cuda_moe_plan *dp, const int *dsel, const float *dw, int T, int K, int E, size_t *n) {
+    hplan g = hplan_new(T, K, E);
+    from_dev(&g.nact, dp->nact, sizeof(int));
+    const int na = g.nact >= 0 && g.nact <= E ? g.nact : 0;
+    from_dev(g.act_e, dp->act_e, sizeof(int) * na), from_dev(g.act_off, dp->act_off, sizeof(int) * na);
+    from_dev(g.act_cnt, dp->act_cnt, sizeof(int) * na), from_dev(g.tslot, dp->tslot, sizeof(int) * (size_t)T * K);
+    int ns = 0;
+    for (int a = 0; a < na; a++) ns += g.act_cnt[a] > 0 && g.act_cnt[a] <= T ? g.act_cnt[a] : 0;
+    if (ns > T * K) ns = T * K;
+    from_dev(g.rows, dp->rows, sizeof(int) * ns), from_dev(g.rw, dp->rw, sizeof(float) * ns);
+    int *sel = malloc(sizeof(int) * (size_t)T * K);
+    float *w = malloc(sizeof(float) * (size_t)T * K);
+    from_dev(sel, dsel, sizeof(int) * (size_t)T * K), from_dev(w, dw, sizeof(float) * (size_t)T * K);
+    *n = 1 + 3 * (size_t)E + 2 * (size_t)T * K + 3 * (size_t)T * K;
+    float *v = calloc(*n, sizeof(float));
+    size_t o = 0;
+    v[o++] = (float)g.nact;
+    for (int a = 0; a < E; a++, o += 3)
+        if (a < na) v[o] = (float)g.act_e[a], v[o + 1] = (float)g.act_off[a], v[o + 2] = (float)g.act_cnt[a];
+    for (int i = 0; i < T * K; i++, o += 2)
+        if (i < ns) v[o] = (float)g.rows[i], v[o + 1] = g.rw[i];
+    for (int i = 0; i < T * K; i++) v[o++] = (float)g.tslot[i];
+    for (int i = 0; i < T * K; i++) v[o++] = (float)sel[i], v[o++] = w[i];
+    hplan_free(&g), free(sel), free(w);
+    return v;
+}
+
+void test_moe_route(int T, int E, int K, int hash) {
+    const int V = 1000;
+    float *lg = randn((size_t)T * E, 2.0f), *bias = randn(E, 0.1f);
+    int *tok = malloc(sizeof(int) * T), *tid2eid = malloc(sizeof(int) * (size_t)V * K), *sid = malloc(sizeof(int) * T);
+    for (int t = 0; t < T; t++) tok[t] = (int)(rnd_u32() % V), sid[t] = rnd_uni() < 0.2f && T > 1 ? -1 : t;
+    for (int i = 0; i < V * K; i++) tid2eid[i] = (int)(rnd_u32() % E);
+    const float rsc = 2.5f;
+    float *dlg = dup_to_dev(lg, sizeof(float) * (size_t)T * E), *db = dup_to_dev(bias, sizeof(float) * E);
+    int *dtok = dup_to_dev(tok, sizeof(int) * T), *dt2e = dup_to_dev(tid2eid, sizeof(int) * (size_t)V * K),
+        *dsid = dup_to_dev(sid, sizeof(int) * T);
+    int *ds[2];
+    float *dw[2];
+    dsv4_cuda_moe_plan dp[2];
+    for (int i = 0; i < 2; i++) {
+        ds[i] = dsv4_cuda_alloc(sizeof(int) * (size_t)T * K), dw[i] = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K);
+        dp[i] = dplan_new(T, K, E);
+    }
+    op_ok(dsv4_cuda_router(dlg, T, E, K, hash ? NULL : db, hash ? dt2e : NULL, dtok, rsc, ds[0], dw[0], NULL), "router");
+    op_ok(dsv4_cuda_moe_group(ds[0], dw[0], dsid, T, K, E, &dp[0], NULL), "moe_group");
+    op_ok(dsv4_cuda_moe_route(dlg, T, E, K, hash ? NULL : db, hash ? dt2e : NULL, dtok, rsc, dsid, ds[1], dw[1], &dp[1], NULL),
+          "moe_route");
+    sync_ok();
+    size_t n;
+    float *vr = plan_vec(&dp[0], ds[0], dw[0], T, K, E, &n), *vg = plan_vec(&dp[1], ds[1], dw[1], T, K, E, &n);
+    char name[128];
+    snprintf(name, sizeof name, "moe_route%s T=%d E=%d K=%d = router + moe_group (bitwise)", hash ? " hash" : "", T, E, K);
+    check(name, vg, vr, n, 0, 0);
+    for (int i = 0; i < 2; i++) dsv4_cuda_free(ds[i]), dsv4_cuda_free(dw[i]), dplan_free(&dp[i]);
+    dsv4_cuda_free(dlg), dsv4_cuda_free(db), dsv4_cuda_free(dtok), dsv4_cuda_free(dt2e), dsv4_cuda_free(dsid);
+    free(lg), free(bias), free(tok), free(tid2eid), free(sid), free(vr), free(vg);
+}
+
 void test_moe_group(int T, int K, int E) {
     int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
     float *w = malloc(sizeof(float) * (size_t)T * K);

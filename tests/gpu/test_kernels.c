@@ -326,6 +326,13 @@ topk_checks:
     test_topk(3, 8193, 512, 3);
     if (only_topk) goto checks_done;
 moe_checks:
+    /* the router and the grouping in one kernel (T <= 8, E <= 256), and the two launches past it */
+    test_moe_route(1, 256, 6, 0);
+    test_moe_route(4, 256, 6, 1);
+    test_moe_route(8, 256, 6, 0);
+    test_moe_route(5, 37, 5, 0);
+    test_moe_route(9, 256, 6, 0);
+    test_moe_route(3, 384, 6, 0);
     test_moe_group(1, 6, 256);
     test_moe_group(8, 6, 256);
     test_moe_group(256, 6, 256);
