@@ -1210,6 +1210,8 @@ double dsv4_moe_tc_mma_rate(int na, int blocks_per_sm) {
     return (double)grid * 8 * iters * na * 4096.0 / (ms * 1e-3) / 1e12;
 }
 
+#include "moe_f8.cuh"
+
 typedef void (*mt_fn)(const mt_params);
 
 template <int FMT, int G, int DEC> static mt_fn mt_pick_f(int xt, int nt, int pq) {
@@ -1299,6 +1301,7 @@ static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (r
 static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the register kernel */
 static int mp_wg = -1;     /* DSV4_MOE_WG=0: 0, moe_pf2_kernel on mma.sync rather than wgmma */
 static int mt_rq = -1;     /* DSV4_MOE_RQ=0: 0, the ring kernels act-quantize x in every block (no moe_quant launch) */
+static int mt_f8 = -1;     /* DSV4_MOE_F8=1: decode on moe_f8.cuh's kernel */
 static int mt_nt1 = 2;     /* DSV4_MOE_NT1_AVG: 8-token decode chunks while experts average at most this many tokens (0: only T <= 8) */
 
 /* nw warps a block; ring: a ring kernel (carve-out hint) */
@@ -1368,6 +1371,19 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         mt_rq = !(q && *q == '0');
         const char *n1 = getenv("DSV4_MOE_NT1_AVG");
         if (n1 && *n1) mt_nt1 = atoi(n1);
+    }
+    /* decode on FP8 tensor cores (opt in: not the f16 kernels' bits, and the prefill stays f16) */
+    if (mt_f8 < 0) mt_f8 = dsv4_env_int("DSV4_MOE_F8", 0) != 0;
+    if ((mt_f8 || (mt_mode & DSV4_MOE_TC_F8)) && !pq && fmt == DSV4_WF_MXFP4 && xt == 1 && R % 64 == 0) {
+        const int nt2 = !(T <= 8 || (int64_t)T * K <= (int64_t)mt_nt1 * E);
+        const size_t fs = mf8_smem(nt2 ? 2 : 1, NU, gateup ? 2 : 1);
+        if (fs <= (size_t)dsv4_cuda_dev.smem_optin) {
+            mt_params fp;
+            memset(&fp, 0, sizeof fp);
+            fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU;
+            const mt_fn fn = gateup ? (nt2 ? mf8_kernel<1, 2> : mf8_kernel<1, 1>) : (nt2 ? mf8_kernel<0, 2> : mf8_kernel<0, 1>);
+            return mt_launch(fn, dim3(R / 64, maxslots), 4, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp);
+        }
     }
     /* pf: the FP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
     const size_t mp_smem = (size_t)MP2_DEPTH * (fmt == DSV4_WF_NVFP4 ? mp_fmt<DSV4_WF_NVFP4>::STAGE : mp_fmt<DSV4_WF_MXFP4>::STAGE);

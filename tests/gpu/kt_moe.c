@@ -510,3 +510,79 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
     dsv4_cuda_free(dout), dplan_free(&dp);
     free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(b1), free(b2), free(one);
 }
+
+/* The FP8 decode path (DSV4_MOE_TC_F8, moe_f8.cuh: wgmma e4m3, not the f16 kernels' bits) against the default path: h and
+ * the combined output within bars from the probe's measured FP8 accumulation error (bench/NOTES.md, session 18: mean
+ * 5e-6, worst 2.6e-5 of a row's sum |w x|, i.e. ~2.5e-4 of the outputs' rms at 4,096 columns; provisional: 8x the worst
+ * of that, as a share of the reference's rms), and batch invariant: up to 4 busy tokens alone == in the batch, bitwise. */
+void test_moe_f8(int T, int K, int E, int D, int I) {
+    const float lim = 10.0f;
+    dsv4_cuda_weight *d1 = malloc(sizeof(dsv4_cuda_weight) * E), *d3 = malloc(sizeof(dsv4_cuda_weight) * E),
+                     *d2 = malloc(sizeof(dsv4_cuda_weight) * E);
+    for (int e = 0; e < E; e++) {
+        hweight a = make_weight(DSV4_WF_MXFP4, I, D, 0, 1), b = make_weight(DSV4_WF_MXFP4, I, D, 0, 1),
+                c = make_weight(DSV4_WF_MXFP4, D, I, 0, 1);
+        op_ok(dsv4_cuda_weight_upload(&a.w, &d1[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&b.w, &d3[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&c.w, &d2[e]), "upload");
+        free_hweight(&a), free_hweight(&b), free_hweight(&c);
+    }
+    dsv4_cuda_experts ex;
+    op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
+    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
+    float *w = malloc(sizeof(float) * (size_t)T * K), *x = randn((size_t)T * D, 1.0f);
+    rand_picks(T, K, E, sel, w, sid);
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K), *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D),
+          *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D),
+          *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    float *h0 = malloc(sizeof(float) * (size_t)T * K * I), *h1 = malloc(sizeof(float) * (size_t)T * K * I);
+    float *o0 = malloc(sizeof(float) * (size_t)T * D), *o1 = malloc(sizeof(float) * (size_t)T * D), *one = malloc(sizeof(float) * D);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    hplan r = hplan_new(T, K, E);
+    group_ref(sel, w, sid, T, K, E, &r);
+    int ns = 0;
+    for (int a = 0; a < r.nact; a++) ns += r.act_cnt[a];
+    for (int pass = 0; pass < 2; pass++) {
+        dsv4_cuda_moe_experts_path(pass ? DSV4_MOE_TC_F8 : 0);
+        op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+        op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
+        sync_ok();
+        from_dev(pass ? h1 : h0, dh, sizeof(float) * (size_t)ns * I); /* h before the combine (the down path may quantize it) */
+        op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
+        sync_ok();
+        from_dev(pass ? o1 : o0, dout, sizeof(float) * (size_t)T * D);
+    }
+    char name[160];
+    const double bar = 8 * 2.6e-5 * 0.8 * sqrt((double)D); /* of the rms: 8x the probe's worst, sum |w x| ~ 0.8 sqrt(C) rms */
+    snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d h vs the f16 path", T, K, E, D, I);
+    if (ns && T <= 8) /* larger batches: the default path quantizes h in place for its down projection */
+        check(name, h1, h0, (size_t)ns * I, (float)(bar * rms(h0, (size_t)ns * I)), 0);
+    snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d out vs the f16 path", T, K, E, D, I);
+    check(name, o1, o0, (size_t)T * D, (float)(2 * bar * rms(o0, (size_t)T * D)), 0);
+    /* batch invariance on the FP8 path */
+    dsv4_cuda_moe_experts_path(DSV4_MOE_TC_F8);
+    int nt = 0, bad = 0;
+    for (int t = 0; t < T && nt < 4; t += T / 4 > 0 ? T / 4 : 1) {
+        if (sid[t] < 0) continue;
+        int s0 = 0, *dsid1 = dup_to_dev(&s0, sizeof(int));
+        op_ok(dsv4_cuda_moe_group(dsel + (size_t)t * K, dw + (size_t)t * K, dsid1, 1, K, E, &dp, NULL), "moe_group");
+        op_ok(dsv4_cuda_moe_experts(&ex, dx + (size_t)t * D, 1, K, &dp, lim, dh, dy, NULL), "moe_experts");
+        op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, 1, K, D, NULL, dout, NULL), "moe_combine");
+        sync_ok();
+        from_dev(one, dout, sizeof(float) * D);
+        bad += memcmp(one, o1 + (size_t)t * D, sizeof(float) * D) != 0;
+        dsv4_cuda_free(dsid1);
+        nt++;
+    }
+    dsv4_cuda_moe_experts_path(0);
+    g_checks++;
+    if (bad) g_fail++;
+    printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: %d tokens alone == in the batch (bitwise)%s\n", bad ? "FAIL" : "ok", T, K, E,
+           nt - bad, bad ? " <<<" : "");
+    dsv4_cuda_experts_free(&ex);
+    for (int e = 0; e < E; e++) dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
+    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
+    dsv4_cuda_free(dout), dplan_free(&dp), hplan_free(&r);
+    free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(h0), free(h1), free(o0), free(o1), free(one);
+}

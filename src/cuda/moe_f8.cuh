@@ -1,0 +1,208 @@
+/* moe_f8.cuh - the routed experts' decode on Hopper's FP8 tensor cores (MXFP4 weights, FP8 act quant; included by
+ * moe_tc.cu, run by dsv4_moe_tc_run with the DSV4_MOE_TC_F8 mode bit). bench/NOTES.md, session 18: the probe streamed
+ * 3.0 TB/s this way against 2.5 for the f16 way in the same per-warp cp.async ring.
+ *
+ * A block is one warpgroup (4 warps) and one 64-row tile of one active expert (grid: R / 64 tiles x expert slots);
+ * gate / up: the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2. Warp w holds rows
+ * 16 w .. 16 w + 15 of the tile as the A operand of wgmma m64nNk32 e4m3 (registers), one k32 step per 32-column MXFP4
+ * group: the group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 or 16
+ * tokens are B (shared memory, K-major core matrices), act-quantized once a chunk by the block (mt_quant<1>: the codes
+ * and power-of-two scales of the f16 kernels). Per group: D = A B (fresh), then u += D x 2^(e - 121) (e: the
+ * row's E8M0 group scale, times the 2^6 the codes carry); per 128-column unit: acc += u x sx (the token's act-quant scale of the unit). Each output's
+ * operations depend on K only, not on the tokens beside it: batch invariant. The numerics are not the f16 kernels':
+ * Hopper's FP8 MMA aligns a k32 step's products and keeps ~13 fraction bits (the probe: ~5e-6 of sum |w x| per row).
+ *
+ * Weights stream through a per-warp ring of MF8_STAGES units (cp.async, one commit group a unit): lane (g, c) copies its
+ * 16 bytes of row g (and g + 8) of each matrix, i.e. group c of the unit (the checkpoint's row-major bytes), into chunk
+ * slot g * 4 + (c ^ (g >> 1)) of the row half's 512 bytes, and reads back word c of group G from chunk (g, G): the
+ * A fragment of group G needs word c of every group from lane c (a 4 x 4 transpose of words in a quad), and the slot
+ * swizzle makes those 4-byte reads conflict-free. Lane l copies the scale word of row l & 15 of matrix l >> 4. */
+#pragma once
+
+#define MF8_STAGES 4
+
+/* 8 e2m1 nibbles (value 8c + i at bits 4i) -> e4m3 codes (x 2^-6): lo the even values, hi the odd ones */
+__device__ __forceinline__ void mf8_repack(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    const uint32_t t = w << 2;
+    lo = (t & 0x1C1C1C1Cu) | ((t << 2) & 0x80808080u);
+    hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+}
+
+/* D = A B (scale-d false: D's old values unused), m64nNk32 e4m3, A from registers, B by descriptor; N = 8 NT */
+template <int NT> __device__ __forceinline__ void mf8_wgmma(float (&d)[2][4], const uint32_t (&a)[4], uint64_t desc) {
+    if (NT == 1)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %9, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1; }"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(0)
+                     : "memory");
+    else
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %13, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1; }"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+                       "+f"(d[1][3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(0)
+                     : "memory");
+}
+
+/* shared memory of one block: x codes [NU * 4 groups][NT][2][8][16], x scales [8 NT][NU], then per warp the ring */
+__host__ __device__ constexpr size_t mf8_stage_bytes(int nm) { return (size_t)nm * 1024 + (size_t)nm * 64; }
+static inline size_t mf8_smem(int NT, int NU, int nm) {
+    return (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4 + 4 * MF8_STAGES * mf8_stage_bytes(nm);
+}
+
+template <int GATEUP, int NT>
+__global__ void __launch_bounds__(128) mf8_kernel(const __grid_constant__ mt_params P) {
+    constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1);
+    extern __shared__ __align__(16) unsigned char mt_sm[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int NU = P.NU, R = P.R, C = P.C;
+    dev_pdl_wait(); /* the plan and x */
+    const int ia = blockIdx.y;
+    if (ia >= *P.p.nact) return;
+    const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
+    const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
+    const int64_t rowq = C / 32; /* 16-byte chunks a row */
+    unsigned char *xs = mt_sm;
+    float *sxs = (float *)(mt_sm + (size_t)NU * 4 * NT * 256);
+    unsigned char *ring = (unsigned char *)(sxs + 8 * NT * NU) + (size_t)warp * MF8_STAGES * STG;
+    const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
+    const int r0 = (int)blockIdx.x * 64 + warp * 16; /* the warp's first row */
+
+    /* this lane's copies: 16 bytes of row r0 + g + 8h of matrix m (group c of the unit), the scale word of row l & 15 of
+     * matrix l >> 4 */
+    const unsigned char *wp[NM][2];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wp[m][h] = (const unsigned char *)((const uint4 *)(m ? w1.data : w0.data) + ((m ? w1.row0 : w0.row0) + r0 + g + 8 * h) * rowq + c);
+    const int sm_ = lane >> 4, sr = lane & 15;
+    const bool scl = sm_ < NM;
+    const uint8_t *sp = scl ? (sm_ ? w1.scale + (w1.row0 + r0 + sr) * w1.scale_stride : w0.scale + (w0.row0 + r0 + sr) * w0.scale_stride)
+                            : w0.scale;
+    const unsigned slot = (unsigned)(g * 4 + (c ^ (g >> 1))) * 16;
+    auto issue = [&](int i, int n) {
+        if (i < n) {
+            const int u = i % NU;
+            const unsigned sa = ring_sa + (unsigned)((i % MF8_STAGES) * STG);
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) mt_cp16s(sa + m * 1024 + h * 512 + slot, wp[m][h] + (int64_t)u * 64);
+            if (scl) mt_cps<4>(sa + NM * 1024 + (sm_ * 16 + sr) * 4, sp + u * 4);
+        }
+        dev_cp_commit();
+    };
+
+    /* x of the chunk's tokens c0 .. c0 + nt - 1 (rows of x by token, or of h by slot), act-quantized: item (token,
+     * unit) a warp; tokens past nt: zero codes */
+    auto stage = [&](int c0, int nt) {
+        for (int it = warp; it < 8 * NT * NU; it += 4) {
+            const int t = it / NU, u = it - t * NU;
+            uint8_t code[4] = {0, 0, 0, 0};
+            float sc = 1.0f;
+            if (t < nt) {
+                const float *src = P.x + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * C + (int64_t)u * 128;
+                float v[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) v[q] = src[q * 32 + lane];
+                uint16_t term[4][1];
+                sc = mt_quant<1>(v, term, code);
+            }
+            /* column q * 32 + lane = group q, word c' = lane >> 3, value i = lane & 7 -> core matrix i & 1, byte
+             * 4 c' + (i >> 1) of token t's row */
+            const int cc = lane >> 3, i = lane & 7;
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                xs[(((u * 4 + q) * NT + (t >> 3)) * 2 + (i & 1)) * 128 + (t & 7) * 16 + cc * 4 + (i >> 1)] = code[q];
+            if (lane == 0) sxs[t * NU + u] = sc;
+        }
+    };
+
+    const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NU;
+#pragma unroll
+    for (int i = 0; i < MF8_STAGES - 1; i++) issue(i, n);
+    float acc[NM][NT][4], ua[NM][NT][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int q = 0; q < NT; q++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[m][q][k] = ua[m][q][k] = 0.0f;
+    int c0 = 0, nt = 0;
+    for (int i = 0; i < n; i++) {
+        const int u = i % NU;
+        if (u == 0) { /* a new chunk: its x */
+            c0 = (i / NU) * 8 * NT;
+            nt = cnt - c0 < 8 * NT ? cnt - c0 : 8 * NT;
+            __syncthreads(); /* the previous chunk's wgmmas are done (each waited) */
+            stage(c0, nt);
+            wg_fence_proxy();
+            __syncthreads();
+        }
+        issue(i + MF8_STAGES - 1, n);
+        dev_cp_wait<MF8_STAGES - 1>();
+        const unsigned char *st = ring + (i % MF8_STAGES) * STG;
+        const uint32_t *scw = (const uint32_t *)(st + NM * 1024);
+#pragma unroll
+        for (int G = 0; G < 4; G++) {
+            const unsigned gs = (unsigned)(g * 4 + (G ^ (g >> 1))) * 16 + c * 4;
+            float d[NM][2][4];
+            uint32_t a[NM][4];
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                mf8_repack(*(const uint32_t *)(st + m * 1024 + gs), a[m][0], a[m][2]);
+                mf8_repack(*(const uint32_t *)(st + m * 1024 + 512 + gs), a[m][1], a[m][3]);
+#pragma unroll
+                for (int q = 0; q < 2; q++) d[m][q][0] = d[m][q][1] = d[m][q][2] = d[m][q][3] = 0.0f;
+            }
+            wg_fence(); /* the A registers written above, before the wgmmas read them */
+#pragma unroll
+            for (int m = 0; m < NM; m++) mf8_wgmma<NT>(d[m], a[m], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
+            wg_commit();
+            wg_wait<0>();
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0
+                 * codes above 248, scales past 2^121, would overflow: not in any checkpoint's range) */
+                const float f0 = __uint_as_float((__byte_perm(scw[m * 16 + g], 0u, 0x4440u + G) + 6u) << 23);
+                const float f1 = __uint_as_float((__byte_perm(scw[m * 16 + 8 + g], 0u, 0x4440u + G) + 6u) << 23);
+#pragma unroll
+                for (int q = 0; q < NT; q++) {
+#pragma unroll
+                    for (int k = 0; k < 4; k++) wg_keep(d[m][q][k]);
+                    ua[m][q][0] = fmaf(d[m][q][0], f0, ua[m][q][0]), ua[m][q][1] = fmaf(d[m][q][1], f0, ua[m][q][1]);
+                    ua[m][q][2] = fmaf(d[m][q][2], f1, ua[m][q][2]), ua[m][q][3] = fmaf(d[m][q][3], f1, ua[m][q][3]);
+                }
+            }
+        }
+        /* the unit's sums times the tokens' act-quant scales */
+#pragma unroll
+        for (int q = 0; q < NT; q++) {
+            const float s0 = sxs[(8 * q + 2 * c) * NU + u], s1 = sxs[(8 * q + 2 * c + 1) * NU + u];
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                acc[m][q][0] = fmaf(ua[m][q][0], s0, acc[m][q][0]), acc[m][q][1] = fmaf(ua[m][q][1], s1, acc[m][q][1]);
+                acc[m][q][2] = fmaf(ua[m][q][2], s0, acc[m][q][2]), acc[m][q][3] = fmaf(ua[m][q][3], s1, acc[m][q][3]);
+                ua[m][q][0] = ua[m][q][1] = ua[m][q][2] = ua[m][q][3] = 0.0f;
+            }
+        }
+        if (u != NU - 1) continue;
+        /* the chunk's outputs: element k of n-tile q is token 8 q + 2 c + (k & 1), row r0 + g + 8 (k >> 1) */
+#pragma unroll
+        for (int q = 0; q < NT; q++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int tk = 8 * q + 2 * c + (k & 1), r = r0 + g + 8 * (k >> 1);
+                if (tk < nt && r < R) {
+                    const int64_t sl = off + c0 + tk;
+                    P.out[sl * R + r] = GATEUP ? mt_swiglu(acc[0][q][k], acc[NM - 1][q][k], P.lim, P.p.rw[sl]) : acc[0][q][k];
+                }
+#pragma unroll
+                for (int m = 0; m < NM; m++) acc[m][q][k] = 0.0f;
+            }
+    }
+    mt_cp_wait_all();
+    dev_pdl_trigger();
+}
