@@ -2,7 +2,7 @@
  * moe_tc.cu, run by dsv4_moe_tc_run with the DSV4_MOE_TC_F8 mode bit). bench/NOTES.md, session 18: the probe streamed
  * 3.0 TB/s this way against 2.5 for the f16 way in the same per-warp cp.async ring.
  *
- * A block is one warpgroup (4 warps) and one 64-row tile of one active expert (grid: R / 64 tiles x expert slots);
+ * A block is MF8_WG warpgroups, each one 64-row tile of one active expert (grid: R / (64 MF8_WG) x expert slots);
  * gate / up: the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2. Warp w holds rows
  * 16 w .. 16 w + 15 of the tile as the A operand of wgmma m64nNk32 e4m3 (registers), one k32 step per 32-column MXFP4
  * group: the group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 or 16
@@ -20,6 +20,7 @@
 #pragma once
 
 #define MF8_STAGES 4
+#define MF8_WG 2 /* warpgroups a block (128 rows: the chunk's x staged once for both) */
 
 /* 8 e2m1 nibbles (value 8c + i at bits 4i) -> e4m3 codes (x 2^-6): lo the even values, hi the odd ones */
 __device__ __forceinline__ void mf8_repack(uint32_t w, uint32_t &lo, uint32_t &hi) {
@@ -48,11 +49,11 @@ template <int NT> __device__ __forceinline__ void mf8_wgmma(float (&d)[2][4], co
 /* shared memory of one block: x codes [NU * 4 groups][NT][2][8][16], x scales [8 NT][NU], then per warp the ring */
 __host__ __device__ constexpr size_t mf8_stage_bytes(int nm) { return (size_t)nm * 1024 + (size_t)nm * 64; }
 static inline size_t mf8_smem(int NT, int NU, int nm) {
-    return (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4 + 4 * MF8_STAGES * mf8_stage_bytes(nm);
+    return (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4 + 4 * MF8_WG * MF8_STAGES * mf8_stage_bytes(nm);
 }
 
 template <int GATEUP, int NT>
-__global__ void __launch_bounds__(128) mf8_kernel(const __grid_constant__ mt_params P) {
+__global__ void __launch_bounds__(MF8_WG * 128) mf8_kernel(const __grid_constant__ mt_params P) {
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1);
     extern __shared__ __align__(16) unsigned char mt_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(128) mf8_kernel(const __grid_constant__ mt_par
     float *sxs = (float *)(mt_sm + (size_t)NU * 4 * NT * 256);
     unsigned char *ring = (unsigned char *)(sxs + 8 * NT * NU) + (size_t)warp * MF8_STAGES * STG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
-    const int r0 = (int)blockIdx.x * 64 + warp * 16; /* the warp's first row */
+    const int r0 = (int)blockIdx.x * 64 * MF8_WG + warp * 16; /* the warp's first row (warpgroup warp / 4: rows + 64) */
 
     /* this lane's copies: 16 bytes of row r0 + g + 8h of matrix m (group c of the unit), the scale word of row l & 15 of
      * matrix l >> 4 */
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(128) mf8_kernel(const __grid_constant__ mt_par
     /* x of the chunk's tokens c0 .. c0 + nt - 1 (rows of x by token, or of h by slot), act-quantized: item (token,
      * unit) a warp; tokens past nt: zero codes */
     auto stage = [&](int c0, int nt) {
-        for (int it = warp; it < 8 * NT * NU; it += 4) {
+        for (int it = warp; it < 8 * NT * NU; it += 4 * MF8_WG) {
             const int t = it / NU, u = it - t * NU;
             uint8_t code[4] = {0, 0, 0, 0};
             float sc = 1.0f;
