@@ -2,15 +2,16 @@
  * moe_tc.cu, run by dsv4_moe_tc_run with the DSV4_MOE_TC_F8 mode bit). bench/NOTES.md, session 18: the probe streamed
  * 3.0 TB/s this way against 2.5 for the f16 way in the same per-warp cp.async ring.
  *
- * A block is MF8_WG warpgroups, each one 64-row tile of one active expert (grid: R / (64 MF8_WG) x expert slots);
- * gate / up: the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2. Warp w holds rows
- * 16 w .. 16 w + 15 of the tile as the A operand of wgmma m64nNk32 e4m3 (registers), one k32 step per 32-column MXFP4
- * group: the group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 or 16
- * tokens are B (shared memory, K-major core matrices), act-quantized once a chunk by the block (mt_quant<1>: the codes
- * and power-of-two scales of the f16 kernels). Per group: D = A B (fresh), then u += D x 2^(e - 121) (e: the
- * row's E8M0 group scale, times the 2^6 the codes carry); per 128-column unit: acc += u x sx (the token's act-quant scale of the unit). Each output's
- * operations depend on K only, not on the tokens beside it: batch invariant. The numerics are not the f16 kernels':
- * Hopper's FP8 MMA aligns a k32 step's products and keeps ~13 fraction bits (the probe: ~5e-6 of sum |w x| per row).
+ * A block is SL warpgroups on one 64-row tile of one active expert, warpgroup s on a column slice (below); gate / up:
+ * the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2. Warp w holds rows 16 w ..
+ * 16 w + 15 of the tile as the A operand of wgmma m64nNk32 e4m3 (registers), one k32 step per 32-column MXFP4 group: the
+ * group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 or 16 tokens are B
+ * (shared memory, K-major core matrices), act-quantized once a chunk by each warpgroup for its slice (mt_quant<1>: the
+ * codes and power-of-two scales of the f16 kernels). Per group: D = A B (fresh), then u += D x 2^(e - 121) (e: the row's
+ * E8M0 group scale, times the 2^6 the codes carry); per 128-column unit: acc += u x sx (the token's act-quant scale of the
+ * unit); per chunk the slices' acc added in a fixed order. Each output's operations depend on the shape only, not on the
+ * tokens beside it: batch invariant. The numerics are not the f16 kernels': Hopper's FP8 MMA aligns a k32 step's
+ * products and keeps ~13 fraction bits (the probe: ~5e-6 of sum |w x| per row).
  *
  * Weights stream through a per-warp ring of MF8_STAGES units (cp.async, one commit group a unit): lane (g, c) copies its
  * 16 bytes of row g (and g + 8) of each matrix, i.e. group c of the unit (the checkpoint's row-major bytes), into chunk
@@ -20,7 +21,7 @@
 #pragma once
 
 #define MF8_STAGES 4
-#define MF8_WG 2 /* warpgroups a block (128 rows: the chunk's x staged once for both) */
+#define MF8_SB 4 /* (token, unit) items of x a warp loads before quantizing them (loads in flight) */
 
 /* 8 e2m1 nibbles (value 8c + i at bits 4i) -> e4m3 codes (x 2^-6): lo the even values, hi the odd ones */
 __device__ __forceinline__ void mf8_repack(uint32_t w, uint32_t &lo, uint32_t &hi) {
@@ -46,18 +47,33 @@ template <int NT> __device__ __forceinline__ void mf8_wgmma(float (&d)[2][4], co
                      : "memory");
 }
 
-/* shared memory of one block: x codes [NU * 4 groups][NT][2][8][16], x scales [8 NT][NU], then per warp the ring */
+/* the 128 threads of warpgroup w (named barrier 1 + w) */
+__device__ __forceinline__ void mf8_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
+
+/* shared memory of one block of SL warpgroups: x codes [NU * 4 groups][NT][2][8][16], x scales [8 NT][NU], the slices'
+ * partial sums [SL - 1][NM][NT][4][128], then per warp the ring */
 __host__ __device__ constexpr size_t mf8_stage_bytes(int nm) { return (size_t)nm * 1024 + (size_t)nm * 64; }
-static inline size_t mf8_smem(int NT, int NU, int nm) {
-    return (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4 + 4 * MF8_WG * MF8_STAGES * mf8_stage_bytes(nm);
+static inline size_t mf8_smem(int NT, int NU, int nm, int SL) {
+    return (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4 + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 +
+           (size_t)4 * SL * MF8_STAGES * mf8_stage_bytes(nm);
+}
+/* column slices from the shape only (the sums' order must not depend on the batch): enough warps per expert to fill the
+ * GPU at batch 1, as the f16 ring's S */
+static inline int mf8_slices(int R, int NU) {
+    int sl = 1;
+    while (sl < 4 && NU % (2 * sl) == 0 && (R / 64) * 4 * sl < 256) sl *= 2;
+    return sl;
 }
 
-template <int GATEUP, int NT>
-__global__ void __launch_bounds__(MF8_WG * 128) mf8_kernel(const __grid_constant__ mt_params P) {
+/* A block: SL warpgroups on one 64-row tile of one active expert (grid: R / 64 x expert slots), warpgroup s on the
+ * units [s NU / SL, (s + 1) NU / SL) (a column slice); at a chunk's end the slices' sums are added in the order of s
+ * by warpgroup 0, which writes the outputs. */
+template <int GATEUP, int NT, int SL>
+__global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ mt_params P) {
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1);
     extern __shared__ __align__(16) unsigned char mt_sm[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int NU = P.NU, R = P.R, C = P.C;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2;
+    const int NU = P.NU, R = P.R, C = P.C, NUS = NU / SL, ub = wg * NUS;
     dev_pdl_wait(); /* the plan and x */
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
@@ -66,9 +82,10 @@ __global__ void __launch_bounds__(MF8_WG * 128) mf8_kernel(const __grid_constant
     const int64_t rowq = C / 32; /* 16-byte chunks a row */
     unsigned char *xs = mt_sm;
     float *sxs = (float *)(mt_sm + (size_t)NU * 4 * NT * 256);
-    unsigned char *ring = (unsigned char *)(sxs + 8 * NT * NU) + (size_t)warp * MF8_STAGES * STG;
+    float *red = sxs + 8 * NT * NU; /* [SL - 1][NM][NT][4][128] */
+    unsigned char *ring = (unsigned char *)(red + (SL - 1) * NM * NT * 4 * 128) + (size_t)warp * MF8_STAGES * STG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
-    const int r0 = (int)blockIdx.x * 64 * MF8_WG + warp * 16; /* the warp's first row (warpgroup warp / 4: rows + 64) */
+    const int r0 = (int)blockIdx.x * 64 + (warp & 3) * 16; /* the warp's first row */
 
     /* this lane's copies: 16 bytes of row r0 + g + 8h of matrix m (group c of the unit), the scale word of row l & 15 of
      * matrix l >> 4 */
@@ -85,7 +102,7 @@ __global__ void __launch_bounds__(MF8_WG * 128) mf8_kernel(const __grid_constant
     const unsigned slot = (unsigned)(g * 4 + (c ^ (g >> 1))) * 16;
     auto issue = [&](int i, int n) {
         if (i < n) {
-            const int u = i % NU;
+            const int u = ub + i % NUS;
             const unsigned sa = ring_sa + (unsigned)((i % MF8_STAGES) * STG);
 #pragma unroll
             for (int m = 0; m < NM; m++)
@@ -96,32 +113,40 @@ __global__ void __launch_bounds__(MF8_WG * 128) mf8_kernel(const __grid_constant
         dev_cp_commit();
     };
 
-    /* x of the chunk's tokens c0 .. c0 + nt - 1 (rows of x by token, or of h by slot), act-quantized: item (token,
-     * unit) a warp; tokens past nt: zero codes */
+    /* x of the chunk's tokens c0 .. c0 + nt - 1 (rows of x by token, or of h by slot) in this warpgroup's units,
+     * act-quantized: item (token, unit) a warp, MF8_SB items' loads in flight. Tokens past nt are not staged: column n
+     * of D depends on B's column n only, and their outputs are not written. */
     auto stage = [&](int c0, int nt) {
-        for (int it = warp; it < 8 * NT * NU; it += 4 * MF8_WG) {
-            const int t = it / NU, u = it - t * NU;
-            uint8_t code[4] = {0, 0, 0, 0};
-            float sc = 1.0f;
-            if (t < nt) {
-                const float *src = P.x + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * C + (int64_t)u * 128;
-                float v[4];
+        const int n = nt * NUS;
+        for (int i0 = warp & 3; i0 < n; i0 += 4 * MF8_SB) {
+            float v[MF8_SB][4];
 #pragma unroll
-                for (int q = 0; q < 4; q++) v[q] = src[q * 32 + lane];
-                uint16_t term[4][1];
-                sc = mt_quant<1>(v, term, code);
+            for (int bb = 0; bb < MF8_SB; bb++) {
+                const int i = i0 + 4 * bb, t = i / NUS, uu = i - t * NUS;
+                const float *src = NULL;
+                if (i < n) src = P.x + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * C + (int64_t)(ub + uu) * 128;
+#pragma unroll
+                for (int q = 0; q < 4; q++) v[bb][q] = src ? src[q * 32 + lane] : 0.0f;
             }
-            /* column q * 32 + lane = group q, word c' = lane >> 3, value i = lane & 7 -> core matrix i & 1, byte
-             * 4 c' + (i >> 1) of token t's row */
-            const int cc = lane >> 3, i = lane & 7;
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-                xs[(((u * 4 + q) * NT + (t >> 3)) * 2 + (i & 1)) * 128 + (t & 7) * 16 + cc * 4 + (i >> 1)] = code[q];
-            if (lane == 0) sxs[t * NU + u] = sc;
+            for (int bb = 0; bb < MF8_SB; bb++) {
+                const int i = i0 + 4 * bb, t = i / NUS, u = ub + i - t * NUS;
+                if (i >= n) break;
+                uint16_t term[4][1];
+                uint8_t code[4];
+                const float sc = mt_quant<1>(v[bb], term, code);
+                /* column q * 32 + lane = group q, word c' = lane >> 3, value i = lane & 7 -> core matrix i & 1, byte
+                 * 4 c' + (i >> 1) of token t's row */
+                const int cc = lane >> 3, iv = lane & 7;
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    xs[(((u * 4 + q) * NT + (t >> 3)) * 2 + (iv & 1)) * 128 + (t & 7) * 16 + cc * 4 + (iv >> 1)] = code[q];
+                if (lane == 0) sxs[t * NU + u] = sc;
+            }
         }
     };
 
-    const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NU;
+    const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NUS;
 #pragma unroll
     for (int i = 0; i < MF8_STAGES - 1; i++) issue(i, n);
     float acc[NM][NT][4], ua[NM][NT][4];
@@ -133,14 +158,14 @@ __global__ void __launch_bounds__(MF8_WG * 128) mf8_kernel(const __grid_constant
             for (int k = 0; k < 4; k++) acc[m][q][k] = ua[m][q][k] = 0.0f;
     int c0 = 0, nt = 0;
     for (int i = 0; i < n; i++) {
-        const int u = i % NU;
-        if (u == 0) { /* a new chunk: its x */
-            c0 = (i / NU) * 8 * NT;
+        const int uu = i % NUS, u = ub + uu;
+        if (uu == 0) { /* a new chunk: its x (this warpgroup's units) */
+            c0 = (i / NUS) * 8 * NT;
             nt = cnt - c0 < 8 * NT ? cnt - c0 : 8 * NT;
-            __syncthreads(); /* the previous chunk's wgmmas are done (each waited) */
+            mf8_wg_sync(wg); /* the previous chunk's wgmmas are done (each waited) */
             stage(c0, nt);
             wg_fence_proxy();
-            __syncthreads();
+            mf8_wg_sync(wg);
         }
         issue(i + MF8_STAGES - 1, n);
         dev_cp_wait<MF8_STAGES - 1>();
@@ -189,14 +214,37 @@ __global__ void __launch_bounds__(MF8_WG * 128) mf8_kernel(const __grid_constant
                 ua[m][q][0] = ua[m][q][1] = ua[m][q][2] = ua[m][q][3] = 0.0f;
             }
         }
-        if (u != NU - 1) continue;
+        if (uu != NUS - 1) continue;
+        if (SL > 1) { /* the slices' sums into warpgroup 0's, in the order of s */
+            const int tw = threadIdx.x & 127;
+            if (wg) {
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int q = 0; q < NT; q++)
+#pragma unroll
+                        for (int k = 0; k < 4; k++) red[((((wg - 1) * NM + m) * NT + q) * 4 + k) * 128 + tw] = acc[m][q][k];
+            }
+            __syncthreads();
+            if (!wg) {
+#pragma unroll
+                for (int s = 1; s < SL; s++)
+#pragma unroll
+                    for (int m = 0; m < NM; m++)
+#pragma unroll
+                        for (int q = 0; q < NT; q++)
+#pragma unroll
+                            for (int k = 0; k < 4; k++) acc[m][q][k] += red[((((s - 1) * NM + m) * NT + q) * 4 + k) * 128 + tw];
+            }
+            __syncthreads();
+        }
         /* the chunk's outputs: element k of n-tile q is token 8 q + 2 c + (k & 1), row r0 + g + 8 (k >> 1) */
 #pragma unroll
         for (int q = 0; q < NT; q++)
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const int tk = 8 * q + 2 * c + (k & 1), r = r0 + g + 8 * (k >> 1);
-                if (tk < nt && r < R) {
+                if (!wg && tk < nt && r < R) {
                     const int64_t sl = off + c0 + tk;
                     P.out[sl * R + r] = GATEUP ? mt_swiglu(acc[0][q][k], acc[NM - 1][q][k], P.lim, P.p.rw[sl]) : acc[0][q][k];
                 }

@@ -1374,15 +1374,17 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     }
     /* decode on FP8 tensor cores (opt in: not the f16 kernels' bits, and the prefill stays f16) */
     if (mt_f8 < 0) mt_f8 = dsv4_env_int("DSV4_MOE_F8", 0) != 0;
-    if ((mt_f8 || (mt_mode & DSV4_MOE_TC_F8)) && !pq && fmt == DSV4_WF_MXFP4 && xt == 1 && R % (64 * MF8_WG) == 0) {
-        const int nt2 = !(T <= 8 || (int64_t)T * K <= (int64_t)mt_nt1 * E);
-        const size_t fs = mf8_smem(nt2 ? 2 : 1, NU, gateup ? 2 : 1);
+    if ((mt_f8 || (mt_mode & DSV4_MOE_TC_F8)) && !pq && fmt == DSV4_WF_MXFP4 && xt == 1 && R % 64 == 0) {
+        /* 8-token chunks at every batch (an expert with more tokens takes more chunks); column slices from the shape */
+        const int sl = mf8_slices(R, NU);
+        const size_t fs = mf8_smem(1, NU, gateup ? 2 : 1, sl);
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) {
             mt_params fp;
             memset(&fp, 0, sizeof fp);
             fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU;
-            const mt_fn fn = gateup ? (nt2 ? mf8_kernel<1, 2> : mf8_kernel<1, 1>) : (nt2 ? mf8_kernel<0, 2> : mf8_kernel<0, 1>);
-            return mt_launch(fn, dim3(R / (64 * MF8_WG), maxslots), 4 * MF8_WG, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp);
+            const mt_fn fn = gateup ? (sl == 4 ? mf8_kernel<1, 1, 4> : sl == 2 ? mf8_kernel<1, 1, 2> : mf8_kernel<1, 1, 1>)
+                                    : (sl == 4 ? mf8_kernel<0, 1, 4> : sl == 2 ? mf8_kernel<0, 1, 2> : mf8_kernel<0, 1, 1>);
+            return mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp);
         }
     }
     /* pf: the FP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */

@@ -511,21 +511,23 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
     free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(b1), free(b2), free(one);
 }
 
-/* The FP8 decode path (DSV4_MOE_TC_F8, moe_f8.cuh: wgmma e4m3, not the f16 kernels' bits) against the default path: h and
- * the combined output within bars from the probe's measured FP8 accumulation error (bench/NOTES.md, session 18: mean
- * 5e-6, worst 2.6e-5 of a row's sum |w x|, i.e. ~2.5e-4 of the outputs' rms at 4,096 columns; provisional: 8x the worst
- * of that, as a share of the reference's rms), and batch invariant: up to 4 busy tokens alone == in the batch, bitwise. */
+/* The FP8 decode path (DSV4_MOE_TC_F8, moe_f8.cuh: wgmma e4m3, not the f16 kernels' bits) against the CPU backend, one
+ * matrix at a time: h (gate / up, SwiGLU, routing weight) against dsv4_cpu_linear of the same x, and each slot's down
+ * projection y against dsv4_cpu_linear of the FP8 path's own h (both act-quantize the same fp32 values to the same codes,
+ * so only the accumulation differs). The bar is the FP8 tensor core's accumulation: the probe measured at worst 2.6e-5
+ * of a row's sum |w x| (bench/NOTES.md, session 18), ~0.8 sqrt(C) rms for these random rows; 8x that as a share of the
+ * reference's rms. Then batch invariance: up to 4 busy tokens alone == in the batch, bitwise. */
 void test_moe_f8(int T, int K, int E, int D, int I) {
     const float lim = 10.0f;
     dsv4_cuda_weight *d1 = malloc(sizeof(dsv4_cuda_weight) * E), *d3 = malloc(sizeof(dsv4_cuda_weight) * E),
                      *d2 = malloc(sizeof(dsv4_cuda_weight) * E);
+    hweight *h1w = malloc(sizeof(hweight) * E), *h3w = malloc(sizeof(hweight) * E), *h2w = malloc(sizeof(hweight) * E);
     for (int e = 0; e < E; e++) {
-        hweight a = make_weight(DSV4_WF_MXFP4, I, D, 0, 1), b = make_weight(DSV4_WF_MXFP4, I, D, 0, 1),
-                c = make_weight(DSV4_WF_MXFP4, D, I, 0, 1);
-        op_ok(dsv4_cuda_weight_upload(&a.w, &d1[e]), "upload");
-        op_ok(dsv4_cuda_weight_upload(&b.w, &d3[e]), "upload");
-        op_ok(dsv4_cuda_weight_upload(&c.w, &d2[e]), "upload");
-        free_hweight(&a), free_hweight(&b), free_hweight(&c);
+        h1w[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1), h3w[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1);
+        h2w[e] = make_weight(DSV4_WF_MXFP4, D, I, 0, 1);
+        op_ok(dsv4_cuda_weight_upload(&h1w[e].w, &d1[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&h3w[e].w, &d3[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&h2w[e].w, &d2[e]), "upload");
     }
     dsv4_cuda_experts ex;
     op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
@@ -536,32 +538,39 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K), *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D),
           *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D),
           *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
-    float *h0 = malloc(sizeof(float) * (size_t)T * K * I), *h1 = malloc(sizeof(float) * (size_t)T * K * I);
-    float *o0 = malloc(sizeof(float) * (size_t)T * D), *o1 = malloc(sizeof(float) * (size_t)T * D), *one = malloc(sizeof(float) * D);
+    float *hg = malloc(sizeof(float) * (size_t)T * K * I), *hr = malloc(sizeof(float) * (size_t)T * K * I);
+    float *yg = malloc(sizeof(float) * (size_t)T * K * D), *yr = malloc(sizeof(float) * (size_t)T * K * D);
+    float *o1 = malloc(sizeof(float) * (size_t)T * D), *one = malloc(sizeof(float) * D), *u = malloc(sizeof(float) * I);
     dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
     hplan r = hplan_new(T, K, E);
     group_ref(sel, w, sid, T, K, E, &r);
     int ns = 0;
     for (int a = 0; a < r.nact; a++) ns += r.act_cnt[a];
-    for (int pass = 0; pass < 2; pass++) {
-        dsv4_cuda_moe_experts_path(pass ? DSV4_MOE_TC_F8 : 0);
-        op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
-        op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
-        sync_ok();
-        from_dev(pass ? h1 : h0, dh, sizeof(float) * (size_t)ns * I); /* h before the combine (the down path may quantize it) */
-        op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
-        sync_ok();
-        from_dev(pass ? o1 : o0, dout, sizeof(float) * (size_t)T * D);
-    }
-    char name[160];
-    const double bar = 8 * 2.6e-5 * 0.8 * sqrt((double)D); /* of the rms: 8x the probe's worst, sum |w x| ~ 0.8 sqrt(C) rms */
-    snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d h vs the f16 path", T, K, E, D, I);
-    if (ns && T <= 8) /* larger batches: the default path quantizes h in place for its down projection */
-        check(name, h1, h0, (size_t)ns * I, (float)(bar * rms(h0, (size_t)ns * I)), 0);
-    snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d out vs the f16 path", T, K, E, D, I);
-    check(name, o1, o0, (size_t)T * D, (float)(2 * bar * rms(o0, (size_t)T * D)), 0);
-    /* batch invariance on the FP8 path */
     dsv4_cuda_moe_experts_path(DSV4_MOE_TC_F8);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+    op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
+    sync_ok();
+    from_dev(hg, dh, sizeof(float) * (size_t)ns * I);
+    from_dev(yg, dy, sizeof(float) * (size_t)ns * D);
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
+    sync_ok();
+    from_dev(o1, dout, sizeof(float) * (size_t)T * D);
+    for (int a = 0; a < r.nact; a++)
+        for (int j = 0; j < r.act_cnt[a]; j++) {
+            const int e = r.act_e[a], sl = r.act_off[a] + j;
+            float *h = hr + (size_t)sl * I;
+            dsv4_cpu_linear(&h1w[e].w, x + (size_t)r.rows[sl] * D, 1, h);
+            dsv4_cpu_linear(&h3w[e].w, x + (size_t)r.rows[sl] * D, 1, u);
+            swiglu_ref(h, u, I, lim, r.rw[sl]);
+            dsv4_cpu_linear(&h2w[e].w, hg + (size_t)sl * I, 1, yr + (size_t)sl * D);
+        }
+    char name[160];
+    const double bh = 8 * 2.6e-5 * 0.8 * sqrt((double)D), by = 8 * 2.6e-5 * 0.8 * sqrt((double)I);
+    snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d h vs CPU", T, K, E, D, I);
+    check(name, hg, hr, (size_t)ns * I, bh * rms(hr, (size_t)ns * I), 0);
+    snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d y (own h) vs CPU", T, K, E, D, I);
+    check(name, yg, yr, (size_t)ns * D, by * rms(yr, (size_t)ns * D), 0);
+    /* batch invariance on the FP8 path */
     int nt = 0, bad = 0;
     for (int t = 0; t < T && nt < 4; t += T / 4 > 0 ? T / 4 : 1) {
         if (sid[t] < 0) continue;
@@ -581,8 +590,12 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: %d tokens alone == in the batch (bitwise)%s\n", bad ? "FAIL" : "ok", T, K, E,
            nt - bad, bad ? " <<<" : "");
     dsv4_cuda_experts_free(&ex);
-    for (int e = 0; e < E; e++) dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
+    for (int e = 0; e < E; e++) {
+        dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
+        free_hweight(&h1w[e]), free_hweight(&h3w[e]), free_hweight(&h2w[e]);
+    }
     dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
     dsv4_cuda_free(dout), dplan_free(&dp), hplan_free(&r);
-    free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(h0), free(h1), free(o0), free(o1), free(one);
+    free(d1), free(d3), free(d2), free(h1w), free(h3w), free(h2w), free(sel), free(sid), free(w), free(x), free(hg), free(hr);
+    free(yg), free(yr), free(o1), free(one), free(u);
 }

@@ -387,6 +387,7 @@ moe_checks:
     test_moe_f8(1, 6, 32, 4096, 2048);
     test_moe_f8(8, 6, 16, 4096, 2048);
     test_moe_f8(40, 6, 16, 1024, 512);
+    test_moe_f8(2, 6, 8, 7168, 3072); /* Pro's widths */
     if (only_moe) goto checks_done;
     {
         int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
