@@ -66,6 +66,32 @@ template <int TL> __device__ __forceinline__ size_t wbase(int r) {
 }
 template <int TL> __host__ __device__ constexpr int wustride() { return TL == 1 ? 16 : TL == 2 ? 8 : 1; }
 
+/* The register kernels' weight stream of one lane: rows r0, r1 (= r0 + 8), quad c, their scale words; D units in flight
+ * ahead of the one handed out (ptxas places the loads as it likes: D > 1 measured the same as 1). Called with
+ * compile-time u (fully unrolled loops), so the arrays stay in registers. */
+template <int D, int TL> struct reg_stream {
+    const uint4 *w0, *w1;
+    const uint32_t *s0, *s1;
+    uint4 qa[NU], qb[NU];
+    uint32_t ea[NU], eb[NU];
+    __device__ __forceinline__ void load(int u) {
+        constexpr int US = wustride<TL>(); /* a unit's stride in scale words (x 4: in weight quads) */
+        qa[u] = tc_ld_stream(w0 + u * US * 4), qb[u] = tc_ld_stream(w1 + u * US * 4), ea[u] = __ldg(s0 + u * US), eb[u] = __ldg(s1 + u * US);
+    }
+    __device__ __forceinline__ reg_stream(const uint4 *W, const uint32_t *S, int r0, int r1, int c)
+        : w0(W + wbase<TL>(r0) * 4 + c), w1(W + wbase<TL>(r1) * 4 + c), s0(S + wbase<TL>(r0)), s1(S + wbase<TL>(r1)) {
+#pragma unroll
+        for (int u = 0; u < D; u++) load(u);
+    }
+    /* unit u's words of both rows and their scale words; starts the loads of unit u + D */
+    __device__ __forceinline__ void next(int u, uint32_t (&wa)[4], uint32_t (&wb)[4], uint32_t &f0, uint32_t &f1) {
+        if (u + D < NU) load(u + D);
+        wa[0] = qa[u].x, wa[1] = qa[u].y, wa[2] = qa[u].z, wa[3] = qa[u].w;
+        wb[0] = qb[u].x, wb[1] = qb[u].y, wb[2] = qb[u].z, wb[3] = qb[u].w;
+        f0 = ea[u], f1 = eb[u];
+    }
+};
+
 /* one 128-column unit of the f16 way: rows g and g + 8 (words wa, wb; scale words f0, f1) against the NT x 8 staged
  * tokens (f16, LD bytes a row), summed at the unit's end into acc */
 template <int NT, int LD>
@@ -120,25 +146,14 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ W,
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     for (int tile = blockIdx.x * 8 + warp; tile < R / 16; tile += gridDim.x * 8) {
         const int r0 = tile * 16 + g, r1 = r0 + 8;
-        constexpr int US = wustride<TL>(); /* a unit's stride in scale words (x 4: in weight quads) */
-        const uint4 *w0 = W + wbase<TL>(r0) * 4 + c, *w1 = W + wbase<TL>(r1) * 4 + c;
-        const uint32_t *s0 = S + wbase<TL>(r0), *s1 = S + wbase<TL>(r1);
+        reg_stream<D, TL> rs(W, S, r0, r1, c);
         float acc[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-        uint4 qa[NU], qb[NU];
-        uint32_t ea[NU], eb[NU];
-#pragma unroll
-        for (int u = 0; u < D; u++)
-            qa[u] = tc_ld_stream(w0 + u * US * 4), qb[u] = tc_ld_stream(w1 + u * US * 4), ea[u] = __ldg(s0 + u * US), eb[u] = __ldg(s1 + u * US);
 #pragma unroll
         for (int u = 0; u < NU; u++) {
-            if (u + D < NU)
-                qa[u + D] = tc_ld_stream(w0 + (u + D) * US * 4), qb[u + D] = tc_ld_stream(w1 + (u + D) * US * 4),
-                ea[u + D] = __ldg(s0 + (u + D) * US), eb[u + D] = __ldg(s1 + (u + D) * US);
-            const uint4 p0 = qa[u], p1 = qb[u];
-            const uint32_t f0 = ea[u], f1 = eb[u];
-            const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
+            uint32_t wa[4], wb[4], f0, f1;
+            rs.next(u, wa, wb, f0, f1);
             if (E4) {
 #pragma unroll
                 for (int G = 0; G < 4; G++) {
@@ -250,9 +265,7 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
     const int warp = tid >> 5, wg = warp >> 2, lane = tid & 31, g = lane >> 2, c = lane & 3;
     for (int tile = blockIdx.x * 2 + wg; tile < R / 64; tile += gridDim.x * 2) {
         const int r0 = tile * 64 + (warp & 3) * 16 + g, r1 = r0 + 8;
-        constexpr int US = wustride<TL>(); /* a unit's stride in scale words (x 4: in weight quads) */
-        const uint4 *w0 = W + wbase<TL>(r0) * 4 + c, *w1 = W + wbase<TL>(r1) * 4 + c;
-        const uint32_t *s0 = S + wbase<TL>(r0), *s1 = S + wbase<TL>(r1);
+        reg_stream<D, TL> rs(W, S, r0, r1, c);
         float acc[NT][4], dt[2][2][4];
         uint32_t A[2][4];
         float scp0 = 0.0f, scp1 = 0.0f;
@@ -262,19 +275,10 @@ __global__ void __launch_bounds__(256) probe_wg(const uint4 *__restrict__ W, con
         for (int b = 0; b < 2; b++)
 #pragma unroll
             for (int n = 0; n < 2; n++) dt[b][n][0] = dt[b][n][1] = dt[b][n][2] = dt[b][n][3] = 0.0f;
-        uint4 qa[NU], qb[NU];
-        uint32_t ea[NU], eb[NU];
-#pragma unroll
-        for (int u = 0; u < D; u++)
-            qa[u] = tc_ld_stream(w0 + u * US * 4), qb[u] = tc_ld_stream(w1 + u * US * 4), ea[u] = __ldg(s0 + u * US), eb[u] = __ldg(s1 + u * US);
 #pragma unroll
         for (int u = 0; u < NU; u++) {
-            if (u + D < NU)
-                qa[u + D] = tc_ld_stream(w0 + (u + D) * US * 4), qb[u + D] = tc_ld_stream(w1 + (u + D) * US * 4),
-                ea[u + D] = __ldg(s0 + (u + D) * US), eb[u + D] = __ldg(s1 + (u + D) * US);
-            const uint4 p0 = qa[u], p1 = qb[u];
-            const uint32_t f0 = ea[u], f1 = eb[u];
-            const uint32_t wa[4] = {p0.x, p0.y, p0.z, p0.w}, wb[4] = {p1.x, p1.y, p1.z, p1.w};
+            uint32_t wa[4], wb[4], f0, f1;
+            rs.next(u, wa, wb, f0, f1);
             if constexpr (PIPE == 2) { /* speed only: the unit's four groups in one wgmma chain (k128), one D and one scale a unit,
                               * as if the group scales were folded into the codes: the ceiling of per-unit promotion */
                 uint32_t A4[4][4];

@@ -131,6 +131,17 @@ __global__ void __launch_bounds__(128) hc_mix_small(const float *__restrict__ X,
     }
 }
 
+/* hc_tok_mix's fn chunk of thread (chunk g, row r) = (tid / (nr + 1), tid % (nr + 1)): row r's HC_CH columns at
+ * c0 + g * HC_CH (threads past the rows load nothing), before the grid dependency wait (fn is a weight) */
+__device__ __forceinline__ void hc_tok_fn(const float *__restrict__ W, int K, int c0, int g, int r, int nr,
+                                          float4 (&wv)[HC_CH / 4]) {
+    if (g < HC_G && r < nr) {
+        const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + g * HC_CH);
+#pragma unroll
+        for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
+    }
+}
+
 /* hc_mix_tok's second half, for the TB tokens staged in xs (after the barrier that ends the staging): thread (chunk g,
  * row r) its fmaf chain over the chunk against each token (wv: its fn chunk; r == nr: the chunk's sum of squares), then
  * per (token, row) the chunk sums added in order into the super-chunk's partial (the squares' in double) */
@@ -190,14 +201,10 @@ __global__ void __launch_bounds__(128) hc_mix_tok(const float *__restrict__ X, i
                                                   int nr, int nsc, float *__restrict__ part, double *__restrict__ ssp) {
     __shared__ __align__(16) float xs[TB][HC_SC];
     const int sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
-    const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
+    const int nt = T - t0 < TB ? T - t0 : TB;
     float4 wv[HC_CH / 4];
     dev_pdl_trigger();
-    if (g < HC_G && r < nr) {
-        const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + cb);
-#pragma unroll
-        for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
-    }
+    hc_tok_fn(W, K, c0, tid / (nr + 1), tid % (nr + 1), nr, wv);
     dev_pdl_wait(); /* X is the previous kernel's */
 #pragma unroll
     for (int u = 0; u < TB * HC_SC / 4 / 128; u++) {
@@ -254,14 +261,10 @@ __global__ void __launch_bounds__(128) hc_post_mix(const __grid_constant__ dsv4_
     __shared__ __align__(16) float xs[TB][HC_SC];
     const int K = M * D, sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
     const int j = c0 / D, d0 = c0 - j * D;
-    const int nt = T - t0 < TB ? T - t0 : TB, g = tid / (nr + 1), r = tid % (nr + 1), cb = g * HC_CH;
+    const int nt = T - t0 < TB ? T - t0 : TB;
     float4 wv[HC_CH / 4];
     dev_pdl_trigger();
-    if (g < HC_G && r < nr) {
-        const float4 *w4 = (const float4 *)(W + (int64_t)r * K + c0 + cb);
-#pragma unroll
-        for (int q = 0; q < HC_CH / 4; q++) wv[q] = w4[q];
-    }
+    hc_tok_fn(W, K, c0, tid / (nr + 1), tid % (nr + 1), nr, wv);
     dev_pdl_wait(); /* f, Xin, post and comb are earlier kernels' */
     /* the post of stream j at the block's columns: item (token, quad) */
     for (int i = tid; i < nt * (HC_SC / 4); i += 128) {
