@@ -68,7 +68,7 @@ static inline int mf8_slices(int R, int NU) {
 /* A block: SL warpgroups on one 64-row tile of one active expert (grid: R / 64 x expert slots), warpgroup s on the
  * units [s NU / SL, (s + 1) NU / SL) (a column slice); at a chunk's end the slices' sums are added in the order of s
  * by warpgroup 0, which writes the outputs. */
-template <int GATEUP, int NT, int SL>
+template <int GATEUP, int NT, int SL, int PIPE>
 __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ mt_params P) {
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1);
     extern __shared__ __align__(16) unsigned char mt_sm[];
@@ -171,27 +171,11 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
         dev_cp_wait<MF8_STAGES - 1>();
         const unsigned char *st = ring + (i % MF8_STAGES) * STG;
         const uint32_t *scw = (const uint32_t *)(st + NM * 1024);
-#pragma unroll
-        for (int G = 0; G < 4; G++) {
-            const unsigned gs = (unsigned)(g * 4 + (G ^ (g >> 1))) * 16 + c * 4;
-            float d[NM][2][4];
-            uint32_t a[NM][4];
+        /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0 codes
+         * above 248, scales past 2^121, would overflow: not in any checkpoint's range); D of group G into ua */
+        auto promote = [&](int G, float (&d)[NM][2][4]) {
 #pragma unroll
             for (int m = 0; m < NM; m++) {
-                mf8_repack(*(const uint32_t *)(st + m * 1024 + gs), a[m][0], a[m][2]);
-                mf8_repack(*(const uint32_t *)(st + m * 1024 + 512 + gs), a[m][1], a[m][3]);
-#pragma unroll
-                for (int q = 0; q < 2; q++) d[m][q][0] = d[m][q][1] = d[m][q][2] = d[m][q][3] = 0.0f;
-            }
-            wg_fence(); /* the A registers written above, before the wgmmas read them */
-#pragma unroll
-            for (int m = 0; m < NM; m++) mf8_wgmma<NT>(d[m], a[m], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
-            wg_commit();
-            wg_wait<0>();
-#pragma unroll
-            for (int m = 0; m < NM; m++) {
-                /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0
-                 * codes above 248, scales past 2^121, would overflow: not in any checkpoint's range) */
                 const float f0 = __uint_as_float((__byte_perm(scw[m * 16 + g], 0u, 0x4440u + G) + 6u) << 23);
                 const float f1 = __uint_as_float((__byte_perm(scw[m * 16 + 8 + g], 0u, 0x4440u + G) + 6u) << 23);
 #pragma unroll
@@ -201,6 +185,57 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
                     ua[m][q][0] = fmaf(d[m][q][0], f0, ua[m][q][0]), ua[m][q][1] = fmaf(d[m][q][1], f0, ua[m][q][1]);
                     ua[m][q][2] = fmaf(d[m][q][2], f1, ua[m][q][2]), ua[m][q][3] = fmaf(d[m][q][3], f1, ua[m][q][3]);
                 }
+            }
+        };
+        /* group G's A fragments (word c of each lane of the quad, through the slot swizzle) and a zeroed D */
+        auto load_a = [&](int G, uint32_t (&a)[NM][4], float (&d)[NM][2][4]) {
+            const unsigned gs = (unsigned)(g * 4 + (G ^ (g >> 1))) * 16 + c * 4;
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                mf8_repack(*(const uint32_t *)(st + m * 1024 + gs), a[m][0], a[m][2]);
+                mf8_repack(*(const uint32_t *)(st + m * 1024 + 512 + gs), a[m][1], a[m][3]);
+#pragma unroll
+                for (int q = 0; q < 2; q++) d[m][q][0] = d[m][q][1] = d[m][q][2] = d[m][q][3] = 0.0f;
+            }
+        };
+        if (PIPE) { /* the unit's four groups' wgmmas in flight together (a commit group each), promoted as they finish */
+            uint32_t a[4][NM][4];
+            float d[4][NM][2][4];
+#pragma unroll
+            for (int G = 0; G < 4; G++) load_a(G, a[G], d[G]);
+            wg_fence();
+#pragma unroll
+            for (int G = 0; G < 4; G++) {
+#pragma unroll
+                for (int m = 0; m < NM; m++) mf8_wgmma<NT>(d[G][m], a[G][m], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
+                wg_commit();
+            }
+            wg_wait<3>();
+            promote(0, d[0]);
+            wg_wait<2>();
+            promote(1, d[1]);
+            wg_wait<1>();
+            promote(2, d[2]);
+            wg_wait<0>();
+            promote(3, d[3]);
+#pragma unroll
+            for (int G = 0; G < 4; G++)
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) wg_keep(a[G][m][k]);
+        } else {
+#pragma unroll
+            for (int G = 0; G < 4; G++) {
+                uint32_t a[NM][4];
+                float d[NM][2][4];
+                load_a(G, a, d);
+                wg_fence(); /* the A registers written above, before the wgmmas read them */
+#pragma unroll
+                for (int m = 0; m < NM; m++) mf8_wgmma<NT>(d[m], a[m], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
+                wg_commit();
+                wg_wait<0>();
+                promote(G, d);
             }
         }
         /* the unit's sums times the tokens' act-quant scales */

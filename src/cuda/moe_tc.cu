@@ -1302,6 +1302,11 @@ static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the registe
 static int mp_wg = -1;     /* DSV4_MOE_WG=0: 0, moe_pf2_kernel on mma.sync rather than wgmma */
 static int mt_rq = -1;     /* DSV4_MOE_RQ=0: 0, the ring kernels act-quantize x in every block (no moe_quant launch) */
 static int mt_f8 = -1;     /* DSV4_MOE_F8=1: decode on moe_f8.cuh's kernel */
+static int mf8_pipe = -1;  /* DSV4_MOE_F8_PIPE=1: its four groups' wgmmas in flight together (the same bits) */
+static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
+template <int GATEUP, int PIPE> static mt_fn mf8_pick(int sl) {
+    return sl == 4 ? mf8_kernel<GATEUP, 1, 4, PIPE> : sl == 2 ? mf8_kernel<GATEUP, 1, 2, PIPE> : mf8_kernel<GATEUP, 1, 1, PIPE>;
+}
 static int mt_nt1 = 2;     /* DSV4_MOE_NT1_AVG: 8-token decode chunks while experts average at most this many tokens (0: only T <= 8) */
 
 /* nw warps a block; ring: a ring kernel (carve-out hint) */
@@ -1376,14 +1381,15 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (mt_f8 < 0) mt_f8 = dsv4_env_int("DSV4_MOE_F8", 0) != 0;
     if ((mt_f8 || (mt_mode & DSV4_MOE_TC_F8)) && !pq && fmt == DSV4_WF_MXFP4 && xt == 1 && R % 64 == 0) {
         /* 8-token chunks at every batch (an expert with more tokens takes more chunks); column slices from the shape */
-        const int sl = mf8_slices(R, NU);
+        if (mf8_pipe < 0) mf8_pipe = dsv4_env_int("DSV4_MOE_F8_PIPE", 0) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0);
+        int sl = mf8_slices(R, NU);
+        if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
         const size_t fs = mf8_smem(1, NU, gateup ? 2 : 1, sl);
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) {
             mt_params fp;
             memset(&fp, 0, sizeof fp);
             fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU;
-            const mt_fn fn = gateup ? (sl == 4 ? mf8_kernel<1, 1, 4> : sl == 2 ? mf8_kernel<1, 1, 2> : mf8_kernel<1, 1, 1>)
-                                    : (sl == 4 ? mf8_kernel<0, 1, 4> : sl == 2 ? mf8_kernel<0, 1, 2> : mf8_kernel<0, 1, 1>);
+            const mt_fn fn = mf8_pipe ? (gateup ? mf8_pick<1, 1>(sl) : mf8_pick<0, 1>(sl)) : (gateup ? mf8_pick<1, 0>(sl) : mf8_pick<0, 0>(sl));
             return mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp);
         }
     }
