@@ -21,7 +21,8 @@
 #pragma once
 
 #define MF8_STAGES 4
-#define MF8_SB 4 /* (token, unit) items of x a warp loads before quantizing them (loads in flight) */
+#define MF8_SB 4    /* (token, unit) items of x a warp loads before quantizing them (loads in flight) */
+#define MF8_RQ_T 16 /* from this many tokens a pass on, x act-quantized once per row (moe_quant_kernel, WO 3) */
 
 /* 8 e2m1 nibbles (value 8c + i at bits 4i) -> e4m3 codes (x 2^-6): lo the even values, hi the odd ones */
 __device__ __forceinline__ void mf8_repack(uint32_t w, uint32_t &lo, uint32_t &hi) {
@@ -146,6 +147,24 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
         }
     };
 
+    /* the same from P.xq (moe_quant_kernel's codes in this order, then the NU unit scales): 16-byte pieces (a group's
+     * core-matrix row) and the scales by cp.async */
+    auto stage_q = [&](int c0, int nt) {
+        const int tw = threadIdx.x & 127, per = NUS * 8, np = nt * per;
+        for (int i = tw; i < np; i += 128) {
+            const int t = i / per, r = i - t * per, u = ub + (r >> 3), q = (r >> 1) & 3, h = r & 1;
+            const int row = GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t;
+            mt_cp16s(xsa + (unsigned)((((u * 4 + q) * NT + (t >> 3)) * 2 + h) * 128 + (t & 7) * 16),
+                     P.xq + (int64_t)row * P.xq_ld + u * 128 + q * 32 + h * 16);
+        }
+        for (int i = tw; i < nt * NUS; i += 128) {
+            const int t = i / NUS, u = ub + i - t * NUS;
+            const int row = GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t;
+            mt_cps<4>((unsigned)__cvta_generic_to_shared(sxs + t * NU + u), P.xq + (int64_t)row * P.xq_ld + C + u * 4);
+        }
+        mt_cp_wait_all(); /* (the ring's units in flight too: once a chunk) */
+    };
+
     const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NUS;
 #pragma unroll
     for (int i = 0; i < MF8_STAGES - 1; i++) issue(i, n);
@@ -163,7 +182,8 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
             c0 = (i / NUS) * 8 * NT;
             nt = cnt - c0 < 8 * NT ? cnt - c0 : 8 * NT;
             mf8_wg_sync(wg); /* the previous chunk's wgmmas are done (each waited) */
-            stage(c0, nt);
+            if (P.xq) stage_q(c0, nt);
+            else stage(c0, nt);
             wg_fence_proxy();
             mf8_wg_sync(wg);
         }

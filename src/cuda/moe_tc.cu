@@ -56,6 +56,10 @@ template <> struct mt_fmt<DSV4_WF_FP8> { static constexpr int V = 2, E = 16; };
 /* Slot of column i (0..127) of a unit in the staged x (as linear.cu's tc_slot): FP4 in tc_e2m1_perm order inside a
  * chunk, with (16-bit slots, XB = 2) the 16-byte halves of odd lane pairs swapped (conflict-free reads); FP8 as is.
  * XB = 1 (x held as e4m3 bytes): no swap (the token rows' 8-byte pad keeps the 8-byte reads conflict-free). */
+/* moe_f8.cuh's x order: column 32 q + l of a unit (lane l of a warp's quant) at byte 32 q + mf8_pos(l): value i = l & 7 of
+ * word l >> 3 goes to core matrix i & 1 (the wgmma B operand's two 16-byte rows of a k32 step), byte 4 (l >> 3) + (i >> 1) */
+__device__ __forceinline__ int mf8_pos(int l) { return (l & 1) * 16 + (l >> 3) * 4 + ((l & 7) >> 1); }
+
 template <int FMT, int XB = 2> __device__ __forceinline__ int mt_slot(int i) {
     if (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) {
         const int ch = i >> 5, e = i & 31;
@@ -1152,10 +1156,13 @@ __global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_
         __syncwarp();
         uint16_t term[4][1];
         uint8_t code[4];
-        const float sc = mt_quant<1>(v, term, WO == 2 ? code : NULL);
+        const float sc = mt_quant<1>(v, term, WO >= 2 ? code : NULL);
         if (WO == 2) { /* e4m3 code bytes in the order of the ring kernels' staged x (XB = 1) */
 #pragma unroll
             for (int q = 0; q < 4; q++) dr[(int64_t)u * 128 + mt_slot<FMT, 1>(q * 32 + lane)] = code[q];
+        } else if (WO == 3) { /* e4m3 codes in moe_f8.cuh's order: per 32-column group its two core-matrix rows (mf8_pos) */
+#pragma unroll
+            for (int q = 0; q < 4; q++) dr[(int64_t)u * 128 + q * 32 + mf8_pos(lane)] = code[q];
         } else {
 #pragma unroll
             for (int q = 0; q < 4; q++) *(uint16_t *)(dr + (int64_t)u * 256 + 2 * (WO ? mt_wslot(q * 32 + lane) : mt_slot<FMT>(q * 32 + lane))) = term[q][0];
@@ -1164,7 +1171,7 @@ __global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_
         if (u == lane + 32) keep1 = sc;
     }
     __syncwarp();
-    float *ds = (float *)(dr + (WO == 2 ? 1 : 2) * (int64_t)C);
+    float *ds = (float *)(dr + (WO >= 2 ? 1 : 2) * (int64_t)C);
     if (lane < NU) ds[lane] = keep0;
     if (lane + 32 < NU) ds[lane + 32] = keep1;
     if (S > 0) { /* then the ratios 2^(e(u - S) - e(u)) (moe_pf2_kernel's rescale of set u % S; 1 at a set's first unit) */
@@ -1304,6 +1311,7 @@ static int mt_rq = -1;     /* DSV4_MOE_RQ=0: 0, the ring kernels act-quantize x 
 static int mt_f8 = -1;     /* DSV4_MOE_F8=1: decode on moe_f8.cuh's kernel */
 static int mf8_pipe = -1;  /* DSV4_MOE_F8_PIPE=1: its four groups' wgmmas in flight together (the same bits) */
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
+static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
 template <int GATEUP, int PIPE> static mt_fn mf8_pick(int sl) {
     return sl == 4 ? mf8_kernel<GATEUP, 1, 4, PIPE> : sl == 2 ? mf8_kernel<GATEUP, 1, 2, PIPE> : mf8_kernel<GATEUP, 1, 1, PIPE>;
 }
@@ -1343,8 +1351,9 @@ static int mt_launch(F fn, dim3 grid, int nw, int ring, size_t smem, cudaStream_
 
 typedef void (*mq_fn)(const float *, int64_t, uint8_t *, int64_t, int, int, int);
 /* wo: 0 f16 codes in mt_slot order (the register kernels, the XB = 2 ring kernels), 1 the wgmma order (moe_pf2_kernel),
- * 2 e4m3 code bytes in the XB = 1 ring kernels' order */
+ * 2 e4m3 code bytes in the XB = 1 ring kernels' order, 3 e4m3 code bytes in moe_f8.cuh's order */
 static mq_fn mq_pick(int fmt, int wo) {
+    if (wo == 3) return moe_quant_kernel<DSV4_WF_MXFP4, 3>;
     if (wo == 2) return moe_quant_kernel<DSV4_WF_MXFP4, 2>; /* NVFP4: MXFP4's order */
     if (wo) return moe_quant_kernel<DSV4_WF_MXFP4, 1>;
     return fmt == DSV4_WF_FP8 ? moe_quant_kernel<DSV4_WF_FP8, 0> : moe_quant_kernel<DSV4_WF_MXFP4, 0>; /* NVFP4: MXFP4's order */
@@ -1381,7 +1390,9 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (mt_f8 < 0) mt_f8 = dsv4_env_int("DSV4_MOE_F8", 0) != 0;
     if ((mt_f8 || (mt_mode & DSV4_MOE_TC_F8)) && !pq && fmt == DSV4_WF_MXFP4 && xt == 1 && R % 64 == 0) {
         /* 8-token chunks at every batch (an expert with more tokens takes more chunks); column slices from the shape */
-        if (mf8_pipe < 0) mf8_pipe = dsv4_env_int("DSV4_MOE_F8_PIPE", 0) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0);
+        if (mf8_pipe < 0)
+            mf8_pipe = dsv4_env_int("DSV4_MOE_F8_PIPE", 0) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0),
+            mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0;
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
         const size_t fs = mf8_smem(1, NU, gateup ? 2 : 1, sl);
@@ -1389,6 +1400,16 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
             mt_params fp;
             memset(&fp, 0, sizeof fp);
             fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU;
+            if (T >= MF8_RQ_T && mf8_rq && (gateup ? scratch != NULL : 1)) {
+                /* x act-quantized once per row (the same codes and scales as the kernel's own quant): into the scratch
+                 * (gate/up) or in place (h) */
+                const int rows = gateup ? T : T * K;
+                const int64_t ld = gateup ? (((int64_t)C + 4 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C;
+                uint8_t *dst = gateup ? (uint8_t *)scratch : (uint8_t *)x;
+                if (mt_launch(mq_pick(fmt, 3), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant, fp8)", x, (int64_t)C, dst, ld, rows, C, 0))
+                    return -1;
+                fp.xq = dst, fp.xq_ld = ld;
+            }
             const mt_fn fn = mf8_pipe ? (gateup ? mf8_pick<1, 1>(sl) : mf8_pick<0, 1>(sl)) : (gateup ? mf8_pick<1, 0>(sl) : mf8_pick<0, 0>(sl));
             return mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp);
         }
