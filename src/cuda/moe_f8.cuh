@@ -51,12 +51,36 @@ template <int NT> __device__ __forceinline__ void mf8_wgmma(float (&d)[2][4], co
 /* the 128 threads of warpgroup w (named barrier 1 + w) */
 __device__ __forceinline__ void mf8_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
 
-/* shared memory of one block of SL warpgroups: x codes [NU * 4 groups][NT][2][8][16], x scales [8 NT][NU], the slices'
- * partial sums [SL - 1][NM][NT][4][128], then per warp the ring */
+/* m64n32k32 (NT 4): D = A B */
+__device__ __forceinline__ void mf8_wgmma4(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15},"
+                 " {%16,%17,%18,%19}, %20, p, 1, 1; }"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+                   "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+                   "+f"(d[3][2]), "+f"(d[3][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                 : "memory");
+}
+template <int NT> __device__ __forceinline__ void mf8_mma(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+    if constexpr (NT == 4) mf8_wgmma4(d, a, desc);
+    else if constexpr (NT == 2) mf8_wgmma<2>(d, a, desc);
+    else
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1; }"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                     : "memory");
+}
+
+/* shared memory of one block of SL warpgroups. XR 0: x codes of a chunk [NU * 4 groups][NT][2][8][16] and scales [8 NT][NU]
+ * (staged at the chunk's start); XR 1: per warpgroup a ring of MF8_STAGES units of x, [4 groups][NT][2][8][16] codes and
+ * [8 NT] scales. Then the slices' partial sums [SL - 1][NM][NT][4][128], then per warp the weight ring. */
 __host__ __device__ constexpr size_t mf8_stage_bytes(int nm) { return (size_t)nm * 1024 + (size_t)nm * 64; }
-static inline size_t mf8_smem(int NT, int NU, int nm, int SL) {
-    return (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4 + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 +
-           (size_t)4 * SL * MF8_STAGES * mf8_stage_bytes(nm);
+__host__ __device__ constexpr int mf8_xstage(int NT) { return NT * 1024 + NT * 32; }
+static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR) {
+    const size_t x = XR ? (size_t)SL * MF8_STAGES * mf8_xstage(NT) : (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4;
+    return x + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 + (size_t)4 * SL * MF8_STAGES * mf8_stage_bytes(nm);
 }
 /* column slices from the shape only (the sums' order must not depend on the batch): enough warps per expert to fill the
  * GPU at batch 1, as the f16 ring's S */
@@ -68,12 +92,17 @@ static inline int mf8_slices(int R, int NU) {
 
 /* A block: SL warpgroups on one 64-row tile of one active expert (grid: R / 64 x expert slots), warpgroup s on the
  * units [s NU / SL, (s + 1) NU / SL) (a column slice); at a chunk's end the slices' sums are added in the order of s
- * by warpgroup 0, which writes the outputs. */
-template <int GATEUP, int NT, int SL, int PIPE>
+ * by warpgroup 0, which writes the outputs. Chunks of 8 NT tokens. XR 0: the chunk's x quantized by the warpgroup
+ * at the chunk's start (decode, fewer than MF8_RQ_T tokens: no quant launch); XR 1: x from P.xq (moe_quant_kernel),
+ * unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a named barrier a unit).
+ * GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish. Every variant gives every
+ * output the same operations in the same order: the same bits whatever NT, XR and GP. */
+template <int GATEUP, int NT, int SL, int XR, int GP>
 __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ mt_params P) {
-    constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1);
+    constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = MF8_STAGES;
+    static_assert(XR || NT == 1, "up-front staging: 8-token chunks");
     extern __shared__ __align__(16) unsigned char mt_sm[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2, tw = threadIdx.x & 127;
     const int NU = P.NU, R = P.R, C = P.C, NUS = NU / SL, ub = wg * NUS;
     dev_pdl_wait(); /* the plan and x */
     const int ia = blockIdx.y;
@@ -81,10 +110,11 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
     const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
     const int64_t rowq = C / 32; /* 16-byte chunks a row */
-    unsigned char *xs = mt_sm;
-    float *sxs = (float *)(mt_sm + (size_t)NU * 4 * NT * 256);
-    float *red = sxs + 8 * NT * NU; /* [SL - 1][NM][NT][4][128] */
-    unsigned char *ring = (unsigned char *)(red + (SL - 1) * NM * NT * 4 * 128) + (size_t)warp * MF8_STAGES * STG;
+    const size_t xbytes = XR ? (size_t)SL * S * XST : (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4;
+    unsigned char *xs = mt_sm + (XR ? (size_t)wg * S * XST : 0); /* XR: this warpgroup's x ring */
+    float *sxs = (float *)(mt_sm + (size_t)NU * 4 * NT * 256);  /* XR 0 */
+    float *red = (float *)(mt_sm + xbytes);                      /* [SL - 1][NM][NT][4][128] */
+    unsigned char *ring = (unsigned char *)(red + (SL - 1) * NM * NT * 4 * 128) + (size_t)warp * S * STG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
     const int r0 = (int)blockIdx.x * 64 + (warp & 3) * 16; /* the warp's first row */
 
@@ -101,20 +131,48 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
     const uint8_t *sp = scl ? (sm_ ? w1.scale + (w1.row0 + r0 + sr) * w1.scale_stride : w0.scale + (w0.row0 + r0 + sr) * w0.scale_stride)
                             : w0.scale;
     const unsigned slot = (unsigned)(g * 4 + (c ^ (g >> 1))) * 16;
+    /* XR: this thread's x copies of a unit: token tw >> 3 (+ 16 j) of the chunk, piece tw & 7 (group p >> 1, row half
+     * p & 1), and (threads tw < 8 NT) the unit scale of token tw; rows of the chunk being issued */
+    constexpr int XJ = NT >= 2 ? NT / 2 : 1;
+    const uint8_t *xrow[XJ];
+    const uint8_t *srow = NULL;
+    int xchunk = -1;
     auto issue = [&](int i, int n) {
         if (i < n) {
             const int u = ub + i % NUS;
-            const unsigned sa = ring_sa + (unsigned)((i % MF8_STAGES) * STG);
+            const unsigned sa = ring_sa + (unsigned)((i % S) * STG);
 #pragma unroll
             for (int m = 0; m < NM; m++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) mt_cp16s(sa + m * 1024 + h * 512 + slot, wp[m][h] + (int64_t)u * 64);
             if (scl) mt_cps<4>(sa + NM * 1024 + (sm_ * 16 + sr) * 4, sp + u * 4);
+            if (XR) {
+                const int ch = i / NUS;
+                if (ch != xchunk) { /* the rows of chunk ch's tokens this thread copies (past the expert's count: none) */
+                    xchunk = ch;
+                    const int c0 = ch * 8 * NT;
+#pragma unroll
+                    for (int j = 0; j < XJ; j++) {
+                        const int t = (tw >> 3) + 16 * j;
+                        xrow[j] = t < 8 * NT && c0 + t < cnt ? P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld : NULL;
+                    }
+                    const int t = tw;
+                    srow = t < 8 * NT && c0 + t < cnt ? P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld + C : NULL;
+                }
+                const unsigned xa = xsa + (unsigned)((i % S) * XST);
+                const int pc = tw & 7, q = pc >> 1, h = pc & 1;
+#pragma unroll
+                for (int j = 0; j < XJ; j++) {
+                    const int t = (tw >> 3) + 16 * j;
+                    if (xrow[j]) mt_cp16s(xa + (unsigned)(((q * NT + (t >> 3)) * 2 + h) * 128 + (t & 7) * 16), xrow[j] + u * 128 + pc * 16);
+                }
+                if (srow) mt_cps<4>(xa + NT * 1024 + tw * 4, srow + u * 4);
+            }
         }
         dev_cp_commit();
     };
 
-    /* x of the chunk's tokens c0 .. c0 + nt - 1 (rows of x by token, or of h by slot) in this warpgroup's units,
+    /* XR 0: x of the chunk's tokens c0 .. c0 + nt - 1 (rows of x by token, or of h by slot) in this warpgroup's units,
      * act-quantized: item (token, unit) a warp, MF8_SB items' loads in flight. Tokens past nt are not staged: column n
      * of D depends on B's column n only, and their outputs are not written. */
     auto stage = [&](int c0, int nt) {
@@ -136,38 +194,17 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
                 uint16_t term[4][1];
                 uint8_t code[4];
                 const float sc = mt_quant<1>(v[bb], term, code);
-                /* column q * 32 + lane = group q, word c' = lane >> 3, value i = lane & 7 -> core matrix i & 1, byte
-                 * 4 c' + (i >> 1) of token t's row */
-                const int cc = lane >> 3, iv = lane & 7;
+                const int pp = mf8_pos(lane); /* core matrix pp >> 4, byte pp & 15 of the token's row */
 #pragma unroll
-                for (int q = 0; q < 4; q++)
-                    xs[(((u * 4 + q) * NT + (t >> 3)) * 2 + (iv & 1)) * 128 + (t & 7) * 16 + cc * 4 + (iv >> 1)] = code[q];
+                for (int q = 0; q < 4; q++) xs[((u * 4 + q) * NT + (t >> 3)) * 256 + (pp >> 4) * 128 + (t & 7) * 16 + (pp & 15)] = code[q];
                 if (lane == 0) sxs[t * NU + u] = sc;
             }
         }
     };
 
-    /* the same from P.xq (moe_quant_kernel's codes in this order, then the NU unit scales): 16-byte pieces (a group's
-     * core-matrix row) and the scales by cp.async */
-    auto stage_q = [&](int c0, int nt) {
-        const int tw = threadIdx.x & 127, per = NUS * 8, np = nt * per;
-        for (int i = tw; i < np; i += 128) {
-            const int t = i / per, r = i - t * per, u = ub + (r >> 3), q = (r >> 1) & 3, h = r & 1;
-            const int row = GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t;
-            mt_cp16s(xsa + (unsigned)((((u * 4 + q) * NT + (t >> 3)) * 2 + h) * 128 + (t & 7) * 16),
-                     P.xq + (int64_t)row * P.xq_ld + u * 128 + q * 32 + h * 16);
-        }
-        for (int i = tw; i < nt * NUS; i += 128) {
-            const int t = i / NUS, u = ub + i - t * NUS;
-            const int row = GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t;
-            mt_cps<4>((unsigned)__cvta_generic_to_shared(sxs + t * NU + u), P.xq + (int64_t)row * P.xq_ld + C + u * 4);
-        }
-        mt_cp_wait_all(); /* (the ring's units in flight too: once a chunk) */
-    };
-
     const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NUS;
 #pragma unroll
-    for (int i = 0; i < MF8_STAGES - 1; i++) issue(i, n);
+    for (int i = 0; i < S - 1; i++) issue(i, n);
     float acc[NM][NT][4], ua[NM][NT][4];
 #pragma unroll
     for (int m = 0; m < NM; m++)
@@ -178,22 +215,29 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
     int c0 = 0, nt = 0;
     for (int i = 0; i < n; i++) {
         const int uu = i % NUS, u = ub + uu;
-        if (uu == 0) { /* a new chunk: its x (this warpgroup's units) */
+        if (uu == 0) { /* a new chunk */
             c0 = (i / NUS) * 8 * NT;
             nt = cnt - c0 < 8 * NT ? cnt - c0 : 8 * NT;
-            mf8_wg_sync(wg); /* the previous chunk's wgmmas are done (each waited) */
-            if (P.xq) stage_q(c0, nt);
-            else stage(c0, nt);
+            if (!XR) {
+                mf8_wg_sync(wg); /* the previous chunk's wgmmas are done (each waited) */
+                stage(c0, nt);
+                wg_fence_proxy();
+                mf8_wg_sync(wg);
+            }
+        }
+        dev_cp_wait<S - 2>(); /* unit i's copies (this thread's) */
+        if (XR) { /* ... and the warpgroup's: its x */
             wg_fence_proxy();
             mf8_wg_sync(wg);
         }
-        issue(i + MF8_STAGES - 1, n);
-        dev_cp_wait<MF8_STAGES - 1>();
-        const unsigned char *st = ring + (i % MF8_STAGES) * STG;
+        /* into the stage read at i - 1 (XR: every thread of the warpgroup is past it, the barrier above) */
+        issue(i + S - 1, n);
+        const unsigned char *st = ring + (i % S) * STG;
         const uint32_t *scw = (const uint32_t *)(st + NM * 1024);
+        const unsigned xb = XR ? xsa + (unsigned)((i % S) * XST) : xsa + (unsigned)(u * 4 * NT * 256);
         /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0 codes
          * above 248, scales past 2^121, would overflow: not in any checkpoint's range); D of group G into ua */
-        auto promote = [&](int G, float (&d)[NM][2][4]) {
+        auto promote = [&](int G, float (&d)[NM][NT][4]) {
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 const float f0 = __uint_as_float((__byte_perm(scw[m * 16 + g], 0u, 0x4440u + G) + 6u) << 23);
@@ -208,60 +252,51 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
             }
         };
         /* group G's A fragments (word c of each lane of the quad, through the slot swizzle) and a zeroed D */
-        auto load_a = [&](int G, uint32_t (&a)[NM][4], float (&d)[NM][2][4]) {
+        auto load_a = [&](int G, uint32_t (&a)[NM][4], float (&d)[NM][NT][4]) {
             const unsigned gs = (unsigned)(g * 4 + (G ^ (g >> 1))) * 16 + c * 4;
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 mf8_repack(*(const uint32_t *)(st + m * 1024 + gs), a[m][0], a[m][2]);
                 mf8_repack(*(const uint32_t *)(st + m * 1024 + 512 + gs), a[m][1], a[m][3]);
 #pragma unroll
-                for (int q = 0; q < 2; q++) d[m][q][0] = d[m][q][1] = d[m][q][2] = d[m][q][3] = 0.0f;
+                for (int q = 0; q < NT; q++) d[m][q][0] = d[m][q][1] = d[m][q][2] = d[m][q][3] = 0.0f;
             }
         };
-        if (PIPE) { /* the unit's four groups' wgmmas in flight together (a commit group each), promoted as they finish */
-            uint32_t a[4][NM][4];
-            float d[4][NM][2][4];
 #pragma unroll
-            for (int G = 0; G < 4; G++) load_a(G, a[G], d[G]);
-            wg_fence();
+        for (int G0 = 0; G0 < 4; G0 += GP) { /* GP groups' wgmmas in flight (a commit group each), promoted in order */
+            uint32_t a[GP][NM][4];
+            float d[GP][NM][NT][4];
 #pragma unroll
-            for (int G = 0; G < 4; G++) {
+            for (int j = 0; j < GP; j++) load_a(G0 + j, a[j], d[j]);
+            wg_fence(); /* the A and D registers written above, before the wgmmas read them */
 #pragma unroll
-                for (int m = 0; m < NM; m++) mf8_wgmma<NT>(d[G][m], a[G][m], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
+            for (int j = 0; j < GP; j++) {
+#pragma unroll
+                for (int m = 0; m < NM; m++) mf8_mma<NT>(d[j][m], a[j][m], wg_desc(xb + (unsigned)((G0 + j) * NT * 256), 128, 256));
                 wg_commit();
             }
-            wg_wait<3>();
-            promote(0, d[0]);
-            wg_wait<2>();
-            promote(1, d[1]);
-            wg_wait<1>();
-            promote(2, d[2]);
-            wg_wait<0>();
-            promote(3, d[3]);
+            if (GP == 4) {
+                wg_wait<3>(), promote(G0, d[0]);
+                wg_wait<2>(), promote(G0 + 1, d[1]);
+                wg_wait<1>(), promote(G0 + 2, d[2]);
+                wg_wait<0>(), promote(G0 + 3, d[3]);
+            } else if (GP == 2) {
+                wg_wait<1>(), promote(G0, d[0]);
+                wg_wait<0>(), promote(G0 + 1, d[GP - 1]);
+            } else wg_wait<0>(), promote(G0, d[0]);
 #pragma unroll
-            for (int G = 0; G < 4; G++)
+            for (int j = 0; j < GP; j++)
 #pragma unroll
                 for (int m = 0; m < NM; m++)
 #pragma unroll
-                    for (int k = 0; k < 4; k++) wg_keep(a[G][m][k]);
-        } else {
-#pragma unroll
-            for (int G = 0; G < 4; G++) {
-                uint32_t a[NM][4];
-                float d[NM][2][4];
-                load_a(G, a, d);
-                wg_fence(); /* the A registers written above, before the wgmmas read them */
-#pragma unroll
-                for (int m = 0; m < NM; m++) mf8_wgmma<NT>(d[m], a[m], wg_desc(xsa + (unsigned)((u * 4 + G) * NT * 256), 128, 256));
-                wg_commit();
-                wg_wait<0>();
-                promote(G, d);
-            }
+                    for (int k = 0; k < 4; k++) wg_keep(a[j][m][k]);
         }
         /* the unit's sums times the tokens' act-quant scales */
+        const float *sxu = XR ? (const float *)(xs + (i % S) * XST + NT * 1024) : NULL;
 #pragma unroll
         for (int q = 0; q < NT; q++) {
-            const float s0 = sxs[(8 * q + 2 * c) * NU + u], s1 = sxs[(8 * q + 2 * c + 1) * NU + u];
+            const int t0 = 8 * q + 2 * c;
+            const float s0 = XR ? sxu[t0] : sxs[t0 * NU + u], s1 = XR ? sxu[t0 + 1] : sxs[(t0 + 1) * NU + u];
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 acc[m][q][0] = fmaf(ua[m][q][0], s0, acc[m][q][0]), acc[m][q][1] = fmaf(ua[m][q][1], s1, acc[m][q][1]);
@@ -271,7 +306,6 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
         }
         if (uu != NUS - 1) continue;
         if (SL > 1) { /* the slices' sums into warpgroup 0's, in the order of s */
-            const int tw = threadIdx.x & 127;
             if (wg) {
 #pragma unroll
                 for (int m = 0; m < NM; m++)

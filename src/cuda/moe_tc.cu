@@ -1309,11 +1309,18 @@ static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the registe
 static int mp_wg = -1;     /* DSV4_MOE_WG=0: 0, moe_pf2_kernel on mma.sync rather than wgmma */
 static int mt_rq = -1;     /* DSV4_MOE_RQ=0: 0, the ring kernels act-quantize x in every block (no moe_quant launch) */
 static int mt_f8 = -1;     /* DSV4_MOE_F8=1: decode on moe_f8.cuh's kernel */
-static int mf8_pipe = -1;  /* DSV4_MOE_F8_PIPE=1: its four groups' wgmmas in flight together (the same bits) */
+static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a time (the same bits) */
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
-template <int GATEUP, int PIPE> static mt_fn mf8_pick(int sl) {
-    return sl == 4 ? mf8_kernel<GATEUP, 1, 4, PIPE> : sl == 2 ? mf8_kernel<GATEUP, 1, 2, PIPE> : mf8_kernel<GATEUP, 1, 1, PIPE>;
+template <int GATEUP, int NT, int XR, int GP> static mt_fn mf8_pick_s(int sl) {
+    return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP> : mf8_kernel<GATEUP, NT, 1, XR, GP>;
+}
+/* groups in flight: 4 (8-, 16-token chunks), 2 (32: the registers); pipe 0: 1 */
+template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe) {
+    if (!xr) return pipe ? mf8_pick_s<GATEUP, 1, 0, 4>(sl) : mf8_pick_s<GATEUP, 1, 0, 1>(sl);
+    if (nt == 4) return pipe ? mf8_pick_s<GATEUP, 4, 1, 2>(sl) : mf8_pick_s<GATEUP, 4, 1, 1>(sl);
+    if (nt == 2) return pipe ? mf8_pick_s<GATEUP, 2, 1, 4>(sl) : mf8_pick_s<GATEUP, 2, 1, 1>(sl);
+    return pipe ? mf8_pick_s<GATEUP, 1, 1, 4>(sl) : mf8_pick_s<GATEUP, 1, 1, 1>(sl);
 }
 static int mt_nt1 = 2;     /* DSV4_MOE_NT1_AVG: 8-token decode chunks while experts average at most this many tokens (0: only T <= 8) */
 
@@ -1388,21 +1395,24 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     }
     /* decode on FP8 tensor cores (opt in: not the f16 kernels' bits, and the prefill stays f16) */
     if (mt_f8 < 0) mt_f8 = dsv4_env_int("DSV4_MOE_F8", 0) != 0;
-    if ((mt_f8 || (mt_mode & DSV4_MOE_TC_F8)) && !pq && fmt == DSV4_WF_MXFP4 && xt == 1 && R % 64 == 0) {
-        /* 8-token chunks at every batch (an expert with more tokens takes more chunks); column slices from the shape */
-        if (mf8_pipe < 0)
-            mf8_pipe = dsv4_env_int("DSV4_MOE_F8_PIPE", 0) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0),
+    if ((mt_f8 || (mt_mode & DSV4_MOE_TC_F8)) && fmt == DSV4_WF_MXFP4 && aq && R % 64 == 0) {
+        /* FP8 tensor cores (moe_f8.cuh) at every batch: column slices from the shape; fewer than MF8_RQ_T tokens: x
+         * quantized by the blocks, 8-token chunks; else x act-quantized once per row (into the scratch for gate/up, in
+         * place for h) and chunks of 8, 16 or 32 tokens by the experts' average count */
+        if (mf8_gp < 0)
+            mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0),
             mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0;
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
-        const size_t fs = mf8_smem(1, NU, gateup ? 2 : 1, sl);
+        const int xr = T >= MF8_RQ_T && mf8_rq && (gateup ? scratch != NULL : 1);
+        const int64_t avg8 = (int64_t)T * K * 8 / E; /* 8 x the average tokens an expert */
+        const int nt = !xr ? 1 : avg8 <= 64 ? 1 : avg8 <= 128 ? 2 : 4;
+        const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr);
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) {
             mt_params fp;
             memset(&fp, 0, sizeof fp);
             fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU;
-            if (T >= MF8_RQ_T && mf8_rq && (gateup ? scratch != NULL : 1)) {
-                /* x act-quantized once per row (the same codes and scales as the kernel's own quant): into the scratch
-                 * (gate/up) or in place (h) */
+            if (xr) { /* x act-quantized once per row (the same codes and scales as the kernels' own quant) */
                 const int rows = gateup ? T : T * K;
                 const int64_t ld = gateup ? (((int64_t)C + 4 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C;
                 uint8_t *dst = gateup ? (uint8_t *)scratch : (uint8_t *)x;
@@ -1410,7 +1420,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                     return -1;
                 fp.xq = dst, fp.xq_ld = ld;
             }
-            const mt_fn fn = mf8_pipe ? (gateup ? mf8_pick<1, 1>(sl) : mf8_pick<0, 1>(sl)) : (gateup ? mf8_pick<1, 0>(sl) : mf8_pick<0, 0>(sl));
+            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp) : mf8_pick<0>(nt, sl, xr, mf8_gp);
             return mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp);
         }
     }

@@ -383,11 +383,13 @@ moe_checks:
     test_moe_invariant("", DSV4_WF_MXFP4, 0, 40, 2, 8, 512, 256);
     test_moe_invariant("pq", DSV4_WF_NVFP4, 1, 200, 6, 16, 1024, 512);
     test_moe_invariant("pq", DSV4_WF_FP8, 1, 200, 6, 16, 512, 512);
-    /* the FP8 decode path (opt in: other numerics): 8- and 16-token chunks, Flash's widths */
+    /* the FP8 experts path (opt in: other numerics): 8-, 16- and 32-token chunks, x quantized by the blocks or once */
     test_moe_f8(1, 6, 32, 4096, 2048);
     test_moe_f8(8, 6, 16, 4096, 2048);
     test_moe_f8(40, 6, 16, 1024, 512);
     test_moe_f8(2, 6, 8, 7168, 3072); /* Pro's widths */
+    test_moe_f8(200, 6, 16, 1024, 512); /* 32-token chunks (prefill sizes) */
+    test_moe_f8(64, 6, 8, 4096, 2048);
     if (only_moe) goto checks_done;
     {
         int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
