@@ -5,7 +5,7 @@
  * A block is SL warpgroups on one 64-row tile of one active expert, warpgroup s on a column slice (below); gate / up:
  * the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2. Warp w holds rows 16 w ..
  * 16 w + 15 of the tile as the A operand of wgmma m64nNk32 e4m3 (registers), one k32 step per 32-column MXFP4 group: the
- * group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 or 16 tokens are B
+ * group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 to 64 tokens are B
  * (shared memory, K-major core matrices), act-quantized once a chunk by each warpgroup for its slice (mt_quant<1>: the
  * codes and power-of-two scales of the f16 kernels). Per group: D = A B (fresh), then u += D x 2^(e - 121) (e: the row's
  * E8M0 group scale, times the 2^6 the codes carry); per 128-column unit: acc += u x sx (the token's act-quant scale of the
@@ -62,8 +62,22 @@ __device__ __forceinline__ void mf8_wgmma4(float (&d)[4][4], const uint32_t (&a)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
                  : "memory");
 }
+/* m64n64k32 (NT 8): D = A B */
+__device__ __forceinline__ void mf8_wgmma8(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1; }"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+                   "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+                   "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+                   "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                 : "memory");
+}
 template <int NT> __device__ __forceinline__ void mf8_mma(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
-    if constexpr (NT == 4) mf8_wgmma4(d, a, desc);
+    if constexpr (NT == 8) mf8_wgmma8(d, a, desc);
+    else if constexpr (NT == 4) mf8_wgmma4(d, a, desc);
     else if constexpr (NT == 2) mf8_wgmma<2>(d, a, desc);
     else
         asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"

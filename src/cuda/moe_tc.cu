@@ -1312,12 +1312,14 @@ static int mt_f8 = -1;     /* DSV4_MOE_F8=0: MXFP4 with act quant on the f16 ker
 static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a time (the same bits) */
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
+static int mf8_ntmax = 8;  /* DSV4_MOE_F8_NTMAX=1|2|4: its chunks at most 8 x this many tokens (measurements) */
 template <int GATEUP, int NT, int XR, int GP> static mt_fn mf8_pick_s(int sl) {
     return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP> : mf8_kernel<GATEUP, NT, 1, XR, GP>;
 }
 /* groups in flight: 4 (8-, 16-token chunks), 2 (32: the registers); pipe 0: 1 */
 template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe) {
     if (!xr) return pipe ? mf8_pick_s<GATEUP, 1, 0, 4>(sl) : mf8_pick_s<GATEUP, 1, 0, 1>(sl);
+    if (nt == 8) return mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
     if (nt == 4) return pipe ? mf8_pick_s<GATEUP, 4, 1, 2>(sl) : mf8_pick_s<GATEUP, 4, 1, 1>(sl);
     if (nt == 2) return pipe ? mf8_pick_s<GATEUP, 2, 1, 4>(sl) : mf8_pick_s<GATEUP, 2, 1, 1>(sl);
     return pipe ? mf8_pick_s<GATEUP, 1, 1, 4>(sl) : mf8_pick_s<GATEUP, 1, 1, 1>(sl);
@@ -1399,15 +1401,16 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     if (((mt_f8 && !f16_only) || (mt_mode & DSV4_MOE_TC_F8)) && fmt == DSV4_WF_MXFP4 && aq && R % 64 == 0) {
         /* FP8 tensor cores (moe_f8.cuh) at every batch: column slices from the shape; fewer than MF8_RQ_T tokens: x
          * quantized by the blocks, 8-token chunks; else x act-quantized once per row (into the scratch for gate/up, in
-         * place for h) and chunks of 8, 16 or 32 tokens by the experts' average count */
+         * place for h) and chunks of 8, 16, 32 or 64 tokens by the experts' average count */
         if (mf8_gp < 0)
             mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0),
-            mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0;
+            mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
         const int xr = T >= MF8_RQ_T && mf8_rq && (gateup ? scratch != NULL : 1);
         const int64_t avg8 = (int64_t)T * K * 8 / E; /* 8 x the average tokens an expert */
-        int nt = !xr ? 1 : avg8 <= 64 ? 1 : avg8 <= 128 ? 2 : 4;
+        int nt = !xr ? 1 : avg8 <= 64 ? 1 : avg8 <= 128 ? 2 : avg8 <= 256 ? 4 : 8;
+        if (nt > mf8_ntmax) nt = mf8_ntmax;
         while (nt > 1 && mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr) > (size_t)dsv4_cuda_dev.smem_optin) nt /= 2; /* (SL 4's rings) */
         const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr);
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
