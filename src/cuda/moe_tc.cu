@@ -1308,7 +1308,7 @@ static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (r
 static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the register kernel */
 static int mp_wg = -1;     /* DSV4_MOE_WG=0: 0, moe_pf2_kernel on mma.sync rather than wgmma */
 static int mt_rq = -1;     /* DSV4_MOE_RQ=0: 0, the ring kernels act-quantize x in every block (no moe_quant launch) */
-static int mt_f8 = -1;     /* DSV4_MOE_F8=0: MXFP4 with act quant on the f16 kernels rather than moe_f8.cuh's (the default) */
+static int mt_f8 = -1;     /* DSV4_MOE_F8=1: MXFP4 with act quant on moe_f8.cuh's kernels (not the default: bench/NOTES.md, session 19) */
 static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a time (the same bits) */
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
@@ -1396,7 +1396,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         if (n1 && *n1) mt_nt1 = atoi(n1);
     }
     /* decode on FP8 tensor cores (opt in: not the f16 kernels' bits, and the prefill stays f16) */
-    if (mt_f8 < 0) mt_f8 = dsv4_env_int("DSV4_MOE_F8", 1) != 0;
+    if (mt_f8 < 0) mt_f8 = dsv4_env_int("DSV4_MOE_F8", 0) != 0;
     const int f16_only = mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF | DSV4_MOE_TC_PF2 | DSV4_MOE_TC_NO_PDL);
     if (((mt_f8 && !f16_only) || (mt_mode & DSV4_MOE_TC_F8)) && fmt == DSV4_WF_MXFP4 && aq && R % 64 == 0) {
         /* FP8 tensor cores (moe_f8.cuh) at every batch: column slices from the shape; fewer than MF8_RQ_T tokens: x
@@ -1407,7 +1407,8 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
             mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
-        const int xr = T >= MF8_RQ_T && mf8_rq && (gateup ? scratch != NULL : 1);
+        /* (also below MF8_RQ_T tokens when a chunk's whole x would leave one block an SM: Pro's 7,168 columns) */
+        const int xr = (T >= MF8_RQ_T || mf8_smem(1, NU, gateup ? 2 : 1, sl, 0) > 110 * 1024) && mf8_rq && (gateup ? scratch != NULL : 1);
         const int64_t avg8 = (int64_t)T * K * 8 / E; /* 8 x the average tokens an expert */
         int nt = !xr ? 1 : avg8 <= 64 ? 1 : avg8 <= 128 ? 2 : avg8 <= 256 ? 4 : 8;
         if (nt > mf8_ntmax) nt = mf8_ntmax;

@@ -20,7 +20,7 @@
 
 int main(int argc, char **argv) {
     setenv("DSV4_LINEAR_GEMM_F16", "1", 0); /* the split GEMM's f16 form (opt-in) is checked too */
-    setenv("DSV4_MOE_F8", "0", 0); /* the f16 experts kernels' checks as before; the FP8 kernels' through their mode bit */
+    setenv("DSV4_MOE_F8", "0", 0); /* the f16 experts kernels' checks (the default); the FP8 kernels' through their mode bit */
     int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0, only_topk = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
@@ -391,6 +391,8 @@ moe_checks:
     test_moe_f8(2, 6, 8, 7168, 3072); /* Pro's widths */
     test_moe_f8(200, 6, 16, 1024, 512); /* 32-token chunks (prefill sizes) */
     test_moe_f8(64, 6, 8, 4096, 2048);
+    test_moe_f8(8, 2, 8, 256, 256); /* the unseen-shape models' widths: 2 units, 1 a slice */
+    test_moe_f8(96, 2, 8, 256, 128);
     if (only_moe) goto checks_done;
     {
         int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
