@@ -1,17 +1,19 @@
-/* moe_f8.cuh - the routed experts' decode on Hopper's FP8 tensor cores (MXFP4 weights, FP8 act quant; included by
- * moe_tc.cu, run by dsv4_moe_tc_run with the DSV4_MOE_TC_F8 mode bit). bench/NOTES.md, session 18: the probe streamed
- * 3.0 TB/s this way against 2.5 for the f16 way in the same per-warp cp.async ring.
+/* moe_f8.cuh - the routed experts on Hopper's FP8 tensor cores (MXFP4 weights, FP8 act quant), decode and prefill alike
+ * (included by moe_tc.cu, run by dsv4_moe_tc_run with DSV4_MOE_F8=1 or the DSV4_MOE_TC_F8 mode bit). bench/NOTES.md,
+ * sessions 18-19: the probe streamed 3.0 TB/s this way against 2.5 for the f16 way in the same per-warp cp.async ring.
  *
  * A block is SL warpgroups on one 64-row tile of one active expert, warpgroup s on a column slice (below); gate / up:
  * the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2. Warp w holds rows 16 w ..
  * 16 w + 15 of the tile as the A operand of wgmma m64nNk32 e4m3 (registers), one k32 step per 32-column MXFP4 group: the
  * group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 to 64 tokens are B
- * (shared memory, K-major core matrices), act-quantized once a chunk by each warpgroup for its slice (mt_quant<1>: the
- * codes and power-of-two scales of the f16 kernels). Per group: D = A B (fresh), then u += D x 2^(e - 121) (e: the row's
- * E8M0 group scale, times the 2^6 the codes carry); per 128-column unit: acc += u x sx (the token's act-quant scale of the
- * unit); per chunk the slices' acc added in a fixed order. Each output's operations depend on the shape only, not on the
- * tokens beside it: batch invariant. The numerics are not the f16 kernels': Hopper's FP8 MMA aligns a k32 step's
- * products and keeps ~13 fraction bits (the probe: ~5e-6 of sum |w x| per row).
+ * (shared memory, K-major core matrices): act-quantized by each warpgroup for its slice at the chunk's start (XR 0), or
+ * quantized once per row by moe_quant_kernel and copied unit by unit through a ring (XR 1); the same codes and
+ * power-of-two scales as the f16 kernels' (mt_quant<1>). Per group: D = A B (fresh), then u += D x 2^(e - 121) (e: the
+ * row's E8M0 group scale, times the 2^6 the codes carry); per 128-column unit: acc += u x sx (the token's act-quant scale
+ * of the unit); per chunk the slices' acc added in a fixed order. Each output's operations depend on the shape only, not
+ * on the tokens beside it or the chunk size: batch invariant, and prefill passes give decode's bits. The numerics are not
+ * the f16 kernels': Hopper's FP8 MMA aligns a k32 step's products and keeps ~13 fraction bits (the probe: ~5e-6 of
+ * sum |w x| per row).
  *
  * Weights stream through a per-warp ring of MF8_STAGES units (cp.async, one commit group a unit): lane (g, c) copies its
  * 16 bytes of row g (and g + 8) of each matrix, i.e. group c of the unit (the checkpoint's row-major bytes), into chunk
@@ -31,61 +33,44 @@ __device__ __forceinline__ void mf8_repack(uint32_t w, uint32_t &lo, uint32_t &h
     hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
 }
 
-/* D = A B (scale-d false: D's old values unused), m64nNk32 e4m3, A from registers, B by descriptor; N = 8 NT */
-template <int NT> __device__ __forceinline__ void mf8_wgmma(float (&d)[2][4], const uint32_t (&a)[4], uint64_t desc) {
-    if (NT == 1)
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, %9, 0;\n"
+/* D = A B (scale-d false: D's old values unused), wgmma m64nNk32 e4m3 with A from registers and B by descriptor, N = 8 NT
+ * (8-64 tokens); D's n-tile j in d[j][0..3] as in wgmma.cuh */
+template <int NT> __device__ __forceinline__ void mf8_mma(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+    static_assert(NT == 1 || NT == 2 || NT == 4 || NT == 8, "n-tiles of an e4m3 wgmma here: 1, 2, 4, 8");
+#define MF8_A "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+#define MF8_D4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+    if constexpr (NT == 1)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1; }"
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(0)
+                     : MF8_D4(0)
+                     : MF8_A
+                     : "memory");
+    else if constexpr (NT == 2)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1; }"
+                     : MF8_D4(0), MF8_D4(1)
+                     : MF8_A
+                     : "memory");
+    else if constexpr (NT == 4)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15},"
+                     " {%16,%17,%18,%19}, %20, p, 1, 1; }"
+                     : MF8_D4(0), MF8_D4(1), MF8_D4(2), MF8_D4(3)
+                     : MF8_A
                      : "memory");
     else
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, %13, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1; }"
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-                       "+f"(d[1][3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(0)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1; }"
+                     : MF8_D4(0), MF8_D4(1), MF8_D4(2), MF8_D4(3), MF8_D4(4), MF8_D4(5), MF8_D4(6), MF8_D4(7)
+                     : MF8_A
                      : "memory");
+#undef MF8_A
+#undef MF8_D4
 }
 
 /* the 128 threads of warpgroup w (named barrier 1 + w) */
 __device__ __forceinline__ void mf8_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
-
-/* m64n32k32 (NT 4): D = A B */
-__device__ __forceinline__ void mf8_wgmma4(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15},"
-                 " {%16,%17,%18,%19}, %20, p, 1, 1; }"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-                   "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-                   "+f"(d[3][2]), "+f"(d[3][3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-                 : "memory");
-}
-/* m64n64k32 (NT 8): D = A B */
-__device__ __forceinline__ void mf8_wgmma8(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1; }"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-                   "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-                   "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-                   "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-                 : "memory");
-}
-template <int NT> __device__ __forceinline__ void mf8_mma(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
-    if constexpr (NT == 8) mf8_wgmma8(d, a, desc);
-    else if constexpr (NT == 4) mf8_wgmma4(d, a, desc);
-    else if constexpr (NT == 2) mf8_wgmma<2>(d, a, desc);
-    else
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1; }"
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-                     : "memory");
-}
 
 /* shared memory of one block of SL warpgroups. XR 0: x codes of a chunk [NU * 4 groups][NT][2][8][16] and scales [8 NT][NU]
  * (staged at the chunk's start); XR 1: per warpgroup a ring of MF8_STAGES units of x, [4 groups][NT][2][8][16] codes and
