@@ -116,10 +116,14 @@ if [ "${GPU_TEST_SPLIT:-1}" != 0 ]; then
     done
 fi
 # 2b. models the tests have not seen: `dsv4 synth` checkpoints (FP8 + MXFP4, random weights) of other widths, heads,
-#     head dims, windows, compress ratios, top-k, expert counts and hash layers; two sequences of 48 random tokens, 30
+#     head dims, windows, compress ratios, top-k, expert counts and hash layers; eight sequences of 48 random tokens, 30
 #     prefilled in chunks of 7, the rest decoded. No reference logits exist for them, so the GPU is held to the CPU
 #     engine (within 1e-3 of the official reference on every fixture) at the strictest bar the official bf16 run sets
-#     on the fixture models of the same format (small-fp8-fp4 C: relative L2 0.249, top-1 0.675).
+#     on the fixture models of the same format (small-fp8-fp4 C: relative L2 0.249, top-1 0.675). Eight sequences, not
+#     two: these random models are chaotic (one rounding of bf16 / FP8 arithmetic flips a routing or top-k choice and
+#     the logits after it), so top-1 over two sequences moved by +-0.06 with the token list alone (0.625-0.740 for one
+#     model, bench/NOTES.md sessions 10 and 19), as far as the bar is from the typical value; over 8 x 48 positions
+#     the statistic measures the arithmetic, not the list.
 echo "== unseen shapes: dsv4 synth models, GPU against the CPU engine"
 i=0
 for shape in "--seed 11 --dim 256 --heads 8 --layers 4 --experts 16 --active 4 --window 32 --ratio 8 --index-topk 8" \
@@ -132,7 +136,7 @@ for shape in "--seed 11 --dim 256 --heads 8 --layers 4 --experts 16 --active 4 -
     "$BUILD/dsv4" synth -o "$M" $shape >/dev/null 2>"$M.log" || { echo "unseen $i: synth failed"; fail=$((fail + 1)); continue; }
     # the tokens: a Park-Miller sequence (exact in any awk's doubles), the same on every machine; awk's own rand() after
     # srand(s) is not (mawk's lists differed between device runs, and the 80-row scenario's top-1 moved with them)
-    awk -v s="$i" 'BEGIN { x = 7919 * s + 1; printf "["; for (b = 0; b < 2; b++) { printf "%s[", b ? "," : "";
+    awk -v s="$i" 'BEGIN { x = 7919 * s + 1; printf "["; for (b = 0; b < 8; b++) { printf "%s[", b ? "," : "";
         for (t = 0; t < 48; t++) { x = (x * 16807) % 2147483647; printf "%s%d", t ? "," : "", 10 + x % 120000 }
         printf "]" } print "]" }' >"$M.json"
     ok=1
@@ -146,13 +150,13 @@ for shape in "--seed 11 --dim 256 --heads 8 --layers 4 --experts 16 --active 4 -
         if [ "${GPU_TEST_SPLIT:-1}" != 0 ]; then # the prefill GEMMs (FP8, split bf16): another scenario
             total=$((total + 1))
             # shellcheck disable=SC2086
-            # one pass of 2 x 40 prefill rows (GEMMs take passes of >= 64 rows), then decode steps
+            # one pass of 8 x 40 prefill rows (GEMMs take passes of >= 64 rows), then decode steps
             if "$BUILD/dsv4" logits -m "$M" --tokens "$M.json" --prefill 40 --device cuda \
                 -o "$M-split.safetensors" 2>>"$M.log"; then
-                "$BUILD/tests/gpu/fixture_check" pair "unseen $i, 80-row pass" "$M-split.safetensors" "$M-cpu.safetensors" 0.249 0.675 ||
+                "$BUILD/tests/gpu/fixture_check" pair "unseen $i, 320-row pass" "$M-split.safetensors" "$M-cpu.safetensors" 0.249 0.675 ||
                     fail=$((fail + 1))
             else
-                echo "unseen $i, 80-row pass: dsv4 logits failed:"; tail -n 3 "$M.log"; fail=$((fail + 1))
+                echo "unseen $i, 320-row pass: dsv4 logits failed:"; tail -n 3 "$M.log"; fail=$((fail + 1))
             fi
         fi
     else

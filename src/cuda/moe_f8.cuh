@@ -73,12 +73,16 @@ template <int NT> __device__ __forceinline__ void mf8_mma(float (&d)[NT][4], con
 __device__ __forceinline__ void mf8_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
 
 /* shared memory of one block of SL warpgroups. XR 0: x codes of a chunk [NU * 4 groups][NT][2][8][16] and scales [8 NT][NU]
- * (staged at the chunk's start); XR 1: per warpgroup a ring of MF8_STAGES units of x, [4 groups][NT][2][8][16] codes and
+ * (staged at the chunk's start), or with X1 (passes of one token) the token's codes alone [NU * 4 groups][32] (+ 112 bytes
+ * that its B operands' padding rows read) and scales [NU]; XR 1: per warpgroup a ring of MF8_STAGES units of x, [4 groups][NT][2][8][16] codes and
  * [8 NT] scales. Then the slices' partial sums [SL - 1][NM][NT][4][128], then per warp the weight ring. */
 __host__ __device__ constexpr size_t mf8_stage_bytes(int nm) { return (size_t)nm * 1024 + (size_t)nm * 64; }
 __host__ __device__ constexpr int mf8_xstage(int NT) { return NT * 1024 + NT * 32; }
-static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR) {
-    const size_t x = XR ? (size_t)SL * MF8_STAGES * mf8_xstage(NT) : (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4;
+__host__ __device__ constexpr size_t mf8_xbytes(int NT, int NU, int X1) {
+    return X1 ? (size_t)NU * 128 + 128 + (((size_t)NU * 4 + 15) & ~(size_t)15) : (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4;
+}
+static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1) {
+    const size_t x = XR ? (size_t)SL * MF8_STAGES * mf8_xstage(NT) : mf8_xbytes(NT, NU, X1);
     return x + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 + (size_t)4 * SL * MF8_STAGES * mf8_stage_bytes(nm);
 }
 /* column slices from the shape only (the sums' order must not depend on the batch): enough warps per expert to fill the
@@ -92,7 +96,8 @@ static inline int mf8_slices(int R, int NU) {
 /* A block: SL warpgroups on one 64-row tile of one active expert (grid: R / 64 x expert slots), warpgroup s on the
  * units [s NU / SL, (s + 1) NU / SL) (a column slice); at a chunk's end the slices' sums are added in the order of s
  * by warpgroup 0, which writes the outputs. Chunks of 8 NT tokens. XR 0: the chunk's x quantized by the warpgroup
- * at the chunk's start (decode, fewer than MF8_RQ_T tokens: no quant launch); XR 1: x from P.xq (moe_quant_kernel),
+ * at the chunk's start (decode, fewer than MF8_RQ_T tokens: no quant launch; P.x1, a pass of one token: the token's row
+ * alone, each B operand's K halves 16 bytes apart, so that its padding columns read the row's next bytes); XR 1: x from P.xq (moe_quant_kernel),
  * unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a named barrier a unit).
  * GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish. Every variant gives every
  * output the same operations in the same order: the same bits whatever NT, XR and GP. */
@@ -103,15 +108,16 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
     extern __shared__ __align__(16) unsigned char mt_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2, tw = threadIdx.x & 127;
     const int NU = P.NU, R = P.R, C = P.C, NUS = NU / SL, ub = wg * NUS;
+    const bool X1 = !XR && P.x1; /* (every expert has at most one token: chunks of one) */
     dev_pdl_wait(); /* the plan and x */
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
     const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
     const int64_t rowq = C / 32; /* 16-byte chunks a row */
-    const size_t xbytes = XR ? (size_t)SL * S * XST : (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4;
-    unsigned char *xs = mt_sm + (XR ? (size_t)wg * S * XST : 0); /* XR: this warpgroup's x ring */
-    float *sxs = (float *)(mt_sm + (size_t)NU * 4 * NT * 256);  /* XR 0 */
+    const size_t xbytes = XR ? (size_t)SL * S * XST : mf8_xbytes(NT, NU, X1);
+    unsigned char *xs = mt_sm + (XR ? (size_t)wg * S * XST : 0);                        /* XR: this warpgroup's x ring */
+    float *sxs = (float *)(mt_sm + (X1 ? (size_t)NU * 128 + 128 : (size_t)NU * 4 * NT * 256)); /* XR 0 */
     float *red = (float *)(mt_sm + xbytes);                      /* [SL - 1][NM][NT][4][128] */
     unsigned char *ring = (unsigned char *)(red + (SL - 1) * NM * NT * 4 * 128) + (size_t)warp * S * STG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
@@ -175,30 +181,19 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
      * act-quantized: item (token, unit) a warp, MF8_SB items' loads in flight. Tokens past nt are not staged: column n
      * of D depends on B's column n only, and their outputs are not written. */
     auto stage = [&](int c0, int nt) {
-        const int n = nt * NUS;
-        for (int i0 = warp & 3; i0 < n; i0 += 4 * MF8_SB) {
-            float v[MF8_SB][4];
+        mt_stage_items<MF8_SB, GATEUP>(P, off, c0, ub, NUS, nt * NUS, warp & 3, 4, lane, [&](int t, int uu, const float(&v)[4]) {
+            const int u = ub + uu;
+            uint16_t term[4][1];
+            uint8_t code[4];
+            const float sc = mt_quant<1>(v, term, code);
+            const int pp = mf8_pos(lane); /* core matrix pp >> 4, byte pp & 15 of the token's row */
 #pragma unroll
-            for (int bb = 0; bb < MF8_SB; bb++) {
-                const int i = i0 + 4 * bb, t = i / NUS, uu = i - t * NUS;
-                const float *src = NULL;
-                if (i < n) src = P.x + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * C + (int64_t)(ub + uu) * 128;
-#pragma unroll
-                for (int q = 0; q < 4; q++) v[bb][q] = src ? src[q * 32 + lane] : 0.0f;
+            for (int q = 0; q < 4; q++) {
+                if (X1) xs[(u * 4 + q) * 32 + pp] = code[q]; /* the one token's row: its 16-byte pieces in a row */
+                else xs[((u * 4 + q) * NT + (t >> 3)) * 256 + (pp >> 4) * 128 + (t & 7) * 16 + (pp & 15)] = code[q];
             }
-#pragma unroll
-            for (int bb = 0; bb < MF8_SB; bb++) {
-                const int i = i0 + 4 * bb, t = i / NUS, u = ub + i - t * NUS;
-                if (i >= n) break;
-                uint16_t term[4][1];
-                uint8_t code[4];
-                const float sc = mt_quant<1>(v[bb], term, code);
-                const int pp = mf8_pos(lane); /* core matrix pp >> 4, byte pp & 15 of the token's row */
-#pragma unroll
-                for (int q = 0; q < 4; q++) xs[((u * 4 + q) * NT + (t >> 3)) * 256 + (pp >> 4) * 128 + (t & 7) * 16 + (pp & 15)] = code[q];
-                if (lane == 0) sxs[t * NU + u] = sc;
-            }
-        }
+            if (lane == 0) sxs[t * NU + u] = sc;
+        });
     };
 
     const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NUS;
@@ -233,7 +228,7 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
         issue(i + S - 1, n);
         const unsigned char *st = ring + (i % S) * STG;
         const uint32_t *scw = (const uint32_t *)(st + NM * 1024);
-        const unsigned xb = XR ? xsa + (unsigned)((i % S) * XST) : xsa + (unsigned)(u * 4 * NT * 256);
+        const unsigned xb = XR ? xsa + (unsigned)((i % S) * XST) : xsa + (unsigned)(u * (X1 ? 128 : 4 * NT * 256));
         /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0 codes
          * above 248, scales past 2^121, would overflow: not in any checkpoint's range); D of group G into ua */
         auto promote = [&](int G, float (&d)[NM][NT][4]) {
@@ -271,7 +266,8 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
 #pragma unroll
             for (int j = 0; j < GP; j++) {
 #pragma unroll
-                for (int m = 0; m < NM; m++) mf8_mma<NT>(d[j][m], a[j][m], wg_desc(xb + (unsigned)((G0 + j) * NT * 256), 128, 256));
+                for (int m = 0; m < NM; m++)
+                    mf8_mma<NT>(d[j][m], a[j][m], X1 ? wg_desc(xb + (unsigned)((G0 + j) * 32), 16, 256) : wg_desc(xb + (unsigned)((G0 + j) * NT * 256), 128, 256));
                 wg_commit();
             }
             if (GP == 4) {
@@ -295,7 +291,7 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
 #pragma unroll
         for (int q = 0; q < NT; q++) {
             const int t0 = 8 * q + 2 * c;
-            const float s0 = XR ? sxu[t0] : sxs[t0 * NU + u], s1 = XR ? sxu[t0 + 1] : sxs[(t0 + 1) * NU + u];
+            const float s0 = XR ? sxu[t0] : sxs[(X1 ? 0 : t0) * NU + u], s1 = XR ? sxu[t0 + 1] : sxs[(X1 ? 0 : t0 + 1) * NU + u];
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 acc[m][q][0] = fmaf(ua[m][q][0], s0, acc[m][q][0]), acc[m][q][1] = fmaf(ua[m][q][1], s1, acc[m][q][1]);

@@ -223,7 +223,33 @@ struct mt_params {
     float *out; /* gate/up: h [slots, R]; down: y [slots, R] */
     int R, C, NU, S, RT, NRP, W, ntok, tok, gx, iters;
     int pf; /* units of weights prefetched into L2 beyond the DEPTH in registers (0: none) */
+    int x1; /* moe_f8.cuh: a pass of one token (its x staged as one row) */
 };
+
+/* x staging for the kernels that act-quantize it themselves: items i = (token t, unit wu) = (i / nwu, i % nwu) of n, a
+ * warp taking i0, i0 + step, ...: SB items' rows loaded (lane l: columns 32 q + l of the unit) before any is handed to
+ * put(t, wu, v); rows of x by token (gate / up, through the plan's rows) or of h by slot (down), from slot off + c0 */
+template <int SB, int GATEUP, typename F>
+__device__ __forceinline__ void mt_stage_items(const mt_params &P, int off, int c0, int u0, int nwu, int n, int i0, int step, int lane,
+                                               F &&put) {
+    for (; i0 < n; i0 += step * SB) {
+        float v[SB][4];
+#pragma unroll
+        for (int bb = 0; bb < SB; bb++) {
+            const int i = i0 + bb * step, t = i / nwu, wu = i - t * nwu;
+            const float *src = NULL;
+            if (i < n) src = P.x + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.C + (int64_t)(u0 + wu) * 128;
+#pragma unroll
+            for (int q = 0; q < 4; q++) v[bb][q] = src ? src[q * 32 + lane] : 0.0f;
+        }
+#pragma unroll
+        for (int bb = 0; bb < SB; bb++) {
+            const int i = i0 + bb * step, t = i / nwu;
+            if (i >= n) break;
+            put(t, i - t * nwu, v[bb]);
+        }
+    }
+}
 
 /* NW warps a block; RING 0: DEPTH units of weights in registers (prefill, FP8, DSV4_MOE_TC_LEGACY), 1: a cp.async ring
  * of DEPTH units a warp in shared memory (decode, FP4; 16 warps an SM); XB: bytes of a staged x code (1: e4m3). */
@@ -298,40 +324,25 @@ __global__ void __launch_bounds__(NW * 32, RING ? 16 / NW : (NT > 2 || FMT == DS
 
     /* x of tokens c0 .. c0+nt-1, units u0 .. u0+nwu-1, act-quantized here (decode path) */
     auto stage = [&](int c0, int nt, int u0, int nwu) {
-        const int n = nt * nwu;
-        for (int i0 = warp; i0 < n; i0 += NW * MT_SB) {
-            float v[MT_SB][4];
+        mt_stage_items<MT_SB, GATEUP>(P, off, c0, u0, nwu, nt * nwu, warp, NW, lane, [&](int t, int wu, const float(&v)[4]) {
+            uint16_t term[4][XT];
+            uint8_t code[4];
+            const float sc = mt_quant<XT>(v, term, XB == 1 ? code : NULL);
+            if (XB == 1) {
+                unsigned char *dst = xs8 + (size_t)t * tok + wu * 128;
 #pragma unroll
-            for (int bb = 0; bb < MT_SB; bb++) {
-                const int i = i0 + bb * NW, t = i / nwu, wu = i - t * nwu;
-                const float *src = NULL;
-                if (i < n) src = P.x + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * C + (int64_t)(u0 + wu) * 128;
+                for (int q = 0; q < 4; q++) dst[mt_slot<FMT, 1>(q * 32 + lane)] = code[q];
+            } else {
+                uint16_t *dst = xs + (size_t)t * tok + wu * 128;
 #pragma unroll
-                for (int q = 0; q < 4; q++) v[bb][q] = src ? src[q * 32 + lane] : 0.0f;
-            }
+                for (int q = 0; q < 4; q++) {
+                    const int pos = mt_slot<FMT>(q * 32 + lane);
 #pragma unroll
-            for (int bb = 0; bb < MT_SB; bb++) {
-                const int i = i0 + bb * NW, t = i / nwu, wu = i - t * nwu;
-                if (i >= n) break;
-                uint16_t term[4][XT];
-                uint8_t code[4];
-                const float sc = mt_quant<XT>(v[bb], term, XB == 1 ? code : NULL);
-                if (XB == 1) {
-                    unsigned char *dst = xs8 + (size_t)t * tok + wu * 128;
-#pragma unroll
-                    for (int q = 0; q < 4; q++) dst[mt_slot<FMT, 1>(q * 32 + lane)] = code[q];
-                } else {
-                    uint16_t *dst = xs + (size_t)t * tok + wu * 128;
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        const int pos = mt_slot<FMT>(q * 32 + lane);
-#pragma unroll
-                        for (int xt = 0; xt < XT; xt++) dst[(size_t)xt * ntok * tok + pos] = term[q][xt];
-                    }
+                    for (int xt = 0; xt < XT; xt++) dst[(size_t)xt * ntok * tok + pos] = term[q][xt];
                 }
-                if (lane == 0) sxs[t * W + wu] = sc;
             }
-        }
+            if (lane == 0) sxs[t * W + wu] = sc;
+        });
     };
 
     /* ring kernels with P.xq (the chunk's x act-quantized once per row by moe_quant_kernel, WO = 0 for XB = 2, 2 for
@@ -1308,7 +1319,7 @@ static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (r
 static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the register kernel */
 static int mp_wg = -1;     /* DSV4_MOE_WG=0: 0, moe_pf2_kernel on mma.sync rather than wgmma */
 static int mt_rq = -1;     /* DSV4_MOE_RQ=0: 0, the ring kernels act-quantize x in every block (no moe_quant launch) */
-static int mt_f8 = -1;     /* DSV4_MOE_F8=1: MXFP4 with act quant on moe_f8.cuh's kernels (not the default: bench/NOTES.md, session 19) */
+static int mt_f8 = -1;     /* DSV4_MOE_F8=0: MXFP4 with act quant on the f16 kernels instead of moe_f8.cuh's (the default since session 20) */
 static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a time (the same bits) */
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
@@ -1395,8 +1406,8 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         const char *n1 = getenv("DSV4_MOE_NT1_AVG");
         if (n1 && *n1) mt_nt1 = atoi(n1);
     }
-    /* decode on FP8 tensor cores (opt in: not the f16 kernels' bits, and the prefill stays f16) */
-    if (mt_f8 < 0) mt_f8 = dsv4_env_int("DSV4_MOE_F8", 0) != 0;
+    /* decode and prefill on FP8 tensor cores (the default; DSV4_MOE_F8=0: the f16 kernels, other bits) */
+    if (mt_f8 < 0) mt_f8 = dsv4_env_int("DSV4_MOE_F8", 1) != 0;
     const int f16_only = mt_mode & (DSV4_MOE_TC_LEGACY | DSV4_MOE_TC_ALU | DSV4_MOE_TC_PF | DSV4_MOE_TC_PF2 | DSV4_MOE_TC_NO_PDL);
     if (((mt_f8 && !f16_only) || (mt_mode & DSV4_MOE_TC_F8)) && fmt == DSV4_WF_MXFP4 && aq && R % 64 == 0) {
         /* FP8 tensor cores (moe_f8.cuh) at every batch: column slices from the shape; fewer than MF8_RQ_T tokens: x
@@ -1408,16 +1419,16 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
         /* (also below MF8_RQ_T tokens when a chunk's whole x would leave one block an SM: Pro's 7,168 columns) */
-        const int xr = (T >= MF8_RQ_T || mf8_smem(1, NU, gateup ? 2 : 1, sl, 0) > 110 * 1024) && mf8_rq && (gateup ? scratch != NULL : 1);
+        const int x1 = T == 1, xr = (T >= MF8_RQ_T || mf8_smem(1, NU, gateup ? 2 : 1, sl, 0, x1) > 110 * 1024) && mf8_rq && (gateup ? scratch != NULL : 1);
         const int64_t avg8 = (int64_t)T * K * 8 / E; /* 8 x the average tokens an expert */
         int nt = !xr ? 1 : avg8 <= 64 ? 1 : avg8 <= 128 ? 2 : avg8 <= 256 ? 4 : 8;
         if (nt > mf8_ntmax) nt = mf8_ntmax;
-        while (nt > 1 && mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr) > (size_t)dsv4_cuda_dev.smem_optin) nt /= 2; /* (SL 4's rings) */
-        const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr);
+        while (nt > 1 && mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, 0) > (size_t)dsv4_cuda_dev.smem_optin) nt /= 2; /* (SL 4's rings) */
+        const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr);
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
             mt_params fp;
             memset(&fp, 0, sizeof fp);
-            fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU;
+            fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU, fp.x1 = x1 && !xr;
             if (xr) { /* x act-quantized once per row (the same codes and scales as the kernels' own quant) */
                 const int rows = gateup ? T : T * K;
                 const int64_t ld = gateup ? (((int64_t)C + 4 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C;

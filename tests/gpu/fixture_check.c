@@ -136,6 +136,14 @@ int main(int argc, char **argv) {
         int ok = l2 <= bl2 && t1 >= bt;
         printf("%-40s gpu-vs-cpu rel_l2 %.3e top1 %.4f (first off: %s) | bar %.3f %.3f  %s\n", argv[2], l2, t1, where, bl2, bt,
                ok ? "PASS" : "FAIL");
+        if (gpu->shape[0] > 1) { /* the spread between sequences: what one sequence alone would have said */
+            const size_t L = (size_t)gpu->shape[1];
+            printf("%-40s per sequence: rel_l2", "");
+            for (int64_t b = 0; b < gpu->shape[0]; b++) printf(" %.3f", dsv4_rel_l2(g + b * L * V, c + b * L * V, L * V));
+            printf(" | top1");
+            for (int64_t b = 0; b < gpu->shape[0]; b++) printf(" %.3f", top1_agree(g + b * L * V, c + b * L * V, L, (int)V));
+            printf("\n");
+        }
         dsv4_st_close(gs), dsv4_st_close(cs);
         return ok ? 0 : 1;
     }

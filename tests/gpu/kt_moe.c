@@ -438,6 +438,30 @@ void test_moe_experts(const char *tag, dsv4_wfmt f13, dsv4_wfmt f2, int aq, int 
     free(ref), free(got), free(g), free(u), free(y);
 }
 
+/* up to `most` busy tokens, spread over the batch of T, each through group, experts and combine alone (T = 1): how many
+ * give bitwise the row `batch` holds for them; *tried: how many were run */
+static int tokens_alone(dsv4_cuda_experts *ex, const int *sid, const int *dsel, const float *dw, const float *dx, int T, int K, int E,
+                        int D, float lim, int most, dsv4_cuda_moe_plan *dp, float *dh, float *dy, float *dout, const float *batch,
+                        int *tried) {
+    float *one = malloc(sizeof(float) * D);
+    int nt = 0, same = 0;
+    for (int t = 0; t < T && nt < most; t += T / most > 0 ? T / most : 1) {
+        if (sid[t] < 0) continue;
+        int s0 = 0, *dsid1 = dup_to_dev(&s0, sizeof(int));
+        op_ok(dsv4_cuda_moe_group(dsel + (size_t)t * K, dw + (size_t)t * K, dsid1, 1, K, E, dp, NULL), "moe_group");
+        op_ok(dsv4_cuda_moe_experts(ex, dx + (size_t)t * D, 1, K, dp, lim, dh, dy, NULL), "moe_experts");
+        op_ok(dsv4_cuda_moe_combine(dy, dp->tslot, 1, K, D, NULL, dout, NULL), "moe_combine");
+        sync_ok();
+        from_dev(one, dout, sizeof(float) * D);
+        same += memcmp(one, batch + (size_t)t * D, sizeof(float) * D) == 0;
+        dsv4_cuda_free(dsid1);
+        nt++;
+    }
+    free(one);
+    *tried = nt;
+    return same;
+}
+
 /* Batch invariance of the grouped experts: token t's output row is bitwise the same in the batch of T tokens
  * (other tokens, other experts active, the 64-token pre-quantized path when T*K >= 16*E with act quant) as
  * alone (T = 1), and on a rerun of the batch. */
@@ -461,7 +485,7 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
     float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K), *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D),
           *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D),
           *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
-    float *b1 = malloc(sizeof(float) * (size_t)T * D), *b2 = malloc(sizeof(float) * (size_t)T * D), *one = malloc(sizeof(float) * D);
+    float *b1 = malloc(sizeof(float) * (size_t)T * D), *b2 = malloc(sizeof(float) * (size_t)T * D);
     dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
     for (int rep = 0; rep < 2; rep++) {
         op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
@@ -485,21 +509,8 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
              aq ? " aq" : "", T, K, E);
     check(name, b2, b1, (size_t)T * D, 0, 0);
     /* up to 8 busy tokens spread over the batch, each alone */
-    int nt = 0, bad = 0;
-    for (int t = 0; t < T && nt < 8; t += T / 8 > 0 ? T / 8 : 1) {
-        if (sid[t] < 0) continue;
-        int s0 = 0;
-        float *dw1 = dw + (size_t)t * K, *dx1 = dx + (size_t)t * D;
-        int *dsel1 = dsel + (size_t)t * K, *dsid1 = dup_to_dev(&s0, sizeof(int));
-        op_ok(dsv4_cuda_moe_group(dsel1, dw1, dsid1, 1, K, E, &dp, NULL), "moe_group");
-        op_ok(dsv4_cuda_moe_experts(&ex, dx1, 1, K, &dp, lim, dh, dy, NULL), "moe_experts");
-        op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, 1, K, D, NULL, dout, NULL), "moe_combine");
-        sync_ok();
-        from_dev(one, dout, sizeof(float) * D);
-        bad += memcmp(one, b1 + (size_t)t * D, sizeof(float) * D) != 0;
-        dsv4_cuda_free(dsid1);
-        nt++;
-    }
+    int nt = 0;
+    const int same = tokens_alone(&ex, sid, dsel, dw, dx, T, K, E, D, lim, 8, &dp, dh, dy, dout, b1, &nt), bad = nt - same;
     g_checks++;
     if (bad) g_fail++;
     printf("%-4s moe_experts %s %s%s T=%d K=%d E=%d D=%d I=%d: %d tokens alone == in the batch (bitwise)%s\n", bad ? "FAIL" : "ok",
@@ -508,7 +519,7 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
     for (int e = 0; e < E; e++) dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
     dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
     dsv4_cuda_free(dout), dplan_free(&dp);
-    free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(b1), free(b2), free(one);
+    free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(b1), free(b2);
 }
 
 /* The FP8 decode path (DSV4_MOE_TC_F8, moe_f8.cuh: wgmma e4m3, not the f16 kernels' bits) against the CPU backend, one
@@ -540,7 +551,7 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
           *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
     float *hg = malloc(sizeof(float) * (size_t)T * K * I), *hr = malloc(sizeof(float) * (size_t)T * K * I);
     float *yg = malloc(sizeof(float) * (size_t)T * K * D), *yr = malloc(sizeof(float) * (size_t)T * K * D);
-    float *o1 = malloc(sizeof(float) * (size_t)T * D), *one = malloc(sizeof(float) * D), *u = malloc(sizeof(float) * I);
+    float *o1 = malloc(sizeof(float) * (size_t)T * D), *u = malloc(sizeof(float) * I);
     dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
     hplan r = hplan_new(T, K, E);
     group_ref(sel, w, sid, T, K, E, &r);
@@ -585,19 +596,8 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d y (own h) vs CPU", T, K, E, D, I);
     check(name, yg, yr, (size_t)ns * D, by * rms(yr, (size_t)ns * D), 0);
     /* batch invariance on the FP8 path */
-    int nt = 0, bad = 0;
-    for (int t = 0; t < T && nt < 4; t += T / 4 > 0 ? T / 4 : 1) {
-        if (sid[t] < 0) continue;
-        int s0 = 0, *dsid1 = dup_to_dev(&s0, sizeof(int));
-        op_ok(dsv4_cuda_moe_group(dsel + (size_t)t * K, dw + (size_t)t * K, dsid1, 1, K, E, &dp, NULL), "moe_group");
-        op_ok(dsv4_cuda_moe_experts(&ex, dx + (size_t)t * D, 1, K, &dp, lim, dh, dy, NULL), "moe_experts");
-        op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, 1, K, D, NULL, dout, NULL), "moe_combine");
-        sync_ok();
-        from_dev(one, dout, sizeof(float) * D);
-        bad += memcmp(one, o1 + (size_t)t * D, sizeof(float) * D) != 0;
-        dsv4_cuda_free(dsid1);
-        nt++;
-    }
+    int nt = 0;
+    const int same = tokens_alone(&ex, sid, dsel, dw, dx, T, K, E, D, lim, 4, &dp, dh, dy, dout, o1, &nt), bad = nt - same;
     dsv4_cuda_moe_experts_path(0);
     g_checks++;
     if (bad) g_fail++;
@@ -611,5 +611,5 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
     dsv4_cuda_free(dout), dplan_free(&dp), hplan_free(&r);
     free(d1), free(d3), free(d2), free(h1w), free(h3w), free(h2w), free(sel), free(sid), free(w), free(x), free(hg), free(hr);
-    free(yg), free(yr), free(o1), free(one), free(u);
+    free(yg), free(yr), free(o1), free(u);
 }

@@ -389,6 +389,8 @@ moe_checks:
     test_moe_f8(8, 6, 16, 4096, 2048);
     test_moe_f8(40, 6, 16, 1024, 512);
     test_moe_f8(2, 6, 8, 7168, 3072); /* Pro's widths */
+    test_moe_f8(1, 6, 8, 7168, 3072); /* Pro's widths, one token: its x staged as one row (X1) */
+    test_moe_f8(1, 2, 8, 256, 128);   /* X1 with 2 and 1 units */
     test_moe_f8(200, 6, 16, 1024, 512); /* 32-token chunks (prefill sizes) */
     test_moe_f8(64, 6, 8, 4096, 2048);
     test_moe_f8(8, 2, 8, 256, 256); /* the unseen-shape models' widths: 2 units, 1 a slice */
