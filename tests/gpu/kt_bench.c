@@ -400,11 +400,11 @@ void bench_moe(void) {
             dsv4_cuda_moe_experts_path(modes[mi]);
             const int it = T > 8 ? (mi ? 5 : 2) : T == 8 ? 48 : 160;
             /* y of plan 0 for the comparisons (the profiler range of bench/ncu runs: this call of "new", and of "before"
-             * at decode sizes) */
-            if ((T <= 8 && (mi == 1 || mi == 2)) || ((T == 256 || T == 2048) && mi == 1)) dsv4_cuda_profiler_range(1);
+             * at decode sizes, and of the FP8 kernels at T 1, 256, 2048) */
+            if ((T <= 8 && (mi == 1 || mi == 2)) || ((T == 256 || T == 2048) && mi == 1) || (modes[mi] == DSV4_MOE_TC_F8 && (T == 1 || T == 256 || T == 2048))) dsv4_cuda_profiler_range(1);
             op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[0], 10.0f, dh, dy, NULL), "moe_experts");
             sync_ok();
-            if ((T <= 8 && (mi == 1 || mi == 2)) || ((T == 256 || T == 2048) && mi == 1)) dsv4_cuda_profiler_range(0);
+            if ((T <= 8 && (mi == 1 || mi == 2)) || ((T == 256 || T == 2048) && mi == 1) || (modes[mi] == DSV4_MOE_TC_F8 && (T == 1 || T == 256 || T == 2048))) dsv4_cuda_profiler_range(0);
             yr[mi] = malloc(sizeof(float) * ny);
             from_dev(yr[mi], dy, sizeof(float) * ny);
             for (int k = 0; k < 2; k++) op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[(k + 1) % NP], 10.0f, dh, dy, NULL), "moe_experts");
