@@ -102,14 +102,21 @@ static inline int mf8_slices(int R, int NU) {
  * GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish. Every variant gives every
  * output the same operations in the same order: the same bits whatever NT, XR and GP. */
 template <int GATEUP, int NT, int SL, int XR, int GP>
-__global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ mt_params P) {
+__global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(const __grid_constant__ mt_params P) {
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = MF8_STAGES;
     static_assert(XR || NT == 1, "up-front staging: 8-token chunks");
     extern __shared__ __align__(16) unsigned char mt_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2, tw = threadIdx.x & 127;
     const int NU = P.NU, R = P.R, C = P.C, NUS = NU / SL, ub = wg * NUS;
     const bool X1 = !XR && P.x1; /* (every expert has at most one token: chunks of one) */
-    dev_pdl_wait(); /* the plan and x */
+    /* P.early (gate / up of a pass whose grid is one wave): the down projection's grid may launch now, so that it reads
+     * the plan and starts its weights' copies while this one runs (below) */
+    if (P.early) dev_pdl_trigger();
+    /* the plan and x. The down projection with x staged here (XR 0) waits after its first weight copies: its plan was
+     * written two launches back (moe_group, then gate / up, which waited for it before letting this grid start), and the
+     * weights are constants; only h, gate / up's output, needs the wait */
+    constexpr bool PRE = !GATEUP && !XR;
+    if (!PRE) dev_pdl_wait();
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
@@ -142,9 +149,10 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
     const uint8_t *xrow[XJ];
     const uint8_t *srow = NULL;
     int xchunk = -1;
+    int iu = 0, ich = 0; /* the unit (within the slice) and chunk of the next issue: calls come for i = 0, 1, 2, ... */
     auto issue = [&](int i, int n) {
         if (i < n) {
-            const int u = ub + i % NUS;
+            const int u = ub + iu;
             const unsigned sa = ring_sa + (unsigned)((i % S) * STG);
 #pragma unroll
             for (int m = 0; m < NM; m++)
@@ -152,7 +160,7 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
                 for (int h = 0; h < 2; h++) mt_cp16s(sa + m * 1024 + h * 512 + slot, wp[m][h] + (int64_t)u * 64);
             if (scl) mt_cps<4>(sa + NM * 1024 + (sm_ * 16 + sr) * 4, sp + u * 4);
             if (XR) {
-                const int ch = i / NUS;
+                const int ch = ich;
                 if (ch != xchunk) { /* the rows of chunk ch's tokens this thread copies (past the expert's count: none) */
                     xchunk = ch;
                     const int c0 = ch * 8 * NT;
@@ -173,6 +181,7 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
                 }
                 if (srow) mt_cps<4>(xa + NT * 1024 + tw * 4, srow + u * 4);
             }
+            if (++iu == NUS) iu = 0, ich++;
         }
         dev_cp_commit();
     };
@@ -199,6 +208,7 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
     const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NUS;
 #pragma unroll
     for (int i = 0; i < S - 1; i++) issue(i, n);
+    if (PRE) dev_pdl_wait();
     float acc[NM][NT][4], ua[NM][NT][4];
 #pragma unroll
     for (int m = 0; m < NM; m++)
@@ -207,10 +217,10 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
 #pragma unroll
             for (int k = 0; k < 4; k++) acc[m][q][k] = ua[m][q][k] = 0.0f;
     int c0 = 0, nt = 0;
-    for (int i = 0; i < n; i++) {
-        const int uu = i % NUS, u = ub + uu;
+    for (int i = 0, uu = 0, ch = 0; i < n; i++, uu = uu + 1 == NUS ? (ch++, 0) : uu + 1) { /* uu, ch: i's unit and chunk */
+        const int u = ub + uu;
         if (uu == 0) { /* a new chunk */
-            c0 = (i / NUS) * 8 * NT;
+            c0 = ch * 8 * NT;
             nt = cnt - c0 < 8 * NT ? cnt - c0 : 8 * NT;
             if (!XR) {
                 mf8_wg_sync(wg); /* the previous chunk's wgmmas are done (each waited) */
@@ -228,14 +238,17 @@ __global__ void __launch_bounds__(SL * 128) mf8_kernel(const __grid_constant__ m
         issue(i + S - 1, n);
         const unsigned char *st = ring + (i % S) * STG;
         const uint32_t *scw = (const uint32_t *)(st + NM * 1024);
+        uint32_t sw[NM][2]; /* the rows' (g, g + 8) four group scales, read once a unit (the wgmmas' memory clobbers) */
+#pragma unroll
+        for (int m = 0; m < NM; m++) sw[m][0] = scw[m * 16 + g], sw[m][1] = scw[m * 16 + 8 + g];
         const unsigned xb = XR ? xsa + (unsigned)((i % S) * XST) : xsa + (unsigned)(u * (X1 ? 128 : 4 * NT * 256));
         /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0 codes
          * above 248, scales past 2^121, would overflow: not in any checkpoint's range); D of group G into ua */
         auto promote = [&](int G, float (&d)[NM][NT][4]) {
 #pragma unroll
             for (int m = 0; m < NM; m++) {
-                const float f0 = __uint_as_float((__byte_perm(scw[m * 16 + g], 0u, 0x4440u + G) + 6u) << 23);
-                const float f1 = __uint_as_float((__byte_perm(scw[m * 16 + 8 + g], 0u, 0x4440u + G) + 6u) << 23);
+                const float f0 = __uint_as_float((__byte_perm(sw[m][0], 0u, 0x4440u + G) + 6u) << 23);
+                const float f1 = __uint_as_float((__byte_perm(sw[m][1], 0u, 0x4440u + G) + 6u) << 23);
 #pragma unroll
                 for (int q = 0; q < NT; q++) {
 #pragma unroll
