@@ -99,7 +99,8 @@ static inline int mf8_slices(int R, int NU) {
  * at the chunk's start (decode, fewer than MF8_RQ_T tokens: no quant launch; P.x1, a pass of one token: the token's row
  * alone, each B operand's K halves 16 bytes apart, so that its padding columns read the row's next bytes); XR 1: x from P.xq (moe_quant_kernel),
  * unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a named barrier a unit).
- * GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish. Every variant gives every
+ * GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish; 0 (64-token chunks): one
+ * group at a time in two halves, the next group's A converted meanwhile. Every variant gives every
  * output the same operations in the same order: the same bits whatever NT, XR and GP. */
 template <int GATEUP, int NT, int SL, int XR, int GP>
 __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(const __grid_constant__ mt_params P) {
@@ -109,13 +110,11 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2, tw = threadIdx.x & 127;
     const int NU = P.NU, R = P.R, C = P.C, NUS = NU / SL, ub = wg * NUS;
     const bool X1 = !XR && P.x1; /* (every expert has at most one token: chunks of one) */
-    /* P.early (gate / up of a pass whose grid is one wave): the down projection's grid may launch now, so that it reads
-     * the plan and starts its weights' copies while this one runs (below) */
-    if (P.early) dev_pdl_trigger();
-    /* the plan and x. The down projection with x staged here (XR 0) waits after its first weight copies: its plan was
-     * written two launches back (moe_group, then gate / up, which waited for it before letting this grid start), and the
-     * weights are constants; only h, gate / up's output, needs the wait */
-    constexpr bool PRE = !GATEUP && !XR;
+    /* the plan and x. P.pre (the down projection after this kernel's gate / up, x staged here): the plan was complete
+     * before this grid could start (gate / up let it launch only at its end, past its own grid wait, which waited for the
+     * plan's writer), and the weights are constants, so the first weight copies go before the wait; only h, gate / up's
+     * output, needs it */
+    const bool PRE = !GATEUP && !XR && P.pre;
     if (!PRE) dev_pdl_wait();
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
@@ -244,13 +243,13 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
         const unsigned xb = XR ? xsa + (unsigned)((i % S) * XST) : xsa + (unsigned)(u * (X1 ? 128 : 4 * NT * 256));
         /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0 codes
          * above 248, scales past 2^121, would overflow: not in any checkpoint's range); D of group G into ua */
-        auto promote = [&](int G, float (&d)[NM][NT][4]) {
+        auto promote = [&](int G, float (&d)[NM][NT][4], int q0 = 0, int q1 = NT) { /* n-tiles q0 .. q1 - 1 */
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 const float f0 = __uint_as_float((__byte_perm(sw[m][0], 0u, 0x4440u + G) + 6u) << 23);
                 const float f1 = __uint_as_float((__byte_perm(sw[m][1], 0u, 0x4440u + G) + 6u) << 23);
 #pragma unroll
-                for (int q = 0; q < NT; q++) {
+                for (int q = q0; q < q1; q++) {
 #pragma unroll
                     for (int k = 0; k < 4; k++) wg_keep(d[m][q][k]);
                     ua[m][q][0] = fmaf(d[m][q][0], f0, ua[m][q][0]), ua[m][q][1] = fmaf(d[m][q][1], f0, ua[m][q][1]);
@@ -259,22 +258,54 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
             }
         };
         /* group G's A fragments (word c of each lane of the quad, through the slot swizzle) and a zeroed D */
-        auto load_a = [&](int G, uint32_t (&a)[NM][4], float (&d)[NM][NT][4]) {
+        auto load_a = [&](int G, uint32_t (&a)[NM][4]) {
             const unsigned gs = (unsigned)(g * 4 + (G ^ (g >> 1))) * 16 + c * 4;
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 mf8_repack(*(const uint32_t *)(st + m * 1024 + gs), a[m][0], a[m][2]);
                 mf8_repack(*(const uint32_t *)(st + m * 1024 + 512 + gs), a[m][1], a[m][3]);
-#pragma unroll
-                for (int q = 0; q < NT; q++) d[m][q][0] = d[m][q][1] = d[m][q][2] = d[m][q][3] = 0.0f;
             }
         };
+        auto zero = [&](float (&d)[NM][NT][4]) { /* (D's old values are not read: scale-d false; ptxas drops these) */
 #pragma unroll
-        for (int G0 = 0; G0 < 4; G0 += GP) { /* GP groups' wgmmas in flight (a commit group each), promoted in order */
-            uint32_t a[GP][NM][4];
-            float d[GP][NM][NT][4];
+            for (int m = 0; m < NM; m++)
 #pragma unroll
-            for (int j = 0; j < GP; j++) load_a(G0 + j, a[j], d[j]);
+                for (int q = 0; q < NT; q++) d[m][q][0] = d[m][q][1] = d[m][q][2] = d[m][q][3] = 0.0f;
+        };
+        if constexpr (GP == 0) { /* 64-token chunks: a group's wgmmas as two m64n32 halves in two commit groups (the first half
+                                  * promoted while the second computes), the next group's A fragments converted while this
+                                  * group's run; the same operations per output as GP 1 */
+            static_assert(NT == 8, "the split form: 64-token chunks");
+            uint32_t a[2][NM][4];
+            float d[NM][NT][4];
+            load_a(0, a[0]);
+#pragma unroll
+            for (int G = 0; G < 4; G++) {
+                zero(d);
+                wg_fence();
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+#pragma unroll
+                    for (int m = 0; m < NM; m++)
+                        mf8_mma<4>(*reinterpret_cast<float(*)[4][4]>(&d[m][4 * h]), a[G & 1][m],
+                                   wg_desc(xb + (unsigned)(G * NT * 256 + h * 4 * 256), 128, 256));
+                    wg_commit();
+                }
+                if (G < 3) load_a(G + 1, a[(G + 1) & 1]);
+                wg_wait<1>(), promote(G, d, 0, NT / 2);
+                wg_wait<0>(), promote(G, d, NT / 2, NT);
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) wg_keep(a[G & 1][m][k]);
+            }
+        }
+#pragma unroll
+        for (int G0 = 0; G0 < (GP ? 4 : 0); G0 += GP ? GP : 1) { /* GP groups' wgmmas in flight (a commit group each), promoted in order */
+            uint32_t a[GP ? GP : 1][NM][4];
+            float d[GP ? GP : 1][NM][NT][4];
+#pragma unroll
+            for (int j = 0; j < GP; j++) load_a(G0 + j, a[j]), zero(d[j]);
             wg_fence(); /* the A and D registers written above, before the wgmmas read them */
 #pragma unroll
             for (int j = 0; j < GP; j++) {
@@ -283,12 +314,12 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
                     mf8_mma<NT>(d[j][m], a[j][m], X1 ? wg_desc(xb + (unsigned)((G0 + j) * 32), 16, 256) : wg_desc(xb + (unsigned)((G0 + j) * NT * 256), 128, 256));
                 wg_commit();
             }
-            if (GP == 4) {
+            if constexpr (GP == 4) {
                 wg_wait<3>(), promote(G0, d[0]);
                 wg_wait<2>(), promote(G0 + 1, d[1]);
                 wg_wait<1>(), promote(G0 + 2, d[2]);
                 wg_wait<0>(), promote(G0 + 3, d[3]);
-            } else if (GP == 2) {
+            } else if constexpr (GP == 2) {
                 wg_wait<1>(), promote(G0, d[0]);
                 wg_wait<0>(), promote(G0 + 1, d[GP - 1]);
             } else wg_wait<0>(), promote(G0, d[0]);

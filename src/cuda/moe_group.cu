@@ -445,12 +445,15 @@ extern "C" int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x
     if (!T) return 0;
     const int maxslots = ex->E < T * K ? ex->E : T * K;
     cudaStream_t st = DSV4_STREAM(stream);
+    int f8 = 0; /* gate / up on the FP8 kernel (dsv4_moe_tc_run) */
     if (ex->tc13 && !mx_cuda_cores) {
-        if (dsv4_moe_tc_run(1, ex->fmt13, ex->aq13, ex->w1, ex->w3, ex->I, ex->D, ex->E, x, T, K, maxslots, p, lim, h, y, st)) return -1;
+        if ((f8 = dsv4_moe_tc_run(1, ex->fmt13, ex->aq13, ex->w1, ex->w3, ex->I, ex->D, ex->E, x, T, K, maxslots, p, lim, h, y, 0, st)) < 0)
+            return -1;
     } else if (mx_launch(1, ex->fmt13, ex->vec13, ex->w1, ex->w3, ex->I, ex->D, x, T, maxslots, p, lim, h, st)) {
         return -1;
     }
-    if (ex->tc2 && !mx_cuda_cores) return dsv4_moe_tc_run(0, ex->fmt2, ex->aq2, ex->w2, NULL, ex->D, ex->I, ex->E, h, T, K, maxslots, p, 0.0f, y, NULL, st);
+    if (ex->tc2 && !mx_cuda_cores)
+        return dsv4_moe_tc_run(0, ex->fmt2, ex->aq2, ex->w2, NULL, ex->D, ex->I, ex->E, h, T, K, maxslots, p, 0.0f, y, NULL, f8, st) < 0 ? -1 : 0;
     return mx_launch(0, ex->fmt2, ex->vec2, ex->w2, NULL, ex->D, ex->I, h, T, maxslots, p, 0.0f, y, st);
 }
 

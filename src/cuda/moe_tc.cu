@@ -224,7 +224,7 @@ struct mt_params {
     int R, C, NU, S, RT, NRP, W, ntok, tok, gx, iters;
     int pf; /* units of weights prefetched into L2 beyond the DEPTH in registers (0: none) */
     int x1;    /* moe_f8.cuh: a pass of one token (its x staged as one row) */
-    int early; /* moe_f8.cuh: let the next grid launch at the start (a one-wave grid) */
+    int pre;   /* moe_f8.cuh, down: the plan is complete before the grid starts (dsv4_moe_tc_run's pre) */
 };
 
 /* x staging for the kernels that act-quantize it themselves: items i = (token t, unit wu) = (i / nwu, i % nwu) of n, a
@@ -1325,14 +1325,13 @@ static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a t
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
 static int mf8_ntmax = 8;  /* DSV4_MOE_F8_NTMAX=1|2|4: its chunks at most 8 x this many tokens (measurements) */
-static int mf8_early = 1;  /* DSV4_MOE_F8_EARLY=0: one-token gate / up grids let the down projection launch only at their end */
 template <int GATEUP, int NT, int XR, int GP> static mt_fn mf8_pick_s(int sl) {
     return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP> : mf8_kernel<GATEUP, NT, 1, XR, GP>;
 }
 /* groups in flight: 4 (8-, 16-token chunks), 2 (32: the registers); pipe 0: 1 */
 template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe) {
     if (!xr) return pipe ? mf8_pick_s<GATEUP, 1, 0, 4>(sl) : mf8_pick_s<GATEUP, 1, 0, 1>(sl);
-    if (nt == 8) return mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
+    if (nt == 8) return pipe ? mf8_pick_s<GATEUP, 8, 1, 0>(sl) : mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
     if (nt == 4) return pipe ? mf8_pick_s<GATEUP, 4, 1, 2>(sl) : mf8_pick_s<GATEUP, 4, 1, 1>(sl);
     if (nt == 2) return pipe ? mf8_pick_s<GATEUP, 2, 1, 4>(sl) : mf8_pick_s<GATEUP, 2, 1, 1>(sl);
     return pipe ? mf8_pick_s<GATEUP, 1, 1, 4>(sl) : mf8_pick_s<GATEUP, 1, 1, 1>(sl);
@@ -1390,7 +1389,7 @@ template <int FMT> static mt_fn mp_pick(int gateup, int S, int wg) {
 
 int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,
                     const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out,
-                    float *scratch, cudaStream_t st) {
+                    float *scratch, int pre, cudaStream_t st) {
     const int NU = C / 128, NRP = gateup ? (R + 15) / 16 : (R + 31) / 32, xt = aq ? 1 : 2;
     /* column slices from the shape only: enough (tile pair, slice) warps per expert to fill the GPU at batch 1 */
     int S = 1;
@@ -1417,8 +1416,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
          * place for h) and chunks of 8, 16, 32 or 64 tokens by the experts' average count */
         if (mf8_gp < 0)
             mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0),
-            mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8),
-            mf8_early = dsv4_env_int("DSV4_MOE_F8_EARLY", 1) != 0;
+            mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
         /* (also below MF8_RQ_T tokens when a chunk's whole x would leave one block an SM: Pro's 7,168 columns) */
@@ -1441,19 +1439,10 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                 fp.xq = dst, fp.xq_ld = ld;
             }
             const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp) : mf8_pick<0>(nt, sl, xr, mf8_gp);
-            if (gateup && fp.x1 && mf8_early) { /* the down projection's blocks beside these, when these are one wave */
-                static struct { mt_fn fn; size_t fs; int nb; } occ[8];
-                int k = 0, nb = 0;
-                while (k < 8 && occ[k].fn && !(occ[k].fn == fn && occ[k].fs == fs)) k++;
-                if (k < 8 && occ[k].fn) nb = occ[k].nb;
-                else if (mt_set_smem((const void *)fn, fs, 1) == 0 &&
-                         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, 4 * sl * 32, fs) == cudaSuccess) {
-                    if (k < 8) occ[k].fn = fn, occ[k].fs = fs, occ[k].nb = nb;
-                } else
-                    cudaGetLastError(), nb = 0;
-                fp.early = (int64_t)nb * dsv4_cuda_dev.sm_count >= (int64_t)(R / 64) * maxslots;
-            }
-            return mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp);
+            fp.pre = !gateup && pre;
+            if (mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
+                return -1;
+            return gateup; /* (an FP8 gate / up: its grid lets the next start only at its end) */
         }
     }
     /* pf: the FP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */

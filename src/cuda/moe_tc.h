@@ -38,8 +38,11 @@ extern "C"
 #endif
 double dsv4_moe_tc_mma_rate(int na, int blocks_per_sm);
 
+/* one of the two launches (gate / up with the SwiGLU, then down) of the grouped experts on tensor cores: -1 on an error,
+ * else 1 when gate / up ran on the FP8 kernel (moe_f8.cuh), whose grid lets the next one start only at its end; pass
+ * that as pre to the down projection's call (its first weight copies then go before its grid wait) */
 int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,
                     const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out,
-                    float *scratch, cudaStream_t st);
+                    float *scratch, int pre, cudaStream_t st);
 
 #endif
