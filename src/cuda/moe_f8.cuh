@@ -1,6 +1,6 @@
 /* moe_f8.cuh - the routed experts on Hopper's FP8 tensor cores (MXFP4 weights, FP8 act quant), decode and prefill alike
- * (included by moe_tc.cu, run by dsv4_moe_tc_run with DSV4_MOE_F8=1 or the DSV4_MOE_TC_F8 mode bit). bench/NOTES.md,
- * sessions 18-19: the probe streamed 3.0 TB/s this way against 2.5 for the f16 way in the same per-warp cp.async ring.
+ * (included by moe_tc.cu, run by dsv4_moe_tc_run by default: DSV4_MOE_F8=0 or a mode bit of the f16 kernels turns it
+ * off, DSV4_MOE_TC_F8 forces it). bench/NOTES.md, sessions 18-20: the probe streamed 3.0 TB/s this way against 2.5 for the f16 way in the same per-warp cp.async ring.
  *
  * A block is SL warpgroups on one 64-row tile of one active expert, warpgroup s on a column slice (below); gate / up:
  * the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2. Warp w holds rows 16 w ..
@@ -72,10 +72,11 @@ template <int NT> __device__ __forceinline__ void mf8_mma(float (&d)[NT][4], con
 /* the 128 threads of warpgroup w (named barrier 1 + w) */
 __device__ __forceinline__ void mf8_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
 
-/* shared memory of one block of SL warpgroups. XR 0: x codes of a chunk [NU * 4 groups][NT][2][8][16] and scales [8 NT][NU]
- * (staged at the chunk's start), or with X1 (passes of one token) the token's codes alone [NU * 4 groups][32] (+ 112 bytes
- * that its B operands' padding rows read) and scales [NU]; XR 1: per warpgroup a ring of MF8_STAGES units of x, [4 groups][NT][2][8][16] codes and
- * [8 NT] scales. Then the slices' partial sums [SL - 1][NM][NT][4][128], then per warp the weight ring. */
+/* shared memory of one block of SL warpgroups. XR 0: x codes of a chunk [NU * 4 groups][NT][2][8][16] and scales
+ * [8 NT][NU] (staged at the chunk's start), or with X1 (passes of one token) the token's codes alone [NU * 4 groups][32]
+ * (+ 112 bytes that its B operands' padding rows read) and scales [NU]; XR 1: per warpgroup a ring of MF8_STAGES units
+ * of x, [4 groups][NT][2][8][16] codes and [8 NT] scales. Then the slices' partial sums [SL - 1][NM][NT][4][128], then
+ * per warp the weight ring. */
 __host__ __device__ constexpr size_t mf8_stage_bytes(int nm) { return (size_t)nm * 1024 + (size_t)nm * 64; }
 __host__ __device__ constexpr int mf8_xstage(int NT) { return NT * 1024 + NT * 32; }
 __host__ __device__ constexpr size_t mf8_xbytes(int NT, int NU, int X1) {
@@ -96,12 +97,11 @@ static inline int mf8_slices(int R, int NU) {
 /* A block: SL warpgroups on one 64-row tile of one active expert (grid: R / 64 x expert slots), warpgroup s on the
  * units [s NU / SL, (s + 1) NU / SL) (a column slice); at a chunk's end the slices' sums are added in the order of s
  * by warpgroup 0, which writes the outputs. Chunks of 8 NT tokens. XR 0: the chunk's x quantized by the warpgroup
- * at the chunk's start (decode, fewer than MF8_RQ_T tokens: no quant launch; P.x1, a pass of one token: the token's row
- * alone, each B operand's K halves 16 bytes apart, so that its padding columns read the row's next bytes); XR 1: x from P.xq (moe_quant_kernel),
- * unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a named barrier a unit).
- * GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish; 0 (64-token chunks): one
- * group at a time in two halves, the next group's A converted meanwhile. Every variant gives every
- * output the same operations in the same order: the same bits whatever NT, XR and GP. */
+ * at the chunk's start (decode, fewer than MF8_RQ_T tokens: no quant launch; P.x1, a pass of one token: the token's
+ * row alone, each B operand's K halves 16 bytes apart, so that its padding columns read the row's next bytes); XR 1: x
+ * from P.xq (moe_quant_kernel), unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a
+ * named barrier a unit). GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish.
+ * Every variant gives every output the same operations in the same order: the same bits whatever NT, XR and GP. */
 template <int GATEUP, int NT, int SL, int XR, int GP>
 __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(const __grid_constant__ mt_params P) {
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = MF8_STAGES;
@@ -243,13 +243,13 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
         const unsigned xb = XR ? xsa + (unsigned)((i % S) * XST) : xsa + (unsigned)(u * (X1 ? 128 : 4 * NT * 256));
         /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0 codes
          * above 248, scales past 2^121, would overflow: not in any checkpoint's range); D of group G into ua */
-        auto promote = [&](int G, float (&d)[NM][NT][4], int q0 = 0, int q1 = NT) { /* n-tiles q0 .. q1 - 1 */
+        auto promote = [&](int G, float (&d)[NM][NT][4]) {
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 const float f0 = __uint_as_float((__byte_perm(sw[m][0], 0u, 0x4440u + G) + 6u) << 23);
                 const float f1 = __uint_as_float((__byte_perm(sw[m][1], 0u, 0x4440u + G) + 6u) << 23);
 #pragma unroll
-                for (int q = q0; q < q1; q++) {
+                for (int q = 0; q < NT; q++) {
 #pragma unroll
                     for (int k = 0; k < 4; k++) wg_keep(d[m][q][k]);
                     ua[m][q][0] = fmaf(d[m][q][0], f0, ua[m][q][0]), ua[m][q][1] = fmaf(d[m][q][1], f0, ua[m][q][1]);
@@ -272,38 +272,10 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
 #pragma unroll
                 for (int q = 0; q < NT; q++) d[m][q][0] = d[m][q][1] = d[m][q][2] = d[m][q][3] = 0.0f;
         };
-        if constexpr (GP == 0) { /* 64-token chunks: a group's wgmmas as two m64n32 halves in two commit groups (the first half
-                                  * promoted while the second computes), the next group's A fragments converted while this
-                                  * group's run; the same operations per output as GP 1 */
-            static_assert(NT == 8, "the split form: 64-token chunks");
-            uint32_t a[2][NM][4];
-            float d[NM][NT][4];
-            load_a(0, a[0]);
 #pragma unroll
-            for (int G = 0; G < 4; G++) {
-                zero(d);
-                wg_fence();
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-#pragma unroll
-                    for (int m = 0; m < NM; m++)
-                        mf8_mma<4>(*reinterpret_cast<float(*)[4][4]>(&d[m][4 * h]), a[G & 1][m],
-                                   wg_desc(xb + (unsigned)(G * NT * 256 + h * 4 * 256), 128, 256));
-                    wg_commit();
-                }
-                if (G < 3) load_a(G + 1, a[(G + 1) & 1]);
-                wg_wait<1>(), promote(G, d, 0, NT / 2);
-                wg_wait<0>(), promote(G, d, NT / 2, NT);
-#pragma unroll
-                for (int m = 0; m < NM; m++)
-#pragma unroll
-                    for (int k = 0; k < 4; k++) wg_keep(a[G & 1][m][k]);
-            }
-        }
-#pragma unroll
-        for (int G0 = 0; G0 < (GP ? 4 : 0); G0 += GP ? GP : 1) { /* GP groups' wgmmas in flight (a commit group each), promoted in order */
-            uint32_t a[GP ? GP : 1][NM][4];
-            float d[GP ? GP : 1][NM][NT][4];
+        for (int G0 = 0; G0 < 4; G0 += GP) { /* GP groups' wgmmas in flight (a commit group each), promoted in order */
+            uint32_t a[GP][NM][4];
+            float d[GP][NM][NT][4];
 #pragma unroll
             for (int j = 0; j < GP; j++) load_a(G0 + j, a[j]), zero(d[j]);
             wg_fence(); /* the A and D registers written above, before the wgmmas read them */
@@ -311,7 +283,8 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
             for (int j = 0; j < GP; j++) {
 #pragma unroll
                 for (int m = 0; m < NM; m++)
-                    mf8_mma<NT>(d[j][m], a[j][m], X1 ? wg_desc(xb + (unsigned)((G0 + j) * 32), 16, 256) : wg_desc(xb + (unsigned)((G0 + j) * NT * 256), 128, 256));
+                    mf8_mma<NT>(d[j][m], a[j][m],
+                                X1 ? wg_desc(xb + (unsigned)((G0 + j) * 32), 16, 256) : wg_desc(xb + (unsigned)((G0 + j) * NT * 256), 128, 256));
                 wg_commit();
             }
             if constexpr (GP == 4) {

@@ -1320,7 +1320,7 @@ static int mt_no_pdl = -1; /* 1: launch without programmatic dependent launch (r
 static int mp_off = -1;    /* DSV4_MOE_PF=0: 1, the MXFP4 prefill on the register kernel */
 static int mp_wg = -1;     /* DSV4_MOE_WG=0: 0, moe_pf2_kernel on mma.sync rather than wgmma */
 static int mt_rq = -1;     /* DSV4_MOE_RQ=0: 0, the ring kernels act-quantize x in every block (no moe_quant launch) */
-static int mt_f8 = -1;     /* DSV4_MOE_F8=0: MXFP4 with act quant on the f16 kernels instead of moe_f8.cuh's (the default since session 20) */
+static int mt_f8 = -1;     /* DSV4_MOE_F8=0: MXFP4 with act quant on the f16 kernels instead of moe_f8.cuh's (default since session 20) */
 static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a time (the same bits) */
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
@@ -1331,7 +1331,7 @@ template <int GATEUP, int NT, int XR, int GP> static mt_fn mf8_pick_s(int sl) {
 /* groups in flight: 4 (8-, 16-token chunks), 2 (32: the registers); pipe 0: 1 */
 template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe) {
     if (!xr) return pipe ? mf8_pick_s<GATEUP, 1, 0, 4>(sl) : mf8_pick_s<GATEUP, 1, 0, 1>(sl);
-    if (nt == 8) return pipe ? mf8_pick_s<GATEUP, 8, 1, 0>(sl) : mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
+    if (nt == 8) return mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
     if (nt == 4) return pipe ? mf8_pick_s<GATEUP, 4, 1, 2>(sl) : mf8_pick_s<GATEUP, 4, 1, 1>(sl);
     if (nt == 2) return pipe ? mf8_pick_s<GATEUP, 2, 1, 4>(sl) : mf8_pick_s<GATEUP, 2, 1, 1>(sl);
     return pipe ? mf8_pick_s<GATEUP, 1, 1, 4>(sl) : mf8_pick_s<GATEUP, 1, 1, 1>(sl);
