@@ -1,6 +1,7 @@
 /* moe_f8.cuh - the routed experts on Hopper's FP8 tensor cores (MXFP4 weights, FP8 act quant), decode and prefill alike
  * (included by moe_tc.cu, run by dsv4_moe_tc_run by default: DSV4_MOE_F8=0 or a mode bit of the f16 kernels turns it
- * off, DSV4_MOE_TC_F8 forces it). bench/NOTES.md, sessions 18-20: the probe streamed 3.0 TB/s this way against 2.5 for the f16 way in the same per-warp cp.async ring.
+ * off, DSV4_MOE_TC_F8 forces it). bench/NOTES.md, sessions 18-20: the probe streamed 3.0 TB/s this way against 2.5 for
+ * the f16 way in the same per-warp cp.async ring.
  *
  * A block is SL warpgroups on one 64-row tile of one active expert, warpgroup s on a column slice (below); gate / up:
  * the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2. Warp w holds rows 16 w ..
