@@ -135,7 +135,7 @@ for shape in "--seed 11 --dim 256 --heads 8 --layers 4 --experts 16 --active 4 -
     # shellcheck disable=SC2086
     "$BUILD/dsv4" synth -o "$M" $shape >/dev/null 2>"$M.log" || { echo "unseen $i: synth failed"; fail=$((fail + 1)); continue; }
     # the tokens: a Park-Miller sequence (exact in any awk's doubles), the same on every machine; awk's own rand() after
-    # srand(s) is not (mawk's lists differed between device runs, and the 80-row scenario's top-1 moved with them)
+    # srand(s) is not (mawk's lists differed between device runs, and the one-pass scenario's top-1 moved with them)
     awk -v s="$i" 'BEGIN { x = 7919 * s + 1; printf "["; for (b = 0; b < 8; b++) { printf "%s[", b ? "," : "";
         for (t = 0; t < 48; t++) { x = (x * 16807) % 2147483647; printf "%s%d", t ? "," : "", 10 + x % 120000 }
         printf "]" } print "]" }' >"$M.json"
