@@ -80,8 +80,10 @@ __device__ __forceinline__ void mf8_wg_sync(int w) { asm volatile("bar.sync %0, 
  * per warp the weight ring. */
 __host__ __device__ constexpr size_t mf8_stage_bytes(int nm) { return (size_t)nm * 1024 + (size_t)nm * 64; }
 __host__ __device__ constexpr int mf8_xstage(int NT) { return NT * 1024 + NT * 32; }
+/* XR 0: bytes of the x codes (the scales follow them), then of codes and scales */
+__host__ __device__ constexpr size_t mf8_xcodes(int NT, int NU, int X1) { return X1 ? (size_t)NU * 128 + 128 : (size_t)NU * 4 * NT * 256; }
 __host__ __device__ constexpr size_t mf8_xbytes(int NT, int NU, int X1) {
-    return X1 ? (size_t)NU * 128 + 128 + (((size_t)NU * 4 + 15) & ~(size_t)15) : (size_t)NU * 4 * NT * 256 + (size_t)8 * NT * NU * 4;
+    return mf8_xcodes(NT, NU, X1) + (X1 ? (((size_t)NU * 4 + 15) & ~(size_t)15) : (size_t)8 * NT * NU * 4);
 }
 static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1) {
     const size_t x = XR ? (size_t)SL * MF8_STAGES * mf8_xstage(NT) : mf8_xbytes(NT, NU, X1);
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     const int64_t rowq = C / 32; /* 16-byte chunks a row */
     const size_t xbytes = XR ? (size_t)SL * S * XST : mf8_xbytes(NT, NU, X1);
     unsigned char *xs = mt_sm + (XR ? (size_t)wg * S * XST : 0);                        /* XR: this warpgroup's x ring */
-    float *sxs = (float *)(mt_sm + (X1 ? (size_t)NU * 128 + 128 : (size_t)NU * 4 * NT * 256)); /* XR 0 */
+    float *sxs = (float *)(mt_sm + mf8_xcodes(NT, NU, X1)); /* XR 0 */
     float *red = (float *)(mt_sm + xbytes);                      /* [SL - 1][NM][NT][4][128] */
     unsigned char *ring = (unsigned char *)(red + (SL - 1) * NM * NT * 4 * 128) + (size_t)warp * S * STG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
