@@ -63,7 +63,8 @@ enum {
 /* One forward call: sequence seqs[i] takes ntok[i] tokens tokens[i][0..] at its current position.
  * A sequence may appear only once per call; ntok[i] may be 0. On the GPU a call that gives every
  * sequence at most one token (a decode step) replays one captured CUDA graph per batch bucket
- * (1, 2, 4, .. 256 sequences); longer chunks (prefill) run as ordinary launches. */
+ * (1, 2, 4, .. 1024 sequences: dsv4_decode_sample_max); longer chunks (prefill) and larger steps run as ordinary
+ * launches. */
 int dsv4_forward(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
                  float *logits, int mode, char *err, size_t errcap);
 
@@ -78,6 +79,9 @@ typedef struct dsv4_device_sampling {
 
 /* 1 when the model's backend samples on the device (set_device "cuda"), else 0. */
 int dsv4_can_decode_sample(const dsv4_model *m);
+/* The most sequences one dsv4_decode_sample call takes (CUDA: 1024, fewer when DSV4_CUDA_TMAX is lower), 0 when the
+ * backend cannot sample. */
+int dsv4_decode_sample_max(const dsv4_model *m);
 
 /* A decode step that also samples on the device: sequence seqs[i] takes the one token tokens[i]; next[i]
  * gets the token drawn with sp[i] from the first n_vocab logits of its row (ids >= n_vocab, e.g. padding

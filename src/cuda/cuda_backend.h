@@ -145,6 +145,9 @@ int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, 
  * and n jobs of `cols` input columns in all (the sum over the jobs): dsv4_cuda_linear_ws_bytes(T, cols, n); it stops
  * growing at 256 rows (more rows go in passes of 256). */
 #define DSV4_CUDA_LINEAR_WS_MIN_T 64
+/* The largest decode step (batch bucket) of the model layer (cuda_model.h): kernels whose summation order could
+ * depend on the row count keep one order up to this many rows, so that decode steps are batch invariant. */
+#define DSV4_CUDA_DECODE_MAX 1024
 size_t dsv4_cuda_linear_ws_bytes(int T, int64_t cols, int njobs);
 int dsv4_cuda_linear_ws(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *ws, size_t ws_bytes,
                         void *stream);

@@ -9,7 +9,7 @@
  *
  * Everything runs on the model's own stream and is decided on the device: compressor emission from the
  * positions, indexer top-k, attention index lists, MoE expert grouping. A decode step (at most one
- * token per sequence, up to 256 sequences) is one CUDA graph per batch bucket 1, 2, 4, .. 256, captured
+ * token per sequence, up to 1024 sequences) is one CUDA graph per batch bucket 1, 2, 4, .. 1024, captured
  * on first use and replayed (decode_graph.c); per step the host uploads one small block (tokens,
  * positions, sequence pointers) and downloads the logits. Longer chunks run as ordinary launches in
  * passes of at most `tmax` tokens. */
@@ -59,8 +59,12 @@ int dsv4_cuda_seq_device_len(const dsv4_cuda_seq *s);
  * for DSV4_LOGITS_ALL, [nseq with ntok > 0, vocab] for DSV4_LOGITS_LAST. */
 int dsv4_cuda_forward(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens,
                       const int *ntok, float *logits, int mode, char *err, size_t errcap);
-/* As dsv4_decode_sample (include/dsv4.h): one token per sequence (1 .. 256 sequences), the step's logits
- * sampled on the device (src/cuda/sample.cu) inside the bucket's graphs; next [nseq] (host). */
+/* The most sequences of a decode step (dsv4_cuda_decode_sample, and dsv4_cuda_forward's graph path): buckets 1, 2,
+ * 4, .. DSV4_CUDA_DECODE_MAX (cuda_backend.h), none larger than the passes' rows (DSV4_CUDA_TMAX). Larger steps run
+ * as a pass. */
+int dsv4_cuda_decode_max(const dsv4_cuda_model *g);
+/* As dsv4_decode_sample (include/dsv4.h): one token per sequence (1 .. dsv4_cuda_decode_max sequences), the step's
+ * logits sampled on the device (src/cuda/sample.cu) inside the bucket's graphs; next [nseq] (host). */
 int dsv4_cuda_decode_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *tokens,
                             const dsv4_cuda_sample_params *sp, int n_vocab, int32_t *next, char *err, size_t errcap);
 /* (returns 0; -2 when the step ran but a row's logits could not be sampled (the tokens are consumed); -1 when

@@ -1,5 +1,5 @@
 /* decode_graph.c - the decode step on the GPU: every sequence of the call gets at most one token, 1 ..
- * 256 tokens in all. The step is padded to its bucket B = 1, 2, 4, .. 256 (idle rows and slots: no
+ * dsv4_cuda_decode_max tokens in all. The step is padded to its bucket B = 1, 2, 4, .. 1024 (idle rows and slots: no
  * sequence, no state touched) so that its launch shapes depend only on B; the layers (embedding through
  * the last block and the device lengths) and the head (HcHead, norm, logits of all B rows) are each
  * captured into a CUDA graph the first time a bucket is used and replayed afterwards. Per step the host
@@ -20,6 +20,14 @@ static int bucket_of(int T) {
     int k = 0;
     while ((1 << k) < T) k++;
     return k;
+}
+
+/* the largest bucket: GB_MAX, or the largest power of two within the passes' rows (the step buffer and workspace
+ * are sized for tmax rows; DSV4_CUDA_TMAX may be as low as 64) */
+int dsv4_cuda_decode_max(const dsv4_cuda_model *g) {
+    int b = GB_MAX;
+    while (b > 1 && b > g->tmax) b >>= 1;
+    return b;
 }
 
 enum { PART_LAYERS, PART_HEAD, PART_SAMPLE };
@@ -120,7 +128,7 @@ int dsv4_cuda_decode_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *
                             const dsv4_cuda_sample_params *sp, int n_vocab, int32_t *next, char *err, size_t errcap) {
     const int V = g->m->cfg.vocab_size;
 #define SFAIL(...) do { if (err && errcap) snprintf(err, errcap, __VA_ARGS__); return -1; } while (0)
-    if (nseq < 1 || nseq > GB_MAX) SFAIL("decode_sample: %d sequences (1 .. %d)", nseq, GB_MAX);
+    if (nseq < 1 || nseq > dsv4_cuda_decode_max(g)) SFAIL("decode_sample: %d sequences (1 .. %d)", nseq, dsv4_cuda_decode_max(g));
     if (n_vocab < 1 || n_vocab > V) SFAIL("decode_sample: n_vocab %d outside 1 .. %d", n_vocab, V);
     const int32_t *tp[GB_MAX];
     int nt[GB_MAX];
@@ -166,7 +174,7 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 int dsv4_cuda_decode_replay_ms(dsv4_cuda_model *g, int batch, int iters, double *layers_ms, double *step_ms) {
-    if (batch < 1 || batch > GB_MAX || iters < 1) return -1;
+    if (batch < 1 || batch > dsv4_cuda_decode_max(g) || iters < 1) return -1;
     const int k = bucket_of(batch);
     gbucket *bk = &g->bk[k];
     if (!g->graphs || g->last_bucket != k || !bk->layers || !bk->head) return -1;
@@ -195,7 +203,7 @@ int dsv4_cuda_decode_replay_ms(dsv4_cuda_model *g, int batch, int iters, double 
 }
 
 int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out, dsv4_cuda_prof_split *sp) {
-    if (batch < 1 || batch > GB_MAX || iters < 1) return -1;
+    if (batch < 1 || batch > dsv4_cuda_decode_max(g) || iters < 1) return -1;
     const int k = bucket_of(batch), B = 1 << k;
     if (g->last_bucket != k || gprof_open(g, "decode")) return -1;
     gws w;

@@ -114,7 +114,7 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
         const int gmax = dsv4_cuda_moe_group_maxt(K, E);
         w->tg = T < gmax ? T : gmax;
     }
-    w->hr = T < 256 ? T : 256;
+    w->hr = T <= GB_MAX ? T : 256; /* a decode step's head: all of its bucket's rows in one call */
     const size_t qg = (size_t)w->qg, tgk = (size_t)w->tg * K, hr = (size_t)w->hr;
     size_t o = 0;
 #define TF(field, n) w->field = take(base, &o, sizeof(float) * (n))
@@ -164,11 +164,14 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     return o;
 }
 
-/* the arena for passes of up to T rows (those below DSV4_CUDA_HC_PP_T carry w->X2) */
+/* the arena for passes of up to T rows (those below DSV4_CUDA_HC_PP_T carry w->X2; decode buckets up to
+ * dsv4_cuda_decode_max hold all their rows' logits) */
 size_t gpu_ws_bytes(const dsv4_cuda_model *g, int T) {
     const size_t a = ws_layout(g, T, NULL, NULL);
     const size_t b = T >= DSV4_CUDA_HC_PP_T ? ws_layout(g, DSV4_CUDA_HC_PP_T - 1, NULL, NULL) : 0;
-    return a > b ? a : b;
+    const int dm = dsv4_cuda_decode_max(g);
+    const size_t d = dm > 1 ? ws_layout(g, dm, NULL, NULL) : 0;
+    return a > b ? (a > d ? a : d) : (b > d ? b : d);
 }
 void gpu_ws_carve(const dsv4_cuda_model *g, int T, gws *w) { ws_layout(g, T, g->arena, w); }
 
@@ -708,7 +711,7 @@ int dsv4_cuda_forward(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, 
     }
     if (T == 0) return 0;
     gpu_err_clear();
-    int rc = step && T <= GB_MAX ? gpu_decode(g, nseq, seqs, tokens, ntok, logits, mode)
+    int rc = step && T <= dsv4_cuda_decode_max(g) ? gpu_decode(g, nseq, seqs, tokens, ntok, logits, mode)
                                  : gpu_prefill(g, nseq, seqs, tokens, ntok, logits, mode);
     if (rc) {
         if (err && errcap) snprintf(err, errcap, "forward (GPU): %s", gpu_err());

@@ -70,8 +70,8 @@ typedef struct gstepl {
 #define DSV4_CUDA_HC_PP_T 32 /* passes of fewer rows keep a second copy of the mHC streams (w->X2): posts out of place, fused into the next pre */
 #define GW_ATTN_TC_MIN 64 /* rows from which a pass (not a decode step) runs its attention on tensor cores */
 
-#define GB_N 9     /* decode buckets 1, 2, 4, .. 256 */
-#define GB_MAX 256
+#define GB_N 11 /* decode buckets 1, 2, 4, .. 1024 */
+#define GB_MAX DSV4_CUDA_DECODE_MAX
 
 typedef struct gbucket {
     void *layers, *head; /* executable graphs (NULL until first use) */

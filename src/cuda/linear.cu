@@ -28,7 +28,7 @@
  * Grouped (dsv4_cuda_linear_multi): up to TC_MAXJ jobs (weight, x and y with row strides) of the same format, columns
  * and slicing in one launch, a job table in the kernel parameters; each cluster belongs to one job and runs exactly what
  * that job's own launch would (same S, warps, order), so every row is bitwise the single call's.
- * Odd sizes (columns not a multiple of 128, unaligned views): gemv_any (T <= 256: every decode batch, so batch
+ * Odd sizes (columns not a multiple of 128, unaligned views): gemv_any (T <= 1024: every decode batch, so batch
  * invariant), one element at a time, 8 tokens a pass, and gemm_tiled (longer passes), 64 rows x 64 tokens x 128 columns
  * per tile, weights dequantized into shared memory, fp32 FMA.
  * With a workspace (dsv4_cuda_linear_ws, _multi_ws) and T >= DSV4_CUDA_LINEAR_WS_MIN_T the shapes the tensor-core GEMV
@@ -42,7 +42,7 @@
 namespace cg = cooperative_groups;
 
 #define GEMV_WARPS 16
-#define DSV4_LINEAR_ELEM_MAXT 256 /* odd shapes: the element GEMV up to this many rows (every decode bucket), then gemm_tiled */
+#define DSV4_LINEAR_ELEM_MAXT DSV4_CUDA_DECODE_MAX /* odd shapes: the element GEMV up to this many rows (every decode bucket), then gemm_tiled */
 
 /* x element i as the linear takes it: rnd (act_bf16 without act quant) rounds an fp32 x to bf16 */
 __device__ __forceinline__ float load_xr(const void *x, int bf16, int rnd, int64_t i) {

@@ -184,6 +184,15 @@ int dsv4_can_decode_sample(const dsv4_model *m) {
 #endif
 }
 
+int dsv4_decode_sample_max(const dsv4_model *m) {
+#ifdef DSV4_CUDA
+    return m && m->gpu ? dsv4_cuda_decode_max(m->gpu) : 0;
+#else
+    (void)m;
+    return 0;
+#endif
+}
+
 int dsv4_decode_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *tokens,
                        const dsv4_device_sampling *sp, int n_vocab, int32_t *next, char *err, size_t errcap) {
 #ifdef DSV4_CUDA
@@ -191,14 +200,15 @@ int dsv4_decode_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int
         if (err && errcap) snprintf(err, errcap, "decode_sample: the model does not sample on a device (use dsv4_forward)");
         return -1;
     }
-    if (nseq < 1 || nseq > 256 || !tokens || !sp || !next) {
-        if (err && errcap) snprintf(err, errcap, "decode_sample: %d sequences (1 .. 256) with tokens, parameters and output", nseq);
+    const int nmax = dsv4_cuda_decode_max(m->gpu);
+    if (nseq < 1 || nseq > nmax || !tokens || !sp || !next) {
+        if (err && errcap) snprintf(err, errcap, "decode_sample: %d sequences (1 .. %d) with tokens, parameters and output", nseq, nmax);
         return -1;
     }
-    const int32_t *tp[256];
-    int nt[256];
-    dsv4_cuda_seq *gs[256];
-    dsv4_cuda_sample_params p[256];
+    const int32_t *tp[DSV4_CUDA_DECODE_MAX];
+    int nt[DSV4_CUDA_DECODE_MAX];
+    dsv4_cuda_seq *gs[DSV4_CUDA_DECODE_MAX];
+    dsv4_cuda_sample_params p[DSV4_CUDA_DECODE_MAX];
     for (int s = 0; s < nseq; s++) tp[s] = &tokens[s], nt[s] = 1;
     if (dsv4_check_request(m, nseq, seqs, tp, nt, err, errcap) < 0) return -1;
     for (int s = 0; s < nseq; s++) {

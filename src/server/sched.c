@@ -346,7 +346,7 @@ static void *engine_main(void *arg) {
         }
         for (int b = 0; b < nb; b++) ntok += S->bn[b];
         /* sampling on the device: decoding requests only, none needing the host's logits or history */
-        int on_dev = !prefills && nb > 0 && nb <= 256 && dsv4_can_decode_sample(S->m);
+        int on_dev = !prefills && nb > 0 && nb <= dsv4_decode_sample_max(S->m);
         for (int b = 0; b < nb && on_dev; b++) {
             const slot *s = &S->slots[S->bslot[b]];
             const dsv4_sampling *p = &s->r->sp;

@@ -1,10 +1,11 @@
 /* test_decode.c - the GPU decode step (src/cuda/decode_graph.c) on real model directories, through the
  * public API (built and run by scripts/gpu_test.sh; no Criterion, so it builds on the GPU machine):
  *   1. CUDA graph replay is bitwise the same as the same steps launched one by one (DSV4_CUDA_GRAPHS
- *      off through dsv4_cuda_set_graphs), for batches of 1, 3, 5, 8 and 40 sequences;
+ *      off through dsv4_cuda_set_graphs), for batches of 1, 3, 5, 8, 40 and 300 sequences;
  *   2. batch invariance: a sequence's logits are bitwise the same alone (bucket 1), in a batch of 3
- *      (bucket 4, one idle slot), of 5 (bucket 8, three idle slots), of 8 and of 40 (bucket 64: the linears'
- *      multi-token GEMM), with the other sequences at other positions;
+ *      (bucket 4, one idle slot), of 5 (bucket 8, three idle slots), of 8, of 40 (bucket 64: the linears'
+ *      multi-token GEMM) and of 300 (bucket 512, past the multi-token GEMM's 256-row passes), with the other
+ *      sequences at other positions;
  *   3. attention's parallel branches on stream2 (DSV4_CUDA_ATTN_FORK) bitwise the serial launches (batches 1 and 5);
  *   4. the device's sequence lengths equal the host's; a request past the context capacity
  *      (dsv4_set_max_context) is refused and leaves the sequence untouched;
@@ -181,25 +182,27 @@ static int test_model(const char *dir) {
     int len1[1] = {P}, len3[3] = {P, cap / 4 + 3, 5}, len5[5] = {9, cap / 3, P, 1, cap / 2 + 7};
     int len8[8] = {3, cap / 3, 17, cap / 4, 40 < cap / 2 ? 40 : cap / 2, P, 2, cap / 2 + 5};
     uint64_t s1[1] = {S0}, s3[3] = {S0, 5, 6}, s5[5] = {9, 10, S0, 11, 12}, s8[8] = {21, 22, 23, 24, 25, S0, 26, 27};
-    int len40[40];
-    uint64_t s40[40];
+    int len40[40], len300[300];
+    uint64_t s40[40], s300[300];
     for (int i = 0; i < 40; i++) len40[i] = i == 20 ? P : 1 + (i * 7) % (cap / 2), s40[i] = i == 20 ? S0 : 100 + (uint64_t)i;
+    for (int i = 0; i < 300; i++) len300[i] = i == 150 ? P : 1 + (i * 11) % (cap / 2), s300[i] = i == 150 ? S0 : 1000 + (uint64_t)i;
     const size_t n = (size_t)steps * V;
-    float *a[2], *b3[2], *b5[2], *b8[2], *b40[2];
+    float *a[2], *b3[2], *b5[2], *b8[2], *b40[2], *b300[2];
     int rc = 0;
     for (int gr = 1; gr >= 0 && !rc; gr--) {
         a[gr] = malloc(sizeof(float) * n), b3[gr] = malloc(sizeof(float) * n);
         b5[gr] = malloc(sizeof(float) * n), b8[gr] = malloc(sizeof(float) * n), b40[gr] = malloc(sizeof(float) * n);
+        b300[gr] = malloc(sizeof(float) * n);
         rc = run(m, gr, 1, len1, s1, steps, 0, a[gr]) || run(m, gr, 3, len3, s3, steps, 0, b3[gr]) ||
              run(m, gr, 5, len5, s5, steps, 2, b5[gr]) || run(m, gr, 8, len8, s8, steps, 5, b8[gr]) ||
-             run(m, gr, 40, len40, s40, steps, 20, b40[gr]);
+             run(m, gr, 40, len40, s40, steps, 20, b40[gr]) || run(m, gr, 300, len300, s300, steps, 150, b300[gr]);
     }
     report(!rc, "decode runs (device lengths == host positions)");
     {
         char line[256];
         int ng = dsv4_cuda_graphs_captured(m->gpu);
-        snprintf(line, sizeof line, "%s: %d decode graphs captured (buckets 1, 4, 8, 64: layers + head)", fx, ng);
-        report(ng == 8, line);
+        snprintf(line, sizeof line, "%s: %d decode graphs captured (buckets 1, 4, 8, 64, 512: layers + head)", fx, ng);
+        report(ng == 10, line);
     }
     {
         dsv4_sampling sp;
@@ -224,6 +227,8 @@ static int test_model(const char *dir) {
         same(fx, "graph == no graph, batch 40 (bucket 64)", b40[1], b40[0], n);
         same(fx, "batch invariance: alone == in a batch of 8", a[1], b8[1], n);
         same(fx, "batch invariance: alone == in a batch of 40", a[1], b40[1], n);
+        same(fx, "graph == no graph, batch 300 (bucket 512)", b300[1], b300[0], n);
+        same(fx, "batch invariance: alone == in a batch of 300", a[1], b300[1], n);
         /* attention's second stream (the indexer, compressors, query heads, tail work) off: the serial order of an op
          * profile, the same kernels on the same data, so the same bits (prefill chunks below 64 rows included) */
         float *s1o = malloc(sizeof(float) * n), *s5o = malloc(sizeof(float) * n);
@@ -236,7 +241,7 @@ static int test_model(const char *dir) {
             same(fx, "second stream == serial, batch 5", b5[0], s5o, n);
         }
         free(s1o), free(s5o);
-        for (int gr = 0; gr < 2; gr++) free(a[gr]), free(b3[gr]), free(b5[gr]), free(b8[gr]), free(b40[gr]);
+        for (int gr = 0; gr < 2; gr++) free(a[gr]), free(b3[gr]), free(b5[gr]), free(b8[gr]), free(b40[gr]), free(b300[gr]);
     }
     { /* dsv4_seq_fork: a forked prompt continues as a fresh sequence fed the same tokens (graphs on) */
         float *fr = malloc(sizeof(float) * n), *fk = malloc(sizeof(float) * n);
