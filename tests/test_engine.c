@@ -191,6 +191,13 @@ Test(engine, bad_requests) {
     cr_expect(dsv4_forward(m, 1, &s, &mp, &n, NULL, DSV4_LOGITS_NONE, err, sizeof err));
     cr_expect(strstr(err, "max_position_embeddings"), "%s", err);
     free(many);
+    /* the CPU backend does not sample on a device: no decode_sample batch at all, and a call says why */
+    cr_expect(!dsv4_can_decode_sample(m) && dsv4_decode_sample_max(m) == 0);
+    dsv4_device_sampling ds = {0};
+    int32_t next = 0;
+    bad[0] = 3;
+    cr_expect(dsv4_decode_sample(m, 1, &s, bad, &ds, 512, &next, err, sizeof err));
+    cr_expect(strstr(err, "decode_sample"), "%s", err);
     dsv4_seq_free(s);
     dsv4_free(m);
 }
