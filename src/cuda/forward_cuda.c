@@ -170,8 +170,8 @@ size_t gpu_ws_bytes(const dsv4_cuda_model *g, int T) {
     const size_t a = ws_layout(g, T, NULL, NULL);
     const size_t b = T >= DSV4_CUDA_HC_PP_T ? ws_layout(g, DSV4_CUDA_HC_PP_T - 1, NULL, NULL) : 0;
     const int dm = dsv4_cuda_decode_max(g);
-    const size_t d = dm > 1 ? ws_layout(g, dm, NULL, NULL) : 0;
-    return a > b ? (a > d ? a : d) : (b > d ? b : d);
+    const size_t d = dm > 1 ? ws_layout(g, dm, NULL, NULL) : 0, ab = a > b ? a : b;
+    return ab > d ? ab : d;
 }
 void gpu_ws_carve(const dsv4_cuda_model *g, int T, gws *w) { ws_layout(g, T, g->arena, w); }
 

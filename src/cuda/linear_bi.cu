@@ -103,6 +103,15 @@ __global__ void __launch_bounds__(TC_THREADS) bi_stage(const __grid_constant__ b
     }
 }
 
+/* a unit's sums of an 8-token tile (rows g, g + 8 x tokens 2c, 2c + 1) into acc, times the rows' weight factor and the
+ * tokens' x scales: the GEMV's fmaf, in one place for both instances */
+__device__ __forceinline__ void bi_scale_add(float (&acc)[4], const float (&u)[4], const float (&sw)[2], float xa, float xb) {
+    acc[0] = fmaf(u[0], sw[0] * xa, acc[0]);
+    acc[1] = fmaf(u[1], sw[0] * xb, acc[1]);
+    acc[2] = fmaf(u[2], sw[1] * xa, acc[2]);
+    acc[3] = fmaf(u[3], sw[1] * xb, acc[3]);
+}
+
 /* 2. The GEMM. Block: row block rbg = blockIdx.x / ntc (of the job it falls in), tokens (blockIdx.x % ntc) * 64 ...
  * WG: warpgroup w's 64 rows (its four warps' tiles) x the 64 tokens by wgmma m64n64k16, x of a unit in shared memory
  * as [xt][step][8-token group][K half][8 tokens][16 bytes] (core matrices, no swizzle). */
@@ -251,11 +260,7 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
             for (int n = 0; n < 8; n++) {
 #pragma unroll
                 for (int k = 0; k < 4; k++) wg_keep(d[n][k]);
-                const float xa = ss[2 * c + 8 * n], xb = ss[2 * c + 8 * n + 1];
-                acc[n][0] = fmaf(d[n][0], sw[0] * xa, acc[n][0]);
-                acc[n][1] = fmaf(d[n][1], sw[0] * xb, acc[n][1]);
-                acc[n][2] = fmaf(d[n][2], sw[1] * xa, acc[n][2]);
-                acc[n][3] = fmaf(d[n][3], sw[1] * xb, acc[n][3]);
+                bi_scale_add(acc[n], d[n], sw, ss[2 * c + 8 * n], ss[2 * c + 8 * n + 1]);
             }
 #pragma unroll
             for (int v = 0; v < V; v++)
@@ -288,11 +293,7 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
                             tc_mma<BF>(cu, A[v][j][0][0][2 * k], A[v][j][1][0][2 * k], A[v][j][0][0][2 * k + 1],
                                        A[v][j][1][0][2 * k + 1], Bf[xt][2 * k], Bf[xt][2 * k + 1]);
                 }
-            const float xa = ss[2 * c + 8 * n], xb = ss[2 * c + 8 * n + 1];
-            acc[n][0] = fmaf(cu[0], sw[0] * xa, acc[n][0]);
-            acc[n][1] = fmaf(cu[1], sw[0] * xb, acc[n][1]);
-            acc[n][2] = fmaf(cu[2], sw[1] * xa, acc[n][2]);
-            acc[n][3] = fmaf(cu[3], sw[1] * xb, acc[n][3]);
+            bi_scale_add(acc[n], cu, sw, ss[2 * c + 8 * n], ss[2 * c + 8 * n + 1]);
         }
         if (u + 1 == send) { /* end of a slice: add it to the earlier slices' sum in slice order (P == 1), or store
                               * it for bi_reduce (P > 1: the sums as the GEMV's part[]) */
