@@ -136,26 +136,48 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
     const int64_t rowb = (int64_t)(J0.w.cols / E) * 16; /* bytes per stored row */
     const int rw0 = rb * BI_ROWS + warp * 16 + g;        /* the lane's rows rw0, rw0 + 8 */
 
+    /* The thread's copies of a unit, set up once (only u moves their sources: u 128 x values, u UB weight bytes).
+     * x: chunk k of the thread is 16 bytes (pc = tid & 15) of token row xr + 16 (k & 3) of term k >> 2, xr = tid >> 4;
+     * weights: chunk k is row wr + k BI_THREADS / PPR of the block's, bytes (tid % PPR) 16, wr = tid / PPR. */
+    constexpr int PPR = UB / 16, XN = XT * BI_TT * 16 / BI_THREADS, WN = BI_ROWS * PPR / BI_THREADS;
+    static_assert(BI_TT * 16 == 4 * BI_THREADS && (BI_ROWS * PPR) % BI_THREADS == 0 && XN == 4 * XT, "whole copies a thread");
+    const int xpc = threadIdx.x & 15, xr = threadIdx.x >> 4, wpc = threadIdx.x % PPR, wr = threadIdx.x / PPR;
+    int xo[4]; /* x: token row xr + 16 m's offset in xg, clamped to a real token past the end (never stored) */
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        const int t = tt0 + xr + 16 * m;
+        xo[m] = (t < T ? t : T - 1) * XT * NU * 128 + xpc * 8;
+    }
+    /* x chunk k's place in a stage (16-bit elements); WG: chunk pc = half pc & 1 of step pc >> 1 -> its core matrix row */
+    const int xd0 = WG ? ((((xpc >> 1) * 8 + (xr >> 3)) * 2 + (xpc & 1)) * 128 + (xr & 7) * 16) / 2 : xr * ROWP + xpc * 8;
+    int wd[WN]; /* weights: row k's byte offset from row 0's (rows clamped to the last real one) */
+    const unsigned char *wsrc;
+    {
+        int r0 = rb * BI_ROWS + wr;
+        r0 = r0 < R ? r0 : R - 1;
+        wsrc = J.w.data + ((int64_t)J.w.row0 + r0) * rowb + wpc * 16;
+#pragma unroll
+        for (int k = 0; k < WN; k++) {
+            int r = rb * BI_ROWS + wr + k * (BI_THREADS / PPR);
+            r = r < R ? r : R - 1;
+            wd[k] = (int)((r - r0) * rowb);
+        }
+    }
     auto issue = [&](int u) { /* unit u's weight rows, x terms and x scales -> stage u % NS */
         unsigned char *st = bi_sm + (size_t)(u % NS) * C::SB;
-        uint16_t *xs = (uint16_t *)st;
-        unsigned char *ws = st + C::XB;
+        uint16_t *xs = (uint16_t *)st + xd0;
+        unsigned char *ws = st + C::XB + wr * WROW + wpc * 16;
         float *ss = (float *)(st + C::XB + C::WB);
-        for (int i = threadIdx.x; i < XT * BI_TT * 16; i += BI_THREADS) {
-            const int row = i >> 4, pc = i & 15, xt = row / BI_TT, tt = row - xt * BI_TT;
-            const int t = tt0 + tt < T ? tt0 + tt : T - 1; /* past the end: a real token, never stored */
-            /* WG: chunk pc = half pc & 1 of step pc >> 1 -> its core matrix row */
-            uint16_t *dst = WG ? xs + ((size_t)(((xt * 8 + (pc >> 1)) * 8 + (tt >> 3)) * 2 + (pc & 1)) * 128 + (tt & 7) * 16) / 2
-                               : xs + (size_t)row * ROWP + pc * 8;
-            dev_cp16(dst, B.xg + ((size_t)t * XT + xt) * NU * 128 + (size_t)u * 128 + pc * 8);
+        const uint16_t *xsrc = B.xg + (size_t)u * 128;
+#pragma unroll
+        for (int k = 0; k < XN; k++) { /* term xt = k >> 2, token row xr + 16 (k & 3) */
+            const int xt = k >> 2, m = k & 3;
+            dev_cp16(xs + (WG ? ((xt * 8 * 8 + 2 * m) * 2) * 128 / 2 : (xt * BI_TT + 16 * m) * ROWP),
+                     xsrc + xo[m] + (size_t)xt * NU * 128);
         }
-        constexpr int PPR = UB / 16;
-        for (int i = threadIdx.x; i < BI_ROWS * PPR; i += BI_THREADS) {
-            const int rr = i / PPR, pc = i - rr * PPR;
-            int r = rb * BI_ROWS + rr;
-            r = r < R ? r : R - 1;
-            dev_cp16(ws + (size_t)rr * WROW + pc * 16, J.w.data + ((int64_t)J.w.row0 + r) * rowb + (int64_t)u * UB + pc * 16);
-        }
+        const unsigned char *wu = wsrc + (int64_t)u * UB;
+#pragma unroll
+        for (int k = 0; k < WN; k++) dev_cp16(ws + k * (BI_THREADS / PPR) * WROW, wu + wd[k]);
         if (threadIdx.x < BI_TT / 4) dev_cp16(ss + threadIdx.x * 4, B.sg + (size_t)u * p.Tp + tt0 + threadIdx.x * 4);
     };
     auto ldscale = [&](int u, uint32_t (&s)[2][2]) { /* the lane's weight scale words of unit u, as tc_load packs them */
