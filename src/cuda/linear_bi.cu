@@ -180,21 +180,27 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
         for (int k = 0; k < WN; k++) dev_cp16(ws + k * (BI_THREADS / PPR) * WROW, wu + wd[k]);
         if (threadIdx.x < BI_TT / 4) dev_cp16(ss + threadIdx.x * 4, B.sg + (size_t)u * p.Tp + tt0 + threadIdx.x * 4);
     };
-    auto ldscale = [&](int u, uint32_t (&s)[2][2]) { /* the lane's weight scale words of unit u, as tc_load packs them */
+    /* the lane's weight scale words of unit u, as tc_load packs them: rows rw0 and rw0 + 8 (clamped), their scale rows
+     * found once (sp), u only steps along them */
+    const uint8_t *sp[2];
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        int r = rw0 + 8 * m;
+        r = r < R ? r : R - 1;
+        const int64_t Rs = (int64_t)J.w.row0 + r;
+        if (FMT == DSV4_WF_FP8) sp[m] = J.w.scale + (Rs / 128) * J.w.scale_stride * (J0.w.scale_f32 ? 4 : 1);
+        else if (FMT == DSV4_WF_MXFP4) sp[m] = J.w.scale + Rs * J.w.scale_stride + c;
+        else if (FMT == DSV4_WF_NVFP4) sp[m] = J.w.scale + Rs * J.w.scale_stride + 2 * c;
+        else sp[m] = nullptr;
+    }
+    auto ldscale = [&](int u, uint32_t (&s)[2][2]) {
 #pragma unroll
         for (int m = 0; m < 2; m++) {
             s[m][0] = s[m][1] = 0;
-            int r = rw0 + 8 * m;
-            r = r < R ? r : R - 1;
-            const int64_t Rs = (int64_t)J.w.row0 + r;
-            if (FMT == DSV4_WF_FP8) {
-                const int64_t si = (Rs / 128) * J.w.scale_stride + u;
-                s[m][0] = J0.w.scale_f32 ? __ldg((const uint32_t *)J.w.scale + si) : (uint32_t)__ldg(J.w.scale + si);
-            } else if (FMT == DSV4_WF_MXFP4) {
-                s[m][0] = __ldg(J.w.scale + Rs * J.w.scale_stride + u * 4 + c);
-            } else if (FMT == DSV4_WF_NVFP4) {
-                s[m][0] = __ldg((const uint16_t *)(J.w.scale + Rs * J.w.scale_stride + 2 * (u * 4 + c)));
-            }
+            if (FMT == DSV4_WF_FP8)
+                s[m][0] = J0.w.scale_f32 ? __ldg((const uint32_t *)sp[m] + u) : (uint32_t)__ldg(sp[m] + u);
+            else if (FMT == DSV4_WF_MXFP4) s[m][0] = __ldg(sp[m] + u * 4);
+            else if (FMT == DSV4_WF_NVFP4) s[m][0] = __ldg((const uint16_t *)(sp[m] + u * 8));
         }
     };
 
