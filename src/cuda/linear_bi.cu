@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
 #pragma unroll
         for (int k = 0; k < XN; k++) { /* term xt = k >> 2, token row xr + 16 (k & 3) */
             const int xt = k >> 2, m = k & 3;
-            dev_cp16(xs + (WG ? ((xt * 8 * 8 + 2 * m) * 2) * 128 / 2 : (xt * BI_TT + 16 * m) * ROWP),
+            dev_cp16(xs + (WG ? (xt * 64 + 2 * m) * 128 : (xt * BI_TT + 16 * m) * ROWP), /* WG: 8-token groups 2m, 2m + 1 */
                      xsrc + xo[m] + (size_t)xt * NU * 128);
         }
         const unsigned char *wu = wsrc + (int64_t)u * UB;
