@@ -149,9 +149,6 @@ int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, 
  * depend on the row count keep one order up to this many rows, so that decode steps are batch invariant. */
 #define DSV4_CUDA_DECODE_MAX 1024
 size_t dsv4_cuda_linear_ws_bytes(int T, int64_t cols, int njobs);
-/* Tests and measurements: the multi-token GEMM's FP8 instances on wgmma (1; DSV4_LINEAR_BI_WG=1) or mma.sync (0, the
- * default), bitwise the same rows; returns the previous setting. */
-int dsv4_cuda_linear_bi_wg(int on);
 int dsv4_cuda_linear_ws(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *ws, size_t ws_bytes,
                         void *stream);
 int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *ws, size_t ws_bytes,

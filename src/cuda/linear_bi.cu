@@ -22,7 +22,6 @@
 #include <string.h>
 
 #include "linear_gemv.cuh"
-#include "wgmma.cuh"
 
 #define BI_WARPS 8
 #define BI_THREADS (BI_WARPS * 32)
@@ -67,19 +66,8 @@ template <int NJ> struct bi_args {
 };
 #define BI_NJ TC_MAXJ
 
-/* WG (FP8 weights): the GEMM's k16 steps on wgmma, x as its B operand from shared memory by descriptor. wgmma m64nNk16
- * f16 gives the bits of the same chain of mma.sync m16n8k16 (wgmma.cuh), so the rows stay the GEMV's; only where x
- * sits changes. Step s = (v * 2 + j) * 2 + k of a unit (the mma.sync kernel's order) reads, in the GEMV's slots, pairs
- * (v * 4 + c) * 16 + j * 8 + 4 k + 2 h (+ 0, 1) as its K values 8 h + 2 c (+ 0, 1); the staged row is permuted so
- * that each step's 16 values are contiguous (slot 16 s + K), its two 8-value halves one core matrix row each. */
-__device__ __forceinline__ int bi_wg_src_pair(int q) { /* new pair q (0..63) of a unit <- the GEMV's pair */
-    const int s = q >> 3, kk2 = q & 7, h = kk2 >> 2, c = kk2 & 3, v = s >> 2, j = (s >> 1) & 1, k = s & 1;
-    return ((v * 4 + c) * 16 + j * 8 + 4 * k + 2 * h) >> 1;
-}
-
-/* 1. x of token blockIdx.x, job blockIdx.y -> terms and scales (tc_stage with one token: 16 warps over the units);
- * WG: then each unit's 128 slots permuted in place (bi_wg_src_pair), 8 units a round. */
-template <int FMT, int XT, int WG>
+/* 1. x of token blockIdx.x, job blockIdx.y -> terms and scales (tc_stage with one token: 16 warps over the units). */
+template <int FMT, int XT>
 __global__ void __launch_bounds__(TC_THREADS) bi_stage(const __grid_constant__ bi_args<BI_NJ> a) {
     __shared__ float sxs[BI_MAXU];
     const bi_job &B = a.j[blockIdx.y];
@@ -89,22 +77,10 @@ __global__ void __launch_bounds__(TC_THREADS) bi_stage(const __grid_constant__ b
     tc_stage<FMT, XT>(p, a.j[0].t, B.t, B.xg + (size_t)t * XT * NU * 128, sxs, 0, NU);
     __syncthreads();
     for (int u = threadIdx.x; u < NU; u += blockDim.x) B.sg[(size_t)u * a.p.Tp + t] = sxs[u];
-    if constexpr (WG) { /* (the block's global writes above are visible to it after the barrier) */
-        static_assert(TC_THREADS % 64 == 0, "whole units a round");
-        uint32_t *row = (uint32_t *)(B.xg + (size_t)t * XT * NU * 128);
-        const int np = XT * NU * 64;
-        for (int b0 = 0; b0 < np; b0 += TC_THREADS) {
-            const int i = b0 + threadIdx.x;
-            const uint32_t v = i < np ? row[(i & ~63) + bi_wg_src_pair(i & 63)] : 0u;
-            __syncthreads();
-            if (i < np) row[i] = v;
-            __syncthreads();
-        }
-    }
 }
 
 /* a unit's sums of an 8-token tile (rows g, g + 8 x tokens 2c, 2c + 1) into acc, times the rows' weight factor and the
- * tokens' x scales: the GEMV's fmaf, in one place for both instances */
+ * tokens' x scales: the GEMV's fmaf */
 __device__ __forceinline__ void bi_scale_add(float (&acc)[4], const float (&u)[4], const float (&sw)[2], float xa, float xb) {
     acc[0] = fmaf(u[0], sw[0] * xa, acc[0]);
     acc[1] = fmaf(u[1], sw[0] * xb, acc[1]);
@@ -112,17 +88,14 @@ __device__ __forceinline__ void bi_scale_add(float (&acc)[4], const float (&u)[4
     acc[3] = fmaf(u[3], sw[1] * xb, acc[3]);
 }
 
-/* 2. The GEMM. Block: row block rbg = blockIdx.x / ntc (of the job it falls in), tokens (blockIdx.x % ntc) * 64 ...
- * WG: warpgroup w's 64 rows (its four warps' tiles) x the 64 tokens by wgmma m64n64k16, x of a unit in shared memory
- * as [xt][step][8-token group][K half][8 tokens][16 bytes] (core matrices, no swizzle). */
-template <int FMT, int XT, int WG>
+/* 2. The GEMM. Block: row block rbg = blockIdx.x / ntc (of the job it falls in), tokens (blockIdx.x % ntc) * 64 ... */
+template <int FMT, int XT>
 __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__ bi_args<BI_NJ> a) {
     using F = tc_fmt<FMT>;
     using C = bi_cfg<FMT, XT>;
     constexpr int V = F::V, E = F::E, BF = F::BF, NSUB = E / 8, NS = C::NS, ROWP = C::ROWP, WROW = C::WROW, UB = C::UB;
     constexpr bool FP4 = FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4;
     static_assert(F::WT == 1 && E >= 8, "one weight term, 16-bit chunks of 8+ elements");
-    static_assert(!WG || (FMT == DSV4_WF_FP8 && BI_TT == 64 && C::XB >= XT * 64 * 256), "WG: FP8, 64 tokens a block");
     extern __shared__ __align__(16) unsigned char bi_sm[];
     const bi_params &p = a.p;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -148,8 +121,7 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
         const int t = tt0 + xr + 16 * m;
         xo[m] = (t < T ? t : T - 1) * XT * NU * 128 + xpc * 8;
     }
-    /* x chunk k's place in a stage (16-bit elements); WG: chunk pc = half pc & 1 of step pc >> 1 -> its core matrix row */
-    const int xd0 = WG ? ((((xpc >> 1) * 8 + (xr >> 3)) * 2 + (xpc & 1)) * 128 + (xr & 7) * 16) / 2 : xr * ROWP + xpc * 8;
+    const int xd0 = xr * ROWP + xpc * 8; /* x chunk 0's place in a stage (16-bit elements) */
     int wd[WN]; /* weights: row k's byte offset from row 0's (rows clamped to the last real one) */
     const unsigned char *wsrc;
     {
@@ -172,8 +144,7 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
 #pragma unroll
         for (int k = 0; k < XN; k++) { /* term xt = k >> 2, token row xr + 16 (k & 3) */
             const int xt = k >> 2, m = k & 3;
-            dev_cp16(xs + (WG ? (xt * 64 + 2 * m) * 128 : (xt * BI_TT + 16 * m) * ROWP), /* WG: 8-token groups 2m, 2m + 1 */
-                     xsrc + xo[m] + (size_t)xt * NU * 128);
+            dev_cp16(xs + (xt * BI_TT + 16 * m) * ROWP, xsrc + xo[m] + (size_t)xt * NU * 128);
         }
         const unsigned char *wu = wsrc + (int64_t)u * UB;
 #pragma unroll
@@ -236,7 +207,6 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
     int s = s0, send = (s0 + 1) * NU / S; /* the current slice and its end */
     for (int u = u0; u < u1; u++) {
         dev_cp_wait<NS - 2>(); /* unit u has landed (this thread's copies) */
-        if (WG) wg_fence_proxy(); /* ... for the tensor cores' reads too */
         __syncthreads();       /* everyone's, and stage (u - 1) % NS is free */
         if (u + NS - 1 < u1) issue(u + NS - 1);
         dev_cp_commit();
@@ -263,44 +233,8 @@ __global__ void __launch_bounds__(BI_THREADS, 1) gemm_bi(const __grid_constant__
                 tc_decode<FMT>(q1, j, fq[1][j >> 1], A[v][j][1]);
             }
         }
-        if constexpr (WG) { /* the unit's steps as one wgmma chain over the 64 tokens, then the same fmaf per (row, token) */
-            float d[8][4];
 #pragma unroll
-            for (int n = 0; n < 8; n++) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.0f;
-            const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs);
-            wg_fence();
-#pragma unroll
-            for (int v = 0; v < V; v++)
-#pragma unroll
-                for (int j = 0; j < NSUB; j++)
-#pragma unroll
-                    for (int k = 0; k < 2; k++)
-#pragma unroll
-                        for (int xt = 0; xt < XT; xt++) {
-                            const uint32_t af[4] = {A[v][j][0][0][2 * k], A[v][j][1][0][2 * k], A[v][j][0][0][2 * k + 1],
-                                                    A[v][j][1][0][2 * k + 1]};
-                            const int s = (v * NSUB + j) * 2 + k;
-                            wg_mma_f16<8>(d, af, wg_desc(xsa + (unsigned)((xt * 8 + s) * 8 * 2 * 128), 128, 256));
-                        }
-            wg_commit();
-            wg_wait<0>();
-#pragma unroll
-            for (int n = 0; n < 8; n++) {
-#pragma unroll
-                for (int k = 0; k < 4; k++) wg_keep(d[n][k]);
-                bi_scale_add(acc[n], d[n], sw, ss[2 * c + 8 * n], ss[2 * c + 8 * n + 1]);
-            }
-#pragma unroll
-            for (int v = 0; v < V; v++)
-#pragma unroll
-                for (int j = 0; j < NSUB; j++)
-#pragma unroll
-                    for (int m = 0; m < 2; m++)
-#pragma unroll
-                        for (int q = 0; q < 4; q++) wg_keep(A[v][j][m][0][q]);
-        }
-#pragma unroll
-        for (int n = 0; n < (WG ? 0 : BI_NTT); n++) {
+        for (int n = 0; n < BI_NTT; n++) {
             float cu[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const int tok = g + 8 * n;
 #pragma unroll
@@ -362,24 +296,8 @@ struct bi_kernels {
     bi_fn stage, gemm;
     int smem;
 };
-/* The FP8 instances on wgmma (WG): the same bits, but measured 1.7-3.2 % slower end to end at batches 64-1024 (bench/
- * NOTES.md, session 21: each unit's chain is waited for before the next unit's fragments are decoded, where the
- * mma.sync kernel interleaves eight independent chains), so off unless DSV4_LINEAR_BI_WG=1 or dsv4_cuda_linear_bi_wg
- * (tests) turns it on: the base for a pipelined version. */
-static int bi_wg = -1;
-static int bi_wg_on(void) {
-    if (bi_wg < 0) bi_wg = dsv4_env_int("DSV4_LINEAR_BI_WG", 0) != 0;
-    return bi_wg;
-}
-extern "C" int dsv4_cuda_linear_bi_wg(int on) {
-    const int was = bi_wg_on();
-    bi_wg = on != 0;
-    return was;
-}
 template <int FMT, int XT> static bi_kernels bi_pick_xt() {
-    if constexpr (FMT == DSV4_WF_FP8)
-        if (bi_wg_on()) return bi_kernels{bi_stage<FMT, XT, 1>, gemm_bi<FMT, XT, 1>, bi_cfg<FMT, XT>::NS * bi_cfg<FMT, XT>::SB};
-    return bi_kernels{bi_stage<FMT, XT, 0>, gemm_bi<FMT, XT, 0>, bi_cfg<FMT, XT>::NS * bi_cfg<FMT, XT>::SB};
+    return bi_kernels{bi_stage<FMT, XT>, gemm_bi<FMT, XT>, bi_cfg<FMT, XT>::NS * bi_cfg<FMT, XT>::SB};
 }
 template <int FMT> static bi_kernels bi_pick_fmt(int xt) {
     if (xt == 1) return bi_pick_xt<FMT, 1>();
