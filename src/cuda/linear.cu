@@ -22,9 +22,11 @@
  * up to 8 blocks). So a row's result is deterministic and independent of T and of the other rows of x.
  * More than 16 rows of x: the same kernel, 16 rows per launch (so prefill equals decode bitwise). Launches carry
  * the programmatic-dependent-launch attribute (the kernel waits in griddepcontrol.wait before reading x).
- * After the wait each warp issues its x loads first (8 lanes per (token, unit), 16-byte loads: tc_stage8), then its
- * two register steps of weights, then quantizes / splits x into shared memory: the x loads must not queue behind the
- * weight stream (bench/NOTES.md, "Decode GEMV fixed cost"; variants for measurements: tc_bpf_mb, tc_kick, tc_xfast).
+ * Each warp issues its first two register steps of weights before the wait (they are the model's weights, which no
+ * kernel of a forward writes), so that a block launched while the previous kernel still runs has them when x is
+ * ready; after the wait its x loads (8 lanes per (token, unit), 16-byte loads: tc_stage8), then x quantized / split
+ * into shared memory (bench/NOTES.md, "Decode GEMV fixed cost", session 23; variants for measurements: tc_bpf_mb,
+ * tc_kick, tc_xfast).
  * Grouped (dsv4_cuda_linear_multi): up to TC_MAXJ jobs (weight, x and y with row strides) of the same format, columns
  * and slicing in one launch, a job table in the kernel parameters; each cluster belongs to one job and runs exactly what
  * that job's own launch would (same S, warps, order), so every row is bitwise the single call's.
@@ -370,9 +372,10 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
     TC_TR(0);
 #endif
     /* Programmatic dependent launch: let the next kernel of the stream start its launch now (it waits for this grid
-     * in its own griddepcontrol.wait), ask L2 for this warp's first weight steps (p.bpf of them, else two), then wait
-     * for the previous kernel's results (x) before reading anything into registers. Both are no-ops without the launch
-     * attribute. A prefetch cannot observe stale data (L2 is the point of coherence), so it may run before the wait. */
+     * in its own griddepcontrol.wait), optionally ask L2 for this warp's first weight steps (p.bpf, p.prew), load the
+     * first two steps into registers (p.kick 2), then wait for the previous kernel's results (x). Both are no-ops
+     * without the launch attribute. A prefetch cannot observe stale data (L2 is the point of coherence), and the
+     * weights are never written by a kernel of a forward, so both may run before the wait. */
     dev_pdl_trigger();
     if (p.bpf > 0) {
         bpf(0, p.bpf);
@@ -380,16 +383,21 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
         tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0, ch1, g, c);
         if (nsteps > 1 && p.prew > 1) tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0 + CH, ch1, g, c);
     }
-    dev_pdl_wait();
-    TC_TR(1);
     auto load = [&](tc_buf<CH> &b, int gs) { /* step gs into registers */
         if (gs < total) tc_load<FMT, CH>(J0, J, b, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
     };
     tc_buf<CH> b0, b1; /* two steps in flight */
     auto kick = [&]() { load(b0, 0), load(b1, 1); };
-    /* x staged by tc_stage8: p.kick (default) issues the two register steps right behind x's first loads (x loads
-     * first: they are on every warp's critical path); else after x is staged, with 4 passes of x loads in flight */
-    if (!p.xfast) kick(), tc_stage<FMT, XT>(p, J0, J, xs, sx, ub0, nub);
+    /* p.kick 2 (default): the two register steps before the wait. The weights are the model's (never written by a
+     * kernel of a forward), so a block that starts while the previous kernel still runs has its first steps in
+     * registers when x is ready, and x's loads do not queue behind them. */
+    if (p.kick == 2) kick();
+    dev_pdl_wait();
+    TC_TR(1);
+    /* x staged by tc_stage8: p.kick 1 issues the two register steps right behind x's first loads (x loads first: they
+     * are on every warp's critical path); 0: after x is staged, with 4 passes of x loads in flight */
+    if (!p.xfast) { if (p.kick != 2) kick(); tc_stage<FMT, XT>(p, J0, J, xs, sx, ub0, nub); }
+    else if (p.kick == 2) tc_stage8<FMT, XT, 1>(p, J0, J, xs, sx, ub0, nub, [] {});
     else if (p.kick) tc_stage8<FMT, XT, 1>(p, J0, J, xs, sx, ub0, nub, kick);
     else tc_stage8<FMT, XT, 4>(p, J0, J, xs, sx, ub0, nub, [] {}), kick();
     TC_TR(2);
@@ -739,12 +747,15 @@ static int tc_no_pdl = -1;
  * tc_bpf_mb: bulk L2 prefetch (p.bpf) of as many weight steps as tc_bpf_mb MiB hold for the whole grid, at most
  * tc_bpf_max, before the grid dependency wait and then that far ahead (DSV4_LINEAR_BPF_MB, DSV4_LINEAR_BPF_MAX); 0 (the
  * default: it measured slower, up to 1.2x on 16-1000 MB matrices) keeps the two-step per-lane prefetch before the wait.
- * tc_xfast: x staged by tc_stage8 (DSV4_LINEAR_XFAST=0: tc_stage, as before). tc_kick: the weight loads go right behind
- * x's first loads (default; DSV4_LINEAR_KICK=0: after x is staged, with 4 passes of x loads in flight). tc_prew: weight
+ * tc_xfast: x staged by tc_stage8 (DSV4_LINEAR_XFAST=0: tc_stage, as before). tc_kick: where a warp's first two
+ * register steps of weights are issued: 2 (default, session 23: batch 1 0.985-0.994x, batch 8 / 64 unchanged) before the
+ * grid dependency wait (the weights are the model's: no kernel of a forward writes them, so a block that starts while
+ * the previous kernel runs has them in registers when x is ready); DSV4_LINEAR_KICK=1: right behind x's first loads;
+ * 0: after x is staged, with 4 passes of x loads in flight. tc_prew: weight
  * steps per warp asked of L2 before the grid dependency wait (DSV4_LINEAR_PREW 0 = default, 1, 2): the x loads after
  * the wait queue behind these requests (NOTES "Decode GEMV fixed cost"); session 11's A/B: 0 was 1.5 % faster at
  * batch 1 than 2 (RESULTS "Session 11"). */
-static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 1, tc_prew = 0;
+static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 2, tc_prew = 0;
 /* tc_half: DSV4_LINEAR_HALF=1 runs every T on the 16-token kernel, whose steps are half as long (TC_CH / 2 chunks a
  * lane: half the weight bytes requested ahead of x's loads; the same bits, as T = 9..16 shows) */
 static int tc_half = 0;
@@ -786,7 +797,8 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
         tc_bpf_mb = dsv4_env_int("DSV4_LINEAR_BPF_MB", tc_bpf_mb);
         tc_bpf_max = dsv4_env_int("DSV4_LINEAR_BPF_MAX", tc_bpf_max);
         tc_xfast = dsv4_env_int("DSV4_LINEAR_XFAST", tc_xfast) != 0;
-        tc_kick = dsv4_env_int("DSV4_LINEAR_KICK", tc_kick) != 0;
+        tc_kick = dsv4_env_int("DSV4_LINEAR_KICK", tc_kick);
+        tc_kick = tc_kick < 0 ? 0 : tc_kick > 2 ? 2 : tc_kick;
         tc_prew = dsv4_env_int("DSV4_LINEAR_PREW", tc_prew);
         tc_half = dsv4_env_int("DSV4_LINEAR_HALF", tc_half) != 0;
         tc_prew = tc_prew < 0 ? 0 : tc_prew > 2 ? 2 : tc_prew;
