@@ -388,10 +388,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
     };
     tc_buf<CH> b0, b1; /* two steps in flight */
     auto kick = [&]() { load(b0, 0), load(b1, 1); };
-    /* p.kick 2 (default): the two register steps before the wait. The weights are the model's (never written by a
-     * kernel of a forward), so a block that starts while the previous kernel still runs has its first steps in
-     * registers when x is ready, and x's loads do not queue behind them. */
-    if (p.kick == 2) kick();
+    if (p.kick == 2) kick(); /* default: the two register steps before the wait (the comment above) */
     dev_pdl_wait();
     TC_TR(1);
     /* x staged by tc_stage8: p.kick 1 issues the two register steps right behind x's first loads (x loads first: they
