@@ -8,7 +8,8 @@
  * entries (rows by cp.async while the previous tile computes):
  *  - rows decoded into shared memory as f16: FP8 code x e8m0 scale (exact, see Range), rope dims as hi + lo
  *    (hi = f16(v), lo = f16(v - hi)); q likewise as hi + lo. Scores qh.k + ql.k (+ qh.k_lo on the rope dims): ~2^-22
- *    relative per product, fp32 sums;
+ *    relative per product, fp32 sums (HL false, the prefill form's default since session 24: q, the rope dims and p
+ *    as one f16 term each, half the products, ~2^-12 relative per operand, against the official model's bf16 2^-9);
  *  - each warp scores its 16 heads over its 256 dims; the two warps of a head group swap the partial scores through
  *    shared memory and add them (a + b: the same bits in both), then both run the same online softmax (fp32: running
  *    max m, sum l of the fp32 p);
@@ -105,7 +106,7 @@ static size_t tc_smem(int Dh, int R, int HB) {
  * 1: the block takes every span and folds each into the total (attn_fold.cuh; the total's O waits in out between
  * spans), else the block takes span blockIdx.z and writes its state (m, l, O x 2^12) to part for ak_combine_launch:
  * the same bits either way. orope: the output's inverse RoPE (freq NULL: none). */
-template <bool DEC, int HB>
+template <bool DEC, int HB, bool HL>
 __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel(const float *q, int H, int Dh, int R,
                                                               const uint8_t *const *base, const float *kv2,
                                                               const int *idx, int nidx, const float *sink, float scale,
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
         uint4 hi, lo;
         tc_split8(v, hi, lo);
         *(uint4 *)(Qh + r * TC_D + tc_sw(r, c)) = hi;
-        *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
+        if constexpr (HL) *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
     }
     __syncthreads();
     if constexpr (!DEC) issue(s_begin, ids);
@@ -202,13 +203,14 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
     auto qk_step = [&](float (&ah)[4][4], float (&al)[4][4], int c0) {
         uint32_t a[4], aq[4], b0[4], b1[4];
         tc_ldsm4(a, Qh + ra * TC_D + tc_sw(ra, c0 + ca));
-        tc_ldsm4(aq, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
+        if constexpr (HL) tc_ldsm4(aq, Ql + ra * TC_D + tc_sw(ra, c0 + ca));
         tc_ldsm4(b0, Kh + rk * TC_D + tc_sw(rk, c0 + ck));
         tc_ldsm4(b1, Kh + (rk + 16) * TC_D + tc_sw(rk + 16, c0 + ck));
         tc_mma(ah[0], a, b0[0], b0[1]);
         tc_mma(ah[1], a, b0[2], b0[3]);
         tc_mma(ah[2], a, b1[0], b1[1]);
         tc_mma(ah[3], a, b1[2], b1[3]);
+        if constexpr (!HL) return;
         tc_mma(al[0], aq, b0[0], b0[1]);
         tc_mma(al[1], aq, b0[2], b0[3]);
         tc_mma(al[2], aq, b1[0], b1[1]);
@@ -272,10 +274,10 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
                 }
             }
             uint4 hi, lo;
-            if (d0 >= nope && d0 < nope + TC_LO) {
+            if (HL && d0 >= nope && d0 < nope + TC_LO) {
                 tc_split8(v, hi, lo);
                 *(uint4 *)(Kl + i * TC_LO + tc_sw(i, (d0 - nope) >> 3)) = lo;
-            } else { /* FP8 values (exact) */
+            } else { /* HL false: the rope dims as one f16 term too */ /* FP8 values (exact) */
                 hi.x = tc_u32(__floats2half2_rn(v[0], v[1])), hi.y = tc_u32(__floats2half2_rn(v[2], v[3]));
                 hi.z = tc_u32(__floats2half2_rn(v[4], v[5])), hi.w = tc_u32(__floats2half2_rn(v[6], v[7]));
             }
@@ -294,7 +296,7 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
                 for (int j = 0; j < 4; j++) sa[n][j] = sb[n][j] = 0.0f;
 #pragma unroll 4
             for (int kk = 0; kk < 16; kk++) qk_step(sa, sb, 32 * hf + 2 * kk);
-            if (lo_mine) qk_rope(sb, nope / 8);
+            if (HL && lo_mine) qk_rope(sb, nope / 8);
             /* swap partials with the other half: S = own + other (commutative: both warps get the same bits) */
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -320,7 +322,7 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
                     for (int j = 0; j < 4; j++) p[n][j] = 0.0f;
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) qk_step(p, p, cb + 2 * kk);
-                if (8 * cb == nope) qk_rope(p, cb); /* the rope slice */
+                if (HL && 8 * cb == nope) qk_rope(p, cb); /* the rope slice */
 #pragma unroll
                 for (int n = 0; n < 4; n++)
 #pragma unroll
@@ -389,6 +391,13 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
         for (int v = 0; v < 16; v++) S[v] *= TC_PS;
 #pragma unroll
         for (int j = 0; j < 2; j++) {
+            if constexpr (!HL) {
+                ph[j][0] = tc_u32(__floats2half2_rn(S[8 * j + 0], S[8 * j + 1]));
+                ph[j][1] = tc_u32(__floats2half2_rn(S[8 * j + 2], S[8 * j + 3]));
+                ph[j][2] = tc_u32(__floats2half2_rn(S[8 * j + 4], S[8 * j + 5]));
+                ph[j][3] = tc_u32(__floats2half2_rn(S[8 * j + 6], S[8 * j + 7]));
+                continue;
+            }
             tc_split(S[8 * j + 0], S[8 * j + 1], ph[j][0], pl[j][0]);
             tc_split(S[8 * j + 2], S[8 * j + 3], ph[j][1], pl[j][1]);
             tc_split(S[8 * j + 4], S[8 * j + 5], ph[j][2], pl[j][2]);
@@ -404,11 +413,13 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
                 tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
                 tc_mma(O[2 * dp], ph[j], b[0], b[1]);
                 tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
-                tc_mma(O[2 * dp], pl[j], b[0], b[1]);
-                tc_mma(O[2 * dp + 1], pl[j], b[2], b[3]);
+                if constexpr (HL) {
+                    tc_mma(O[2 * dp], pl[j], b[0], b[1]);
+                    tc_mma(O[2 * dp + 1], pl[j], b[2], b[3]);
+                }
             }
             const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
-            if (lo_mine && dl >= 0 && dl < TC_LO) {
+            if (HL && lo_mine && dl >= 0 && dl < TC_LO) {
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     uint32_t b[4];
@@ -635,7 +646,7 @@ extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) 
 
 /* DEC: the decode form (spt tiles per span asked; partial: a block per span, scratch; HB heads a block), else the
  * prefill form */
-template <bool DEC, int HB>
+template <bool DEC, int HB, bool HL = true>
 static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                   const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
                   float *out, float *scratch, int spt, int partial, cudaStream_t st) {
@@ -650,7 +661,7 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
     const size_t smem = tc_smem(Dh, R, HB);
     static size_t raised = 0;
     if (smem > raised) {
-        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel<DEC, HB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel<DEC, HB, HL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem) != cudaSuccess)
             return dsv4_cuda_fail("attn_kv8_tc: cannot raise shared memory to %zu bytes", smem);
         raised = smem;
@@ -662,7 +673,7 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
         return dsv4_cuda_fail("attn_kv8_tc: %d entries in %d spans need 16-byte aligned scratch", nidx, nspan);
     const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)kv2 & 15);
     const ak_rope ro = {freq, pos};
-    dev_launch(attn_kv8_tc_kernel<DEC, HB>, dim3(T, (H + HB - 1) / HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
+    dev_launch(attn_kv8_tc_kernel<DEC, HB, HL>, dim3(T, (H + HB - 1) / HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
                base, kv2, idx, nidx, sink, scale, out, scratch, spe, nspan, vec, ro);
     if (dsv4_cuda_check_launch("attn_kv8_tc")) return -1;
     if (!partial) return 0;
@@ -670,11 +681,32 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
     return ak_combine_launch(scratch, T, H, Dh, R, nspan, sink, 1.0f / TC_PS, out, ovec, ro, st);
 }
 
+/* Each form's precision: q, p and the rope dims as hi + lo f16 terms (1) or as one f16 term each (0: half the
+ * products; f16 keeps 11 significant bits, more than the bf16 the official model computes attention in). Prefill
+ * passes: one term by default since session 24 (DSV4_CUDA_ATTN_TC_HILO=1 for two; 8K prefill 0.953x); decode steps:
+ * two by default (DSV4_CUDA_ATTN_TC_DEC_HILO=0 for one: ~1 % at batches 1-64, nothing at 256, and every fixture's
+ * decode steps then leave the CPU engine's fp32 noise for bf16-level distances; bench/NOTES.md "Session 24"). Read
+ * once; dsv4_cuda_attn_kv8_tc_hilo for tests. */
+static int tc_hilo[2] = {-1, -1};
+static int tc_hl(int dec) {
+    if (tc_hilo[dec] < 0)
+        tc_hilo[dec] = dsv4_env_int(dec ? "DSV4_CUDA_ATTN_TC_DEC_HILO" : "DSV4_CUDA_ATTN_TC_HILO", dec) != 0;
+    return tc_hilo[dec];
+}
+extern "C" int dsv4_cuda_attn_kv8_tc_hilo(int dec, int on) {
+    dec = dec != 0;
+    if (on != -2) tc_hilo[dec] = on < 0 ? -1 : on != 0;
+    return tc_hl(dec);
+}
+
 extern "C" int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
                                      const float *kv2, const int *idx, int nidx, const float *sink, float scale,
                                      float *out, void *stream) {
-    return tc_run<false, TC_HB>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, NULL, TC_F, 0,
-                  DSV4_STREAM(stream));
+    if (tc_hl(0))
+        return tc_run<false, TC_HB, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, NULL, TC_F, 0,
+                                          DSV4_STREAM(stream));
+    return tc_run<false, TC_HB, false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, NULL, TC_F, 0,
+                                       DSV4_STREAM(stream));
 }
 
 extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
@@ -686,9 +718,13 @@ extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, i
     int spe, nspan;
     tc_spans(nidx, tc_dec_spt(nidx), &spe, &nspan);
     const int h16 = tc_force_mode >= 0 ? tc_force_mode >= 2 : tc_h16(T, H, Dh, R, partial && nspan > 1 ? nspan : 1);
-    if (h16)
-        return tc_run<true, 16>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(nidx),
-                                partial, DSV4_STREAM(stream));
-    return tc_run<true, TC_HB>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, tc_dec_spt(nidx),
-                               partial, DSV4_STREAM(stream));
+    const int sp = tc_dec_spt(nidx);
+    cudaStream_t st = DSV4_STREAM(stream);
+    if (tc_hl(1))
+        return h16 ? tc_run<true, 16, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp, partial, st)
+                   : tc_run<true, TC_HB, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
+                                               partial, st);
+    return h16 ? tc_run<true, 16, false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp, partial, st)
+               : tc_run<true, TC_HB, false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
+                                            partial, st);
 }

@@ -75,13 +75,19 @@ size_t dsv4_cuda_attn_kv8_scratch(int T, int H, int Dh, int nidx);
  * must not change. */
 void dsv4_cuda_attn_kv8_force(int cfg, int mode);
 /* The same attention on tensor cores (attn_kv8_tc.cu): a block per (query, 64 heads) or, for decode steps of few
- * queries, per (query, 64 heads, span of the list). Scores and weights near fp32 (f16 hi + lo terms, fp32 sums), the
- * order fixed by the query's own list (batch invariant), but not dsv4_cuda_attn_kv8's bits. kv2 rows' non-rope dims
- * must be FP8-simulated (as forward_cuda's kv is). Fail when !dsv4_cuda_attn_kv8_tc_fits(H, Dh, R) (R <= 64,
+ * queries, per (query, 64 heads, span of the list). Scores and weights in f16 terms with fp32 sums (hi + lo
+ * terms, near fp32; prefill passes one term by default: below), the order fixed by the query's own list (batch invariant), but not
+ * dsv4_cuda_attn_kv8's bits. kv2 rows' non-rope dims must be FP8-simulated (as forward_cuda's kv is). Fail when !dsv4_cuda_attn_kv8_tc_fits(H, Dh, R) (R <= 64,
  * Dh - R + 64 <= 512, the shared memory).
  * Prefill passes: spans of 1024 entries, no scratch, any T, no rotation of the output. */
 int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                           const int *idx, int nidx, const float *sink, float scale, float *out, void *stream);
+/* The precision of a form (dec 0: prefill passes, dsv4_cuda_attn_kv8_tc; 1: decode steps, dsv4_cuda_attn_kv8_tc_dec):
+ * on 0 q, p and the rope dims as one f16 term each, ~2^-12 relative per operand (the official model computes attention
+ * in bf16, 2^-9), the prefill form's default (DSV4_CUDA_ATTN_TC_HILO); 1 hi + lo terms, near fp32, the decode form's
+ * default (DSV4_CUDA_ATTN_TC_DEC_HILO); -1: back to the environment's choice; -2: unchanged. Returns the mode now in
+ * force. Tests and measurements. */
+int dsv4_cuda_attn_kv8_tc_hilo(int dec, int on);
 /* Decode steps: spans of DSV4_CUDA_ATTN_TC_SPT tiles of 32 entries (default 2; lists under 512 entries
  * DSV4_CUDA_ATTN_TC_SPT_SHORT, default 1; more when the list has more than 32 spans of that size), each span's state folded in order into the total, by the query's block or, up to 32 queries,
  * by a combine kernel over the spans' states in scratch (dsv4_cuda_attn_kv8_tc_scratch floats, 16-byte aligned);

@@ -58,6 +58,7 @@ int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, int T, floa
  * precision) or, for act_bf16 weights, rounded to bf16 (one term). y = W hi, += W mid, += W lo: three cuBLASLt bf16
  * GEMMs accumulating in fp32 (products of bf16 values are exact in fp32), deterministic; x rows ldx values apart, y
  * rows ldy (0: contiguous). Not bitwise the GEMV's, so, like the FP8 GEMM, only for passes that are not decode steps.
+ * With three terms (dsv4_cuda_linear_gemm_split_fp8_terms below; the default is two),
  * FP8 weights whose block exponents fit f16 (w->f16_ok; the release's wo_a) take two f16 terms instead: x / 2^e (the
  * slice's largest |x| in [2^14, 2^15)) as hi + lo (22 bits, the decode GEMV's split for FP8), the weight as f16 values
  * x 2^-f16_shift (exact), y = 2^(e + shift) (W hi) + 2^(e + shift) (W lo): two GEMMs, alpha and beta read by cuBLASLt
@@ -65,6 +66,10 @@ int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, int T, floa
  * Returns 0 done, 1 not applicable (nothing enqueued that matters; run dsv4_cuda_linear), -1 error.
  * Workspace: dsv4_cuda_linear_gemm_split_ws_bytes(T, K, Nd), Nd = the most rows of an FP8 weight (view) it takes. */
 size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd);
+/* x terms for FP8 weights in the split path (DSV4_LINEAR_GEMM_FP8_TERMS): 2 (default) hi + mid, x to ~2^-16; 3 the three
+ * bf16 terms above (and the f16 form where it applies); 1 x rounded to bf16, the official model's wo_a input; 0 back to
+ * the environment's choice. Tests and measurements. */
+void dsv4_cuda_linear_gemm_split_fp8_terms(int n);
 /* Whether the forward takes the split path in prefill (DSV4_LINEAR_GEMM_SPLIT=1 / 0, else the default: off until its
  * end-to-end GPU checks have run). The functions below work either way (the kernel tests call them directly). */
 int dsv4_cuda_linear_gemm_split_enabled(void);

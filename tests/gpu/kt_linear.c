@@ -356,7 +356,8 @@ void test_linear_gemm(const char *tag, int R, int C, int T, int scale_f32, int r
 /* The split GEMM (linear_gemm.h: weights without act quant, x as three bf16 terms, or one for act_bf16) against
  * dsv4_cpu_linear at the GEMV checks' tolerance (1e-4: the three terms hold x to ~2^-24, the products are exact in
  * fp32, the tensor cores accumulate in fp32); x and y as slices of wider rows (ldx, ldy: the wo_a groups) with the gaps
- * of y untouched; a rerun bitwise equal. */
+ * of y untouched; a rerun bitwise equal. FP8 weights without act_bf16: the three-term forms first, then the default
+ * two terms, then one term against the twin on x rounded to bf16 (the same tolerance: only x's rounding differs). */
 void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int row0, int ab, int strided) {
     hweight h = make_weight(fmt, R + row0, C, 0, 0);
     h.w.row0 = row0, h.w.rows = R;
@@ -379,6 +380,8 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
     snprintf(name, sizeof name, "linear gemm split %s %s %dx%d%s T=%d%s%s", tag, dsv4_wfmt_name(fmt), R, C, row0 ? "+view" : "", T,
              ab ? " act:bf16" : "", strided ? " strided" : "");
     const float *dxs = dx + (strided ? C : 0);
+    const int fp8x = fmt == DSV4_WF_FP8 && !ab; /* the x-terms switch applies */
+    if (fp8x) dsv4_cuda_linear_gemm_split_fp8_terms(3);
     int rc = dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL);
     if (rc < 0) op_ok(rc, name);
     if (rc == 1) {
@@ -416,9 +419,36 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
             char n2[200];
             snprintf(n2, sizeof n2, "%s (bf16 form)", name);
             check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
+            /* two bf16 terms (the default for FP8): x to ~2^-16, the same tolerance */
+            dsv4_cuda_linear_gemm_split_fp8_terms(2);
+            op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
+            op_ok(dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL), "split 2 terms");
+            sync_ok();
+            from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
+            for (int t = 0; t < T; t++) memcpy(gs + (size_t)t * R, got2 + (size_t)t * ldy, sizeof(float) * (size_t)R);
+            snprintf(n2, sizeof n2, "%s (two bf16 terms, the default)", name);
+            check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
+            /* one bf16 term: the twin on x rounded to bf16 */
+            dsv4_cuda_linear_gemm_split_fp8_terms(1);
+            round_bf16(xr, (size_t)T * C);
+            dsv4_cpu_linear(&h.w, xr, T, ref);
+            op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
+            op_ok(dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL), "split 1 term");
+            sync_ok();
+            from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
+            gap = 0;
+            for (int t = 0; t < T; t++) {
+                memcpy(gs + (size_t)t * R, got2 + (size_t)t * ldy, sizeof(float) * (size_t)R);
+                for (int64_t i = R; i < ldy; i++) gap += !isnan(got2[(size_t)t * ldy + i]);
+            }
+            snprintf(n2, sizeof n2, "%s (one bf16 term)", name);
+            check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
+            g_checks++, g_fail += gap != 0;
+            printf("%-4s %s: %d gap values written%s\n", gap ? "FAIL" : "ok", n2, gap, gap ? " <<<" : "");
         }
         free(gs);
     }
+    if (fp8x) dsv4_cuda_linear_gemm_split_fp8_terms(0);
     dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_free(ws), dsv4_cuda_weight_free(&dw);
     free(x), free(xr), free(ref), free(got), free(got2), free_hweight(&h);
 }
