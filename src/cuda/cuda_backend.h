@@ -169,6 +169,10 @@ int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const float *freq,
  * 4096 fused, else the three kernels). The decode step's kv row, query heads and compressor entries. */
 int dsv4_cuda_norm_rope_q8(float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
                            const int *pos, int qn, int qb, void *stream);
+/* Tests: how the fused row kernels lay rows on blocks (the same bits either way): 1 two rows a block wherever a row
+ * has at most 128 quads, 0 one a block, -1 the default (two for passes of >= 4096 rows: prefill 8K 0.985x; one below,
+ * where it measured 1.005x at batch 1; DSV4_ROW_PREP2=0 / 1 overrides). */
+void dsv4_cuda_row_prep2(int mode);
 /* [dsv4_cuda_rmsnorm(x, T * H, n, n, w, eps) when norm], dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0),
  * dsv4_cuda_hadamard(x, T * H, n, n) and dsv4_cuda_act_quant_fp4(x, T * H, n, n, 32) in one launch, the same bits
  * (n a power of two up to 4096; rows contiguous). The indexer's queries and compressor entries. */

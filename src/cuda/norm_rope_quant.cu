@@ -224,6 +224,63 @@ __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H
     for (int q = tid; q < nq; q += RMS_NT) r4[q] = sx4[q];
 }
 
+/* row_prep_kernel<1, NORM, POST> for rows of at most RMS_NT / 2 quads (POST 0 or 1), two rows a block: half h of the
+ * block (RMS_NT / 2 threads, warps 4 h ..) takes row 2 blockIdx.x + h as the one-row kernel's first half takes its row
+ * (its other half holds no quad), so the same bits: thread u its quad u, the norm's sum ((p0 + p1) + (p2 + p3)) + 0 of
+ * the half's four warps (rms_sum8 with the idle warps' zeros), the rotation and the quant blocks by the same code. Twice
+ * the quads a block in flight: the 64 query heads of a prefill pass were 262,144 one-row blocks of 128 busy threads
+ * (~680 us a 4096-row pass, 40 % of the copy rate; bench/NOTES.md "Session 24"). */
+template <int NORM, int POST>
+__global__ void __launch_bounds__(RMS_NT) row_prep2_kernel(float *x, int rows, int n, int H, const float *w, float eps,
+                                                           int npairs, const float *freq, const int *pos, int qn, int qb) {
+    static_assert(POST == 0 || POST == 1, "no Hadamard form here");
+    constexpr int HT = RMS_NT / 2;
+    dev_pdl_enter();
+    extern __shared__ float4 sx4x[];
+    __shared__ double part[RMS_NT / 32];
+    const int tid = threadIdx.x, h = tid / HT, u = tid - h * HT, lane = tid & 31, warp = u >> 5, nq = n >> 2;
+    const int64_t r = (int64_t)blockIdx.x * 2 + h;
+    const bool ok = r < rows;
+    const int t = ok ? (int)(r / H) : 0;
+    float4 *sx4 = sx4x + h * nq, *r4 = (float4 *)(x + (ok ? r : 0) * n);
+    float *sx = (float *)sx4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f), wv = v;
+    if (ok && u < nq) {
+        v = r4[u];
+        if (NORM && w) wv = ((const float4 *)w)[u];
+    }
+    float rr = 1.0f;
+    if (NORM) {
+        double ss = 0;
+        if (ok && u < nq) ss = rms_sq4(ss, v);
+        ss = warp_sum_d(ss);
+        if (lane == 0) part[tid >> 5] = ss;
+        __syncthreads();
+        const double *p = part + 4 * h;
+        ss = ((p[0] + p[1]) + (p[2] + p[3])) + 0.0;
+        rr = 1.0f / sqrtf((float)(ss / n) + eps);
+    }
+    if (u < nq) sx4[u] = NORM ? rms_apply4(v, w ? &wv : NULL, rr) : v;
+    __syncthreads();
+    float *p = sx + n - 2 * npairs;
+    if (ok)
+        for (int i = u; i < npairs; i += HT) rope_pair(p[2 * i], p[2 * i + 1], (float)pos[t], freq[i], 0);
+    __syncthreads();
+    if (POST == 1 && qb > 0) {
+        const int nblk = (qn + qb - 1) / qb;
+        for (int bk = warp; bk < nblk; bk += HT / 32) {
+            const int b0 = bk * qb, b1 = b0 + qb < qn ? b0 + qb : qn;
+            float amax = act_amax0<0>();
+            for (int i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(sx[i]));
+            const float s = act_scale<0>(warp_max(amax));
+            for (int i = b0 + lane; i < b1; i += 32) sx[i] = act_q<0>(sx[i], s);
+        }
+        __syncthreads();
+    }
+    if (ok)
+        for (int q = u; q < nq; q += HT) r4[q] = sx4[q];
+}
+
 /* The Hadamard form for short rows, n = 32 E (E = 4, 8, 16; RMSNorm only at E = 4): a warp a row, lane l holding
  * elements l E .. l E + E - 1 (hadamard_warp_kernel's layout, so its butterflies), 8 rows a block. The same bits as
  * row_prep_kernel<., NORM, 2>: the norm's sum is lane l's quad through warp_sum_d, which is rmsnorm_kernel's for
@@ -274,6 +331,19 @@ __global__ void __launch_bounds__(256) rope_hq4_warp_kernel(float *x, int rows, 
     for (int e = 0; e < E; e += 4) row[e / 4] = *(float4 *)&v[e];
 }
 
+/* two rows a block where they fit (row_prep2_kernel: the same bits) for passes of >= 4096 rows (session 24: 8K prefill
+ * 0.985x; at batch 1 the one-row kernel measured 0.995x of it); DSV4_ROW_PREP2=0 / 1 (read once) or
+ * dsv4_cuda_row_prep2: never / always */
+static int row_prep2_mode = -2;
+extern "C" void dsv4_cuda_row_prep2(int mode) { row_prep2_mode = mode == 0 || mode == 1 ? mode : -2; }
+static int row_prep2_on(int rows) {
+    if (row_prep2_mode == -2) {
+        const int e = dsv4_env_int("DSV4_ROW_PREP2", -1);
+        row_prep2_mode = e == 0 || e == 1 ? e : -1;
+    }
+    return row_prep2_mode == 1 || (row_prep2_mode == -1 && rows >= 4096);
+}
+
 template <int NORM, int POST>
 static int row_prep(const char *op, float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
                     const int *pos, int qn, int qb, void *stream) {
@@ -282,7 +352,10 @@ static int row_prep(const char *op, float *x, int T, int H, int n, const float *
     const int vec = n % 4 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15) && smem <= 48 * 1024 - 256 /* + part[] */ &&
                     (POST != 2 || (n & (n - 1)) == 0);
     cudaStream_t st = DSV4_STREAM(stream);
-    if (vec && nq <= RMS_NT) dev_launch(row_prep_kernel<1, NORM, POST>, rows, RMS_NT, smem, st, x, n, H, w, eps, npairs, freq, pos, qn, qb);
+    if (vec && nq <= RMS_NT / 2 && POST != 2 && row_prep2_on(rows))
+        dev_launch(row_prep2_kernel<NORM, POST == 2 ? 0 : POST>, (rows + 1) / 2, RMS_NT, 2 * smem, st, x, rows, n, H, w, eps,
+                   npairs, freq, pos, qn, qb);
+    else if (vec && nq <= RMS_NT) dev_launch(row_prep_kernel<1, NORM, POST>, rows, RMS_NT, smem, st, x, n, H, w, eps, npairs, freq, pos, qn, qb);
     else if (vec && nq <= 4 * RMS_NT) dev_launch(row_prep_kernel<4, NORM, POST>, rows, RMS_NT, smem, st, x, n, H, w, eps, npairs, freq, pos, qn, qb);
     else { /* the separate kernels */
         int rc = NORM ? dsv4_cuda_rmsnorm(x, rows, n, n, w, eps, stream) : 0;

@@ -84,15 +84,29 @@ void test_rope_hq4(int T, int H, int n, int npairs, int norm, int weighted) {
     prep_done(&c, name);
 }
 
-/* the fused norm + rope + FP8 quant == rmsnorm, rope, act_quant_fp8 launched one after the other (bitwise) */
+/* the fused norm + rope + FP8 quant == rmsnorm, rope, act_quant_fp8 launched one after the other (bitwise), with one
+ * row a block and with two (dsv4_cuda_row_prep2; rows of <= 128 quads) */
 void test_norm_rope_q8(int T, int H, int n, int npairs, int weighted, int qn, int qb) {
     prep_case c = prep_new(T, H, n, npairs, weighted);
+    float *d1 = dup_to_dev(c.x, sizeof(float) * c.N);
     op_ok(dsv4_cuda_rmsnorm(c.da, T * H, n, n, c.dw, 1e-6f, NULL), "rmsnorm");
     op_ok(dsv4_cuda_rope(c.da, T, H, n, npairs, c.df, c.dp, 0, NULL), "rope");
     if (qb > 0) op_ok(dsv4_cuda_act_quant_fp8(c.da, T * H, qn, n, qb, NULL), "act_quant_fp8");
+    dsv4_cuda_row_prep2(1);
     op_ok(dsv4_cuda_norm_rope_q8(c.db, T, H, n, c.dw, 1e-6f, npairs, c.df, c.dp, qn, qb, NULL), "norm_rope_q8");
+    dsv4_cuda_row_prep2(0);
+    op_ok(dsv4_cuda_norm_rope_q8(d1, T, H, n, c.dw, 1e-6f, npairs, c.df, c.dp, qn, qb, NULL), "norm_rope_q8 (one row a block)");
+    dsv4_cuda_row_prep2(-1);
     char name[128];
-    snprintf(name, sizeof name, "norm_rope_q8 T=%d H=%d n=%d pairs=%d %s qn=%d qb=%d", T, H, n, npairs, weighted ? "w" : "-", qn, qb);
+    snprintf(name, sizeof name, "norm_rope_q8 T=%d H=%d n=%d pairs=%d %s qn=%d qb=%d one row a block", T, H, n, npairs,
+             weighted ? "w" : "-", qn, qb);
+    float *ref = malloc(sizeof(float) * c.N), *got = malloc(sizeof(float) * c.N);
+    sync_ok();
+    from_dev(ref, c.da, sizeof(float) * c.N), from_dev(got, d1, sizeof(float) * c.N);
+    check_same(name, got, ref, c.N);
+    free(ref), free(got), dsv4_cuda_free(d1);
+    snprintf(name, sizeof name, "norm_rope_q8 T=%d H=%d n=%d pairs=%d %s qn=%d qb=%d%s", T, H, n, npairs, weighted ? "w" : "-",
+             qn, qb, n <= 512 && n % 4 == 0 ? " two rows a block" : "");
     prep_done(&c, name);
 }
 
