@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
             if (HL && d0 >= nope && d0 < nope + TC_LO) {
                 tc_split8(v, hi, lo);
                 *(uint4 *)(Kl + i * TC_LO + tc_sw(i, (d0 - nope) >> 3)) = lo;
-            } else { /* HL false: the rope dims as one f16 term too */ /* FP8 values (exact) */
+            } else { /* FP8 values (exact); without HL the rope dims too, as one f16 term */
                 hi.x = tc_u32(__floats2half2_rn(v[0], v[1])), hi.y = tc_u32(__floats2half2_rn(v[2], v[3]));
                 hi.z = tc_u32(__floats2half2_rn(v[4], v[5])), hi.w = tc_u32(__floats2half2_rn(v[6], v[7]));
             }
