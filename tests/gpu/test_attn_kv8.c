@@ -19,7 +19,7 @@
  *   8. the decode path on tensor cores (dsv4_cuda_attn_kv8_tc_dec, "_tcd"): checks 2 and 3, every launch shape (a
  *      block per span / per query, 64 / 16 heads a block) bitwise equal, the fused inverse RoPE bitwise the kernel then dsv4_cuda_rope; its
  *      timings beside dsv4_cuda_attn_kv8's in 6, and both at long lists (2048 .. 8320 entries) at T 1 and 8.
- * 7 and 8 run each case twice on the same inputs: with hi + lo f16 terms at the bar of 2, and with one f16 term (the
+ * 7 and 8 run each case twice on the same inputs: with hi + lo f16 terms at check 2's double bar, and with one f16 term (the
  * default) at the distances of the official model's bf16 arithmetic (attn_ref_bf16) from the double evaluation and
  * the twin.
  * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8 [--no-bench] [--only-tc | --only-dec]   (scripts/gpu_test.sh runs it)
