@@ -721,10 +721,12 @@ extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, i
     const int sp = tc_dec_spt(nidx);
     cudaStream_t st = DSV4_STREAM(stream);
     if (tc_hl(1))
-        return h16 ? tc_run<true, 16, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp, partial, st)
+        return h16 ? tc_run<true, 16, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
+                                            partial, st)
                    : tc_run<true, TC_HB, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
                                                partial, st);
-    return h16 ? tc_run<true, 16, false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp, partial, st)
+    return h16 ? tc_run<true, 16, false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
+                                         partial, st)
                : tc_run<true, TC_HB, false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
                                             partial, st);
 }

@@ -75,10 +75,10 @@ size_t dsv4_cuda_attn_kv8_scratch(int T, int H, int Dh, int nidx);
  * must not change. */
 void dsv4_cuda_attn_kv8_force(int cfg, int mode);
 /* The same attention on tensor cores (attn_kv8_tc.cu): a block per (query, 64 heads) or, for decode steps of few
- * queries, per (query, 64 heads, span of the list). Scores and weights in f16 terms with fp32 sums (hi + lo
- * terms, near fp32; prefill passes one term by default: below), the order fixed by the query's own list (batch invariant), but not
- * dsv4_cuda_attn_kv8's bits. kv2 rows' non-rope dims must be FP8-simulated (as forward_cuda's kv is). Fail when !dsv4_cuda_attn_kv8_tc_fits(H, Dh, R) (R <= 64,
- * Dh - R + 64 <= 512, the shared memory).
+ * queries, per (query, 64 heads, span of the list). Scores and weights in f16 terms with fp32 sums (hi + lo terms,
+ * near fp32; prefill passes one term by default: below), the order fixed by the query's own list (batch invariant),
+ * but not dsv4_cuda_attn_kv8's bits. kv2 rows' non-rope dims must be FP8-simulated (as forward_cuda's kv is). Fail
+ * when !dsv4_cuda_attn_kv8_tc_fits(H, Dh, R) (R <= 64, Dh - R + 64 <= 512, the shared memory).
  * Prefill passes: spans of 1024 entries, no scratch, any T, no rotation of the output. */
 int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                           const int *idx, int nidx, const float *sink, float scale, float *out, void *stream);

@@ -375,7 +375,8 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
            var ? ", a query alone differs from in the batch" : "", shape_diff, shapes, rope_diff, rope_shapes);
     fails += f;
     for (int s = 0; s < NS; s++) free(rows[s]), dsv4_cuda_free(dcache[s]);
-    free(kv2), free(q), free(sink), free(idx), free(seq), free(base), free(got), free(got2), free(ref), free(twin), free(old), free(refb);
+    free(kv2), free(q), free(sink), free(idx), free(seq), free(base), free(got), free(got2), free(ref), free(twin), free(old);
+    free(refb);
     dsv4_cuda_free(dq), dsv4_cuda_free(dsink), dsv4_cuda_free(dkv2), dsv4_cuda_free(didx), dsv4_cuda_free(dbase);
     dsv4_cuda_free(dout), dsv4_cuda_free(dscr);
 }
