@@ -70,6 +70,9 @@ size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd);
  * bf16 terms above (and the f16 form where it applies); 1 x rounded to bf16, the official model's wo_a input; 0 back to
  * the environment's choice. Tests and measurements. */
 void dsv4_cuda_linear_gemm_split_fp8_terms(int n);
+/* the same for BF16 weights without act_bf16 (DSV4_LINEAR_GEMM_BF16_TERMS): 3 (default), 2 or 1; 0 back to the
+ * environment's choice */
+void dsv4_cuda_linear_gemm_split_bf16_terms(int n);
 /* Whether the forward takes the split path in prefill (DSV4_LINEAR_GEMM_SPLIT=1 / 0, else the default: off until its
  * end-to-end GPU checks have run). The functions below work either way (the kernel tests call them directly). */
 int dsv4_cuda_linear_gemm_split_enabled(void);

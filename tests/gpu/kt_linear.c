@@ -446,6 +446,18 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
             g_checks++, g_fail += gap != 0;
             printf("%-4s %s: %d gap values written%s\n", gap ? "FAIL" : "ok", n2, gap, gap ? " <<<" : "");
         }
+        if (fmt == DSV4_WF_BF16 && !ab) { /* BF16 weights in two bf16 terms (opt-in): x to ~2^-16, the same tolerance */
+            dsv4_cuda_linear_gemm_split_bf16_terms(2);
+            op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
+            op_ok(dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL), "split bf16 2 terms");
+            dsv4_cuda_linear_gemm_split_bf16_terms(0);
+            sync_ok();
+            from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
+            for (int t = 0; t < T; t++) memcpy(gs + (size_t)t * R, got2 + (size_t)t * ldy, sizeof(float) * (size_t)R);
+            char n2[200];
+            snprintf(n2, sizeof n2, "%s (two bf16 terms)", name);
+            check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
+        }
         free(gs);
     }
     if (fp8x) dsv4_cuda_linear_gemm_split_fp8_terms(0);
