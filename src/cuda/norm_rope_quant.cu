@@ -165,6 +165,19 @@ extern "C" int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const f
  * bits in one launch; the row staged in shared memory between the steps (then n doubles for the butterflies). Row r is
  * token r / H's head r % H. POST: 0 none, 1 FP8 (qn, qb), 2 Hadamard + FP4. ---- */
 
+/* a staged row's first qn values, FP8-quantized in blocks of qb as act_quant_kernel<0> does: block bk by warp bk mod nw
+ * (its maximum by warp_max: any order) */
+__device__ __forceinline__ void row_q8(float *sx, int qn, int qb, int warp, int lane, int nw) {
+    const int nblk = (qn + qb - 1) / qb;
+    for (int bk = warp; bk < nblk; bk += nw) {
+        const int b0 = bk * qb, b1 = b0 + qb < qn ? b0 + qb : qn;
+        float amax = act_amax0<0>();
+        for (int i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(sx[i]));
+        const float s = act_scale<0>(warp_max(amax));
+        for (int i = b0 + lane; i < b1; i += 32) sx[i] = act_q<0>(sx[i], s);
+    }
+}
+
 template <int RQ, int NORM, int POST>
 __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H, const float *w, float eps, int npairs,
                                                           const float *freq, const int *pos, int qn, int qb) {
@@ -194,14 +207,7 @@ __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H
     for (int i = tid; i < npairs; i += RMS_NT) rope_pair(p[2 * i], p[2 * i + 1], (float)pos[t], freq[i], 0);
     __syncthreads();
     if (POST == 1 && qb > 0) {
-        const int nblk = (qn + qb - 1) / qb;
-        for (int bk = warp; bk < nblk; bk += RMS_NT / 32) {
-            const int b0 = bk * qb, b1 = b0 + qb < qn ? b0 + qb : qn;
-            float amax = act_amax0<0>();
-            for (int i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(sx[i]));
-            const float s = act_scale<0>(warp_max(amax));
-            for (int i = b0 + lane; i < b1; i += 32) sx[i] = act_q<0>(sx[i], s);
-        }
+        row_q8(sx, qn, qb, warp, lane, RMS_NT / 32);
         __syncthreads();
     }
     if (POST == 2) { /* hadamard_kernel's butterflies in double, then act_quant_kernel<1> in blocks of 32 */
@@ -267,14 +273,7 @@ __global__ void __launch_bounds__(RMS_NT) row_prep2_kernel(float *x, int rows, i
         for (int i = u; i < npairs; i += HT) rope_pair(p[2 * i], p[2 * i + 1], (float)pos[t], freq[i], 0);
     __syncthreads();
     if (POST == 1 && qb > 0) {
-        const int nblk = (qn + qb - 1) / qb;
-        for (int bk = warp; bk < nblk; bk += HT / 32) {
-            const int b0 = bk * qb, b1 = b0 + qb < qn ? b0 + qb : qn;
-            float amax = act_amax0<0>();
-            for (int i = b0 + lane; i < b1; i += 32) amax = fmaxf(amax, fabsf(sx[i]));
-            const float s = act_scale<0>(warp_max(amax));
-            for (int i = b0 + lane; i < b1; i += 32) sx[i] = act_q<0>(sx[i], s);
-        }
+        row_q8(sx, qn, qb, warp, lane, HT / 32);
         __syncthreads();
     }
     if (ok)
