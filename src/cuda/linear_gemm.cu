@@ -495,32 +495,24 @@ extern "C" int dsv4_cuda_linear_gemm_split_fits(const dsv4_cuda_weight *w, int T
  * the official model has it (o is bf16 there, spec 6 step 9): a third of the products, 8K prefill 0.94x, but the GPU
  * moves measurably further from the CPU engine on the unseen models (bench/NOTES.md "Session 24"). BF16 weights keep
  * three terms by default (the router's gate and the compressors are fp32 matmuls in the reference; below). */
-static int lg_fp8_terms = 0;
-extern "C" void dsv4_cuda_linear_gemm_split_fp8_terms(int n) { lg_fp8_terms = n >= 1 && n <= 3 ? n : 0; }
-static int lg_fp8_nt(void) {
-    if (!lg_fp8_terms) {
-        const int n = dsv4_env_int("DSV4_LINEAR_GEMM_FP8_TERMS", 2);
-        lg_fp8_terms = n >= 1 && n <= 3 ? n : 2;
+static int lg_terms[2]; /* [0] FP8, [1] BF16 weights; 0: not read yet */
+static int lg_nt(int bf16) {
+    if (!lg_terms[bf16]) {
+        const int n = dsv4_env_int(bf16 ? "DSV4_LINEAR_GEMM_BF16_TERMS" : "DSV4_LINEAR_GEMM_FP8_TERMS", bf16 ? 3 : 2);
+        lg_terms[bf16] = n >= 1 && n <= 3 ? n : bf16 ? 3 : 2;
     }
-    return lg_fp8_terms;
+    return lg_terms[bf16];
 }
+extern "C" void dsv4_cuda_linear_gemm_split_fp8_terms(int n) { lg_terms[0] = n >= 1 && n <= 3 ? n : 0; }
 /* the same for BF16 weights without act_bf16 (the compressors' and indexer's projections, the gate in prefill):
  * DSV4_LINEAR_GEMM_BF16_TERMS, default 3; 2 is an experiment (not yet measured: ~1 % of the 8K prefill is at stake,
  * bench/NOTES.md "Session 24") */
-static int lg_bf16_terms = 0;
-extern "C" void dsv4_cuda_linear_gemm_split_bf16_terms(int n) { lg_bf16_terms = n >= 1 && n <= 3 ? n : 0; }
-static int lg_bf16_nt(void) {
-    if (!lg_bf16_terms) {
-        const int n = dsv4_env_int("DSV4_LINEAR_GEMM_BF16_TERMS", 3);
-        lg_bf16_terms = n >= 1 && n <= 3 ? n : 3;
-    }
-    return lg_bf16_terms;
-}
+extern "C" void dsv4_cuda_linear_gemm_split_bf16_terms(int n) { lg_terms[1] = n >= 1 && n <= 3 ? n : 0; }
 
 extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
                                            void *ws, size_t ws_bytes, void *stream) {
     if (!dsv4_cuda_linear_gemm_split_fits(w, T)) return 1;
-    const int K = w->cols, N = w->rows, fp8 = w->fmt == DSV4_WF_FP8, nt = w->act_bf16 ? 1 : fp8 ? lg_fp8_nt() : lg_bf16_nt();
+    const int K = w->cols, N = w->rows, fp8 = w->fmt == DSV4_WF_FP8, nt = w->act_bf16 ? 1 : lg_nt(!fp8);
     if (!ldx) ldx = K;
     if (!ldy) ldy = N;
     if (!x || !y || ldx < K || ldy < N || (ldy & 3) || ((uintptr_t)y & 15)) return 1;
