@@ -92,16 +92,21 @@ static void test_pack(int Dh, int R, int n) {
     dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_free(dc);
 }
 
-/* the twin's math in double: exact scores, softmax with the sink, weighted sum */
-static void attn_ref_double(const float *q, int H, int Dh, const float *const *kv, int n, const float *sink, float scale,
-                            float *out) {
+static double bf(double v) { return dsv4_bf16_to_f32(dsv4_f32_to_bf16((float)v)); }
+static double id(double v) { return v; }
+/* The twin's math in double (r = id: exact scores, softmax with the sink, weighted sum), or as the official model runs
+ * it in bf16 (r = bf: spec 7.1, q and the kv rows bf16, fp32 scores and softmax, the weights bf16 into the weighted
+ * sum, o bf16) in double otherwise: the bar of the single-term tensor-core forms (no further from the double evaluation
+ * than this) */
+static void attn_ref_r(const float *q, int H, int Dh, const float *const *kv, int n, const float *sink, float scale,
+                       float *out, double (*r)(double)) {
     double *s = malloc(sizeof(double) * (size_t)(n ? n : 1)), *o = malloc(sizeof(double) * (size_t)Dh);
     for (int h = 0; h < H; h++) {
         const float *qh = q + (size_t)h * Dh;
         double mx = -INFINITY, den = 0;
         for (int t = 0; t < n; t++) {
             double a = 0;
-            for (int d = 0; d < Dh; d++) a += (double)qh[d] * kv[t][d];
+            for (int d = 0; d < Dh; d++) a += r(qh[d]) * r(kv[t][d]);
             s[t] = a * scale;
             if (s[t] > mx) mx = s[t];
         }
@@ -110,39 +115,19 @@ static void attn_ref_double(const float *q, int H, int Dh, const float *const *k
             for (int t = 0; t < n; t++) den += (s[t] = exp(s[t] - mx));
             den += exp((double)sink[h] - mx);
             for (int t = 0; t < n; t++)
-                for (int d = 0; d < Dh; d++) o[d] += s[t] / den * kv[t][d];
+                for (int d = 0; d < Dh; d++) o[d] += r == id ? s[t] / den * kv[t][d] : r(s[t]) * r(kv[t][d]);
         }
-        for (int d = 0; d < Dh; d++) out[(size_t)h * Dh + d] = (float)o[d];
+        for (int d = 0; d < Dh; d++) out[(size_t)h * Dh + d] = r == id ? (float)o[d] : n ? (float)r(o[d] / den) : 0.0f;
     }
     free(s), free(o);
 }
-
-static double bf(double v) { return dsv4_bf16_to_f32(dsv4_f32_to_bf16((float)v)); }
-/* The same math as the official model runs it in bf16 (spec 7.1: q and the kv rows bf16, fp32 scores and softmax, the
- * weights bf16 into the weighted sum, o bf16), in double otherwise: the bar of the single-term tensor-core forms (no
- * further from attn_ref_double than this) */
+static void attn_ref_double(const float *q, int H, int Dh, const float *const *kv, int n, const float *sink, float scale,
+                            float *out) {
+    attn_ref_r(q, H, Dh, kv, n, sink, scale, out, id);
+}
 static void attn_ref_bf16(const float *q, int H, int Dh, const float *const *kv, int n, const float *sink, float scale,
                           float *out) {
-    double *s = malloc(sizeof(double) * (size_t)(n ? n : 1)), *o = malloc(sizeof(double) * (size_t)Dh);
-    for (int h = 0; h < H; h++) {
-        const float *qh = q + (size_t)h * Dh;
-        double mx = -INFINITY, den = 0;
-        for (int t = 0; t < n; t++) {
-            double a = 0;
-            for (int d = 0; d < Dh; d++) a += bf(qh[d]) * bf(kv[t][d]);
-            s[t] = a * scale;
-            if (s[t] > mx) mx = s[t];
-        }
-        for (int d = 0; d < Dh; d++) o[d] = 0;
-        if (n) {
-            for (int t = 0; t < n; t++) den += (s[t] = exp(s[t] - mx));
-            den += exp((double)sink[h] - mx);
-            for (int t = 0; t < n; t++)
-                for (int d = 0; d < Dh; d++) o[d] += bf(s[t]) * bf(kv[t][d]);
-        }
-        for (int d = 0; d < Dh; d++) out[(size_t)h * Dh + d] = n ? (float)bf(o[d] / den) : 0.0f;
-    }
-    free(s), free(o);
+    attn_ref_r(q, H, Dh, kv, n, sink, scale, out, bf);
 }
 
 /* ||got - ref|| / ||ref|| */
