@@ -358,6 +358,26 @@ void test_linear_gemm(const char *tag, int R, int C, int T, int scale_f32, int r
  * fp32, the tensor cores accumulate in fp32); x and y as slices of wider rows (ldx, ldy: the wo_a groups) with the gaps
  * of y untouched; a rerun bitwise equal. FP8 weights without act_bf16: the three-term forms first, then the default
  * two terms, then one term against the twin on x rounded to bf16 (the same tolerance: only x's rounding differs). */
+/* one more form of the split GEMM on the same x (as the switches now select it) against ref at the GEMV checks'
+ * tolerance, y's gaps untouched; host: T x ldy floats, gs: T x R */
+static void split_variant(const char *name, const char *form, const dsv4_cuda_weight *dw, const float *dxs, int64_t ldx,
+                          int T, int R, float *dy, int64_t ldy, void *ws, size_t wsb, float *host, float *gs, const float *ref) {
+    char n2[200];
+    snprintf(n2, sizeof n2, "%s (%s)", name, form);
+    op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
+    op_ok(dsv4_cuda_linear_gemm_split(dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL), n2);
+    sync_ok();
+    from_dev(host, dy, sizeof(float) * (size_t)T * ldy);
+    int gap = 0;
+    for (int t = 0; t < T; t++) {
+        memcpy(gs + (size_t)t * R, host + (size_t)t * ldy, sizeof(float) * (size_t)R);
+        for (int64_t i = R; i < ldy; i++) gap += !isnan(host[(size_t)t * ldy + i]);
+    }
+    check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
+    g_checks++, g_fail += gap != 0;
+    printf("%-4s %s: %d gap values written%s\n", gap ? "FAIL" : "ok", n2, gap, gap ? " <<<" : "");
+}
+
 void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int row0, int ab, int strided) {
     hweight h = make_weight(fmt, R + row0, C, 0, 0);
     h.w.row0 = row0, h.w.rows = R;
@@ -411,52 +431,18 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
                    f16 ? "" : " <<<");
             dsv4_cuda_weight d2 = dw;
             d2.f16_ok = 0;
-            op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
-            op_ok(dsv4_cuda_linear_gemm_split(&d2, dxs, ldx, T, dy, ldy, ws, wsb, NULL), "split bf16");
-            sync_ok();
-            from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
-            for (int t = 0; t < T; t++) memcpy(gs + (size_t)t * R, got2 + (size_t)t * ldy, sizeof(float) * (size_t)R);
-            char n2[200];
-            snprintf(n2, sizeof n2, "%s (bf16 form)", name);
-            check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
-            /* two bf16 terms (the default for FP8): x to ~2^-16, the same tolerance */
-            dsv4_cuda_linear_gemm_split_fp8_terms(2);
-            op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
-            op_ok(dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL), "split 2 terms");
-            sync_ok();
-            from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
-            for (int t = 0; t < T; t++) memcpy(gs + (size_t)t * R, got2 + (size_t)t * ldy, sizeof(float) * (size_t)R);
-            snprintf(n2, sizeof n2, "%s (two bf16 terms, the default)", name);
-            check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
-            /* one bf16 term: the twin on x rounded to bf16 */
-            dsv4_cuda_linear_gemm_split_fp8_terms(1);
+            split_variant(name, "bf16 form", &d2, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, gs, ref);
+            dsv4_cuda_linear_gemm_split_fp8_terms(2); /* two bf16 terms (the default for FP8): x to ~2^-16 */
+            split_variant(name, "two bf16 terms, the default", &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, gs, ref);
+            dsv4_cuda_linear_gemm_split_fp8_terms(1); /* one bf16 term: the twin on x rounded to bf16 */
             round_bf16(xr, (size_t)T * C);
             dsv4_cpu_linear(&h.w, xr, T, ref);
-            op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
-            op_ok(dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL), "split 1 term");
-            sync_ok();
-            from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
-            gap = 0;
-            for (int t = 0; t < T; t++) {
-                memcpy(gs + (size_t)t * R, got2 + (size_t)t * ldy, sizeof(float) * (size_t)R);
-                for (int64_t i = R; i < ldy; i++) gap += !isnan(got2[(size_t)t * ldy + i]);
-            }
-            snprintf(n2, sizeof n2, "%s (one bf16 term)", name);
-            check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
-            g_checks++, g_fail += gap != 0;
-            printf("%-4s %s: %d gap values written%s\n", gap ? "FAIL" : "ok", n2, gap, gap ? " <<<" : "");
+            split_variant(name, "one bf16 term", &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, gs, ref);
         }
-        if (fmt == DSV4_WF_BF16 && !ab) { /* BF16 weights in two bf16 terms (opt-in): x to ~2^-16, the same tolerance */
+        if (fmt == DSV4_WF_BF16 && !ab) { /* BF16 weights in two bf16 terms (opt-in): x to ~2^-16 */
             dsv4_cuda_linear_gemm_split_bf16_terms(2);
-            op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
-            op_ok(dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL), "split bf16 2 terms");
+            split_variant(name, "two bf16 terms", &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, gs, ref);
             dsv4_cuda_linear_gemm_split_bf16_terms(0);
-            sync_ok();
-            from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
-            for (int t = 0; t < T; t++) memcpy(gs + (size_t)t * R, got2 + (size_t)t * ldy, sizeof(float) * (size_t)R);
-            char n2[200];
-            snprintf(n2, sizeof n2, "%s (two bf16 terms)", name);
-            check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
         }
         free(gs);
     }
