@@ -253,6 +253,12 @@ int dsv4_cuda_moe_route(const float *logits, int T, int E, int K, const float *b
  * first holds x's FP8 codes and h is replaced by its codes in place before the down projection. */
 int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,
                           float lim, float *h, float *y, void *stream);
+/* The same for a pass that is not a decode step (a prefill pass): MXFP4 experts with the FP8 act quant and enough
+ * tokens an expert on the BF16 tensor-core kernels of moe_tc.h's dsv4_moe_pfb_run (exact products, other bits than a
+ * decode step's, each token's outputs still independent of the others in the pass), else dsv4_cuda_moe_experts.
+ * 1 when the BF16 kernels ran, 0 when the others did, -1 on an error. */
+int dsv4_cuda_moe_experts_pass(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,
+                               float lim, float *h, float *y, void *stream);
 /* For comparisons in tests and benchmarks; 0 (default): the tensor-core kernel wherever the format allows. Bits:
  * 1 every expert product through the CUDA-core kernel (the one before the tensor-core kernel); tensor-core
  * kernel with 2 an integer MXFP4 decode instead of the e4m3 convert, 4 an L2 prefetch of the weights, 8 without

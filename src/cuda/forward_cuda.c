@@ -535,7 +535,10 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     for (int g0 = 0; g0 < T; g0 += gsz) {
         int tg = T - g0 < gsz ? T - g0 : gsz;
         if (ng > 1) CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
-        CK(dsv4_cuda_moe_experts(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
+        if (w->gemm) /* a pass: the prefill kernels where they take it */
+            CK(dsv4_cuda_moe_experts_pass(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st) < 0);
+        else
+            CK(dsv4_cuda_moe_experts(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
         if (fork && g0 == 0) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the shared expert's y, for the combine */
         if (defer) {
             *po = (dsv4_cuda_hc_f){out, w->ys, w->plan.tslot, K, ly->has_shared ? w->ye : NULL};

@@ -457,6 +457,15 @@ extern "C" int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x
     return mx_launch(0, ex->fmt2, ex->vec2, ex->w2, NULL, ex->D, ex->I, h, T, maxslots, p, 0.0f, y, st);
 }
 
+extern "C" int dsv4_cuda_moe_experts_pass(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,
+                                          float lim, float *h, float *y, void *stream) {
+    if (T > 0 && K > 0 && ex->w1 && !mx_cuda_cores) {
+        const int r = dsv4_moe_pfb_run(ex, x, T, K, ex->E < T * K ? ex->E : T * K, p, lim, h, y, DSV4_STREAM(stream));
+        if (r) return r < 0 ? -1 : 1;
+    }
+    return dsv4_cuda_moe_experts(ex, x, T, K, p, lim, h, y, stream);
+}
+
 /* ---- 3. combine ---- */
 
 /* the token's slots and then their values are loaded 8 at a time, all in flight, then added in order */

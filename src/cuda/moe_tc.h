@@ -45,4 +45,12 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                     const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out,
                     float *scratch, int pre, cudaStream_t st);
 
+/* The routed experts of a prefill pass on BF16 tensor cores (moe_bf16.cuh: exact products, fp32 sums over all the
+ * columns; not the decode kernels' bits, so never for a decode step): MXFP4 experts with the FP8 act quant, D and I
+ * multiples of 256, and on average DSV4_MOE_PFB_AVG (default 32) or more tokens an expert (the x image lives in y, h's
+ * in h). 1 when it ran (h and y as dsv4_cuda_moe_experts leaves them for the combine: y [slots, D]), 0 when the pass
+ * does not qualify (DSV4_MOE_PFB=0: never), -1 on a launch error. */
+int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim,
+                     float *h, float *y, cudaStream_t st);
+
 #endif

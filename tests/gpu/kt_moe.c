@@ -613,3 +613,114 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     free(d1), free(d3), free(d2), free(h1w), free(h3w), free(h2w), free(sel), free(sid), free(w), free(x), free(hg), free(hr);
     free(yg), free(yr), free(o1), free(u);
 }
+
+/* moe_bf16.cuh's image order (its mb_logical / mb_off): where column col of slot j (of an active expert with cnt slots,
+ * image rows from base) lies in an image of rows of C bf16 */
+static size_t pfb_pos(size_t base, int j, int cnt, int col, int C) {
+    const int ch = j >> 6, t = j & 63, rest = cnt - 64 * ch, ng = ((rest < 64 ? rest : 64) + 7) >> 3, u = col / 128, p = col % 128;
+    const int c = p >> 5, n = p & 31, L = 16 * (2 * (n >> 3) + ((n >> 1) & 1)) + 8 * (n & 1) + 2 * c + ((n >> 2) & 1);
+    const size_t off = ((size_t)((L >> 4) * ng + (t >> 3)) * 2 + ((L >> 3) & 1)) * 128 + (size_t)(t & 7) * 16 + (size_t)(L & 7) * 2;
+    return (base + (size_t)64 * ch) * C * 2 + (size_t)u * ng * 2048 + off;
+}
+
+/* The prefill pass's experts on BF16 tensor cores (dsv4_cuda_moe_experts_pass, moe_bf16.cuh; exact products, fp32 sums)
+ * against the CPU backend, every `stride`-th slot: h (its image: the act-quantized values) against the CPU's SwiGLU of
+ * dsv4_cpu_linear, act-quantized (dsv4_act_quant_fp8): equal but for values whose fp32 sums straddle an e4m3 rounding
+ * boundary (one step, a few in a thousand at most); y against dsv4_cpu_linear of the device's own h (the same exact
+ * products in another fp32 order: 3e-5 of the rms). big: some scales of expert 0 above 2^1 (the second factor). Then
+ * a token's rows do not depend on the others in the pass: the first T2 tokens alone, bitwise. */
+void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2) {
+    const float lim = 10.0f;
+    dsv4_cuda_weight *d1 = malloc(sizeof(dsv4_cuda_weight) * E), *d3 = malloc(sizeof(dsv4_cuda_weight) * E),
+                     *d2 = malloc(sizeof(dsv4_cuda_weight) * E);
+    hweight *h1w = malloc(sizeof(hweight) * E), *h3w = malloc(sizeof(hweight) * E), *h2w = malloc(sizeof(hweight) * E);
+    for (int e = 0; e < E; e++) {
+        h1w[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1), h3w[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1);
+        h2w[e] = make_weight(DSV4_WF_MXFP4, D, I, 0, 1);
+        if (big && e == 0)
+            for (size_t i = 0; i < h1w[e].scale_b; i += 3) h1w[e].scale[i] = (uint8_t)(126 + i % 9), h2w[e].scale[i % h2w[e].scale_b] = 131;
+        op_ok(dsv4_cuda_weight_upload(&h1w[e].w, &d1[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&h3w[e].w, &d3[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&h2w[e].w, &d2[e]), "upload");
+    }
+    dsv4_cuda_experts ex;
+    op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
+    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
+    float *w = malloc(sizeof(float) * (size_t)T * K), *x = randn((size_t)T * D, 1.0f);
+    rand_picks(T, K, E, sel, w, sid);
+    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
+    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K), *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D),
+          *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D),
+          *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    uint16_t *himg = malloc(sizeof(float) * (size_t)T * K * I);
+    float *yg = malloc(sizeof(float) * (size_t)T * K * D), *o1 = malloc(sizeof(float) * (size_t)T * D),
+          *o2 = malloc(sizeof(float) * (size_t)T * D);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    hplan r = hplan_new(T, K, E);
+    group_ref(sel, w, sid, T, K, E, &r);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+    const int took = dsv4_cuda_moe_experts_pass(&ex, dx, T, K, &dp, lim, dh, dy, NULL);
+    op_ok(took < 0, "moe_experts_pass");
+    sync_ok();
+    from_dev(himg, dh, sizeof(float) * (size_t)T * K * I);
+    from_dev(yg, dy, sizeof(float) * (size_t)T * K * D);
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
+    sync_ok();
+    from_dev(o1, dout, sizeof(float) * (size_t)T * D);
+    char name[160];
+    snprintf(name, sizeof name, "moe_experts bf16 prefill T=%d K=%d E=%d D=%d I=%d%s", T, K, E, D, I, big ? " big scales" : "");
+    g_checks++;
+    if (took != 1) g_fail++;
+    printf("%-4s %s: the BF16 prefill kernels ran%s\n", took == 1 ? "ok" : "FAIL", name, took == 1 ? "" : " <<<");
+    /* every stride-th slot of each expert against the CPU */
+    size_t nmax = (size_t)T * K / stride + E + 1, nh = 0;
+    float *hq = malloc(sizeof(float) * nmax * I), *hr = malloc(sizeof(float) * nmax * I), *u = malloc(sizeof(float) * I);
+    float *ys = malloc(sizeof(float) * nmax * D), *yr = malloc(sizeof(float) * nmax * D);
+    for (int a = 0; a < r.nact; a++)
+        for (int j = 0; j < r.act_cnt[a]; j += stride) {
+            const int e = r.act_e[a], sl = r.act_off[a] + j;
+            float *hc = hr + nh * I, *hg = hq + nh * I;
+            dsv4_cpu_linear(&h1w[e].w, x + (size_t)r.rows[sl] * D, 1, hc);
+            dsv4_cpu_linear(&h3w[e].w, x + (size_t)r.rows[sl] * D, 1, u);
+            swiglu_ref(hc, u, I, lim, r.rw[sl]);
+            dsv4_act_quant_fp8(hc, I, 128);
+            for (int col = 0; col < I; col++) {
+                const size_t pos = pfb_pos((size_t)r.act_off[a] + 8 * (size_t)a, j, r.act_cnt[a], col, I);
+                const uint32_t b = (uint32_t)himg[pos / 2] << 16;
+                memcpy(hg + col, &b, 4);
+            }
+            dsv4_cpu_linear(&h2w[e].w, hg, 1, yr + nh * D);
+            memcpy(ys + nh * D, yg + (size_t)sl * D, sizeof(float) * D);
+            nh++;
+        }
+    size_t ndiff = 0, nfar = 0;
+    for (size_t i = 0; i < nh * I; i++)
+        if (hq[i] != hr[i]) ndiff++, nfar += !(fabsf(hq[i] - hr[i]) <= 0.13f * fabsf(hr[i]));
+    g_checks++;
+    const int hok = nfar == 0 && ndiff <= 2 + nh * I / 1000;
+    if (!hok) g_fail++;
+    printf("%-4s %s h (act-quantized) vs CPU: %zu of %zu differ by one e4m3 step, %zu by more%s\n", hok ? "ok" : "FAIL", name, ndiff - nfar,
+           nh * I, nfar, hok ? "" : " <<<");
+    snprintf(name, sizeof name, "moe bf16 prefill T=%d E=%d D=%d I=%d%s y (own h) vs CPU", T, E, D, I, big ? " big" : "");
+    check(name, ys, yr, nh * D, 3e-5 * rms(yr, nh * D), 0);
+    /* the first T2 tokens alone in a pass */
+    int *dsid2 = dup_to_dev(sid, sizeof(int) * T2);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid2, T2, K, E, &dp, NULL), "moe_group");
+    const int took2 = dsv4_cuda_moe_experts_pass(&ex, dx, T2, K, &dp, lim, dh, dy, NULL);
+    op_ok(took2 < 0, "moe_experts_pass");
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T2, K, D, NULL, dout, NULL), "moe_combine");
+    sync_ok();
+    from_dev(o2, dout, sizeof(float) * (size_t)T2 * D);
+    snprintf(name, sizeof name, "moe bf16 prefill first %d of %d tokens alone%s", T2, T, took2 == 1 ? "" : " (NOT the bf16 path)");
+    check_same(name, o2, o1, (size_t)T2 * D);
+    dsv4_cuda_free(dsid2);
+    dsv4_cuda_experts_free(&ex);
+    for (int e = 0; e < E; e++) {
+        dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
+        free_hweight(&h1w[e]), free_hweight(&h3w[e]), free_hweight(&h2w[e]);
+    }
+    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
+    dsv4_cuda_free(dout), dplan_free(&dp), hplan_free(&r);
+    free(d1), free(d3), free(d2), free(h1w), free(h3w), free(h2w), free(sel), free(sid), free(w), free(x), free(himg), free(yg);
+    free(o1), free(o2), free(hq), free(hr), free(u), free(ys), free(yr);
+}

@@ -11,11 +11,11 @@
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|topk]   (--only linear: the linear checks and timings
+ * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|pfb|topk]   (--only linear: the linear checks and timings
  * alone; --only gemm: those of the FP8 prefill GEMM alone; --only multi: those of the grouped linears, and the single ones
  * they replace; --only mt: those of the multi-token GEMM, timed against the GEMV at Flash's shapes; --only hc: those of
  * mHC pre / post / head; --only moe: the MoE grouping / expert / combine checks and the
- * experts' timings; --only moebench: the experts' timings alone; --only topk: the indexer top-k's checks and times) */
+ * experts' timings; --only moebench: the experts' timings alone; --only pfb: the BF16 prefill experts' checks; --only topk: the indexer top-k's checks and times) */
 #include "kt.h"
 
 int main(int argc, char **argv) {
@@ -31,6 +31,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "hc")) only_hc = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moe")) only_moe = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moebench")) only_moe = 2, i++;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pfb")) only_moe = 3, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "topk")) only_topk = 1, i++;
     }
     dsv4_cuda_info info;
@@ -47,6 +48,7 @@ int main(int argc, char **argv) {
     if (only_multi) goto multi_checks;
     if (only_mt) goto mt_checks;
     if (only_moe == 2) goto checks_done; /* the MoE bench alone (bench/ncu runs) */
+    if (only_moe == 3) goto pfb_checks; /* the BF16 prefill experts alone */
     if (only_moe) goto moe_checks;
     if (only_topk) goto topk_checks;
     /* linear: every format, decode (GEMV, 16-byte path) and odd sizes (element path), prefill (GEMM) */
@@ -395,6 +397,12 @@ moe_checks:
     test_moe_f8(64, 6, 8, 4096, 2048);
     test_moe_f8(8, 2, 8, 256, 256); /* the unseen-shape models' widths: 2 units, 1 a slice */
     test_moe_f8(96, 2, 8, 256, 128);
+pfb_checks:
+    /* the prefill pass's experts on BF16 tensor cores (moe_bf16.cuh): several chunk pairs an expert, one partial pair,
+     * Flash's widths (a sample of the slots against the CPU), scales above 2^1 */
+    test_moe_pfb(512, 6, 16, 1024, 512, 1, 0, 200);
+    test_moe_pfb(300, 2, 16, 512, 256, 1, 1, 256);
+    test_moe_pfb(400, 6, 64, 4096, 2048, 13, 0, 380);
     if (only_moe) goto checks_done;
     {
         int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
