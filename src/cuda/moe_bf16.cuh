@@ -172,7 +172,7 @@ struct mb_params {
     int R, C;
 };
 
-template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
+template <int GATEUP, int SUB> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2; /* gate / up: w1 and w3 on the block's 128 rows; down: w2's rows 256 b .. and 256 b + 128 .. */
     extern __shared__ __align__(128) unsigned char mb_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -250,11 +250,17 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
     for (int m = 0; m < NM; m++)
 #pragma unroll
         for (int j = 0; j < 16; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
-    uint32_t a[2][NM][4]; /* two sets: k-step s's while s - 1's wgmmas run (kept live across units) */
+    /* the A fragments of (k-step s, matrix m) in set (2 s + m) & 3 (kept live across units): SUB 0, one commit group a
+     * k-step (both matrices), k-step s's sets written while s - 1's wgmmas run; SUB 1, one a matrix, three in flight */
+    uint32_t a[4][4];
 #pragma unroll
-    for (int e = 0; e < 2; e++)
-#pragma unroll
-        for (int m = 0; m < NM; m++) a[e][m][0] = a[e][m][1] = a[e][m][2] = a[e][m][3] = 0u;
+    for (int e = 0; e < 4; e++) a[e][0] = a[e][1] = a[e][2] = a[e][3] = 0u;
+    /* unit it - 1's stage released (its wgmmas are done); warp 0 refills it with unit it - 1 + MB_S */
+    auto release = [&](int it) {
+        __syncwarp();
+        if (lane == 0) mb_bar_arrive(emptyb + 8 * ((it - 1) % MB_S));
+        if (warp == 0 && it - 1 + MB_S < n) produce(it - 1 + MB_S);
+    };
 
     auto epilogue = [&](int cp) {
         const int t0 = cp * 128, nv = cnt - t0 < 128 ? cnt - t0 : 128;
@@ -342,36 +348,44 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
         const uint64_t desc0 = wg_desc(sb + s * MB_STAGE, 128, 256); /* (+ 256 a k-step: 4096 bytes) */
 #pragma unroll
         for (int ks = 0; ks < 8; ks++) {
-            uint32_t (&A)[NM][4] = a[ks & 1];
-#pragma unroll
-            for (int m = 0; m < NM; m++) {
-                const uint32_t w0 = (&q[m][0].x)[ks >> 1], w1 = (&q[m][1].x)[ks >> 1];
-                if (ks & 1) {
-                    A[m][0] = mb_dec<2>(w0, mul[m][0]), A[m][2] = mb_dec<3>(w0, mul[m][0]);
-                    A[m][1] = mb_dec<2>(w1, mul[m][1]), A[m][3] = mb_dec<3>(w1, mul[m][1]);
-                } else {
-                    A[m][0] = mb_dec<0>(w0, mul[m][0]), A[m][2] = mb_dec<1>(w0, mul[m][0]);
-                    A[m][1] = mb_dec<0>(w1, mul[m][1]), A[m][3] = mb_dec<1>(w1, mul[m][1]);
-                }
-                if (big) {
-                    A[m][0] = mb_mul(A[m][0], mul2[m][0]), A[m][2] = mb_mul(A[m][2], mul2[m][0]);
-                    A[m][1] = mb_mul(A[m][1], mul2[m][1]), A[m][3] = mb_mul(A[m][3], mul2[m][1]);
-                }
-            }
-            wg_fence();
             const uint64_t desc = desc0 + (uint64_t)(ks * 256);
 #pragma unroll
-            for (int m = 0; m < NM; m++) mb_mma(d[m], A[m], desc, u != 0 || ks != 0);
-            wg_commit();
-            wg_wait<1>(); /* k-step ks - 1's wgmmas are done: its A set may be written again, its stage released */
+            for (int m = 0; m < NM; m++) {
+                uint32_t (&A)[4] = a[(2 * ks + m) & 3];
+                const uint32_t w0 = (&q[m][0].x)[ks >> 1], w1 = (&q[m][1].x)[ks >> 1];
+                if (ks & 1) {
+                    A[0] = mb_dec<2>(w0, mul[m][0]), A[2] = mb_dec<3>(w0, mul[m][0]);
+                    A[1] = mb_dec<2>(w1, mul[m][1]), A[3] = mb_dec<3>(w1, mul[m][1]);
+                } else {
+                    A[0] = mb_dec<0>(w0, mul[m][0]), A[2] = mb_dec<1>(w0, mul[m][0]);
+                    A[1] = mb_dec<0>(w1, mul[m][1]), A[3] = mb_dec<1>(w1, mul[m][1]);
+                }
+                if (big) {
+                    A[0] = mb_mul(A[0], mul2[m][0]), A[2] = mb_mul(A[2], mul2[m][0]);
+                    A[1] = mb_mul(A[1], mul2[m][1]), A[3] = mb_mul(A[3], mul2[m][1]);
+                }
+                if constexpr (SUB) { /* one commit group a matrix: three in flight while the next is decoded */
+                    const int j = 2 * ks + m;
+                    wg_fence();
+                    mb_mma(d[m], A, desc, u != 0 || ks != 0);
+                    wg_commit();
+                    wg_wait<3>(); /* sub-step j - 3's wgmma is done: its A set is written next */
 #pragma unroll
-            for (int m = 0; m < NM; m++)
+                    for (int k = 0; k < 4; k++) wg_keep(a[(j + 1) & 3][k]);
+                    if (j == 3 && it > 0) release(it);
+                }
+            }
+            if constexpr (!SUB) {
+                wg_fence();
 #pragma unroll
-                for (int k = 0; k < 4; k++) wg_keep(a[(ks & 1) ^ 1][m][k]);
-            if (ks == 0 && it > 0) { /* unit it - 1's stage released; warp 0 refills it with unit it - 1 + MB_S */
-                __syncwarp();
-                if (lane == 0) mb_bar_arrive(emptyb + 8 * ((it - 1) % MB_S));
-                if (warp == 0 && it - 1 + MB_S < n) produce(it - 1 + MB_S);
+                for (int m = 0; m < NM; m++) mb_mma(d[m], a[(2 * ks + m) & 3], desc, u != 0 || ks != 0);
+                wg_commit();
+                wg_wait<1>(); /* k-step ks - 1's wgmmas are done: its A sets may be written again, its stage released */
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) wg_keep(a[(2 * ks + 2 + m) & 3][k]);
+                if (ks == 0 && it > 0) release(it);
             }
         }
     };
