@@ -1,5 +1,5 @@
 #!/bin/sh
-# unseen_study.sh - how far the GPU lands from the CPU engine on scripts/gpu_test.sh's four unseen `dsv4 synth` models
+# unseen_study.sh - how far the GPU lands from the CPU engine on scripts/gpu_test.sh's five unseen `dsv4 synth` models
 # (the same shapes and seeds) over several token lists, under named settings, so that an arithmetic choice is judged on
 # more than one list's top-1 (bench/NOTES.md, session 24: one list of 8 x 48 tokens moved by +-0.03 with the list).
 #   sh bench/unseen_study.sh [-l LISTS] [-p PREFILL] NAME=[VAR=value,...] ...
@@ -27,7 +27,8 @@ i=0
 for shape in "--seed 11 --dim 256 --heads 8 --layers 4 --experts 16 --active 4 --window 32 --ratio 8 --index-topk 8" \
              "--seed 12 --dim 128 --heads 4 --head-dim 192 --layers 3 --hash-layers 0 --window 16 --ratio 32 --index-topk 4 --moe-dim 96" \
              "--seed 13 --dim 256 --heads 2 --head-dim 256 --layers 5 --hash-layers 2 --experts 8 --active 2 --window 8 --ratio 2" \
-             "--seed 14 --dim 384 --heads 16 --layers 4 --experts 32 --active 6 --window 64 --ratio 16 --index-topk 16 --moe-dim 256"; do
+             "--seed 14 --dim 384 --heads 16 --layers 4 --experts 32 --active 6 --window 64 --ratio 16 --index-topk 16 --moe-dim 256" \
+             "--seed 15 --dim 512 --heads 4 --layers 3 --experts 8 --active 2 --moe-dim 256 --window 16 --ratio 8 --index-topk 8"; do
     i=$((i + 1))
     m=$w/u$i
     # shellcheck disable=SC2086
