@@ -81,18 +81,16 @@ __device__ __forceinline__ void mb_bulk(unsigned dst, const void *src, unsigned 
                  : "memory");
 }
 
-/* nibbles i and i + 4 of w as a bf16x2 (low half nibble i) times m (two bf16 factors) */
-template <int I> __device__ __forceinline__ uint32_t mb_dec(uint32_t w, uint32_t m) {
-    const uint32_t t = w >> (4 * I);
-    const uint32_t v = ((t << 6) & 0x01C001C0u) | ((t << 12) & 0x80008000u);
-    uint32_t r;
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(m));
-    return r;
-}
+/* v times m, two bf16 each */
 __device__ __forceinline__ uint32_t mb_mul(uint32_t v, uint32_t m) {
     uint32_t r;
     asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(m));
     return r;
+}
+/* nibbles i and i + 4 of w as a bf16x2 (low half nibble i) times m (two bf16 factors) */
+template <int I> __device__ __forceinline__ uint32_t mb_dec(uint32_t w, uint32_t m) {
+    const uint32_t t = w >> (4 * I);
+    return mb_mul(((t << 6) & 0x01C001C0u) | ((t << 12) & 0x80008000u), m);
 }
 
 /* d (64 x 128 fp32, 16 n-tiles) = (acc ? d : 0) + A (registers) . B (descriptor), wgmma m64n128k16 bf16 */
