@@ -1528,9 +1528,10 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     if (mb_on < 0) mb_on = dsv4_env_int("DSV4_MOE_PFB", 1) != 0, mb_avg = dsv4_env_int("DSV4_MOE_PFB_AVG", 32),
                      mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_sub = dsv4_env_int("DSV4_MOE_PFB_SUB", 0) != 0;
     const int64_t slots = (int64_t)T * K;
-    /* the images: at most T K + 8 maxslots rows of 2 D (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in h) */
+    /* the images: at most T K + 8 maxslots rows of 2 D bytes (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in
+     * h's T K rows of 4 I): they fit while 8 maxslots <= T K (always at the default DSV4_MOE_PFB_AVG) */
     if (!mb_on || mt_mode || !ex->tc13 || !ex->tc2 || ex->fmt13 != DSV4_WF_MXFP4 || ex->fmt2 != DSV4_WF_MXFP4 || !ex->aq13 ||
-        !ex->aq2 || ex->D % 256 || ex->I % 256 || slots < (int64_t)mb_avg * ex->E || slots < (int64_t)4 * maxslots)
+        !ex->aq2 || ex->D % 256 || ex->I % 256 || slots < (int64_t)mb_avg * ex->E || slots < (int64_t)8 * maxslots)
         return 0;
     void (*const kg)(mb_params) = mb_sub ? mb_kernel<1, 1> : mb_kernel<1, 0>, (*const kd)(mb_params) = mb_sub ? mb_kernel<0, 1> : mb_kernel<0, 0>;
     const void *fg = (const void *)kg, *fd = (const void *)kd;
