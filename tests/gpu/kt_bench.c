@@ -427,6 +427,24 @@ void bench_moe(void) {
                    tf / us[mi] * 1e6, mi == 1 ? "  <<" : "");
         printf("time moe_experts Flash MXFP4 aq T=%-4d: old / new time = %.2fx, before / new = %.2fx\n", T, us[0] / us[1],
                us[2] / us[1]);
+        if ((int64_t)T * K >= 32 * (int64_t)E) { /* a prefill pass: the BF16 kernels (moe_bf16.cuh) where they qualify */
+            const int it = 5;
+            int took = dsv4_cuda_moe_experts_pass(&ex, dx, T, K, &dp[0], 10.0f, dh, dy, NULL);
+            op_ok(took < 0, "moe_experts_pass");
+            cudaEvent_t e0, e1;
+            cudaEventCreate(&e0), cudaEventCreate(&e1);
+            cudaEventRecord(e0, 0);
+            for (int k = 0; k < it; k++) dsv4_cuda_moe_experts_pass(&ex, dx, T, K, &dp[k % NP], 10.0f, dh, dy, NULL);
+            cudaEventRecord(e1, 0);
+            sync_ok();
+            float ms;
+            cudaEventElapsedTime(&ms, e0, e1);
+            const double ub = 1000.0 * ms / it;
+            cudaEventDestroy(e0), cudaEventDestroy(e1);
+            printf("time moe_experts Flash MXFP4 aq T=%-4d (%5.1f experts, %6.1f MB) %-26s %8.1f us %6.0f GB/s (%5.1f%% of copy) %6.1f TFLOP/s%s\n",
+                   T, act, gb * 1e3, took == 1 ? "bf16 prefill pass" : "pass (not the bf16 kernels)", ub, gb / ub * 1e6,
+                   g_copy_gbs > 0 ? 100.0 * gb / ub * 1e6 / g_copy_gbs : 0.0, tf / ub * 1e6, "");
+        }
         {
             /* new against old, for information: the checks' tolerance per element. A few token-expert rows differ
              * more at T=2048 (20 of 12288 on the H200): where an h value sits on an FP8 rounding boundary, the two
