@@ -249,7 +249,8 @@ template <int GATEUP, int SUB> __global__ void __launch_bounds__(MB_THREADS, 1) 
 #pragma unroll
         for (int j = 0; j < 16; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
     /* the A fragments of (k-step s, matrix m) in set (2 s + m) & 3 (kept live across units): SUB 0, one commit group a
-     * k-step (both matrices), k-step s's sets written while s - 1's wgmmas run; SUB 1, one a matrix, three in flight */
+     * k-step (both matrices), k-step s's sets written while s - 1's wgmmas run; SUB 1, one a matrix, three in flight
+     * (measured no faster: bench/NOTES.md session 25) */
     uint32_t a[4][4];
 #pragma unroll
     for (int e = 0; e < 4; e++) a[e][0] = a[e][1] = a[e][2] = a[e][3] = 0u;
