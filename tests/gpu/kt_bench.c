@@ -336,6 +336,25 @@ void bench_linear_multi(const char *tag, const mspec *s, int n, int views, int x
  * batch 1, 8, 256 and 2048- / 4096-token prefills, random routing (distinct experts a token; plans rotated so that L2 does not
  * serve the weights), the CUDA-core kernel ("old") against the tensor-core one ("new"). GB/s: the active experts'
  * weight bytes over the time. The two paths' y are also compared (the checks' tolerance). */
+/* us a call of the grouped experts (pass: dsv4_cuda_moe_experts_pass, the prefill's entry), it calls over the np plans
+ * after two warm-up calls */
+static double moe_us(int pass, const dsv4_cuda_experts *ex, const float *dx, int T, int K, const dsv4_cuda_moe_plan *dp, int np,
+                     float *dh, float *dy, int it) {
+    int (*const run)(const dsv4_cuda_experts *, const float *, int, int, const dsv4_cuda_moe_plan *, float, float *, float *, void *) =
+        pass ? dsv4_cuda_moe_experts_pass : dsv4_cuda_moe_experts;
+    for (int k = 0; k < 2; k++) op_ok(run(ex, dx, T, K, &dp[(k + 1) % np], 10.0f, dh, dy, NULL) < 0, "moe_experts");
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    cudaEventRecord(e0, 0);
+    for (int k = 0; k < it; k++) run(ex, dx, T, K, &dp[k % np], 10.0f, dh, dy, NULL);
+    cudaEventRecord(e1, 0);
+    sync_ok();
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return 1000.0 * ms / it;
+}
+
 void bench_moe(void) {
     const int E = 256, K = 6, D = 4096, I = 2048, NH = 4;
     hweight h1[NH], h3[NH], h2[NH];
@@ -407,17 +426,7 @@ void bench_moe(void) {
             if ((T <= 8 && (mi == 1 || mi == 2)) || ((T == 256 || T == 2048) && mi == 1) || (modes[mi] == DSV4_MOE_TC_F8 && (T == 1 || T == 256 || T == 2048))) dsv4_cuda_profiler_range(0);
             yr[mi] = malloc(sizeof(float) * ny);
             from_dev(yr[mi], dy, sizeof(float) * ny);
-            for (int k = 0; k < 2; k++) op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[(k + 1) % NP], 10.0f, dh, dy, NULL), "moe_experts");
-            cudaEvent_t e0, e1;
-            cudaEventCreate(&e0), cudaEventCreate(&e1);
-            cudaEventRecord(e0, 0);
-            for (int k = 0; k < it; k++) dsv4_cuda_moe_experts(&ex, dx, T, K, &dp[k % NP], 10.0f, dh, dy, NULL);
-            cudaEventRecord(e1, 0);
-            sync_ok();
-            float ms;
-            cudaEventElapsedTime(&ms, e0, e1);
-            us[mi] = 1000.0 * ms / it;
-            cudaEventDestroy(e0), cudaEventDestroy(e1);
+            us[mi] = moe_us(0, &ex, dx, T, K, dp, NP, dh, dy, it);
         }
         dsv4_cuda_moe_experts_path(0);
         const double gb = act * eb / 1e9, tf = 2.0 * T * K * 3.0 * D * I / 1e12;
@@ -428,19 +437,9 @@ void bench_moe(void) {
         printf("time moe_experts Flash MXFP4 aq T=%-4d: old / new time = %.2fx, before / new = %.2fx\n", T, us[0] / us[1],
                us[2] / us[1]);
         if ((int64_t)T * K >= 32 * (int64_t)E) { /* a prefill pass: the BF16 kernels (moe_bf16.cuh) where they qualify */
-            const int it = 5;
-            int took = dsv4_cuda_moe_experts_pass(&ex, dx, T, K, &dp[0], 10.0f, dh, dy, NULL);
+            const int took = dsv4_cuda_moe_experts_pass(&ex, dx, T, K, &dp[0], 10.0f, dh, dy, NULL);
             op_ok(took < 0, "moe_experts_pass");
-            cudaEvent_t e0, e1;
-            cudaEventCreate(&e0), cudaEventCreate(&e1);
-            cudaEventRecord(e0, 0);
-            for (int k = 0; k < it; k++) dsv4_cuda_moe_experts_pass(&ex, dx, T, K, &dp[k % NP], 10.0f, dh, dy, NULL);
-            cudaEventRecord(e1, 0);
-            sync_ok();
-            float ms;
-            cudaEventElapsedTime(&ms, e0, e1);
-            const double ub = 1000.0 * ms / it;
-            cudaEventDestroy(e0), cudaEventDestroy(e1);
+            const double ub = moe_us(1, &ex, dx, T, K, dp, NP, dh, dy, 5);
             printf("time moe_experts Flash MXFP4 aq T=%-4d (%5.1f experts, %6.1f MB) %-26s %8.1f us %6.0f GB/s (%5.1f%% of copy) %6.1f TFLOP/s%s\n",
                    T, act, gb * 1e3, took == 1 ? "bf16 prefill pass" : "pass (not the bf16 kernels)", ub, gb / ub * 1e6,
                    g_copy_gbs > 0 ? 100.0 * gb / ub * 1e6 / g_copy_gbs : 0.0, tf / ub * 1e6, "");
