@@ -522,6 +522,38 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
     free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(b1), free(b2);
 }
 
+/* E random MXFP4 experts with act quant (w1, w3 [I, D], w2 [D, I]; each expert's three drawn in that order), kept on
+ * the host for the CPU twin and uploaded as one set; big: some scales of expert 0 above 2^1 (test_moe_pfb) */
+typedef struct {
+    hweight *h1, *h3, *h2;
+    dsv4_cuda_weight *d1, *d3, *d2;
+    dsv4_cuda_experts ex;
+    int E;
+} mx_set;
+static mx_set mx_set_new(int E, int D, int I, int big) {
+    mx_set m = {malloc(sizeof(hweight) * E), malloc(sizeof(hweight) * E), malloc(sizeof(hweight) * E), malloc(sizeof(dsv4_cuda_weight) * E),
+                malloc(sizeof(dsv4_cuda_weight) * E), malloc(sizeof(dsv4_cuda_weight) * E), {0}, E};
+    for (int e = 0; e < E; e++) {
+        m.h1[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1), m.h3[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1);
+        m.h2[e] = make_weight(DSV4_WF_MXFP4, D, I, 0, 1);
+        if (big && e == 0)
+            for (size_t i = 0; i < m.h1[e].scale_b; i += 3) m.h1[e].scale[i] = (uint8_t)(126 + i % 9), m.h2[e].scale[i % m.h2[e].scale_b] = 131;
+        op_ok(dsv4_cuda_weight_upload(&m.h1[e].w, &m.d1[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&m.h3[e].w, &m.d3[e]), "upload");
+        op_ok(dsv4_cuda_weight_upload(&m.h2[e].w, &m.d2[e]), "upload");
+    }
+    op_ok(dsv4_cuda_experts_init(&m.ex, m.d1, m.d3, m.d2, E), "experts_init");
+    return m;
+}
+static void mx_set_free(mx_set *m) {
+    dsv4_cuda_experts_free(&m->ex);
+    for (int e = 0; e < m->E; e++) {
+        dsv4_cuda_weight_free(&m->d1[e]), dsv4_cuda_weight_free(&m->d3[e]), dsv4_cuda_weight_free(&m->d2[e]);
+        free_hweight(&m->h1[e]), free_hweight(&m->h3[e]), free_hweight(&m->h2[e]);
+    }
+    free(m->h1), free(m->h3), free(m->h2), free(m->d1), free(m->d3), free(m->d2);
+}
+
 /* The FP8 decode path (DSV4_MOE_TC_F8, moe_f8.cuh: wgmma e4m3, not the f16 kernels' bits) against the CPU backend, one
  * matrix at a time: h (gate / up, SwiGLU, routing weight) against dsv4_cpu_linear of the same x, and each slot's down
  * projection y against dsv4_cpu_linear of the FP8 path's own h (both act-quantize the same fp32 values to the same codes,
@@ -530,18 +562,8 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
  * reference's rms. Then batch invariance: up to 4 busy tokens alone == in the batch, bitwise. */
 void test_moe_f8(int T, int K, int E, int D, int I) {
     const float lim = 10.0f;
-    dsv4_cuda_weight *d1 = malloc(sizeof(dsv4_cuda_weight) * E), *d3 = malloc(sizeof(dsv4_cuda_weight) * E),
-                     *d2 = malloc(sizeof(dsv4_cuda_weight) * E);
-    hweight *h1w = malloc(sizeof(hweight) * E), *h3w = malloc(sizeof(hweight) * E), *h2w = malloc(sizeof(hweight) * E);
-    for (int e = 0; e < E; e++) {
-        h1w[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1), h3w[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1);
-        h2w[e] = make_weight(DSV4_WF_MXFP4, D, I, 0, 1);
-        op_ok(dsv4_cuda_weight_upload(&h1w[e].w, &d1[e]), "upload");
-        op_ok(dsv4_cuda_weight_upload(&h3w[e].w, &d3[e]), "upload");
-        op_ok(dsv4_cuda_weight_upload(&h2w[e].w, &d2[e]), "upload");
-    }
-    dsv4_cuda_experts ex;
-    op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
+    mx_set ms = mx_set_new(E, D, I, 0);
+    const hweight *h1w = ms.h1, *h3w = ms.h3, *h2w = ms.h2;
     int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
     float *w = malloc(sizeof(float) * (size_t)T * K), *x = randn((size_t)T * D, 1.0f);
     rand_picks(T, K, E, sel, w, sid);
@@ -559,7 +581,7 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     for (int a = 0; a < r.nact; a++) ns += r.act_cnt[a];
     dsv4_cuda_moe_experts_path(DSV4_MOE_TC_F8);
     op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
-    op_ok(dsv4_cuda_moe_experts(&ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
+    op_ok(dsv4_cuda_moe_experts(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts");
     sync_ok();
     from_dev(hg, dh, sizeof(float) * (size_t)ns * I);
     from_dev(yg, dy, sizeof(float) * (size_t)ns * D);
@@ -597,20 +619,16 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     check(name, yg, yr, (size_t)ns * D, by * rms(yr, (size_t)ns * D), 0);
     /* batch invariance on the FP8 path */
     int nt = 0;
-    const int same = tokens_alone(&ex, sid, dsel, dw, dx, T, K, E, D, lim, 4, &dp, dh, dy, dout, o1, &nt), bad = nt - same;
+    const int same = tokens_alone(&ms.ex, sid, dsel, dw, dx, T, K, E, D, lim, 4, &dp, dh, dy, dout, o1, &nt), bad = nt - same;
     dsv4_cuda_moe_experts_path(0);
     g_checks++;
     if (bad) g_fail++;
     printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: %d tokens alone == in the batch (bitwise)%s\n", bad ? "FAIL" : "ok", T, K, E,
            nt - bad, bad ? " <<<" : "");
-    dsv4_cuda_experts_free(&ex);
-    for (int e = 0; e < E; e++) {
-        dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
-        free_hweight(&h1w[e]), free_hweight(&h3w[e]), free_hweight(&h2w[e]);
-    }
+    mx_set_free(&ms);
     dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
     dsv4_cuda_free(dout), dplan_free(&dp), hplan_free(&r);
-    free(d1), free(d3), free(d2), free(h1w), free(h3w), free(h2w), free(sel), free(sid), free(w), free(x), free(hg), free(hr);
+    free(sel), free(sid), free(w), free(x), free(hg), free(hr);
     free(yg), free(yr), free(o1), free(u);
 }
 
@@ -631,20 +649,8 @@ static size_t pfb_pos(size_t base, int j, int cnt, int col, int C) {
  * a token's rows do not depend on the others in the pass: the first T2 tokens alone, bitwise. */
 void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2) {
     const float lim = 10.0f;
-    dsv4_cuda_weight *d1 = malloc(sizeof(dsv4_cuda_weight) * E), *d3 = malloc(sizeof(dsv4_cuda_weight) * E),
-                     *d2 = malloc(sizeof(dsv4_cuda_weight) * E);
-    hweight *h1w = malloc(sizeof(hweight) * E), *h3w = malloc(sizeof(hweight) * E), *h2w = malloc(sizeof(hweight) * E);
-    for (int e = 0; e < E; e++) {
-        h1w[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1), h3w[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1);
-        h2w[e] = make_weight(DSV4_WF_MXFP4, D, I, 0, 1);
-        if (big && e == 0)
-            for (size_t i = 0; i < h1w[e].scale_b; i += 3) h1w[e].scale[i] = (uint8_t)(126 + i % 9), h2w[e].scale[i % h2w[e].scale_b] = 131;
-        op_ok(dsv4_cuda_weight_upload(&h1w[e].w, &d1[e]), "upload");
-        op_ok(dsv4_cuda_weight_upload(&h3w[e].w, &d3[e]), "upload");
-        op_ok(dsv4_cuda_weight_upload(&h2w[e].w, &d2[e]), "upload");
-    }
-    dsv4_cuda_experts ex;
-    op_ok(dsv4_cuda_experts_init(&ex, d1, d3, d2, E), "experts_init");
+    mx_set ms = mx_set_new(E, D, I, big);
+    const hweight *h1w = ms.h1, *h3w = ms.h3, *h2w = ms.h2;
     int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
     float *w = malloc(sizeof(float) * (size_t)T * K), *x = randn((size_t)T * D, 1.0f);
     rand_picks(T, K, E, sel, w, sid);
@@ -659,7 +665,7 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
     hplan r = hplan_new(T, K, E);
     group_ref(sel, w, sid, T, K, E, &r);
     op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
-    const int took = dsv4_cuda_moe_experts_pass(&ex, dx, T, K, &dp, lim, dh, dy, NULL);
+    const int took = dsv4_cuda_moe_experts_pass(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL);
     op_ok(took < 0, "moe_experts_pass");
     sync_ok();
     from_dev(himg, dh, sizeof(float) * (size_t)T * K * I);
@@ -706,7 +712,7 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
     /* the first T2 tokens alone in a pass */
     int *dsid2 = dup_to_dev(sid, sizeof(int) * T2);
     op_ok(dsv4_cuda_moe_group(dsel, dw, dsid2, T2, K, E, &dp, NULL), "moe_group");
-    const int took2 = dsv4_cuda_moe_experts_pass(&ex, dx, T2, K, &dp, lim, dh, dy, NULL);
+    const int took2 = dsv4_cuda_moe_experts_pass(&ms.ex, dx, T2, K, &dp, lim, dh, dy, NULL);
     op_ok(took2 < 0, "moe_experts_pass");
     op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T2, K, D, NULL, dout, NULL), "moe_combine");
     sync_ok();
@@ -714,13 +720,9 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
     snprintf(name, sizeof name, "moe bf16 prefill first %d of %d tokens alone%s", T2, T, took2 == 1 ? "" : " (NOT the bf16 path)");
     check_same(name, o2, o1, (size_t)T2 * D);
     dsv4_cuda_free(dsid2);
-    dsv4_cuda_experts_free(&ex);
-    for (int e = 0; e < E; e++) {
-        dsv4_cuda_weight_free(&d1[e]), dsv4_cuda_weight_free(&d3[e]), dsv4_cuda_weight_free(&d2[e]);
-        free_hweight(&h1w[e]), free_hweight(&h3w[e]), free_hweight(&h2w[e]);
-    }
+    mx_set_free(&ms);
     dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
     dsv4_cuda_free(dout), dplan_free(&dp), hplan_free(&r);
-    free(d1), free(d3), free(d2), free(h1w), free(h3w), free(h2w), free(sel), free(sid), free(w), free(x), free(himg), free(yg);
+    free(sel), free(sid), free(w), free(x), free(himg), free(yg);
     free(o1), free(o2), free(hq), free(hr), free(u), free(ys), free(yr);
 }
