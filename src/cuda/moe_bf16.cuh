@@ -107,6 +107,14 @@ __device__ __forceinline__ void mb_mma(float (&d)[16][4], const uint32_t (&a)[4]
 #undef MB_D4
 }
 
+/* v's FP8 act quant with its block's scale s (a power of two; inv = 1 / s), as mt_quant<1>: RNE to e4m3 of v / s
+ * clamped to +-448, then its value code x s as a bf16 (exact) */
+__device__ __forceinline__ uint16_t mb_q8(float v, float s, float inv) {
+    const float y = fminf(fmaxf(__fmul_rn(v, inv), -448.0f), 448.0f);
+    const __nv_fp8_storage_t b = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(dev_e4m3(b) * s));
+}
+
 /* 1. the x image of a pass: a warp takes a slot (active expert blockIdx.y) and two units at a time, lane l the
  * 16-byte core-matrix row pc = l & 15 of unit u0 + (l >> 4), i.e. k-step pc >> 1, k half pc & 1: its 8 physical
  * columns 32 (kk >> 1) + 8 (s >> 1) + 2 (s & 1) + h + 4 (kk & 1), act-quantized as mt_quant<1> does (the unit's amax
@@ -148,11 +156,7 @@ __global__ void __launch_bounds__(256) mb_ximage_kernel(const float *x, dsv4_cud
                 for (int kk = 0; kk < 8; kk += 2) {
                     uint32_t hb[2];
 #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float y = fminf(fmaxf(__fmul_rn(v[r][kk + e], inv), -448.0f), 448.0f);
-                        const __nv_fp8_storage_t b = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
-                        hb[e] = __bfloat16_as_ushort(__float2bfloat16_rn(dev_e4m3(b) * sc));
-                    }
+                    for (int e = 0; e < 2; e++) hb[e] = mb_q8(v[r][kk + e], sc, inv);
                     w[kk >> 1] = hb[0] | (hb[1] << 16);
                 }
                 if (u < NU) *(uint4 *)(cb + (int64_t)u * ng * 2048) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -170,7 +174,7 @@ struct mb_params {
     int R, C;
 };
 
-template <int GATEUP, int SUB> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
+template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2; /* gate / up: w1 and w3 on the block's 128 rows; down: w2's rows 256 b .. and 256 b + 128 .. */
     extern __shared__ __align__(128) unsigned char mb_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -248,9 +252,9 @@ template <int GATEUP, int SUB> __global__ void __launch_bounds__(MB_THREADS, 1) 
     for (int m = 0; m < NM; m++)
 #pragma unroll
         for (int j = 0; j < 16; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
-    /* the A fragments of (k-step s, matrix m) in set (2 s + m) & 3 (kept live across units): SUB 0, one commit group a
-     * k-step (both matrices), k-step s's sets written while s - 1's wgmmas run; SUB 1, one a matrix, three in flight
-     * (measured no faster: bench/NOTES.md session 25) */
+    /* the A fragments of (k-step s, matrix m) in set (2 s + m) & 3 (kept live across units): one commit group a k-step
+     * (both matrices), k-step s's sets written while s - 1's wgmmas run (one group a matrix, three in flight, measured
+     * no faster: bench/NOTES.md session 25) */
     uint32_t a[4][4];
 #pragma unroll
     for (int e = 0; e < 4; e++) a[e][0] = a[e][1] = a[e][2] = a[e][3] = 0u;
@@ -307,10 +311,8 @@ template <int GATEUP, int SUB> __global__ void __launch_bounds__(MB_THREADS, 1) 
             for (int k = 0; k < 4; k++) {
                 const int tp = 8 * j + 2 * c + (k & 1);
                 if (tp < nv) {
-                    const float s = scs[tp], inv = 1.0f / s; /* (exact: a power of two) */
-                    const float yq = fminf(fmaxf(__fmul_rn(d[0][j][k], inv), -448.0f), 448.0f);
-                    const __nv_fp8_storage_t b = __nv_cvt_float_to_fp8(yq, __NV_SATFINITE, __NV_E4M3);
-                    const uint16_t v = __bfloat16_as_ushort(__float2bfloat16_rn(dev_e4m3(b) * s));
+                    const float s = scs[tp];
+                    const uint16_t v = mb_q8(d[0][j][k], s, 1.0f / s); /* (1 / s exact: a power of two) */
                     const int hh = tp >> 6, t = tp & 63, rest = nv - 64 * hh, ng = ((rest < 64 ? rest : 64) + 7) >> 3;
                     *(uint16_t *)(himg + (int64_t)hh * 64 * P.R * 2 + (int64_t)blockIdx.x * ng * 2048 +
                                   mb_off(mb_logical(rl + 8 * (k >> 1)), t, ng)) = v;
@@ -363,29 +365,17 @@ template <int GATEUP, int SUB> __global__ void __launch_bounds__(MB_THREADS, 1) 
                     A[0] = mb_mul(A[0], mul2[m][0]), A[2] = mb_mul(A[2], mul2[m][0]);
                     A[1] = mb_mul(A[1], mul2[m][1]), A[3] = mb_mul(A[3], mul2[m][1]);
                 }
-                if constexpr (SUB) { /* one commit group a matrix: three in flight while the next is decoded */
-                    const int j = 2 * ks + m;
-                    wg_fence();
-                    mb_mma(d[m], A, desc, u != 0 || ks != 0);
-                    wg_commit();
-                    wg_wait<3>(); /* sub-step j - 3's wgmma is done: its A set is written next */
-#pragma unroll
-                    for (int k = 0; k < 4; k++) wg_keep(a[(j + 1) & 3][k]);
-                    if (j == 3 && it > 0) release(it);
-                }
             }
-            if constexpr (!SUB) {
-                wg_fence();
+            wg_fence();
 #pragma unroll
-                for (int m = 0; m < NM; m++) mb_mma(d[m], a[(2 * ks + m) & 3], desc, u != 0 || ks != 0);
-                wg_commit();
-                wg_wait<1>(); /* k-step ks - 1's wgmmas are done: its A sets may be written again, its stage released */
+            for (int m = 0; m < NM; m++) mb_mma(d[m], a[(2 * ks + m) & 3], desc, u != 0 || ks != 0);
+            wg_commit();
+            wg_wait<1>(); /* k-step ks - 1's wgmmas are done: its A sets may be written again, its stage released */
 #pragma unroll
-                for (int m = 0; m < NM; m++)
+            for (int m = 0; m < NM; m++)
 #pragma unroll
-                    for (int k = 0; k < 4; k++) wg_keep(a[(2 * ks + 2 + m) & 3][k]);
-                if (ks == 0 && it > 0) release(it);
-            }
+                for (int k = 0; k < 4; k++) wg_keep(a[(2 * ks + 2 + m) & 3][k]);
+            if (ks == 0 && it > 0) release(it);
         }
     };
 #pragma unroll 1
