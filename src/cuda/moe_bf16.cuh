@@ -15,9 +15,9 @@
  *     written as bf16 values into an image in the order the tensor cores read (below), in y (scratch until the down
  *     projection).
  *  2. mb_kernel<1> (gate / up): a block is 128 rows of w1 and the same 128 rows of w3 (so 128 columns of h, one unit
- *     of the down projection) of one active expert, over the expert's tokens in pairs of 64-token chunks (N = 128).
- *     Two warpgroups (64 rows each) hold the two accumulators (64 x 128 each, wgmma m64n128k16); warp 0's lanes also
- *     stream the x image unit by unit (16 cp.async.bulk a unit into a 4-stage ring, mbarriers full / empty: a stage is
+ *     of the down projection) of one active expert, over the expert's tokens in chunks of 128 (N = 128).
+ *     Two warpgroups (64 rows each) hold the two accumulators (64 x 128 each, wgmma m64n128k16); warp 0 also streams
+ *     the x image unit by unit (one cp.async.bulk a unit into a 4-stage ring, mbarriers full / empty: a stage is
  *     refilled once all 8 warps' wgmmas that read it are done). Each thread copies its own weights (cp.async, a
  *     4-stage ring per warp) and decodes them into the A fragments (wgmma A from registers); the k-steps' wgmmas run
  *     one behind the decode (two A register sets). D and I multiples of 256.
@@ -35,25 +35,28 @@
  * exact) gives e2m1 x 2^(e - 127); scales above 2^1 take a second factor (E8M0 codes above 252, scales past 2^125,
  * would overflow bf16: not in any checkpoint's range, as for moe_f8.cuh's 248).
  *
- * The image of a chunk (64 slots of one expert, ng = ceil(tokens / 8) groups of 8) and unit: [k-step 8][n-group ng]
+ * The image of a chunk (128 slots of one expert, ng = ceil(tokens / 8) groups of 8) and unit: [k-step 8][n-group ng]
  * [k half 2][8 tokens][8 bf16], i.e. the K-major core matrices of wgmma's B (LBO 128, SBO 256); an expert's chunks
- * from row act_off + 8 a of the image (rows of 2 C bytes; at most T K + 8 E rows), chunk j at + 64 j rows, unit u at
- * + u ng 2048 bytes. The ring's stage holds a chunk pair's unit as [k-step][16 n-groups][k half][8][16 bytes]. */
+ * from row act_off + 8 a of the image (rows of 2 C bytes; at most T K + 8 E rows), chunk j at + 128 j rows, unit u at
+ * + u ng 2048 bytes. A stage of the ring is a chunk's unit as it lies in the image (one bulk copy of ng 2048 bytes):
+ * k-step s's B at s ng 256 bytes; wgmma reads 16 n-groups from there, those past ng (the next k-step's, or older
+ * units') only into columns of D that are never stored. (Session 25's chunks of 64 took 16 copies a unit, which the
+ * compiler issues one lane at a time: ~1,000 cycles of warp 0 a unit, holding back its warpgroup; session 26.) */
 #pragma once
 
 #define MB_S 4          /* stages of the x ring */
 #define MB_STAGE 32768  /* bytes of a stage: 8 k-steps x 16 n-groups x 256 */
-#define MB_THREADS 256  /* two warpgroups; warp 0's lanes also issue the x copies */
+#define MB_THREADS 256  /* two warpgroups; warp 0 also issues the x copies */
 #define MB_W 4           /* stages of each warp's weight ring (cp.async) */
 #define MB_WSTAGE 2560  /* bytes of a warp's weight stage: [4 row chunks + the scale words][32 lanes][16 bytes] */
-#define MB_SMEM (MB_S * MB_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 128 * 4 + 8 * MB_W * MB_WSTAGE)
+#define MB_SMEM (MB_S * MB_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + 8 * MB_W * MB_WSTAGE)
 
 /* logical position in a unit of physical column p (0..127) */
 __device__ __forceinline__ int mb_logical(int p) {
     const int c = p >> 5, n = p & 31;
     return 16 * (2 * (n >> 3) + ((n >> 1) & 1)) + 8 * (n & 1) + 2 * c + ((n >> 2) & 1);
 }
-/* byte of logical column L of token t (0..63) in an image chunk-unit of ng n-groups */
+/* byte of logical column L of token t (0..127) in an image chunk-unit of ng n-groups */
 __device__ __forceinline__ int mb_off(int L, int t, int ng) {
     return (((L >> 4) * ng + (t >> 3)) * 2 + ((L >> 3) & 1)) * 128 + (t & 7) * 16 + (L & 7) * 2;
 }
@@ -131,8 +134,8 @@ __global__ void __launch_bounds__(256) mb_ximage_kernel(const float *x, dsv4_cud
     uint8_t *base = img + ((int64_t)off + 8 * ia) * C * 2;
     for (int j = blockIdx.x * 8 + warp; j < cnt; j += gridDim.x * 8) {
         const float *xr = x + (int64_t)p.rows[off + j] * C;
-        const int ch = j >> 6, t = j & 63, rest = cnt - ch * 64, ng = ((rest < 64 ? rest : 64) + 7) >> 3;
-        uint8_t *cb = base + (int64_t)ch * 64 * C * 2 + (size_t)((((pc >> 1) * ng + (t >> 3)) * 2 + (pc & 1)) * 128 + (t & 7) * 16);
+        const int ch = j >> 7, t = j & 127, rest = cnt - ch * 128, ng = ((rest < 128 ? rest : 128) + 7) >> 3;
+        uint8_t *cb = base + (int64_t)ch * 128 * C * 2 + (size_t)((((pc >> 1) * ng + (t >> 3)) * 2 + (pc & 1)) * 128 + (t & 7) * 16);
         for (int u0 = 0; u0 < NU; u0 += 4) { /* two unit pairs' loads in flight */
             float v[2][8];
 #pragma unroll
@@ -181,12 +184,14 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
-    /* chunk pairs blockIdx.z, + gridDim.z, ... (a hot expert's pairs side by side) */
+    /* chunks blockIdx.z, + gridDim.z, ... (a hot expert's chunks side by side) */
     const int C = P.C, NU = C / 128, Z = gridDim.z, z = blockIdx.z, npb = ((cnt + 127) >> 7) - z > 0 ? (((cnt + 127) >> 7) - z + Z - 1) / Z : 0;
     if (!npb) return;
     const int n = npb * NU;
     const unsigned sb = (unsigned)__cvta_generic_to_shared(mb_sm), fullb = sb + MB_S * MB_STAGE, emptyb = fullb + MB_S * 8;
-    float *red = (float *)(mb_sm + MB_S * MB_STAGE + 2 * MB_S * 8), *scs = red + 8 * 128;
+    /* the epilogue's: per warp and token its largest |h|, per token the act-quant scale and its inverse, the routing
+     * weights of the chunk's tokens */
+    float *red = (float *)(mb_sm + MB_S * MB_STAGE + 2 * MB_S * 8), *scs = red + 8 * 128, *scsi = scs + 128, *rws = scsi + 128;
     if (tid == 0) {
         for (int s = 0; s < MB_S; s++) mb_bar_init(fullb + 8 * s, 1), mb_bar_init(emptyb + 8 * s, 8);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -194,23 +199,20 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
     __syncthreads();
     const int64_t rowb = (int64_t)C * 2; /* bytes of an image row */
     const uint8_t *img = P.img + ((int64_t)off + 8 * ia) * rowb;
-    /* warp 0's lanes: unit it of chunk pair it / NU into stage it % MB_S once its last reader released it, 16 bulk
-     * copies (k-step, chunk). (Refills by whichever warp released a stage last, through a counter in shared memory,
-     * measured slower: the atomics sat on every warp's chain; session 25.) */
+    /* warp 0: unit it of chunk it / NU into stage it % MB_S once its last reader released it, one bulk copy. (Refills
+     * by whichever warp released a stage last, through a counter in shared memory, measured slower: the atomics sat on
+     * every warp's chain; session 25.) */
+    int pu = 0, pcl = 0; /* the next unit to produce: its place in its chunk, its chunk (calls come in order) */
     auto produce = [&](int it) {
-        const int s = it % MB_S, cl = it / NU, u = it - cl * NU, t0 = (z + cl * Z) * 128;
-        const int n0 = cnt - t0 < 64 ? cnt - t0 : 64, n1 = cnt - t0 - 64 < 0 ? 0 : cnt - t0 - 64 < 64 ? cnt - t0 - 64 : 64;
-        const int ng0 = (n0 + 7) >> 3, ng1 = (n1 + 7) >> 3;
+        const int s = it % MB_S, t0 = (z + pcl * Z) * 128;
+        const int ng = ((cnt - t0 < 128 ? cnt - t0 : 128) + 7) >> 3;
         if (it >= MB_S) mb_bar_wait(emptyb + 8 * s, ((it / MB_S) - 1) & 1);
-        if (lane == 0) mb_bar_expect(fullb + 8 * s, (unsigned)(ng0 + ng1) * 2048);
-        __syncwarp();
-        if (lane < 16) {
-            const int hh = lane >> 3, ks = lane & 7, ng = hh ? ng1 : ng0;
-            if (ng)
-                mb_bulk(sb + s * MB_STAGE + ks * 4096 + hh * 2048, img + (int64_t)(t0 + 64 * hh) * rowb + (int64_t)u * ng * 2048 + ks * ng * 256,
-                        (unsigned)ng * 256, fullb + 8 * s);
+        if (lane == 0) {
+            mb_bar_expect(fullb + 8 * s, (unsigned)ng * 2048);
+            mb_bulk(sb + s * MB_STAGE, img + (int64_t)t0 * rowb + (int64_t)pu * ng * 2048, (unsigned)ng * 2048, fullb + 8 * s);
         }
         __syncwarp();
+        if (++pu == NU) pu = 0, pcl++;
     };
     if (warp == 0)
         for (int it = 0; it < MB_S && it < n; it++) produce(it);
@@ -232,18 +234,19 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
      * its 16-byte chunks (m, h) at [2 m + h][lane], the scale words at [4][lane][2 m + h]; one commit group a unit
      * (empty past the last), so that cp.async.wait_group counts units: loads in registers a unit ahead shared their
      * scoreboards with the next unit's, which then waited for those (ncu, session 25) */
-    const unsigned wsa = sb + MB_S * MB_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 128 * 4 + warp * MB_W * MB_WSTAGE;
+    const unsigned wsa = sb + MB_S * MB_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + warp * MB_W * MB_WSTAGE;
+    int wu = 0; /* the columns (unit) of the next weight copies (calls come in order) */
     auto wissue = [&](int v) {
         if (v < n) {
             const unsigned sa = wsa + (v % MB_W) * MB_WSTAGE;
-            const int u = v % NU;
 #pragma unroll
             for (int m = 0; m < NM; m++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    mt_cp16s(sa + ((2 * m + h) * 32 + lane) * 16, wq[m][h] + u * 4);
-                    mt_cps<4>(sa + (128 + lane) * 16 + (2 * m + h) * 4, wsc[m][h] + u * 4);
+                    mt_cp16s(sa + ((2 * m + h) * 32 + lane) * 16, wq[m][h] + wu * 4);
+                    mt_cps<4>(sa + (128 + lane) * 16 + (2 * m + h) * 4, wsc[m][h] + wu * 4);
                 }
+            if (++wu == NU) wu = 0;
         }
         dev_cp_commit();
     };
@@ -258,7 +261,9 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
     uint32_t a[4][4];
 #pragma unroll
     for (int e = 0; e < 4; e++) a[e][0] = a[e][1] = a[e][2] = a[e][3] = 0u;
-    /* unit it - 1's stage released (its wgmmas are done); warp 0 refills it with unit it - 1 + MB_S */
+    /* unit it - 1's stage released (its wgmmas are done); warp 0 refills it with unit it - 1 + MB_S. (Refilling the
+     * stage released a unit earlier instead, whose barrier is long complete, measured no faster: the refill's own
+     * instructions, not the wait, cost warp 0 ~400 cycles a unit; session 26) */
     auto release = [&](int it) {
         __syncwarp();
         if (lane == 0) mb_bar_arrive(emptyb + 8 * ((it - 1) % MB_S));
@@ -279,16 +284,20 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
                         if (tp < nv) y[(int64_t)(off + t0 + tp) * P.R + rb + 128 * m + rl + 8 * (k >> 1)] = d[m][j][k];
                     }
         } else {
-        /* h = SwiGLU x routing weight into d[0]; per token its largest |h| over the block's 128 columns */
+        /* h = SwiGLU x routing weight into d[0] (the weights from rws, written at the chunk's start: one load a token
+         * there instead of 32 global loads a thread here, each ahead of a call of the noinline mt_swiglu; with
+         * dev_swiglu inline, 0.985x on the 8K prefill; session 26); per token its largest |h| over the block's 128
+         * columns */
+        asm volatile("bar.sync 1, 256;" ::: "memory");
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             float mx[2];
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int tp = 8 * j + 2 * c + e;
-                const float rw = tp < nv ? P.p.rw[off + t0 + tp] : 0.0f;
-                d[0][j][e] = mt_swiglu(d[0][j][e], d[1][j][e], P.lim, rw);
-                d[0][j][2 + e] = mt_swiglu(d[0][j][2 + e], d[1][j][2 + e], P.lim, rw);
+                const float rw = rws[tp];
+                d[0][j][e] = dev_swiglu(d[0][j][e], d[1][j][e], P.lim, rw);
+                d[0][j][2 + e] = dev_swiglu(d[0][j][2 + e], d[1][j][2 + e], P.lim, rw);
                 float v = tp < nv ? fmaxf(fabsf(d[0][j][e]), fabsf(d[0][j][2 + e])) : 0.0f;
                 v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
                 v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
@@ -301,7 +310,8 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
             float am = 1e-4f;
 #pragma unroll
             for (int w8 = 0; w8 < 8; w8++) am = fmaxf(am, red[w8 * 128 + tid]);
-            scs[tid] = dev_pow2_ceil(am * (1.0f / 448.0f));
+            const float sc = dev_pow2_ceil(am * (1.0f / 448.0f));
+            scs[tid] = sc, scsi[tid] = 1.0f / sc; /* (exact: a power of two) */
         }
         asm volatile("bar.sync 1, 256;" ::: "memory");
         uint8_t *himg = (uint8_t *)P.out + ((int64_t)off + 8 * ia + t0) * P.R * 2;
@@ -311,20 +321,18 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
             for (int k = 0; k < 4; k++) {
                 const int tp = 8 * j + 2 * c + (k & 1);
                 if (tp < nv) {
-                    const float s = scs[tp];
-                    const uint16_t v = mb_q8(d[0][j][k], s, 1.0f / s); /* (1 / s exact: a power of two) */
-                    const int hh = tp >> 6, t = tp & 63, rest = nv - 64 * hh, ng = ((rest < 64 ? rest : 64) + 7) >> 3;
-                    *(uint16_t *)(himg + (int64_t)hh * 64 * P.R * 2 + (int64_t)blockIdx.x * ng * 2048 +
-                                  mb_off(mb_logical(rl + 8 * (k >> 1)), t, ng)) = v;
+                    const uint16_t v = mb_q8(d[0][j][k], scs[tp], scsi[tp]);
+                    const int ng = (nv + 7) >> 3;
+                    *(uint16_t *)(himg + (int64_t)blockIdx.x * ng * 2048 + mb_off(mb_logical(rl + 8 * (k >> 1)), tp, ng)) = v;
                 }
             }
         }
     };
 
-    /* unit it: its weights from the ring (then unit it + MB_W - 1's copies into the stage read at it - 1), the x stage
-     * it % MB_S */
-    auto unit = [&](int it) {
-        const int s = it % MB_S, u = it % NU;
+    /* unit it (u: its place in its chunk of ng n-groups): its weights from the ring (at k-step 1, unit it + MB_W - 1's
+     * copies into the stage read at it - 1), the x stage it % MB_S */
+    auto unit = [&](int it, int u, int ng) {
+        const int s = it % MB_S;
         dev_cp_wait<MB_W - 2>();
         const unsigned char *ws = mb_sm + (wsa - sb) + (it % MB_W) * MB_WSTAGE;
         uint4 q[NM][2];
@@ -333,7 +341,6 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
 #pragma unroll
             for (int h = 0; h < 2; h++) q[m][h] = *(const uint4 *)(ws + ((2 * m + h) * 32 + lane) * 16);
         const uint4 scw = *(const uint4 *)(ws + (128 + lane) * 16);
-        wissue(it + MB_W - 1);
         uint32_t mul[NM][2], mul2[NM][2];
         bool big = false;
 #pragma unroll
@@ -346,10 +353,10 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
             }
         big = __any_sync(0xffffffffu, big);
         mb_bar_wait(fullb + 8 * s, (it / MB_S) & 1);
-        const uint64_t desc0 = wg_desc(sb + s * MB_STAGE, 128, 256); /* (+ 256 a k-step: 4096 bytes) */
+        const uint64_t desc0 = wg_desc(sb + s * MB_STAGE, 128, 256); /* (+ 16 ng a k-step: ng 256 bytes) */
 #pragma unroll
         for (int ks = 0; ks < 8; ks++) {
-            const uint64_t desc = desc0 + (uint64_t)(ks * 256);
+            const uint64_t desc = desc0 + (uint64_t)(ks * 16 * ng);
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 uint32_t (&A)[4] = a[(2 * ks + m) & 3];
@@ -370,6 +377,9 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
 #pragma unroll
             for (int m = 0; m < NM; m++) mb_mma(d[m], a[(2 * ks + m) & 3], desc, u != 0 || ks != 0);
             wg_commit();
+            /* the weight copies between the commit and the wait: the wait covers the copies' reads of their address
+             * registers, which the next k-step's decode may reuse (after the wait they stalled it: ncu, session 26) */
+            if (ks == 1) wissue(it + MB_W - 1);
             wg_wait<1>(); /* k-step ks - 1's wgmmas are done: its A sets may be written again, its stage released */
 #pragma unroll
             for (int m = 0; m < NM; m++)
@@ -381,9 +391,13 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
 #pragma unroll 1
     for (int v = 0; v < MB_W - 1; v++) wissue(v);
     for (int cl = 0, it = 0; cl < npb; cl++) {
+        const int t0 = (z + cl * Z) * 128, ng = ((cnt - t0 < 128 ? cnt - t0 : 128) + 7) >> 3;
+        if (GATEUP && tid < 128) /* (read after the epilogue's first barrier; the last reads of the previous chunk's
+                                  * were before its second) */
+            rws[tid] = t0 + tid < cnt ? P.p.rw[off + t0 + tid] : 0.0f;
         for (int u = 0; u < NU; u += 2, it += 2) { /* (NU is even) */
-            unit(it);
-            unit(it + 1);
+            unit(it, u, ng);
+            unit(it + 1, u + 1, ng);
         }
         /* (the epilogue outside the units' loop: on every path through that loop the accumulators are in flight) */
         wg_wait<0>();

@@ -635,10 +635,10 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
 /* moe_bf16.cuh's image order (its mb_logical / mb_off): where column col of slot j (of an active expert with cnt slots,
  * image rows from base) lies in an image of rows of C bf16 */
 static size_t pfb_pos(size_t base, int j, int cnt, int col, int C) {
-    const int ch = j >> 6, t = j & 63, rest = cnt - 64 * ch, ng = ((rest < 64 ? rest : 64) + 7) >> 3, u = col / 128, p = col % 128;
+    const int ch = j >> 7, t = j & 127, rest = cnt - 128 * ch, ng = ((rest < 128 ? rest : 128) + 7) >> 3, u = col / 128, p = col % 128;
     const int c = p >> 5, n = p & 31, L = 16 * (2 * (n >> 3) + ((n >> 1) & 1)) + 8 * (n & 1) + 2 * c + ((n >> 2) & 1);
     const size_t off = ((size_t)((L >> 4) * ng + (t >> 3)) * 2 + ((L >> 3) & 1)) * 128 + (size_t)(t & 7) * 16 + (size_t)(L & 7) * 2;
-    return (base + (size_t)64 * ch) * C * 2 + (size_t)u * ng * 2048 + off;
+    return (base + (size_t)128 * ch) * C * 2 + (size_t)u * ng * 2048 + off;
 }
 
 /* The prefill pass's experts on BF16 tensor cores (dsv4_cuda_moe_experts_pass, moe_bf16.cuh; exact products, fp32 sums)
