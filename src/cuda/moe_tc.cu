@@ -1520,7 +1520,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
 
 static int mb_on = -1; /* DSV4_MOE_PFB=0: 0, passes on the kernels of decode steps */
 static int mb_avg;     /* DSV4_MOE_PFB_AVG: from this many tokens an expert on average */
-static int mb_pz;      /* DSV4_MOE_PFB_PZ: blocks an (expert, row tile) that share its chunk pairs */
+static int mb_pz;      /* DSV4_MOE_PFB_PZ: blocks an (expert, row tile) that share its chunks */
 
 int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim,
                      float *h, float *y, cudaStream_t st) {

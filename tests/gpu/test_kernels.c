@@ -398,7 +398,7 @@ moe_checks:
     test_moe_f8(8, 2, 8, 256, 256); /* the unseen-shape models' widths: 2 units, 1 a slice */
     test_moe_f8(96, 2, 8, 256, 128);
 pfb_checks:
-    /* the prefill pass's experts on BF16 tensor cores (moe_bf16.cuh): several chunk pairs an expert, one partial pair,
+    /* the prefill pass's experts on BF16 tensor cores (moe_bf16.cuh): several chunks of 128 tokens an expert, partial ones,
      * Flash's widths (a sample of the slots against the CPU), scales above 2^1 */
     test_moe_pfb(512, 6, 16, 1024, 512, 1, 0, 200);
     test_moe_pfb(300, 2, 16, 512, 256, 1, 1, 256);
