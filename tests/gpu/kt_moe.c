@@ -554,6 +554,29 @@ static void mx_set_free(mx_set *m) {
     free(m->h1), free(m->h3), free(m->h2), free(m->d1), free(m->d3), free(m->d2);
 }
 
+/* A random routed batch of T tokens for E experts of width D, I: x (drawn first) and the picks, their weights and the
+ * idle marks (rand_picks), on the host and the device, with the device's h [T K, I], y [T K, D] and out [T, D] */
+typedef struct {
+    int *sel, *sid, *dsel, *dsid;
+    float *w, *x, *dw, *dx, *dh, *dy, *dout;
+} mx_batch;
+static mx_batch mx_batch_new(int T, int K, int E, int D, int I) {
+    mx_batch b;
+    b.sel = malloc(sizeof(int) * (size_t)T * K), b.sid = malloc(sizeof(int) * T);
+    b.w = malloc(sizeof(float) * (size_t)T * K), b.x = randn((size_t)T * D, 1.0f);
+    rand_picks(T, K, E, b.sel, b.w, b.sid);
+    b.dsel = dup_to_dev(b.sel, sizeof(int) * (size_t)T * K), b.dsid = dup_to_dev(b.sid, sizeof(int) * T);
+    b.dw = dup_to_dev(b.w, sizeof(float) * (size_t)T * K), b.dx = dup_to_dev(b.x, sizeof(float) * (size_t)T * D);
+    b.dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I), b.dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D);
+    b.dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    return b;
+}
+static void mx_batch_free(mx_batch *b) {
+    dsv4_cuda_free(b->dsel), dsv4_cuda_free(b->dsid), dsv4_cuda_free(b->dw), dsv4_cuda_free(b->dx), dsv4_cuda_free(b->dh);
+    dsv4_cuda_free(b->dy), dsv4_cuda_free(b->dout);
+    free(b->sel), free(b->sid), free(b->w), free(b->x);
+}
+
 /* The FP8 decode path (DSV4_MOE_TC_F8, moe_f8.cuh: wgmma e4m3, not the f16 kernels' bits) against the CPU backend, one
  * matrix at a time: h (gate / up, SwiGLU, routing weight) against dsv4_cpu_linear of the same x, and each slot's down
  * projection y against dsv4_cpu_linear of the FP8 path's own h (both act-quantize the same fp32 values to the same codes,
@@ -564,13 +587,10 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     const float lim = 10.0f;
     mx_set ms = mx_set_new(E, D, I, 0);
     const hweight *h1w = ms.h1, *h3w = ms.h3, *h2w = ms.h2;
-    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
-    float *w = malloc(sizeof(float) * (size_t)T * K), *x = randn((size_t)T * D, 1.0f);
-    rand_picks(T, K, E, sel, w, sid);
-    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
-    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K), *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D),
-          *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D),
-          *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    mx_batch mb = mx_batch_new(T, K, E, D, I);
+    const int *sel = mb.sel, *sid = mb.sid, *dsel = mb.dsel, *dsid = mb.dsid;
+    const float *w = mb.w, *x = mb.x, *dw = mb.dw, *dx = mb.dx;
+    float *dh = mb.dh, *dy = mb.dy, *dout = mb.dout;
     float *hg = malloc(sizeof(float) * (size_t)T * K * I), *hr = malloc(sizeof(float) * (size_t)T * K * I);
     float *yg = malloc(sizeof(float) * (size_t)T * K * D), *yr = malloc(sizeof(float) * (size_t)T * K * D);
     float *o1 = malloc(sizeof(float) * (size_t)T * D), *u = malloc(sizeof(float) * I);
@@ -625,10 +645,9 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     if (bad) g_fail++;
     printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: %d tokens alone == in the batch (bitwise)%s\n", bad ? "FAIL" : "ok", T, K, E,
            nt - bad, bad ? " <<<" : "");
-    mx_set_free(&ms);
-    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
-    dsv4_cuda_free(dout), dplan_free(&dp), hplan_free(&r);
-    free(sel), free(sid), free(w), free(x), free(hg), free(hr);
+    mx_set_free(&ms), mx_batch_free(&mb);
+    dplan_free(&dp), hplan_free(&r);
+    free(hg), free(hr);
     free(yg), free(yr), free(o1), free(u);
 }
 
@@ -651,13 +670,10 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
     const float lim = 10.0f;
     mx_set ms = mx_set_new(E, D, I, big);
     const hweight *h1w = ms.h1, *h3w = ms.h3, *h2w = ms.h2;
-    int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
-    float *w = malloc(sizeof(float) * (size_t)T * K), *x = randn((size_t)T * D, 1.0f);
-    rand_picks(T, K, E, sel, w, sid);
-    int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
-    float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K), *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D),
-          *dh = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * I), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K * D),
-          *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    mx_batch mb = mx_batch_new(T, K, E, D, I);
+    const int *sel = mb.sel, *sid = mb.sid, *dsel = mb.dsel, *dsid = mb.dsid;
+    const float *w = mb.w, *x = mb.x, *dw = mb.dw, *dx = mb.dx;
+    float *dh = mb.dh, *dy = mb.dy, *dout = mb.dout;
     uint16_t *himg = malloc(sizeof(float) * (size_t)T * K * I);
     float *yg = malloc(sizeof(float) * (size_t)T * K * D), *o1 = malloc(sizeof(float) * (size_t)T * D),
           *o2 = malloc(sizeof(float) * (size_t)T * D);
@@ -720,9 +736,8 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
     snprintf(name, sizeof name, "moe bf16 prefill first %d of %d tokens alone%s", T2, T, took2 == 1 ? "" : " (NOT the bf16 path)");
     check_same(name, o2, o1, (size_t)T2 * D);
     dsv4_cuda_free(dsid2);
-    mx_set_free(&ms);
-    dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dsv4_cuda_free(dx), dsv4_cuda_free(dh), dsv4_cuda_free(dy);
-    dsv4_cuda_free(dout), dplan_free(&dp), hplan_free(&r);
-    free(sel), free(sid), free(w), free(x), free(himg), free(yg);
+    mx_set_free(&ms), mx_batch_free(&mb);
+    dplan_free(&dp), hplan_free(&r);
+    free(himg), free(yg);
     free(o1), free(o2), free(hq), free(hr), free(u), free(ys), free(yr);
 }
