@@ -136,6 +136,10 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
         size_t na = dsv4_cuda_attn_kv8_scratch(t < GW_ATTN ? (int)t : GW_ATTN, H, Dh, (int)nidx);
         const size_t nt = dsv4_cuda_attn_kv8_tc_scratch((int)t, H, Dh, (int)nidx);
         if (nt > na) na = nt;
+        if (T >= GW_ATTN_TC_MIN) { /* the prefill form's copy of the pass's rows (attn_kv8_wg) */
+            const size_t nw = (dsv4_cuda_attn_kv8_wg_scratch(T, Dh, c->rope_head_dim) + sizeof(float) - 1) / sizeof(float);
+            if (nw > na) na = nw;
+        }
         w->ascr = take(base, &o, sizeof(float) * (na ? na : 1));
     }
     w->hcs = take(base, &o, dsv4_cuda_hc_scratch_bytes(T, (int)M, (int)D));
@@ -444,8 +448,13 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* attention and its output's inverse RoPE over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per
      * call bound the split partials (a row's result does not depend on the rows beside it), the inverse RoPE in the
      * same kernels. Prefill passes: tensor cores, the whole pass at once, then the inverse RoPE. */
-    const int tc = w->attn_tc && dsv4_cuda_attn_kv8_tc_fits(H, Dh, R);
-    if (tc) {
+    const int wgp = w->attn_tc && !dsv4_cuda_attn_kv8_tc_hilo(0, -2) && dsv4_cuda_attn_kv8_wg_enabled() &&
+                    dsv4_cuda_attn_kv8_wg_fits(H, Dh, R);
+    const int tc = w->attn_tc && (wgp || dsv4_cuda_attn_kv8_tc_fits(H, Dh, R));
+    if (wgp) {
+        CK(dsv4_cuda_attn_kv8_wg(w->q, T, H, Dh, R, w->qbase, w->kv, T, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
+                                 w->o, w->ascr, st));
+    } else if (tc) {
         CK(dsv4_cuda_attn_kv8_tc(w->q, T, H, Dh, R, w->qbase, w->kv, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
                                  w->o, st));
     } else if (!w->attn_tc && dsv4_cuda_attn_tc_decode_takes(H, Dh, R, gl->nidx)) {

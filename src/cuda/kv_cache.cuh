@@ -3,6 +3,7 @@
 #define DSV4_CUDA_KV_CACHE_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "common.cuh"
 #include "kv_cache.h"
@@ -15,8 +16,9 @@ __device__ __forceinline__ uint8_t dev_e8m0_code(float pow2) {
 /* One warp packs one fp32 row (Dh floats) into a cache row. The scale of each 64-block is recomputed
  * from its (already rounded) values as the simulation computes it: max(amax, 1e-4) / 448 rounded up to
  * a power of two; every rounded value is then an e4m3 code times that scale exactly (the rounded amax
- * lies in [scale/2 * 448 .. scale * 448] of the original scale, both of which hold the codes). */
-__device__ __forceinline__ void dev_kv_pack_row_warp(const float *src, int Dh, int R, uint8_t *dst) {
+ * lies in [scale/2 * 448 .. scale * 448] of the original scale, both of which hold the codes). rope_f16: the rope
+ * dims as f16 instead of bf16 (not the cache's format: attn_kv8_wg.cu's copy of a pass's own rows). */
+__device__ __forceinline__ void dev_kv_pack_row_warp(const float *src, int Dh, int R, uint8_t *dst, bool rope_f16 = false) {
     const int lane = threadIdx.x & 31, nope = Dh - R, nb = nope / 64, ro = dsv4_kv_rope_off(Dh, R);
     for (int blk = 0; blk < nb; blk++) {
         float a = fmaxf(fabsf(src[blk * 64 + lane]), fabsf(src[blk * 64 + 32 + lane]));
@@ -29,7 +31,8 @@ __device__ __forceinline__ void dev_kv_pack_row_warp(const float *src, int Dh, i
         if (lane == 0) dst[nope + blk] = dev_e8m0_code(s);
     }
     uint16_t *rp = (uint16_t *)(dst + ro);
-    for (int j = lane; j < R; j += 32) rp[j] = __bfloat16_as_ushort(__float2bfloat16_rn(src[nope + j]));
+    for (int j = lane; j < R; j += 32)
+        rp[j] = rope_f16 ? __half_as_ushort(__float2half_rn(src[nope + j])) : __bfloat16_as_ushort(__float2bfloat16_rn(src[nope + j]));
 }
 
 /* e2m1 code of a value that is exactly an e2m1 value (magnitude 0, .5, 1, 1.5, 2, 3, 4 or 6) */

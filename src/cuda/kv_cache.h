@@ -82,6 +82,18 @@ void dsv4_cuda_attn_kv8_force(int cfg, int mode);
  * Prefill passes: spans of 1024 entries, no scratch, any T, no rotation of the output. */
 int dsv4_cuda_attn_kv8_tc(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                           const int *idx, int nidx, const float *sink, float scale, float *out, void *stream);
+/* The prefill form with one f16 term on Hopper's warpgroup MMA (attn_kv8_wg.cu): dsv4_cuda_attn_kv8_tc's one-term form
+ * (its sums in the same order; e^x on the SFU), a block per (query, 64 heads), the forward's prefill attention where it
+ * fits. q 16-byte aligned, out 8-byte. kv2 holds nkv2 rows (ids
+ * -2 .. -nkv2-1), first packed into scratch (dsv4_cuda_attn_kv8_wg_scratch bytes, 16-byte aligned; their rope dims
+ * as f16, as the one-term form takes them). Needs dsv4_cuda_attn_kv8_wg_fits (Dh <= 512, R % 8 == 0, (Dh - R) % 64
+ * == 0). DSV4_CUDA_ATTN_WG=0 turns it off (dsv4_cuda_attn_kv8_wg_enabled: the forward takes dsv4_cuda_attn_kv8_tc). */
+int dsv4_cuda_attn_kv8_wg(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
+                          int nkv2, const int *idx, int nidx, const float *sink, float scale, float *out, void *scratch,
+                          void *stream);
+int dsv4_cuda_attn_kv8_wg_fits(int H, int Dh, int R);
+int dsv4_cuda_attn_kv8_wg_enabled(void);
+size_t dsv4_cuda_attn_kv8_wg_scratch(int nkv2, int Dh, int R);
 /* The precision of a form (dec 0: prefill passes, dsv4_cuda_attn_kv8_tc; 1: decode steps, dsv4_cuda_attn_kv8_tc_dec):
  * on 0 q, p and the rope dims as one f16 term each, ~2^-12 relative per operand (the official model computes attention
  * in bf16, 2^-9), the prefill form's default (DSV4_CUDA_ATTN_TC_HILO); 1 hi + lo terms, near fp32, the decode form's

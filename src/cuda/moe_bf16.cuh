@@ -44,6 +44,8 @@
  * compiler issues one lane at a time: ~1,000 cycles of warp 0 a unit, holding back its warpgroup; session 26.) */
 #pragma once
 
+#include "mbarrier.cuh"
+
 #define MB_S 4          /* stages of the x ring */
 #define MB_STAGE 32768  /* bytes of a stage: 8 k-steps x 16 n-groups x 256 */
 #define MB_THREADS 256  /* two warpgroups; warp 0 also issues the x copies */
@@ -59,29 +61,6 @@ __device__ __forceinline__ int mb_logical(int p) {
 /* byte of logical column L of token t (0..127) in an image chunk-unit of ng n-groups */
 __device__ __forceinline__ int mb_off(int L, int t, int ng) {
     return (((L >> 4) * ng + (t >> 3)) * 2 + ((L >> 3) & 1)) * 128 + (t & 7) * 16 + (L & 7) * 2;
-}
-
-__device__ __forceinline__ void mb_bar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mb_bar_expect(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mb_bar_arrive(unsigned bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory"); }
-__device__ __forceinline__ void mb_bar_wait(unsigned bar, unsigned parity) {
-    asm volatile("{ .reg .pred p;\n"
-                 "MB_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra MB_WAIT;\n"
-                 "}" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-/* bytes (a multiple of 16) from global src to shared dst, completing on mbarrier bar */
-__device__ __forceinline__ void mb_bulk(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(bytes),
-                 "r"(bar)
-                 : "memory");
 }
 
 /* v times m, two bf16 each */
@@ -193,8 +172,8 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
      * weights of the chunk's tokens */
     float *red = (float *)(mb_sm + MB_S * MB_STAGE + 2 * MB_S * 8), *scs = red + 8 * 128, *scsi = scs + 128, *rws = scsi + 128;
     if (tid == 0) {
-        for (int s = 0; s < MB_S; s++) mb_bar_init(fullb + 8 * s, 1), mb_bar_init(emptyb + 8 * s, 8);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < MB_S; s++) dev_mbar_init(fullb + 8 * s, 1), dev_mbar_init(emptyb + 8 * s, 8);
+        dev_mbar_fence_init();
     }
     __syncthreads();
     const int64_t rowb = (int64_t)C * 2; /* bytes of an image row */
@@ -206,10 +185,10 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
     auto produce = [&](int it) {
         const int s = it % MB_S, t0 = (z + pcl * Z) * 128;
         const int ng = ((cnt - t0 < 128 ? cnt - t0 : 128) + 7) >> 3;
-        if (it >= MB_S) mb_bar_wait(emptyb + 8 * s, ((it / MB_S) - 1) & 1);
+        if (it >= MB_S) dev_mbar_wait(emptyb + 8 * s, ((it / MB_S) - 1) & 1);
         if (lane == 0) {
-            mb_bar_expect(fullb + 8 * s, (unsigned)ng * 2048);
-            mb_bulk(sb + s * MB_STAGE, img + (int64_t)t0 * rowb + (int64_t)pu * ng * 2048, (unsigned)ng * 2048, fullb + 8 * s);
+            dev_mbar_expect(fullb + 8 * s, (unsigned)ng * 2048);
+            dev_bulk_g2s(sb + s * MB_STAGE, img + (int64_t)t0 * rowb + (int64_t)pu * ng * 2048, (unsigned)ng * 2048, fullb + 8 * s);
         }
         __syncwarp();
         if (++pu == NU) pu = 0, pcl++;
@@ -266,7 +245,7 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
      * instructions, not the wait, cost warp 0 ~400 cycles a unit; session 26) */
     auto release = [&](int it) {
         __syncwarp();
-        if (lane == 0) mb_bar_arrive(emptyb + 8 * ((it - 1) % MB_S));
+        if (lane == 0) dev_mbar_arrive(emptyb + 8 * ((it - 1) % MB_S));
         if (warp == 0 && it - 1 + MB_S < n) produce(it - 1 + MB_S);
     };
 
@@ -352,7 +331,7 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
                 big |= e > 128u;
             }
         big = __any_sync(0xffffffffu, big);
-        mb_bar_wait(fullb + 8 * s, (it / MB_S) & 1);
+        dev_mbar_wait(fullb + 8 * s, (it / MB_S) & 1);
         const uint64_t desc0 = wg_desc(sb + s * MB_STAGE, 128, 256); /* (+ 16 ng a k-step: ng 256 bytes) */
 #pragma unroll
         for (int ks = 0; ks < 8; ks++) {

@@ -169,12 +169,16 @@ static size_t attn_scratch_both(int T, int H, int Dh, int nidx) {
     return a > b ? a : b;
 }
 
-/* the path under test: dsv4_cuda_attn_kv8 (decode), dsv4_cuda_attn_kv8_tc (prefill, tc 1) or dsv4_cuda_attn_kv8_tc_dec
- * (decode on tensor cores, tc 2) */
+/* the pass's own rows (kv2) of the case under test: the prefill form on warpgroup MMA packs them */
+static int tc_n2 = 0;
+/* the path under test: dsv4_cuda_attn_kv8 (decode), the prefill form (tc 1: dsv4_cuda_attn_kv8_wg for one f16 term where
+ * it fits, else dsv4_cuda_attn_kv8_tc) or dsv4_cuda_attn_kv8_tc_dec (decode on tensor cores, tc 2) */
 static int attn_call(int tc, const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                      const int *idx, int nidx, const float *sink, float scale, float *out, float *scratch) {
     if (tc == 2)
         return dsv4_cuda_attn_kv8_tc_dec(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, NULL, NULL, out, scratch, NULL);
+    if (tc && !dsv4_cuda_attn_kv8_tc_hilo(0, -2) && dsv4_cuda_attn_kv8_wg_fits(H, Dh, R))
+        return dsv4_cuda_attn_kv8_wg(q, T, H, Dh, R, base, kv2, kv2 ? tc_n2 : 0, idx, nidx, sink, scale, out, scratch, NULL);
     if (tc) return dsv4_cuda_attn_kv8_tc(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, NULL);
     return dsv4_cuda_attn_kv8(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, out, scratch, NULL);
 }
@@ -227,7 +231,8 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
     int *didx = dup_dev(idx, sizeof(int) * (size_t)T * nidx);
     const uint8_t **dbase = dup_dev(base, sizeof(void *) * T);
     float *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * H * Dh);
-    size_t sc = attn_scratch_both(T, H, Dh, nidx);
+    size_t sc = attn_scratch_both(T, H, Dh, nidx) + (tc == 1 ? (dsv4_cuda_attn_kv8_wg_scratch(n2, Dh, R) + 3) / 4 : 0);
+    tc_n2 = n2;
     float *dscr = sc ? dsv4_cuda_alloc(sizeof(float) * sc) : NULL;
     const float scale = 1.0f / sqrtf((float)Dh);
     float *got = malloc(sizeof(float) * (size_t)T * H * Dh), *got2 = malloc(sizeof(float) * (size_t)T * H * Dh);
@@ -272,6 +277,17 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
             !dsv4_cuda_download(old, dout, sizeof(float) * (size_t)T * H * Dh))
             wold = tol_worst(old, ref, (size_t)T * H * Dh, NULL);
         dsv4_cuda_free(lscr);
+    }
+    long wgd = -1; /* the warpgroup form's values that differ from attn_kv8_tc's one-term kernel's */
+    double wgm = 0;
+    if (tc == 1 && f16 && dsv4_cuda_attn_kv8_wg_fits(H, Dh, R) &&
+        !dsv4_cuda_attn_kv8_tc(dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, NULL) &&
+        !dsv4_cuda_download(old, dout, sizeof(float) * (size_t)T * H * Dh)) {
+        wgd = 0;
+        for (size_t i = 0; i < (size_t)T * H * Dh; i++)
+            if (memcmp(&got[i], &old[i], 4)) wgd++, wgm = fmax(wgm, fabs((double)got[i] - old[i]) / (fabs((double)old[i]) + 1e-30));
+        printf("     attn_kv8_wg vs attn_kv8_tc (one term): %ld of %zu values differ (largest relative %.3g)\n", wgd,
+               (size_t)T * H * Dh, wgm);
     }
     int nondet = memcmp(got, got2, sizeof(float) * (size_t)T * H * Dh) != 0;
     /* batch invariance: query 0 alone (tc: query T - 2 alone too) */
@@ -687,6 +703,7 @@ typedef struct {
     const int *idx;
     float *out, *scr;
     int T, nidx, tc;
+    void *wscr; /* the warpgroup form's copy of the pass's rows */
 } pf_job;
 
 static int run_pf(const void *ctx, void *st) {
@@ -695,6 +712,8 @@ static int run_pf(const void *ctx, void *st) {
     if (j->tc == 2) /* the decode form over the same pass (T > 32: a block per query, its spans folded there) */
         return dsv4_cuda_attn_kv8_tc_dec(j->q, j->T, 64, 512, 64, j->base, j->kv2, j->idx, j->nidx, j->sink, sc, NULL, NULL,
                                          j->out, NULL, st);
+    if (j->tc == 1)
+        return dsv4_cuda_attn_kv8_wg(j->q, j->T, 64, 512, 64, j->base, j->kv2, j->T, j->idx, j->nidx, j->sink, sc, j->out, j->wscr, st);
     if (j->tc) return dsv4_cuda_attn_kv8_tc(j->q, j->T, 64, 512, 64, j->base, j->kv2, j->idx, j->nidx, j->sink, sc, j->out, st);
     for (int t0 = 0; t0 < j->T; t0 += 64) {
         const int tn = j->T - t0 < 64 ? j->T - t0 : 64;
@@ -723,6 +742,7 @@ static void bench_attn_tc(void) {
     const uint8_t **dbase = dup_dev(base, sizeof(void *) * TP);
     float *d1 = dsv4_cuda_alloc(sizeof(float) * (size_t)TP * H * Dh), *d2 = dsv4_cuda_alloc(sizeof(float) * (size_t)TP * H * Dh);
     float *scr = dsv4_cuda_alloc(sizeof(float) * (dsv4_cuda_attn_kv8_scratch(64, H, Dh, 640) + 4));
+    void *wscr = dsv4_cuda_alloc(dsv4_cuda_attn_kv8_wg_scratch(TP, Dh, R));
     float *o1 = malloc(sizeof(float) * (size_t)TP * H * Dh), *o2 = malloc(sizeof(float) * (size_t)TP * H * Dh);
     int *idx = malloc(sizeof(int) * (size_t)TP * 640);
     for (int ni = 0; ni < 3; ni++) {
@@ -737,9 +757,9 @@ static void bench_attn_tc(void) {
         int *didx = dup_dev(idx, sizeof(int) * (size_t)TP * nidx);
         for (int ti = 0; ti < 2; ti++) {
             const int T = Ts[ti];
-            pf_job j = {dq, dkv2, dsink, dbase, didx, d1, scr, T, nidx, 0};
+            pf_job j = {dq, dkv2, dsink, dbase, didx, d1, scr, T, nidx, 0, wscr};
             const double before = time_us(run_pf, &j, 1);
-            j.out = d2, j.tc = 1;
+            j.out = d2, j.tc = 3; /* hi + lo terms: attn_kv8_tc */
             dsv4_cuda_attn_kv8_tc_hilo(0, 1);
             const double hilo = time_us(run_pf, &j, 1);
             const size_t no = (size_t)T * H * Dh;
@@ -747,9 +767,20 @@ static void bench_attn_tc(void) {
             const double whl = tol_worst_dev(d2, d1, no, o2, o1);
             const int okhl = tc_sane(1, whl, o2, o1, no, &rhl);
             dsv4_cuda_attn_kv8_tc_hilo(0, 0);
+            j.tc = 1; /* one f16 term: attn_kv8_wg */
             const double after = time_us(run_pf, &j, 1);
             const double worst = tol_worst_dev(d2, d1, no, o2, o1);
             const int ok = tc_sane(0, worst, o2, o1, no, &rl);
+            j.tc = 3; /* attn_kv8_tc's one-term kernel (mma.sync), the form before */
+            float *d3 = dsv4_cuda_alloc(sizeof(float) * no);
+            j.out = d3;
+            const double mma = time_us(run_pf, &j, 1);
+            const double wm = tol_worst_dev(d2, d3, no, o2, o1);
+            printf("     time attn_kv8 prefill T %4d nidx %3d: one f16 term on warpgroup MMA (attn_kv8_wg) %8.1f us, on mma.sync "
+                   "(attn_kv8_tc) %8.1f us (%.2fx); worst %.3g of the tolerance between them\n",
+                   T, nidx, after, mma, mma / after, wm);
+            dsv4_cuda_free(d3);
+            j.out = d2, j.tc = 1;
             const double fl = 4.0 * H * Dh * (double)nval * T / TP; /* q.k and p.v, 2 flops a product */
             printf("%s time attn_kv8 prefill T %4d nidx %3d (64 x 512): decode kernel in 64-row calls %9.1f us, tensor cores "
                    "%8.1f us (%5.1fx; %.1f -> %.1f TFLOP/s); tc vs decode kernel: worst %.3g of the tolerance, relative L2 "
@@ -774,7 +805,7 @@ static void bench_attn_tc(void) {
     }
     free(kv2), free(q), free(base), free(o1), free(o2), free(idx);
     dsv4_cuda_free(dc), dsv4_cuda_free(dkv2), dsv4_cuda_free(dq), dsv4_cuda_free(dsink), dsv4_cuda_free((void *)dbase);
-    dsv4_cuda_free(d1), dsv4_cuda_free(d2), dsv4_cuda_free(scr);
+    dsv4_cuda_free(d1), dsv4_cuda_free(d2), dsv4_cuda_free(scr), dsv4_cuda_free(wscr);
 }
 
 typedef struct {

@@ -1,0 +1,451 @@
+/* attn_kv8_wg.cu - the prefill passes' sparse attention on Hopper's warpgroup MMA (dsv4_cuda_attn_kv8_wg; kv_cache.h):
+ * the one-f16-term form of attn_kv8_tc.cu's prefill kernel (q, the rows, p as one f16 term each, fp32 sums), 1.9-2.3x
+ * faster (bench/NOTES.md "Session 27").
+ *
+ * Why: attn_kv8_tc's prefill form ran at ~75 TFLOP/s (8-12 K cycles a tile of 32 entries for 2 M multiply-adds): each
+ * of its 8 warps decoded rows, then waited, then ran mma.sync, one phase after the other. Here (a block per query and
+ * 64 heads, 256 threads = two warpgroups; warpgroup w owns dims 256 w .. 256 w + 255 of q, the rows and the output):
+ *  - the rows of tile s + 3 are gathered as stored (a cp.async.bulk a row, three raw stages, an mbarrier each) while
+ *    tile s computes;
+ *  - S = q.k over the warpgroup's dims is one chain of 16 wgmma m64n32k16 (q and the rows in shared memory), with tile
+ *    s + 1's rows decoded into f16 between them (cvt e4m3x2 -> f16x2 times the e8m0 scale: exact);
+ *  - the two halves' partial scores are swapped through shared memory and added (a + b: the same bits in both), both
+ *    warpgroups run the same online softmax (attn_kv8_tc's, with e^x as 2^(x log2 e) on the SFU), and O += p.V is two
+ *    wgmma m64n256k16 with p from registers and V = the same rows read N-major (transposed) from shared memory.
+ * With attn_kv8_tc's expf and division instead (the version measured first) it gave attn_kv8_tc's bits exactly: the
+ * wgmma chains are those of its mma.sync chains. Now ~2 ulp of e^x and one rounding of 1 / (l + e^(sink - m)) apart.
+ * The pass's own rows (ids <= -2, fp32 kv2) are first packed into the cache format with f16 rope dims
+ * (attn_wg_pack_kernel; their non-rope dims are FP8-simulated, so the codes hold them exactly, and f16(rope) is what
+ * attn_kv8_tc's one-term form takes), so every entry is one 16-byte-aligned row to copy.
+ * Shared memory in wgmma's core matrices (8 rows x 16 bytes, 128 contiguous bytes, no swizzle): q [64 heads][512]
+ * chunk c (8 dims) of head h at c * 1024 + (h / 8) * 128 + (h % 8) * 16; a tile's rows [32][512] chunk c of entry e
+ * at c * 512 + (e / 8) * 128 + (e % 8) * 16: K-major for q.k (lbo 512 steps 8 dims, sbo 128 steps 8 entries) and
+ * N-major for p.V (lbo 128 steps 8 entries, sbo 512 steps 8 dims).
+ * Spans of WA_F tiles go into out as attn_kv8_tc's do (out = out e^(mf - m) + O); out = O 2^-12 / (l + exp(sink -
+ * m)); zeros for a query without entries. Every sum's order depends only on the query's own list: batch invariant. */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common.cuh"
+#include "kv_cache.cuh"
+#include "mbarrier.cuh"
+#include "wgmma.cuh"
+
+#define WA_N 32       /* entries a tile */
+#define WA_D 512      /* dims a row in shared memory (zero-padded) */
+#define WA_H 64       /* heads a block */
+#define WA_NT 256     /* threads: two warpgroups */
+#define WA_RS 3       /* raw stages (tiles s + 1 .. s + 3 in flight) */
+#define WA_IR 8       /* id ring, tiles */
+#define WA_PS 4096.0f /* p is taken as p x 2^12 (f16 subnormals only below p 2^-26); O carries the factor */
+#define WA_F 32       /* tiles a span (attn_kv8_tc's TC_F) */
+#define WA_L2E 1.4426950408889634f
+
+__device__ __forceinline__ float wa_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#define WA_QS 0                          /* q: 64 x 512 f16 */
+#define WA_KS (WA_QS + WA_H * WA_D * 2)  /* rows: 2 x 32 x 512 f16 */
+#define WA_SX (WA_KS + 2 * WA_N * WA_D * 2) /* partial scores: [2 warpgroups][16][128 threads] fp32 */
+#define WA_ID (WA_SX + 2 * 16 * 128 * 4) /* ids: [8 tiles][32] */
+#define WA_MB (WA_ID + WA_IR * WA_N * 4) /* the raw stages' mbarriers: [3] */
+#define WA_RAW (WA_MB + 128)            /* rows as stored: [3][32][rb] */
+
+/* clock trace (DSV4_ATTN_WG_TRACE=FILE, measurement only): thread 0 of each warpgroup of every 512th block stamps
+ * %clock64 at fixed points: 0 start, 1 ids and first copies issued, 2 q in, 3 tile 0 decoded, then per tile s < 12 at
+ * 4 + 8 s + {0 loop barrier, 1 rows of s + 1 in, 2 q.k issued and s + 1 decoded, 3 copies issued, 4 scores in,
+ * 5 swapped, 6 softmax, 7 p.V done}, 100 loop end, 101 stores done (bench/wa_trace.py) */
+#define WA_TRN 104
+#define WA_TR(k)                                                                                                        \
+    do {                                                                                                               \
+        if (trc && (tid & 127) == 0 && (blockIdx.x & 511) == 0)                                                        \
+            trc[((blockIdx.x >> 9) * 2 + (tid >> 7)) * WA_TRN + (k)] = clock64();                                      \
+    } while (0)
+
+static size_t wa_smem(int Dh, int R) { return (size_t)WA_RAW + (size_t)WA_RS * WA_N * (size_t)dsv4_kv_row_bytes(Dh, R); }
+
+/* 8 e4m3 codes x 2^(sc - 127) as 8 f16, rounded once (attn_kv8_tc rounds the exact fp32 product), without a branch:
+ * x 2^k1 (k1 = k clamped to -14 .. 15: exact, or an overflow the value has too), then x 2^k2 (k2 = k - k1; one rounding;
+ * 0 when 2^k2 < 2^-24: the value is then under 2^-29 and rounds to zero; 2^15 past 2^15: the value overflows) */
+__device__ __forceinline__ uint4 wa_fp8x8(uint2 w, unsigned sc) {
+    const int k = (int)sc - 127, k1 = min(max(k, -14), 15), k2 = k - k1;
+    const uint32_t b1 = (uint32_t)(k1 + 15) << 10;
+    const uint32_t b2 = k2 >= -14 ? (uint32_t)(min(k2, 15) + 15) << 10 : k2 >= -24 ? 1u << (k2 + 24) : 0u;
+    const __half2 s1 = __halves2half2(__ushort_as_half((uint16_t)b1), __ushort_as_half((uint16_t)b1));
+    const __half2 s2 = __halves2half2(__ushort_as_half((uint16_t)b2), __ushort_as_half((uint16_t)b2));
+    const uint16_t c2[4] = {(uint16_t)w.x, (uint16_t)(w.x >> 16), (uint16_t)w.y, (uint16_t)(w.y >> 16)};
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)c2[i], __NV_E4M3);
+        const __half2 p = __hmul2(__hmul2(__half2(h), s1), s2);
+        o[i] = *(const uint32_t *)&p;
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+/* 8 bf16 -> 8 f16 (round to nearest) */
+__device__ __forceinline__ uint4 wa_bf16x8(uint4 w) {
+    const uint32_t in[4] = {w.x, w.y, w.z, w.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const __half2 p = __floats2half2_rn(__uint_as_float(in[k] << 16), __uint_as_float(in[k] & 0xffff0000u));
+        o[k] = *(const uint32_t *)&p;
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+/* the pass's own rows in the cache format, rope dims f16: a warp a row */
+__global__ void attn_wg_pack_kernel(const float *kv2, int n, int Dh, int R, uint8_t *dst) {
+    dev_pdl_enter();
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row < n) dev_kv_pack_row_warp(kv2 + (int64_t)row * Dh, Dh, R, dst + (int64_t)row * dsv4_kv_row_bytes(Dh, R), true);
+}
+
+/* Block (query blockIdx.x, heads blockIdx.y * 64 ..). Entry id >= 0: row id of base[t]; id <= -2: row -id-2 of kv2p
+ * (attn_wg_pack_kernel's); -1: none. q 16-byte aligned, Dh % 8 == 0. */
+template <bool FIX>
+__global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, int H, int Dh, int R,
+                                                             const uint8_t *const *base, const uint8_t *kv2p,
+                                                             const int *idx, int nidx, const float *sink, float scale,
+                                                             float *out, long long *trc) {
+    dev_pdl_enter();
+    extern __shared__ __align__(128) uint8_t wsm[];
+    uint8_t *Qs = wsm + WA_QS, *Ks = wsm + WA_KS, *raw = wsm + WA_RAW;
+    float *Sx = (float *)(wsm + WA_SX);
+    int *ids = (int *)(wsm + WA_ID);
+    const int t = blockIdx.x, h0 = blockIdx.y * WA_H, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, g = warp & 3, gr = lane >> 2, tq = lane & 3, wt = tid & 127;
+    WA_TR(0);
+    const int rb = (int)dsv4_kv_row_bytes(Dh, R), nope = Dh - R, ro = dsv4_kv_rope_off(Dh, R);
+    const int nq = nope >> 3, dc = Dh >> 3, ns = (nidx + WA_N - 1) / WA_N;
+    const uint8_t *cache = base ? base[t] : NULL;
+    const int *lidx = idx + (int64_t)t * nidx;
+
+    auto fetch = [&](int s, int i) {
+        const int e = s * WA_N + i;
+        int id = s < ns && e < nidx ? lidx[e] : -1;
+        if (id >= 0 && !cache) id = -1;
+        if (id < -1 && !kv2p) id = -1;
+        return id;
+    };
+    /* tile s's rows into raw stage s % 3 (warp 7: a bulk copy a row and lane) on the stage's mbarrier; past the list
+     * nothing */
+    const unsigned mb0 = (unsigned)__cvta_generic_to_shared(wsm + WA_MB), raw0 = (unsigned)__cvta_generic_to_shared(raw);
+    auto issue = [&](int s) {
+        if (s >= ns) return;
+        const int id = ids[(s & (WA_IR - 1)) * WA_N + lane];
+        const uint8_t *src = id >= 0 ? cache + (int64_t)id * rb : id < -1 ? kv2p + (int64_t)(-id - 2) * rb : NULL;
+        const unsigned nv = __popc(__ballot_sync(0xffffffffu, src != NULL)), bar = mb0 + 8 * (s % WA_RS);
+        if (lane == 0) dev_mbar_expect(bar, nv * (unsigned)rb);
+        __syncwarp();
+        if (src) dev_bulk_g2s(raw0 + (s % WA_RS) * (WA_N * rb) + lane * rb, src, (unsigned)rb, bar);
+    };
+    /* chunk j of tile s's rows (raw stage s % 3) into f16 rows buffer s & 1: lane = entry id, warp w chunk w + 8 j;
+     * without branches (FIX: chunk 7 the rope dims, the others FP8), so that it can sit between wgmma instructions */
+    auto dchunk = [&](int s, int j, int id) {
+        const int c = warp + 8 * j, cr = FIX ? c : min(c, dc - 1); /* cr: a chunk of the row to read (c past Dh: zeros) */
+        const uint8_t *row = raw + (s % WA_RS) * (WA_N * rb) + lane * rb;
+        uint4 o;
+        if (FIX ? j < 7 : cr < nq) o = wa_fp8x8(*(const uint2 *)(row + 8 * cr), row[nope + (cr >> 3)]);
+        else {
+            const uint4 w = *(const uint4 *)(row + ro + 16 * (cr - nq)), b = wa_bf16x8(w);
+            o = id >= 0 ? b : w; /* the pass's own rows carry f16 rope dims */
+        }
+        if (id == -1 || (!FIX && c >= dc)) o = make_uint4(0, 0, 0, 0);
+        *(uint4 *)(Ks + (s & 1) * (WA_N * WA_D * 2) + c * (WA_N * 16) + (lane >> 3) * 128 + (lane & 7) * 16) = o;
+    };
+
+    /* ids of tiles 0 .. 4; tile 5's in flight in warp 0's registers */
+    if (tid == 0) {
+        for (int k = 0; k < WA_RS; k++) dev_mbar_init(mb0 + 8 * k, 1);
+        dev_mbar_fence_init();
+    }
+    for (int i = tid; i < 5 * WA_N; i += WA_NT) ids[i] = fetch(i / WA_N, i % WA_N);
+    int nxt = warp == 0 ? fetch(5, lane) : -1;
+    __syncthreads();
+    if (warp == 7) issue(0), issue(1), issue(2);
+    WA_TR(1);
+    /* q of the block's heads as f16 (zeros past H and Dh; Dh % 8 == 0, rows 16-byte aligned: the wrapper checks). A warp
+     * instruction takes 8 heads x 4 chunks of 8 dims: 8 lines of q to read (lanes one head apart would touch 32) and 4
+     * smem rows to write (conflict-free). All 16 items' loads in flight at once. */
+    {
+        float4 va[16], vb[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const int P = warp * 16 + k, hh = h0 + 8 * (P & 7) + (lane & 7), c = 4 * (P >> 3) + (lane >> 3);
+            va[k] = vb[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (hh < H && 8 * c < Dh) {
+                const float4 *src = (const float4 *)(q + ((int64_t)t * H + hh) * Dh + 8 * c);
+                va[k] = src[0], vb[k] = src[1];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const int P = warp * 16 + k, h = 8 * (P & 7) + (lane & 7), c = 4 * (P >> 3) + (lane >> 3);
+            const __half2 p[4] = {__floats2half2_rn(va[k].x, va[k].y), __floats2half2_rn(va[k].z, va[k].w),
+                                  __floats2half2_rn(vb[k].x, vb[k].y), __floats2half2_rn(vb[k].z, vb[k].w)};
+            *(uint4 *)(Qs + c * 1024 + (h >> 3) * 128 + (h & 7) * 16) = *(const uint4 *)p;
+        }
+    }
+    wg_fence_proxy();
+    WA_TR(2);
+    dev_mbar_wait(mb0, 0);
+#pragma unroll
+    for (int j = 0; j < 8; j++) dchunk(0, j, ids[lane]);
+    wg_fence_proxy();
+    WA_TR(3);
+
+    float O[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* rows gr and gr + 8 of the warp's 16 heads */
+    const int hA = h0 + 16 * g + gr, hB = hA + 8;
+    float *oA = out + ((int64_t)t * H + hA) * Dh, *oB = out + ((int64_t)t * H + hB) * Dh;
+    float mf0 = -INFINITY, mf1 = -INFINITY; /* m when O last went into out (spans) */
+    bool fl = false;
+    const unsigned qa = (unsigned)__cvta_generic_to_shared(Qs), ka0 = (unsigned)__cvta_generic_to_shared(Ks);
+
+    for (int s = 0; s < ns; s++) {
+        __syncthreads(); /* tile s's f16 rows are in (and visible to the tensor cores); buffer (s + 1) & 1 is free */
+        const int tb = s < 12 ? 4 + 8 * s : -1;
+#define WA_TS(k) if (tb >= 0) WA_TR(tb + (k))
+        WA_TS(0);
+        const unsigned ka = ka0 + (s & 1) * (WA_N * WA_D * 2);
+        /* q.k: every k-step (the zero padding past Dh too: wgmma in a divergent path is serialized), with tile s + 1's
+         * rows decoded between them (a chunk every second k-step: the tensor pipe's queue drains meanwhile; past the
+         * list into the free buffer, harmlessly) */
+        if (s + 1 < ns) dev_mbar_wait(mb0 + 8 * ((s + 1) % WA_RS), ((s + 1) / WA_RS) & 1);
+        WA_TS(1);
+        const int did = ids[((s + 1) & (WA_IR - 1)) * WA_N + lane];
+        float S4[4][4];
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            wg_mma_ss_n32(S4, wg_desc(qa + (16 * wg + k) * 2048, 1024, 128), wg_desc(ka + (16 * wg + k) * 1024, 512, 128), k);
+            if (FIX && (k & 1)) dchunk(s + 1, k >> 1, did);
+        }
+        wg_commit();
+        if (!FIX) /* the generic layout's branches between wgmma instructions would make ptxas wait on each */
+#pragma unroll
+            for (int j = 0; j < 8; j++) dchunk(s + 1, j, did);
+        wg_fence_proxy(); /* the decoded rows, for the next tile's wgmma (after its barrier) */
+        WA_TS(2);
+        if (warp == 0) ids[((s + 5) & (WA_IR - 1)) * WA_N + lane] = nxt; /* tile s + 5's ids (loaded a tile ago) */
+        if (warp == 7) issue(s + 3); /* into the stage tile s left (decoded a tile ago, before this tile's barrier) */
+        if (warp == 0) nxt = fetch(s + 6, lane);
+        WA_TS(3);
+
+        /* S = own half + other half (commutative: both warpgroups get the same bits) */
+        wg_wait<0>();
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) wg_keep(S4[n][j]);
+        WA_TS(4);
+        float S[16];
+#pragma unroll
+        for (int v = 0; v < 16; v++) {
+            S[v] = S4[v >> 2][v & 3];
+            Sx[(wg * 16 + v) * 128 + wt] = S[v];
+        }
+        __syncthreads();
+        WA_TS(5);
+#pragma unroll
+        for (int v = 0; v < 16; v++) S[v] += Sx[((wg ^ 1) * 16 + v) * 128 + wt];
+
+        /* online softmax (attn_kv8_tc's); S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
+        const unsigned vm = __ballot_sync(0xffffffffu, ids[(s & (WA_IR - 1)) * WA_N + lane] != -1);
+        float mt0 = -INFINITY, mt1 = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int e = 8 * n + 2 * tq + (j & 1);
+                const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
+                S[4 * n + j] = x;
+                if (j < 2) mt0 = fmaxf(mt0, x);
+                else mt1 = fmaxf(mt1, x);
+            }
+        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
+        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
+        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
+        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+        const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+        /* e^(x - m) as 2^(x log2 e - m log2 e) on the SFU (~2 ulp; attn_kv8_tc's expf took ~10 instructions each) */
+        const float ms0 = mn0 == -INFINITY ? 0.0f : mn0 * WA_L2E, ms1 = mn1 == -INFINITY ? 0.0f : mn1 * WA_L2E;
+        const float a0 = m0 == mn0 ? 1.0f : wa_ex2(fmaf(m0, WA_L2E, -ms0)); /* m -inf: 0 */
+        const float a1 = m1 == mn1 ? 1.0f : wa_ex2(fmaf(m1, WA_L2E, -ms1));
+        float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+        for (int v = 0; v < 16; v++) {
+            const float p = wa_ex2(fmaf(S[v], WA_L2E, -((v & 2) ? ms1 : ms0))); /* S = -inf: 0 */
+            S[v] = p;
+            if (v & 2) ls1 += p;
+            else ls0 += p;
+        }
+        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
+        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
+        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+        l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
+        m0 = mn0, m1 = mn1;
+        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
+#pragma unroll
+            for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
+
+        WA_TS(6);
+        /* p x 2^12 as A fragments (k-steps of 16 entries), then O += p.V over this warpgroup's 256 dims */
+        uint32_t ph[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const __half2 h = __floats2half2_rn(S[8 * j + 2 * k] * WA_PS, S[8 * j + 2 * k + 1] * WA_PS);
+                ph[j][k] = *(const uint32_t *)&h;
+            }
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < 2; j++) wg_mma_rs_n256t(O, ph[j], wg_desc(ka + wg * 32 * 512 + j * 256, 128, 512));
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int n = 0; n < 32; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) wg_keep(O[n][j]);
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) wg_keep(ph[j][k]);
+        WA_TS(7);
+#undef WA_TS
+
+        if ((s + 1) % WA_F == 0 && s + 1 < ns) { /* end of a span: out = out e^(mf - m) + O (x 2^12), O = 0 */
+            const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
+#pragma unroll
+            for (int n = 0; n < 32; n++) {
+                const int d = 256 * wg + 8 * n + 2 * tq; /* d + 1 < Dh when d < Dh: Dh % 8 == 0 */
+                if (d < Dh && hA < H) {
+                    float2 v = make_float2(O[n][0], O[n][1]);
+                    if (fl) { const float2 o = *(const float2 *)(oA + d); v.x = fmaf(o.x, b0, v.x), v.y = fmaf(o.y, b0, v.y); }
+                    *(float2 *)(oA + d) = v;
+                }
+                if (d < Dh && hB < H) {
+                    float2 v = make_float2(O[n][2], O[n][3]);
+                    if (fl) { const float2 o = *(const float2 *)(oB + d); v.x = fmaf(o.x, b1, v.x), v.y = fmaf(o.y, b1, v.y); }
+                    *(float2 *)(oB + d) = v;
+                }
+                O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
+            }
+            mf0 = m0, mf1 = m1, fl = true;
+        }
+    }
+    WA_TR(100);
+    /* out = (out e^(mf - m) + O) 2^-12 / (l + exp(sink - m)), as a product with 2^-12 / (l + exp(sink - m)); float2
+     * stores (full 32-byte sectors a quad) */
+    const float dA = hA < H && m0 != -INFINITY ? __fadd_rn(l0, expf(sink[hA] - m0)) : 0.0f;
+    const float dB = hB < H && m1 != -INFINITY ? __fadd_rn(l1, expf(sink[hB] - m1)) : 0.0f;
+    const float rA = dA > 0 ? (1.0f / WA_PS) / dA : 0.0f, rB = dB > 0 ? (1.0f / WA_PS) / dB : 0.0f;
+    const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
+#pragma unroll
+    for (int n = 0; n < 32; n++) {
+        const int d = 256 * wg + 8 * n + 2 * tq;
+        if (d >= Dh) continue;
+        if (hA < H) {
+            float2 v = make_float2(O[n][0], O[n][1]);
+            if (fl) { const float2 o = *(const float2 *)(oA + d); v.x = fmaf(o.x, b0, v.x), v.y = fmaf(o.y, b0, v.y); }
+            *(float2 *)(oA + d) = make_float2(v.x * rA, v.y * rA);
+        }
+        if (hB < H) {
+            float2 v = make_float2(O[n][2], O[n][3]);
+            if (fl) { const float2 o = *(const float2 *)(oB + d); v.x = fmaf(o.x, b1, v.x), v.y = fmaf(o.y, b1, v.y); }
+            *(float2 *)(oB + d) = make_float2(v.x * rB, v.y * rB);
+        }
+    }
+    WA_TR(101);
+}
+
+extern "C" int dsv4_cuda_attn_kv8_wg_enabled(void) {
+    static int on = -1;
+    if (on < 0) on = dsv4_env_int("DSV4_CUDA_ATTN_WG", 1) != 0;
+    return on;
+}
+
+extern "C" int dsv4_cuda_attn_kv8_wg_fits(int H, int Dh, int R) {
+    return H > 0 && Dh <= WA_D && Dh > R && R >= 0 && R % 8 == 0 && (Dh - R) % 64 == 0 &&
+           wa_smem(Dh, R) <= (size_t)dsv4_cuda_dev.smem_optin;
+}
+
+extern "C" size_t dsv4_cuda_attn_kv8_wg_scratch(int nkv2, int Dh, int R) {
+    return nkv2 > 0 ? (size_t)nkv2 * (size_t)dsv4_kv_row_bytes(Dh, R) : 0;
+}
+
+extern "C" int dsv4_cuda_attn_kv8_wg(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
+                                     const float *kv2, int nkv2, const int *idx, int nidx, const float *sink, float scale,
+                                     float *out, void *scratch, void *stream) {
+    if (T < 0 || nidx < 0 || !dsv4_cuda_attn_kv8_wg_fits(H, Dh, R))
+        return dsv4_cuda_fail("attn_kv8_wg: shape outside the path (T %d H %d Dh %d R %d nidx %d)", T, H, Dh, R, nidx);
+    if (((uintptr_t)q & 15) || ((uintptr_t)out & 7)) return dsv4_cuda_fail("attn_kv8_wg: q must be 16-byte aligned, out 8-byte");
+    if (kv2 && nkv2 > 0 && (!scratch || ((uintptr_t)scratch & 15)))
+        return dsv4_cuda_fail("attn_kv8_wg: %d rows of the pass need 16-byte aligned scratch", nkv2);
+    if (!T) return 0;
+    cudaStream_t st = DSV4_STREAM(stream);
+    if (nidx == 0) {
+        if (cudaMemsetAsync(out, 0, sizeof(float) * (size_t)T * H * Dh, st) != cudaSuccess)
+            return dsv4_cuda_fail("attn_kv8_wg: memset failed");
+        return 0;
+    }
+    const uint8_t *kv2p = NULL;
+    if (kv2 && nkv2 > 0) {
+        dev_launch(attn_wg_pack_kernel, (nkv2 + 7) / 8, 256, 0, st, kv2, nkv2, Dh, R, (uint8_t *)scratch);
+        if (dsv4_cuda_check_launch("attn_kv8_wg (pack)")) return -1;
+        kv2p = (const uint8_t *)scratch;
+    }
+    const size_t smem = wa_smem(Dh, R);
+    static size_t raised = 0;
+    if (smem > raised) {
+        if (cudaFuncSetAttribute((const void *)attn_kv8_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+                cudaSuccess ||
+            cudaFuncSetAttribute((const void *)attn_kv8_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+                cudaSuccess)
+            return dsv4_cuda_fail("attn_kv8_wg: cannot raise shared memory to %zu bytes", smem);
+        raised = smem;
+    }
+    /* the clock trace (measurement only; not under graph capture): every call appends its stamps to the file */
+    static const char *trf = (const char *)-1;
+    if (trf == (const char *)-1) trf = getenv("DSV4_ATTN_WG_TRACE");
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    long long *trc = NULL;
+    const size_t ntr = (size_t)((T + 511) / 512) * 2 * WA_TRN;
+    if (trf && cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone &&
+        cudaMalloc((void **)&trc, ntr * sizeof(long long)) == cudaSuccess)
+        cudaMemsetAsync(trc, 0, ntr * sizeof(long long), st);
+    if (Dh == 512 && R == 64) /* V4's rows: the chunks' kinds known at compile time */
+        dev_launch(attn_kv8_wg_kernel<true>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
+                   nidx, sink, scale, out, trc);
+    else
+        dev_launch(attn_kv8_wg_kernel<false>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
+                   nidx, sink, scale, out, trc);
+    if (trc) {
+        long long *h = (long long *)malloc(ntr * sizeof(long long));
+        FILE *f = fopen(trf, "a");
+        if (h && f && cudaMemcpyAsync(h, trc, ntr * sizeof(long long), cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+            cudaStreamSynchronize(st) == cudaSuccess) {
+            fprintf(f, "call T %d nidx %d\n", T, nidx);
+            for (size_t b = 0; b < ntr / WA_TRN; b++) {
+                fprintf(f, "blk %zu wg %zu:", b / 2 * 512, b % 2);
+                for (int k = 1; k < WA_TRN; k++) fprintf(f, " %lld", h[b * WA_TRN + k] ? h[b * WA_TRN + k] - h[b * WA_TRN] : -1);
+                fprintf(f, "\n");
+            }
+        }
+        if (f) fclose(f);
+        free(h);
+        cudaFree(trc);
+    }
+    return dsv4_cuda_check_launch("attn_kv8_wg");
+}
