@@ -42,6 +42,7 @@
 #define WA_PS 4096.0f /* p is taken as p x 2^12 (f16 subnormals only below p 2^-26); O carries the factor */
 #define WA_F 32       /* tiles a span (attn_kv8_tc's TC_F) */
 #define WA_L2E 1.4426950408889634f
+#define WA_TAU 2.0f /* the running max's slack (below): e^2 x 2^12 < 65504 */
 
 __device__ __forceinline__ float wa_ex2(float x) {
     float y;
@@ -218,8 +219,8 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
         WA_TS(0);
         const unsigned ka = ka0 + (s & 1) * (WA_N * WA_D * 2);
         /* q.k: every k-step (the zero padding past Dh too: wgmma in a divergent path is serialized), with tile s + 1's
-         * rows decoded between them (a chunk every second k-step: the tensor pipe's queue drains meanwhile; past the
-         * list into the free buffer, harmlessly) */
+         * rows decoded between them (half of them, a chunk every fourth k-step: the tensor pipe's queue drains
+         * meanwhile; the other half while p.V runs; past the list into the free buffer, harmlessly) */
         if (s + 1 < ns) dev_mbar_wait(mb0 + 8 * ((s + 1) % WA_RS), ((s + 1) / WA_RS) & 1);
         WA_TS(1);
         const int did = ids[((s + 1) & (WA_IR - 1)) * WA_N + lane];
@@ -228,13 +229,12 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
 #pragma unroll
         for (int k = 0; k < 16; k++) {
             wg_mma_ss_n32(S4, wg_desc(qa + (16 * wg + k) * 2048, 1024, 128), wg_desc(ka + (16 * wg + k) * 1024, 512, 128), k);
-            if (FIX && (k & 1)) dchunk(s + 1, k >> 1, did);
+            if (FIX && (k & 3) == 3) dchunk(s + 1, k >> 2, did); /* chunks 0 .. 3; 4 .. 7 during p.V */
         }
         wg_commit();
         if (!FIX) /* the generic layout's branches between wgmma instructions would make ptxas wait on each */
 #pragma unroll
             for (int j = 0; j < 8; j++) dchunk(s + 1, j, did);
-        wg_fence_proxy(); /* the decoded rows, for the next tile's wgmma (after its barrier) */
         WA_TS(2);
         if (warp == 0) ids[((s + 5) & (WA_IR - 1)) * WA_N + lane] = nxt; /* tile s + 5's ids (loaded a tile ago) */
         if (warp == 7) issue(s + 3); /* into the stage tile s left (decoded a tile ago, before this tile's barrier) */
@@ -276,7 +276,9 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
         mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
         mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
         mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
-        const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
+        /* the running max moves only when a tile's exceeds it by more than WA_TAU (p = e^(x - m) stays <= e^2, p 2^12 in
+         * f16's range): most tiles of a long list then skip O's rescale (128 multiplies a thread) */
+        const float mn0 = mt0 > m0 + WA_TAU ? mt0 : m0, mn1 = mt1 > m1 + WA_TAU ? mt1 : m1; /* m -inf: the tile's */
         /* e^(x - m) as 2^(x log2 e - m log2 e) on the SFU (~2 ulp; attn_kv8_tc's expf took ~10 instructions each) */
         const float ms0 = mn0 == -INFINITY ? 0.0f : mn0 * WA_L2E, ms1 = mn1 == -INFINITY ? 0.0f : mn1 * WA_L2E;
         const float a0 = m0 == mn0 ? 1.0f : wa_ex2(fmaf(m0, WA_L2E, -ms0)); /* m -inf: 0 */
@@ -313,6 +315,10 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
 #pragma unroll
         for (int j = 0; j < 2; j++) wg_mma_rs_n256t(O, ph[j], wg_desc(ka + wg * 32 * 512 + j * 256, 128, 512));
         wg_commit();
+        if (FIX) /* the rest of tile s + 1's rows: q.k is bound by shared memory's bandwidth, p.V (B only) leaves some */
+#pragma unroll
+            for (int j = 4; j < 8; j++) dchunk(s + 1, j, did);
+        wg_fence_proxy(); /* the decoded rows, for the next tile's wgmma (after its barrier) */
         wg_wait<0>();
 #pragma unroll
         for (int n = 0; n < 32; n++)
