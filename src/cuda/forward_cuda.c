@@ -8,7 +8,8 @@
  *     MoE expert grouping run on the device; nothing is copied back until the logits.
  * A call with at most one token per sequence is a decode step (decode_graph.c: CUDA graphs); anything
  * else runs here in passes of at most tmax rows (long chunks are split; per-token results do not depend
- * on the split). Passes of >= 64 rows take the tensor-core paths (FP8 GEMM, attention: dsv4_cuda_attn_kv8_tc); decode
+ * on the split). Passes of >= 64 rows take the tensor-core paths (FP8 GEMM, attention: dsv4_cuda_attn_kv8_wg, or
+ * dsv4_cuda_attn_kv8_tc for hi + lo terms and shapes outside it); decode
  * steps take the tensor-core attention (dsv4_cuda_attn_tc_decode_takes: every layer by default, else by the list
  * length alone, never by T, so a sequence's logits stay the same in any batch). */
 #include <math.h>

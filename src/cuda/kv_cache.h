@@ -12,7 +12,8 @@
  * scales hold them exactly; the rope dims are rounded to bf16 (the reference keeps them in its
  * activation dtype, bf16 on the GPU).
  *
- * Plain C; the device functions are in kv_cache.cuh, the kernels in attn_kv8.cu and attn_kv8_tc.cu (prefill). */
+ * Plain C; the device functions are in kv_cache.cuh, the kernels in attn_kv8.cu, attn_kv8_tc.cu and attn_kv8_wg.cu
+ * (prefill). */
 #ifndef DSV4_CUDA_KV_CACHE_H
 #define DSV4_CUDA_KV_CACHE_H
 
