@@ -55,6 +55,27 @@ __device__ __forceinline__ void ak_st4(float *p, int n, float4 v, int vec) {
     if (n > 2) p[2] = v.z;
     if (n > 3) p[3] = v.w;
 }
+/* A tensor-core tile's scores in the mma / wgmma accumulator layout (S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row
+ * gr for j < 2, gr + 8 else; tq = lane % 4): entries whose bit in vm is clear become -inf, the others x scale; mt0 /
+ * mt1 the two rows' maxima over the quad (attn_kv8_tc.cu, attn_kv8_wg.cu) */
+__device__ __forceinline__ void ak_tile_max(float (&S)[16], unsigned vm, int tq, float scale, float &mt0, float &mt1) {
+    mt0 = -INFINITY, mt1 = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int e = 8 * n + 2 * tq + (j & 1);
+            const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
+            S[4 * n + j] = x;
+            if (j < 2) mt0 = fmaxf(mt0, x);
+            else mt1 = fmaxf(mt1, x);
+        }
+    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
+    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
+    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
+    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+}
+
 /* The output's inverse RoPE (rope_kernel with inverse = 1: the same operations, so the same bits as storing and then
  * rotating): the pairs of the last R dims, pair i at angle pos x freq[i]; freq NULL: none */
 struct ak_rope {

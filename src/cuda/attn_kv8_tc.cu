@@ -349,21 +349,8 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
 
         /* online softmax; S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
         const unsigned vm = __ballot_sync(0xffffffffu, cid[lane] != -1);
-        float mt0 = -INFINITY, mt1 = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int e = 8 * n + 2 * tq + (j & 1);
-                const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
-                S[4 * n + j] = x;
-                if (j < 2) mt0 = fmaxf(mt0, x);
-                else mt1 = fmaxf(mt1, x);
-            }
-        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
-        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
-        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
-        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+        float mt0, mt1;
+        ak_tile_max(S, vm, tq, scale, mt0, mt1);
         const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
         const float a0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), a1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
         float ls0 = 0.0f, ls1 = 0.0f;

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "attn_fold.cuh"
 #include "common.cuh"
 #include "kv_cache.cuh"
 #include "mbarrier.cuh"
@@ -261,21 +262,8 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
 
         /* online softmax (attn_kv8_tc's); S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
         const unsigned vm = __ballot_sync(0xffffffffu, ids[(s & (WA_IR - 1)) * WA_N + lane] != -1);
-        float mt0 = -INFINITY, mt1 = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int e = 8 * n + 2 * tq + (j & 1);
-                const float x = (vm >> e) & 1u ? __fmul_rn(S[4 * n + j], scale) : -INFINITY;
-                S[4 * n + j] = x;
-                if (j < 2) mt0 = fmaxf(mt0, x);
-                else mt1 = fmaxf(mt1, x);
-            }
-        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
-        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
-        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
-        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+        float mt0, mt1;
+        ak_tile_max(S, vm, tq, scale, mt0, mt1);
         /* the running max moves only when a tile's exceeds it by more than WA_TAU (p = e^(x - m) stays <= e^2, p 2^12 in
          * f16's range): most tiles of a long list then skip O's rescale (128 multiplies a thread) */
         const float mn0 = mt0 > m0 + WA_TAU ? mt0 : m0, mn1 = mt1 > m1 + WA_TAU ? mt1 : m1; /* m -inf: the tile's */
