@@ -56,7 +56,8 @@ __device__ __forceinline__ float wa_ex2(float x) {
 #define WA_SX (WA_KS + 2 * WA_N * WA_D * 2) /* partial scores: [2 warpgroups][16][128 threads] fp32 */
 #define WA_ID (WA_SX + 2 * 16 * 128 * 4) /* ids: [8 tiles][32] */
 #define WA_MB (WA_ID + WA_IR * WA_N * 4) /* the raw stages' mbarriers: [3] */
-#define WA_RAW (WA_MB + 128)            /* rows as stored: [3][32][rb] */
+#define WA_CS (WA_MB + 128)             /* the terms form's inverse RoPE: (cos, -sin) of the query's pairs, [256] float2 */
+#define WA_RAW (WA_CS + 256 * 8)        /* rows as stored: [3][32][rb] */
 
 /* clock trace (DSV4_ATTN_WG_TRACE=FILE, measurement only): thread 0 of each warpgroup of every 512th block stamps
  * %clock64 at fixed points: 0 start, 1 ids and first copies issued, 2 q in, 3 tile 0 decoded, then per tile s < 12 at
@@ -115,7 +116,7 @@ template <bool FIX>
 __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, int H, int Dh, int R,
                                                              const uint8_t *const *base, const uint8_t *kv2p,
                                                              const int *idx, int nidx, const float *sink, float scale,
-                                                             float *out, long long *trc) {
+                                                             float *out, ak_rope rp, int G, int ntm, long long *trc) {
     dev_pdl_enter();
     extern __shared__ __align__(128) uint8_t wsm[];
     uint8_t *Qs = wsm + WA_QS, *Ks = wsm + WA_KS, *raw = wsm + WA_RAW;
@@ -187,6 +188,12 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
                 va[k] = src[0], vb[k] = src[1];
             }
         }
+        if (ntm && rp.freq && warp == 6) /* the terms form: the inverse RoPE's cos / sin while q's loads are in flight */
+            for (int i = lane; i < R / 2; i += 32) {
+                float c, sn;
+                ak_rope_cs((float)rp.pos[t], rp.freq[i], c, sn);
+                ((float2 *)(wsm + WA_CS))[i] = make_float2(c, sn);
+            }
 #pragma unroll
         for (int k = 0; k < 16; k++) {
             const int P = warp * 16 + k, h = 8 * (P & 7) + (lane & 7), c = 4 * (P >> 3) + (lane >> 3);
@@ -346,6 +353,29 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
     const float dB = hB < H && m1 != -INFINITY ? __fadd_rn(l1, expf(sink[hB] - m1)) : 0.0f;
     const float rA = dA > 0 ? (1.0f / WA_PS) / dA : 0.0f, rB = dB > 0 ? (1.0f / WA_PS) / dB : 0.0f;
     const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
+    if (!ntm) {
+#pragma unroll
+        for (int n = 0; n < 32; n++) {
+            const int d = 256 * wg + 8 * n + 2 * tq;
+            if (d >= Dh) continue;
+            if (hA < H) {
+                float2 v = make_float2(O[n][0], O[n][1]);
+                if (fl) { const float2 o = *(const float2 *)(oA + d); v.x = fmaf(o.x, b0, v.x), v.y = fmaf(o.y, b0, v.y); }
+                *(float2 *)(oA + d) = make_float2(v.x * rA, v.y * rA);
+            }
+            if (hB < H) {
+                float2 v = make_float2(O[n][2], O[n][3]);
+                if (fl) { const float2 o = *(const float2 *)(oB + d); v.x = fmaf(o.x, b1, v.x), v.y = fmaf(o.y, b1, v.y); }
+                *(float2 *)(oB + d) = make_float2(v.x * rB, v.y * rB);
+            }
+        }
+        WA_TR(101);
+        return;
+    }
+    /* the terms form: the same values, then the inverse RoPE (dsv4_cuda_rope's arithmetic, ak_unrot_cs) and the split
+     * path's terms (hi = bf16(v), mid = bf16(v - hi)) in place of the row: group gi's hi at gi * 2 gin, mid at (2 gi + 1)
+     * gin (bf16 elements; gin = H / G heads x Dh). A group's terms take the bytes of its own fp32 values and the block
+     * holds whole groups (the wrapper checks), so every read of out (spans) is done at the barrier before any write. */
 #pragma unroll
     for (int n = 0; n < 32; n++) {
         const int d = 256 * wg + 8 * n + 2 * tq;
@@ -353,12 +383,37 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
         if (hA < H) {
             float2 v = make_float2(O[n][0], O[n][1]);
             if (fl) { const float2 o = *(const float2 *)(oA + d); v.x = fmaf(o.x, b0, v.x), v.y = fmaf(o.y, b0, v.y); }
-            *(float2 *)(oA + d) = make_float2(v.x * rA, v.y * rA);
+            O[n][0] = v.x * rA, O[n][1] = v.y * rA;
         }
         if (hB < H) {
             float2 v = make_float2(O[n][2], O[n][3]);
             if (fl) { const float2 o = *(const float2 *)(oB + d); v.x = fmaf(o.x, b1, v.x), v.y = fmaf(o.y, b1, v.y); }
-            *(float2 *)(oB + d) = make_float2(v.x * rB, v.y * rB);
+            O[n][2] = v.x * rB, O[n][3] = v.y * rB;
+        }
+    }
+    __syncthreads();
+    {
+        const int hpg = H / G, gin = hpg * Dh, r0 = Dh - R, gA = hA / hpg, gB = hB / hpg;
+        __nv_bfloat16 *tb = (__nv_bfloat16 *)(out + (int64_t)t * H * Dh);
+        __nv_bfloat16 *pA = tb + (int64_t)gA * 2 * gin + (hA - gA * hpg) * Dh, *pB = tb + (int64_t)gB * 2 * gin + (hB - gB * hpg) * Dh;
+        const float2 *cs = (const float2 *)(wsm + WA_CS);
+        auto put = [&](__nv_bfloat16 *p, float x, float y) {
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(x, y);
+            *(__nv_bfloat162 *)p = hi;
+            if (ntm > 1)
+                *(__nv_bfloat162 *)(p + gin) = __floats2bfloat162_rn(x - __low2float(hi), y - __high2float(hi));
+        };
+#pragma unroll
+        for (int n = 0; n < 32; n++) {
+            const int d = 256 * wg + 8 * n + 2 * tq;
+            if (d >= Dh) continue;
+            if (rp.freq && d >= r0) {
+                const float2 c = cs[(d - r0) >> 1];
+                ak_unrot_cs(O[n][0], O[n][1], c.x, c.y);
+                ak_unrot_cs(O[n][2], O[n][3], c.x, c.y);
+            }
+            if (hA < H) put(pA + d, O[n][0], O[n][1]);
+            if (hB < H) put(pB + d, O[n][2], O[n][3]);
         }
     }
     WA_TR(101);
@@ -379,11 +434,25 @@ extern "C" size_t dsv4_cuda_attn_kv8_wg_scratch(int nkv2, int Dh, int R) {
     return nkv2 > 0 ? (size_t)nkv2 * (size_t)dsv4_kv_row_bytes(Dh, R) : 0;
 }
 
-extern "C" int dsv4_cuda_attn_kv8_wg(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
-                                     const float *kv2, int nkv2, const int *idx, int nidx, const float *sink, float scale,
-                                     float *out, void *scratch, void *stream) {
+extern "C" int dsv4_cuda_attn_kv8_wg_terms_enabled(void) {
+    static int on = -1;
+    if (on < 0) on = dsv4_env_int("DSV4_CUDA_ATTN_TERMS", 1) != 0;
+    return on;
+}
+
+extern "C" int dsv4_cuda_attn_kv8_wg_terms_fits(int H, int Dh, int R, int G) {
+    return dsv4_cuda_attn_kv8_wg_fits(H, Dh, R) && G > 0 && H % G == 0 && (H <= WA_H || WA_H % (H / G) == 0);
+}
+
+/* ntm 0: fp32 out; 1 / 2: the terms form (dsv4_cuda_attn_kv8_wg_terms) */
+static int wa_run(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2, int nkv2,
+                  const int *idx, int nidx, const float *sink, float scale, ak_rope rp, int G, int ntm, float *out, void *scratch,
+                  void *stream) {
     if (T < 0 || nidx < 0 || !dsv4_cuda_attn_kv8_wg_fits(H, Dh, R))
         return dsv4_cuda_fail("attn_kv8_wg: shape outside the path (T %d H %d Dh %d R %d nidx %d)", T, H, Dh, R, nidx);
+    if (ntm && (ntm > 2 || !dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G) || (rp.freq && !rp.pos)))
+        return dsv4_cuda_fail("attn_kv8_wg: terms form outside the path (H %d G %d terms %d%s)", H, G, ntm,
+                              rp.freq && !rp.pos ? ", RoPE without positions" : "");
     if (((uintptr_t)q & 15) || ((uintptr_t)out & 7)) return dsv4_cuda_fail("attn_kv8_wg: q must be 16-byte aligned, out 8-byte");
     if (kv2 && nkv2 > 0 && (!scratch || ((uintptr_t)scratch & 15)))
         return dsv4_cuda_fail("attn_kv8_wg: %d rows of the pass need 16-byte aligned scratch", nkv2);
@@ -419,12 +488,13 @@ extern "C" int dsv4_cuda_attn_kv8_wg(const float *q, int T, int H, int Dh, int R
     if (trf && cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone &&
         cudaMalloc((void **)&trc, ntr * sizeof(long long)) == cudaSuccess)
         cudaMemsetAsync(trc, 0, ntr * sizeof(long long), st);
+    if (!ntm) rp.freq = NULL, rp.pos = NULL, G = 1;
     if (Dh == 512 && R == 64) /* V4's rows: the chunks' kinds known at compile time */
         dev_launch(attn_kv8_wg_kernel<true>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, trc);
+                   nidx, sink, scale, out, rp, G, ntm, trc);
     else
         dev_launch(attn_kv8_wg_kernel<false>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, trc);
+                   nidx, sink, scale, out, rp, G, ntm, trc);
     if (trc) {
         long long *h = (long long *)malloc(ntr * sizeof(long long));
         FILE *f = fopen(trf, "a");
@@ -442,4 +512,20 @@ extern "C" int dsv4_cuda_attn_kv8_wg(const float *q, int T, int H, int Dh, int R
         cudaFree(trc);
     }
     return dsv4_cuda_check_launch("attn_kv8_wg");
+}
+
+extern "C" int dsv4_cuda_attn_kv8_wg(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
+                                     const float *kv2, int nkv2, const int *idx, int nidx, const float *sink, float scale,
+                                     float *out, void *scratch, void *stream) {
+    const ak_rope rp = {NULL, NULL};
+    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, 1, 0, out, scratch, stream);
+}
+
+extern "C" int dsv4_cuda_attn_kv8_wg_terms(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
+                                           const float *kv2, int nkv2, const int *idx, int nidx, const float *sink, float scale,
+                                           const float *freq, const int *pos, int G, int nt, float *out, void *scratch,
+                                           void *stream) {
+    if (nt < 1 || nt > 2) return dsv4_cuda_fail("attn_kv8_wg_terms: %d terms (1 or 2)", nt);
+    const ak_rope rp = {R > 0 ? freq : NULL, pos};
+    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, G, nt, out, scratch, stream);
 }

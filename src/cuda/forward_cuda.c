@@ -375,6 +375,18 @@ static int attn_index(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b
                                 w->idx, w->qbase, g->stream);
 }
 
+/* wo_a's group gi on the terms the attention wrote into o's rows (row = 2 HD bf16: group gi's nt terms from gi * 2 gin,
+ * gin apart) into z's columns gi * Ro .. */
+static int wo_a_terms(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wv, int gi, int nt, int T, int HD, int gin, int Ro,
+                      int G) {
+    dsv4_cuda_weight v = *wv;
+    v.row0 += gi * Ro;
+    const int r = dsv4_cuda_linear_gemm_terms(&v, (const uint16_t *)w->o + (size_t)gi * 2 * gin, 2 * (int64_t)HD, gin, nt, T,
+                                              w->z + (size_t)gi * Ro, (int64_t)G * Ro, w->gemm_ws, w->gemm_wsb, g->stream);
+    if (r > 0) return gpu_fail("forward_cuda.c", __LINE__, "wo_a: the terms GEMM declined after the attention wrote its terms");
+    return r;
+}
+
 static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, const float *x, float *out) {
     const dsv4_config *c = &g->m->cfg;
     const dsv4_layer *ly = &g->m->layers[L];
@@ -452,7 +464,21 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const int wgp = w->attn_tc && !dsv4_cuda_attn_kv8_tc_hilo(0, -2) && dsv4_cuda_attn_kv8_wg_enabled() &&
                     dsv4_cuda_attn_kv8_wg_fits(H, Dh, R);
     const int tc = w->attn_tc && (wgp || dsv4_cuda_attn_kv8_tc_fits(H, Dh, R));
-    if (wgp) {
+    /* wo_a's input as the split GEMM's terms, written by the attention with the inverse RoPE (the split's read of o and
+     * write of the planes, and the RoPE's pass, saved): where the split GEMM takes wo_a and has a plan for the terms */
+    const int gin = H / G * Dh;
+    dsv4_cuda_weight wv = gl->wo_a; /* group 0's rows */
+    if (G > 1) wv.rows = Ro;
+    int tnt = 0;
+    if (wgp && dsv4_cuda_attn_kv8_wg_terms_enabled() && gemm_takes(w, &wv, T, 1) && !dsv4_cuda_linear_gemm_fits(&wv, T) &&
+        dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G)) {
+        tnt = dsv4_cuda_linear_gemm_terms_nt(&wv);
+        if (tnt > 2 || !dsv4_cuda_linear_gemm_terms_ready(&wv, w->o, 2 * (int64_t)H * Dh, gin, tnt, T, w->z, (int64_t)G * Ro)) tnt = 0;
+    }
+    if (tnt) {
+        CK(dsv4_cuda_attn_kv8_wg_terms(w->q, T, H, Dh, R, w->qbase, w->kv, T, w->idx, gl->nidx, gl->attn_sink,
+                                       1.0f / sqrtf((float)Dh), gl->rope_freq, b->pos, G, tnt, w->o, w->ascr, st));
+    } else if (wgp) {
         CK(dsv4_cuda_attn_kv8_wg(w->q, T, H, Dh, R, w->qbase, w->kv, T, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
                                  w->o, w->ascr, st));
     } else if (tc) {
@@ -472,13 +498,14 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* the pass's raw kv into each sequence's window ring (after attention read the older rows): tail work */
     CK(tail_begin(g, fork, 1));
     CK(tail_end(g, st, fork, dsv4_cuda_ring_store(b, L, w->kv, W, Dh, R, g->stream)));
-    if (tc) CK(dsv4_cuda_rope(w->o, T, H, Dh, R / 2, gl->rope_freq, b->pos, 1, st));
+    if (tc && !tnt) CK(dsv4_cuda_rope(w->o, T, H, Dh, R / 2, gl->rope_freq, b->pos, 1, st));
 
     /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
      * copy each group's slices in and out instead */
-    const int gin = H / G * Dh;
-    if (G == 1) {
+    if (tnt) { /* the terms in o's rows: group gi's at bf16 element gi * 2 gin of each row (dsv4_cuda_attn_kv8_wg_terms) */
+        for (int gi = 0; gi < G; gi++) CK(wo_a_terms(g, w, &wv, gi, tnt, T, H * Dh, gin, Ro, G));
+    } else if (G == 1) {
         CK(lin(g, w, &gl->wo_a, w->o, T, w->z));
     } else {
         for (int g0 = 0; g0 < G; g0 += 16) {

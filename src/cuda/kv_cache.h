@@ -95,6 +95,19 @@ int dsv4_cuda_attn_kv8_wg(const float *q, int T, int H, int Dh, int R, const uin
 int dsv4_cuda_attn_kv8_wg_fits(int H, int Dh, int R);
 int dsv4_cuda_attn_kv8_wg_enabled(void);
 size_t dsv4_cuda_attn_kv8_wg_scratch(int nkv2, int Dh, int R);
+/* The same attention with its output's inverse RoPE (freq, pos: dsv4_cuda_rope(out, T, H, Dh, R / 2, freq, pos, 1)'s
+ * arithmetic; freq NULL: none) and wo_a's split terms in place of the fp32 output (dsv4_cuda_linear_gemm_terms reads
+ * them): query t's row of out (H x Dh floats) holds, for each of the G head groups gi, hi = bf16(v) at bf16 element
+ * gi * 2 gin and, with nt 2, mid = bf16(v - hi) at (2 gi + 1) gin (gin = H / G x Dh; within a group head-major, as the
+ * fp32 row), the bits dsv4_cuda_linear_gemm_split makes of the fp32 output after dsv4_cuda_rope. Needs
+ * dsv4_cuda_attn_kv8_wg_terms_fits (G divides H, a block of 64 heads holds whole groups). */
+int dsv4_cuda_attn_kv8_wg_terms(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
+                                int nkv2, const int *idx, int nidx, const float *sink, float scale, const float *freq,
+                                const int *pos, int G, int nt, float *out, void *scratch, void *stream);
+int dsv4_cuda_attn_kv8_wg_terms_fits(int H, int Dh, int R, int G);
+/* whether the forward takes the terms form where it can (DSV4_CUDA_ATTN_TERMS=0: the fp32 output, dsv4_cuda_rope and
+ * the split as before; read once) */
+int dsv4_cuda_attn_kv8_wg_terms_enabled(void);
 /* The precision of a form (dec 0: prefill passes, dsv4_cuda_attn_kv8_tc; 1: decode steps, dsv4_cuda_attn_kv8_tc_dec):
  * on 0 q, p and the rope dims as one f16 term each, ~2^-12 relative per operand (the official model computes attention
  * in bf16, 2^-9), the prefill form's default (DSV4_CUDA_ATTN_TC_HILO); 1 hi + lo terms, near fp32, the decode form's

@@ -222,9 +222,10 @@ static int lg_open(void) {
 
 /* One shape's plan: descriptors and the heuristic's algorithms (the first that runs is kept). */
 typedef struct lg_plan {
-    int kind, N, K, T4, ldd, ala, ald; /* key (kind 0: block-scaled FP8, 1: bf16 x bf16 -> fp32, 2: f16 x f16 -> fp32
-                                        * with alpha and beta in device memory; D rows ldd apart;
-                                        * ala / ald: alignment of A and D in bytes, <= 256) */
+    int kind, N, K, T4, ldd, ala, ald, ldb, alb; /* key (kind 0: block-scaled FP8, 1: bf16 x bf16 -> fp32, 2: f16 x f16
+                                                  * -> fp32 with alpha and beta in device memory; D rows ldd apart, B
+                                                  * rows ldb (K but for dsv4_cuda_linear_gemm_terms); ala / ald / alb:
+                                                  * alignment of A, D and B in bytes, <= 256) */
     int state;              /* 1 ready, -1 cuBLASLt has no algorithm for it */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, ld;
@@ -253,10 +254,12 @@ static int lg_align(const void *p) {
 /* under lg_mu: the plan of a shape (made on first use); NULL when cuBLASLt cannot make one (p->state < 0 kept).
  * sa / sb: this call's scale tensors (the heuristic refuses block scaling modes without scale pointers, status 7;
  * each call sets its own before the matmul). */
-static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, int ald, const void *sa, const void *sb) {
+static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, int ald, const void *sa, const void *sb, int ldb,
+                            int alb) {
     for (int i = 0; i < lg_nplans; i++) {
         lg_plan *p = &lg_plans[i];
-        if (p->kind == kind && p->N == N && p->K == K && p->T4 == T4 && p->ldd == ldd && p->ala == ala && p->ald == ald)
+        if (p->kind == kind && p->N == N && p->K == K && p->T4 == T4 && p->ldd == ldd && p->ala == ala && p->ald == ald &&
+            p->ldb == ldb && p->alb == alb)
             return p->state > 0 ? p : NULL;
     }
     lg_plan *p;
@@ -267,12 +270,13 @@ static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, in
         lg_plan_free(p);
     }
     memset(p, 0, sizeof *p);
-    p->kind = kind, p->N = N, p->K = K, p->T4 = T4, p->ldd = ldd, p->ala = ala, p->ald = ald, p->state = -1, p->pick = -1;
+    p->kind = kind, p->N = N, p->K = K, p->T4 = T4, p->ldd = ldd, p->ala = ala, p->ald = ald, p->ldb = ldb, p->alb = alb;
+    p->state = -1, p->pick = -1;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const int32_t sma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, smb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     cublasLtMatmulPreference_t pref = NULL;
     const size_t wsz = LG_LT_WS;
-    const uint32_t a_a = (uint32_t)ala, a_b = 256, a_d = (uint32_t)ald;
+    const uint32_t a_a = (uint32_t)ala, a_b = (uint32_t)alb, a_d = (uint32_t)ald;
     const cudaDataType_t ab = kind == 2 ? CUDA_R_16F : kind ? CUDA_R_16BF : CUDA_R_8F_E4M3;
     const int32_t pm = CUBLASLT_POINTER_MODE_DEVICE;
     int ok = f_desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
@@ -284,7 +288,7 @@ static lg_plan *lg_plan_get(int kind, int N, int K, int T4, int ldd, int ala, in
                        f_desc_set(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa) == CUBLAS_STATUS_SUCCESS &&
                        f_desc_set(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb) == CUBLAS_STATUS_SUCCESS)) &&
              f_layout_create(&p->la, ab, (uint64_t)K, (uint64_t)N, (int64_t)K) == CUBLAS_STATUS_SUCCESS &&
-             f_layout_create(&p->lb, ab, (uint64_t)K, (uint64_t)T4, (int64_t)K) == CUBLAS_STATUS_SUCCESS &&
+             f_layout_create(&p->lb, ab, (uint64_t)K, (uint64_t)T4, (int64_t)ldb) == CUBLAS_STATUS_SUCCESS &&
              f_layout_create(&p->ld, CUDA_R_32F, (uint64_t)N, (uint64_t)T4, (int64_t)ldd) == CUBLAS_STATUS_SUCCESS &&
              f_pref_create(&pref) == CUBLAS_STATUS_SUCCESS &&
              f_pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz) == CUBLAS_STATUS_SUCCESS &&
@@ -387,9 +391,10 @@ extern "C" int dsv4_cuda_linear_gemm_fits(const dsv4_cuda_weight *w, int T) {
 
 /* The plan of a shape with lg_mu held (the caller unlocks), or NULL with lg_mu released when cuBLASLt is missing or has no
  * plan for it (the shape stays on the GEMV). */
-static lg_plan *lg_lock_plan(int kind, int N, int K, int T4, int ldd, int ala, int ald, const void *sa, const void *sb) {
+static lg_plan *lg_lock_plan(int kind, int N, int K, int T4, int ldd, int ala, int ald, const void *sa, const void *sb,
+                             int ldb = 0, int alb = 256) {
     pthread_mutex_lock(&lg_mu);
-    lg_plan *p = lg_open() ? NULL : lg_plan_get(kind, N, K, T4, ldd, ala, ald, sa, sb);
+    lg_plan *p = lg_open() ? NULL : lg_plan_get(kind, N, K, T4, ldd, ala, ald, sa, sb, ldb ? ldb : K, alb);
     if (!p) pthread_mutex_unlock(&lg_mu);
     return p;
 }
@@ -509,6 +514,9 @@ extern "C" void dsv4_cuda_linear_gemm_split_fp8_terms(int n) { lg_terms[0] = n >
  * bench/NOTES.md "Session 24") */
 extern "C" void dsv4_cuda_linear_gemm_split_bf16_terms(int n) { lg_terms[1] = n >= 1 && n <= 3 ? n : 0; }
 
+static int lg_run_terms(lg_plan *p, const void *A, const __nv_bfloat16 *t0, size_t ps, int nt, float *y, void *ltws, cudaStream_t st,
+                        const char *what);
+
 extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
                                            void *ws, size_t ws_bytes, void *stream) {
     if (!dsv4_cuda_linear_gemm_split_fits(w, T)) return 1;
@@ -566,12 +574,85 @@ extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const floa
         pthread_mutex_unlock(&lg_mu);
         return -1;
     }
-    /* y = W hi, then += W mid, += W lo: a fixed order, so a rerun gives the same bits */
+    return lg_run_terms(p, A, xp, (size_t)ps, nt, y, base + olt, st, "split");
+}
+
+/* under lg_mu (released here): y = W t0, then += W t1, += W t2 (terms ps elements apart): a fixed order, so a rerun gives
+ * the same bits. 1 when nothing ran (y untouched). */
+static int lg_run_terms(lg_plan *p, const void *A, const __nv_bfloat16 *t0, size_t ps, int nt, float *y, void *ltws, cudaStream_t st,
+                        const char *what) {
     int r = 0;
-    for (int j = 0; j < nt && !r; j++) r = lg_matmul(p, A, xp + (size_t)j * ps, j ? 1.0f : 0.0f, y, base + olt, st);
+    for (int j = 0; j < nt && !r; j++) r = lg_matmul(p, A, t0 + (size_t)j * ps, j ? 1.0f : 0.0f, y, ltws, st);
     const cublasStatus_t s = lg_status;
+    const int N = p->N, T = p->T4, K = p->K;
     pthread_mutex_unlock(&lg_mu);
-    if (r > 0) return 1; /* nothing ran (the split planes only were written) */
-    if (r < 0) return dsv4_cuda_fail("linear gemm (split): cublasLtMatmul %d x %d x %d: status %d", N, T, K, (int)s);
-    return dsv4_cuda_check_launch("linear gemm (split, cublasLtMatmul)");
+    if (r > 0) return 1;
+    if (r < 0) return dsv4_cuda_fail("linear gemm (%s): cublasLtMatmul %d x %d x %d: status %d", what, N, T, K, (int)s);
+    return dsv4_cuda_check_launch("linear gemm (terms, cublasLtMatmul)");
+}
+
+/* ---- x given as bf16 terms by its producer (dsv4_cuda_attn_kv8_wg_terms for wo_a) ---- */
+
+extern "C" int dsv4_cuda_linear_gemm_terms_nt(const dsv4_cuda_weight *w) {
+    if (!w || !(w->fmt == DSV4_WF_FP8 || w->fmt == DSV4_WF_BF16)) return 0;
+    const int fp8 = w->fmt == DSV4_WF_FP8, nt = w->act_bf16 ? 1 : lg_nt(!fp8);
+    if (fp8 && nt == 3 && w->f16_ok && lg_f16_on()) return 0; /* the split takes its f16 form there */
+    return nt;
+}
+
+/* the checks and the plan (lg_mu held on success; NULL: declined, unlocked) */
+static lg_plan *lg_terms_plan(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,
+                              int64_t ldy, const void **A, size_t *o_w, size_t *o_lt) {
+    if (!dsv4_cuda_linear_gemm_split_fits(w, T) || nt < 1 || nt > 3) return NULL;
+    const int K = w->cols, N = w->rows, fp8 = w->fmt == DSV4_WF_FP8;
+    if (!ldy) ldy = N;
+    if (!terms || !y || ldt < K || ldt > INT32_MAX || ldy < N || (ldy & 3) || ((uintptr_t)y & 15) || ((uintptr_t)terms & 15) ||
+        (ldt & 7) || (nt > 1 && (ps & 7)))
+        return NULL;
+    size_t ox, xps, osc;
+    lg_split_layout(0, K, fp8 ? N : 0, &ox, &xps, o_w, &osc, o_lt);
+    *A = fp8 ? NULL : (const void *)(w->data + (size_t)w->row0 * K * 2);
+    int alb = lg_align(terms);
+    if (nt > 1 && lg_align((const __nv_bfloat16 *)terms + ps) < alb) alb = lg_align((const __nv_bfloat16 *)terms + ps);
+    /* the dequantized weight sits at o_w of a 256-byte aligned workspace */
+    return lg_lock_plan(1, N, K, T, (int)ldy, fp8 ? 256 : lg_align(*A), lg_align(y), NULL, NULL, (int)ldt, alb);
+}
+
+extern "C" int dsv4_cuda_linear_gemm_terms_ready(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt,
+                                                 int T, float *y, int64_t ldy) {
+    const void *A;
+    size_t ow, olt;
+    lg_plan *p = lg_terms_plan(w, terms, ldt, ps, nt, T, y, ldy, &A, &ow, &olt);
+    if (!p) return 0;
+    pthread_mutex_unlock(&lg_mu);
+    return 1;
+}
+
+extern "C" size_t dsv4_cuda_linear_gemm_terms_ws_bytes(int K, int Nd) { return dsv4_cuda_linear_gemm_split_ws_bytes(0, K, Nd); }
+
+extern "C" int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T,
+                                           float *y, int64_t ldy, void *ws, size_t ws_bytes, void *stream) {
+    const void *A;
+    size_t ow, olt;
+    if (!ws || ((uintptr_t)ws & 255)) return 1;
+    lg_plan *p = lg_terms_plan(w, terms, ldt, ps, nt, T, y, ldy, &A, &ow, &olt);
+    if (!p) return 1;
+    const int K = w->cols, N = w->rows;
+    if (ws_bytes < olt + LG_LT_WS) {
+        pthread_mutex_unlock(&lg_mu);
+        return dsv4_cuda_fail("linear gemm (terms): workspace %zu bytes, %zu needed for K %d N %d", ws_bytes, olt + LG_LT_WS, K, N);
+    }
+    uint8_t *base = (uint8_t *)ws;
+    cudaStream_t st = DSV4_STREAM(stream);
+    if (!A) { /* FP8: the view's rows as bf16 */
+        __nv_bfloat16 *wd = (__nv_bfloat16 *)(base + ow);
+        const int64_t nw = (int64_t)N * K / 4;
+        lg_deq_fp8<<<(unsigned)((nw + 255) / 256), 256, 0, st>>>(w->data, w->scale, w->scale_stride, w->row0, N, K, wd);
+        if (dsv4_cuda_check_launch("linear gemm (terms, weight)")) {
+            pthread_mutex_unlock(&lg_mu);
+            return -1;
+        }
+        A = wd;
+    }
+    return lg_run_terms(p, A, (const __nv_bfloat16 *)terms, (size_t)ps, nt, y, base + olt, st, "terms");
 }

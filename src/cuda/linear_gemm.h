@@ -82,6 +82,20 @@ int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64
 /* 1 when the last dsv4_cuda_linear_gemm_split call that ran took the f16 form (tests) */
 int dsv4_cuda_linear_gemm_split_last_f16(void);
 
+/* The split path's GEMMs on terms its producer wrote (wo_a after dsv4_cuda_attn_kv8_wg_terms, which saves the split's
+ * read of fp32 x and its write of the planes): terms[j * ps + t * ldt + k] (bf16, j < nt) are the terms of x[t][k] as
+ * dsv4_cuda_linear_gemm_split makes them; y = W t0 (+= W t1 (+= W t2)) as there. ldt and ps multiples of 8, terms
+ * 16-byte aligned. dsv4_cuda_linear_gemm_terms_nt: the terms the split takes for w (1 act_bf16, else
+ * DSV4_LINEAR_GEMM_FP8_TERMS / _BF16_TERMS), 0 where it takes another form (the f16 one); _ready: 1 when cuBLASLt has a
+ * plan for the call (ask before the producer writes terms: x's fp32 form is gone then); the call returns 0, 1 not
+ * applicable (nothing enqueued), -1 error. Workspace: dsv4_cuda_linear_gemm_terms_ws_bytes(K, Nd) (the split's covers it). */
+int dsv4_cuda_linear_gemm_terms_nt(const dsv4_cuda_weight *w);
+size_t dsv4_cuda_linear_gemm_terms_ws_bytes(int K, int Nd);
+int dsv4_cuda_linear_gemm_terms_ready(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,
+                                      int64_t ldy);
+int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,
+                                int64_t ldy, void *ws, size_t ws_bytes, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -378,6 +378,50 @@ static void split_variant(const char *name, const char *form, const dsv4_cuda_we
     printf("%-4s %s: %d gap values written%s\n", gap ? "FAIL" : "ok", n2, gap, gap ? " <<<" : "");
 }
 
+/* dsv4_cuda_linear_gemm_terms on x's terms made here as the split makes them (hi = bf16(x), mid = bf16(x - hi), lo =
+ * bf16(x - hi - mid); row t's term j at t * ldt + j * C, ldt = nt C + 8) against the split's own result (host: T x ldy,
+ * the split with the same switches), y's gaps untouched */
+static void terms_variant(const char *name, const dsv4_cuda_weight *dw, const float *x, int64_t ldx, int xoff, int T, int R,
+                          int C, float *dy, int64_t ldy, void *ws, size_t wsb, const float *split, float *host) {
+    const int nt = dsv4_cuda_linear_gemm_terms_nt(dw);
+    char n2[200];
+    snprintf(n2, sizeof n2, "%s (terms given, %d)", name, nt);
+    const int64_t ldt = (int64_t)nt * C + 8;
+    uint16_t *tt = calloc((size_t)T * ldt, sizeof(uint16_t));
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < C; k++) {
+            float v = x[(size_t)t * ldx + xoff + k];
+            for (int j = 0; j < nt; j++) {
+                const uint16_t b = dsv4_f32_to_bf16(v);
+                tt[(size_t)t * ldt + (size_t)j * C + k] = b;
+                v -= dsv4_bf16_to_f32(b);
+            }
+        }
+    uint16_t *dt = dup_to_dev(tt, sizeof(uint16_t) * (size_t)T * ldt);
+    const int ready = dsv4_cuda_linear_gemm_terms_ready(dw, dt, ldt, C, nt, T, dy, ldy);
+    op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
+    const int rc = dsv4_cuda_linear_gemm_terms(dw, dt, ldt, C, nt, T, dy, ldy, ws, wsb, NULL);
+    if (rc < 0) op_ok(rc, n2);
+    sync_ok();
+    from_dev(host, dy, sizeof(float) * (size_t)T * ldy);
+    long diff = 0, gap = 0;
+    double md = 0, sc = 0;
+    for (int t = 0; t < T; t++) {
+        for (int r = 0; r < R; r++) {
+            const float a = host[(size_t)t * ldy + r], b = split[(size_t)t * ldy + r];
+            diff += memcmp(&a, &b, 4) != 0, md = fmax(md, fabs((double)a - b)), sc = fmax(sc, fabs((double)b));
+        }
+        for (int64_t i = R; i < ldy; i++) gap += !isnan(host[(size_t)t * ldy + i]);
+    }
+    /* cuBLASLt may pick another algorithm for the wider B rows (another summation order): 1e-5 of y's largest */
+    const int ok = nt > 0 && ready && rc == 0 && !gap && md <= 1e-5 * sc;
+    g_checks++, g_fail += !ok;
+    printf("%-4s %s: ready %d, %ld of %ld values differ from the split's (largest %.3g of %.3g), %ld gap values written%s\n",
+           ok ? "ok" : "FAIL", n2, ready, diff, (long)T * R, md, sc, gap, ok ? "" : " <<<");
+    dsv4_cuda_free(dt);
+    free(tt);
+}
+
 void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int row0, int ab, int strided) {
     hweight h = make_weight(fmt, R + row0, C, 0, 0);
     h.w.row0 = row0, h.w.rows = R;
@@ -434,10 +478,15 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
             split_variant(name, "bf16 form", &d2, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, gs, ref);
             dsv4_cuda_linear_gemm_split_fp8_terms(2); /* two bf16 terms (the default for FP8): x to ~2^-16 */
             split_variant(name, "two bf16 terms, the default", &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, gs, ref);
+            terms_variant(name, &dw, x, ldx, strided ? C : 0, T, R, C, dy, ldy, ws, wsb, got2, got);
             dsv4_cuda_linear_gemm_split_fp8_terms(1); /* one bf16 term: the twin on x rounded to bf16 */
             round_bf16(xr, (size_t)T * C);
             dsv4_cpu_linear(&h.w, xr, T, ref);
             split_variant(name, "one bf16 term", &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, gs, ref);
+        }
+        if (!(fmt == DSV4_WF_FP8 && !ab)) { /* the split's default terms, given (got2: its rerun) */
+            from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
+            terms_variant(name, &dw, x, ldx, strided ? C : 0, T, R, C, dy, ldy, ws, wsb, got2, got);
         }
         if (fmt == DSV4_WF_BF16 && !ab) { /* BF16 weights in two bf16 terms (opt-in): x to ~2^-16 */
             dsv4_cuda_linear_gemm_split_bf16_terms(2);

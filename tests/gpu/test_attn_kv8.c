@@ -361,19 +361,67 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
         dsv4_cuda_attn_kv8_tc_force(-1);
         free(freq), free(pos), free(ra), free(rf), dsv4_cuda_free(dfreq), dsv4_cuda_free(dpos), dsv4_cuda_free(dout2);
     }
+    /* the terms form (wo_a's input): bitwise the kernel's fp32 output, then dsv4_cuda_rope(inverse), then the split's
+     * terms in each row's group layout; G groups of H / G heads (G = H / 8 where a block holds whole groups, and 1),
+     * two terms and one */
+    int terms_diff = 0, terms_runs = 0;
+    if (tc == 1 && f16 && dsv4_cuda_attn_kv8_wg_fits(H, Dh, R)) {
+        float *freq = malloc(sizeof(float) * (size_t)(R / 2 + 1));
+        int *pos = malloc(sizeof(int) * T);
+        for (int i = 0; i < R / 2; i++) freq[i] = powf(10000.0f, -2.0f * i / (float)R);
+        for (int t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int)(urand() * 1000000);
+        float *dfreq = dup_dev(freq, sizeof(float) * (size_t)(R / 2 + 1));
+        int *dpos = dup_dev(pos, sizeof(int) * T);
+        float *dout2 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * H * Dh);
+        float *ra = malloc(sizeof(float) * (size_t)T * H * Dh);
+        uint16_t *tg = malloc(sizeof(float) * (size_t)T * H * Dh);
+        const float *k2 = with_kv2 ? dkv2 : NULL;
+        const int Gs[2] = {H % 8 == 0 ? H / 8 : 1, 1}, nts[2] = {2, 1};
+        for (int v = 0; v < 2; v++) {
+            const int G = Gs[v], nt = nts[v], gin = H / G * Dh;
+            if (!dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G)) continue;
+            terms_runs++;
+            if (dsv4_cuda_attn_kv8_wg(dq, T, H, Dh, R, dbase, k2, k2 ? n2 : 0, didx, nidx, dsink, scale, dout, dscr, NULL) ||
+                (R > 0 && dsv4_cuda_rope(dout, T, H, Dh, R / 2, dfreq, dpos, 1, NULL)) ||
+                dsv4_cuda_fill(dout2, (int64_t)T * H * Dh, 0.0f, NULL) ||
+                dsv4_cuda_attn_kv8_wg_terms(dq, T, H, Dh, R, dbase, k2, k2 ? n2 : 0, didx, nidx, dsink, scale, dfreq, dpos, G, nt,
+                                            dout2, dscr, NULL) ||
+                dsv4_cuda_download(ra, dout, sizeof(float) * (size_t)T * H * Dh) ||
+                dsv4_cuda_download(tg, dout2, sizeof(float) * (size_t)T * H * Dh)) {
+                printf("     terms, G %d nt %d: %s\n", G, nt, dsv4_cuda_last_error());
+                terms_diff++;
+                continue;
+            }
+            long nd = 0;
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < H; h++)
+                    for (int d = 0; d < Dh; d++) {
+                        const int gi = h / (H / G);
+                        const size_t at = (size_t)t * 2 * H * Dh + (size_t)gi * 2 * gin + (size_t)(h - gi * (H / G)) * Dh + d;
+                        const float x = ra[((size_t)t * H + h) * Dh + d];
+                        const uint16_t hi = dsv4_f32_to_bf16(x), mid = dsv4_f32_to_bf16(x - dsv4_bf16_to_f32(hi));
+                        nd += tg[at] != hi || (nt > 1 ? tg[at + gin] != mid : tg[at + gin] != 0);
+                    }
+            if (nd) {
+                printf("     terms, G %d nt %d: %ld of %zu values differ from the kernel + RoPE + split\n", G, nt, nd, (size_t)T * H * Dh);
+                terms_diff++;
+            }
+        }
+        free(freq), free(pos), free(ra), free(tg), dsv4_cuda_free(dfreq), dsv4_cuda_free(dpos), dsv4_cuda_free(dout2);
+    }
     /* against the CPU twin too: within 10x the double bar (1e-4 rms + 1e-3 relative, still 4x under a bf16 rounding);
      * the twin's own sequential fp32 sums sit at ~2.4x the double bar. One f16 term: the bf16 arithmetic's distances */
     const size_t no = (size_t)T * H * Dh;
     const double wvt = tol_worst(got, twin, no, NULL);
     const double bar = f16 ? tol_worst(refb, ref, no, NULL) : 1, tbar = f16 ? tol_worst(refb, twin, no, NULL) : 10;
-    int f = (f16 ? !(worst <= bar) : bad) || nondet || var || shape_diff || rope_diff || !(wvt <= tbar);
+    int f = (f16 ? !(worst <= bar) : bad) || nondet || var || shape_diff || rope_diff || terms_diff || !(wvt <= tbar);
     printf("%s attn_kv8%s%s T %3d H %2d Dh %3d nidx %4d%s: worst %.3f of tolerance (bar %.3g; CPU twin %.3f, %s %.3f; vs the "
            "twin %.3f, bar %.3g; relative L2 %.2e, bf16 arithmetic %.2e)%s%s, %d of %d launch shapes differ, fused inverse "
-           "RoPE %d of %d\n",
+           "RoPE %d of %d, terms form %d of %d\n",
            f ? "FAIL" : "ok  ", tc == 2 ? "_tcd" : tc ? "_tc" : "", tc ? (f16 ? " (f16)" : " (hi+lo)") : "", T, H, Dh,
            nidx, with_kv2 ? " +chunk rows" : "", worst, bar, wtwin, tc ? "decode kernel" : "old kernel", wold, wvt, tbar,
            rel_l2(got, ref, no), f16 ? rel_l2(refb, ref, no) : -1.0, nondet ? ", NOT repeatable" : "",
-           var ? ", a query alone differs from in the batch" : "", shape_diff, shapes, rope_diff, rope_shapes);
+           var ? ", a query alone differs from in the batch" : "", shape_diff, shapes, rope_diff, rope_shapes, terms_diff, terms_runs);
     fails += f;
     for (int s = 0; s < NS; s++) free(rows[s]), dsv4_cuda_free(dcache[s]);
     free(kv2), free(q), free(sink), free(idx), free(seq), free(base), free(got), free(got2), free(ref), free(twin), free(old);
