@@ -156,7 +156,12 @@ struct mb_params {
     int R, C;
 };
 
-template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
+/* PROD: a third warpgroup whose warp 8 streams the x ring (setmaxnreg: 24 registers there, 240 for the consumers),
+ * so that warp 0's refills (~570 cycles a unit, which its warpgroup's next wgmma waited for: session 26's trace) leave
+ * the consumers' path; PROD 0: warp 0 refills as it releases (DSV4_MOE_PFB_PRODUCER=0) */
+#define MB_PTHREADS 384
+template <int GATEUP, int PROD>
+__global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2; /* gate / up: w1 and w3 on the block's 128 rows; down: w2's rows 256 b .. and 256 b + 128 .. */
     extern __shared__ __align__(128) unsigned char mb_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -193,8 +198,17 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
         __syncwarp();
         if (++pu == NU) pu = 0, pcl++;
     };
-    if (warp == 0)
+    if (PROD) {
+        if (warp >= 8) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+            if (warp == 8)
+                for (int it = 0; it < n; it++) produce(it);
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    } else if (warp == 0) {
         for (int it = 0; it < MB_S && it < n; it++) produce(it);
+    }
     /* consumers: warpgroup wgi's rows 64 wgi .. of the block's 128; this thread's rows rl and rl + 8 */
     const int wgi = warp >> 2, rl = 64 * wgi + 16 * (warp & 3) + g, rb = blockIdx.x * (GATEUP ? 128 : 256);
     const uint4 *wq[NM][2];
@@ -246,7 +260,7 @@ template <int GATEUP> __global__ void __launch_bounds__(MB_THREADS, 1) mb_kernel
     auto release = [&](int it) {
         __syncwarp();
         if (lane == 0) dev_mbar_arrive(emptyb + 8 * ((it - 1) % MB_S));
-        if (warp == 0 && it - 1 + MB_S < n) produce(it - 1 + MB_S);
+        if (!PROD && warp == 0 && it - 1 + MB_S < n) produce(it - 1 + MB_S);
     };
 
     auto epilogue = [&](int cp) {
