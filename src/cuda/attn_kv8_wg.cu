@@ -116,7 +116,7 @@ template <bool FIX>
 __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, int H, int Dh, int R,
                                                              const uint8_t *const *base, const uint8_t *kv2p,
                                                              const int *idx, int nidx, const float *sink, float scale,
-                                                             float *out, ak_rope rp, int G, int ntm, long long *trc) {
+                                                             float *out, ak_rope rp, int G, int ntm, int qh, long long *trc) {
     dev_pdl_enter();
     extern __shared__ __align__(128) uint8_t wsm[];
     uint8_t *Qs = wsm + WA_QS, *Ks = wsm + WA_KS, *raw = wsm + WA_RAW;
@@ -174,10 +174,34 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
     __syncthreads();
     if (warp == 7) issue(0), issue(1), issue(2);
     WA_TR(1);
+    /* the terms form: the inverse RoPE's cos / sin (warp 6, while q's loads are in flight) */
+    auto cs_table = [&]() {
+        if (ntm && rp.freq && warp == 6)
+            for (int i = lane; i < R / 2; i += 32) {
+                float c, sn;
+                ak_rope_cs((float)rp.pos[t], rp.freq[i], c, sn);
+                ((float2 *)(wsm + WA_CS))[i] = make_float2(c, sn);
+            }
+    };
     /* q of the block's heads as f16 (zeros past H and Dh; Dh % 8 == 0, rows 16-byte aligned: the wrapper checks). A warp
      * instruction takes 8 heads x 4 chunks of 8 dims: 8 lines of q to read (lanes one head apart would touch 32) and 4
-     * smem rows to write (conflict-free). All 16 items' loads in flight at once. */
-    {
+     * smem rows to write (conflict-free). All 16 items' loads in flight at once. qh: q's rows already f16
+     * (dsv4_cuda_norm_rope_h16: the same roundings), each in the first half of its fp32 row's bytes. */
+    if (qh) {
+        uint4 hv[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const int P = warp * 16 + k, hh = h0 + 8 * (P & 7) + (lane & 7), c = 4 * (P >> 3) + (lane >> 3);
+            hv[k] = make_uint4(0, 0, 0, 0);
+            if (hh < H && 8 * c < Dh) hv[k] = *(const uint4 *)((const __half *)q + ((int64_t)t * H + hh) * 2 * Dh + 8 * c);
+        }
+        cs_table();
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const int P = warp * 16 + k, h = 8 * (P & 7) + (lane & 7), c = 4 * (P >> 3) + (lane >> 3);
+            *(uint4 *)(Qs + c * 1024 + (h >> 3) * 128 + (h & 7) * 16) = hv[k];
+        }
+    } else {
         float4 va[16], vb[16];
 #pragma unroll
         for (int k = 0; k < 16; k++) {
@@ -188,12 +212,7 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
                 va[k] = src[0], vb[k] = src[1];
             }
         }
-        if (ntm && rp.freq && warp == 6) /* the terms form: the inverse RoPE's cos / sin while q's loads are in flight */
-            for (int i = lane; i < R / 2; i += 32) {
-                float c, sn;
-                ak_rope_cs((float)rp.pos[t], rp.freq[i], c, sn);
-                ((float2 *)(wsm + WA_CS))[i] = make_float2(c, sn);
-            }
+        cs_table();
 #pragma unroll
         for (int k = 0; k < 16; k++) {
             const int P = warp * 16 + k, h = 8 * (P & 7) + (lane & 7), c = 4 * (P >> 3) + (lane >> 3);
@@ -446,8 +465,8 @@ extern "C" int dsv4_cuda_attn_kv8_wg_terms_fits(int H, int Dh, int R, int G) {
 
 /* ntm 0: fp32 out; 1 / 2: the terms form (dsv4_cuda_attn_kv8_wg_terms) */
 static int wa_run(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2, int nkv2,
-                  const int *idx, int nidx, const float *sink, float scale, ak_rope rp, int G, int ntm, float *out, void *scratch,
-                  void *stream) {
+                  const int *idx, int nidx, const float *sink, float scale, ak_rope rp, int G, int ntm, int qh, float *out,
+                  void *scratch, void *stream) {
     if (T < 0 || nidx < 0 || !dsv4_cuda_attn_kv8_wg_fits(H, Dh, R))
         return dsv4_cuda_fail("attn_kv8_wg: shape outside the path (T %d H %d Dh %d R %d nidx %d)", T, H, Dh, R, nidx);
     if (ntm && (ntm > 2 || !dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G) || (rp.freq && !rp.pos)))
@@ -488,13 +507,13 @@ static int wa_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
     if (trf && cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone &&
         cudaMalloc((void **)&trc, ntr * sizeof(long long)) == cudaSuccess)
         cudaMemsetAsync(trc, 0, ntr * sizeof(long long), st);
-    if (!ntm) rp.freq = NULL, rp.pos = NULL, G = 1;
+    if (!ntm) rp.freq = NULL, rp.pos = NULL, G = 1, qh = 0;
     if (Dh == 512 && R == 64) /* V4's rows: the chunks' kinds known at compile time */
         dev_launch(attn_kv8_wg_kernel<true>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, rp, G, ntm, trc);
+                   nidx, sink, scale, out, rp, G, ntm, qh, trc);
     else
         dev_launch(attn_kv8_wg_kernel<false>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, rp, G, ntm, trc);
+                   nidx, sink, scale, out, rp, G, ntm, qh, trc);
     if (trc) {
         long long *h = (long long *)malloc(ntr * sizeof(long long));
         FILE *f = fopen(trf, "a");
@@ -518,14 +537,14 @@ extern "C" int dsv4_cuda_attn_kv8_wg(const float *q, int T, int H, int Dh, int R
                                      const float *kv2, int nkv2, const int *idx, int nidx, const float *sink, float scale,
                                      float *out, void *scratch, void *stream) {
     const ak_rope rp = {NULL, NULL};
-    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, 1, 0, out, scratch, stream);
+    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, 1, 0, 0, out, scratch, stream);
 }
 
 extern "C" int dsv4_cuda_attn_kv8_wg_terms(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
                                            const float *kv2, int nkv2, const int *idx, int nidx, const float *sink, float scale,
-                                           const float *freq, const int *pos, int G, int nt, float *out, void *scratch,
-                                           void *stream) {
+                                           const float *freq, const int *pos, int G, int nt, int qh, float *out,
+                                           void *scratch, void *stream) {
     if (nt < 1 || nt > 2) return dsv4_cuda_fail("attn_kv8_wg_terms: %d terms (1 or 2)", nt);
     const ak_rope rp = {R > 0 ? freq : NULL, pos};
-    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, G, nt, out, scratch, stream);
+    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, G, nt, qh != 0, out, scratch, stream);
 }

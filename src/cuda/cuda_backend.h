@@ -169,6 +169,15 @@ int dsv4_cuda_rope(float *x, int T, int H, int n, int npairs, const float *freq,
  * 4096 fused, else the three kernels). The decode step's kv row, query heads and compressor entries. */
 int dsv4_cuda_norm_rope_q8(float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
                            const int *pos, int qn, int qb, void *stream);
+/* dsv4_cuda_norm_rope_q8(x, T, H, n, w, eps, npairs, freq, pos, 0, 0) with each row written as f16 (round to nearest
+ * even) into the first half of its own bytes (row r's value d at ((const __half *)x)[2 n r + d]): the prefill
+ * attention's q (dsv4_cuda_attn_kv8_wg_terms with qh), half the bytes both ways. Needs dsv4_cuda_norm_rope_h16_fits
+ * (the fused kernels: n a multiple of 8 up to 4096, x and w 16-byte aligned). */
+int dsv4_cuda_norm_rope_h16(float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
+                            const int *pos, void *stream);
+int dsv4_cuda_norm_rope_h16_fits(const float *x, int n, const float *w);
+/* whether the forward takes it for the terms form's q (DSV4_CUDA_Q16=0: fp32 q as before; read once) */
+int dsv4_cuda_norm_rope_h16_enabled(void);
 /* Tests: how the fused row kernels lay rows on blocks (the same bits either way): 1 two rows a block wherever a row
  * has at most 128 quads, 0 one a block, -1 the default (two for passes of >= 4096 rows: prefill 8K 0.985x; one below,
  * where it measured 1.005x at batch 1; DSV4_ROW_PREP2=0 / 1 overrides). */

@@ -442,25 +442,6 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
             CK(tail_end(g, st, fork, cmp_state(g, b, L, 1, w->ikvp, w->iscp)));
         }
     }
-    {   /* the query heads: on stream2 in sliding-window layers */
-        const int qf = fork && ly->ratio == 0;
-        CK(branch_begin(g, qf));
-        int rc = 0;
-        BR(lin(g, w, &gl->wq_b, w->qr, T, w->q));
-        BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream)); /* head norm + RoPE */
-        CK(branch_end(g, st, qf, rc));
-    }
-    CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
-    if (idx) { /* the attention compressor (its projections here when forked) */
-        if (fork) CK(lin_multi(g, w, cj, 2, T));
-        CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1));
-    }
-    if (!fork || ly->ratio == 0) CK(attn_index(g, w, b, L)); /* the index lists (positions only, without the indexer) */
-    if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
-
-    /* attention and its output's inverse RoPE over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per
-     * call bound the split partials (a row's result does not depend on the rows beside it), the inverse RoPE in the
-     * same kernels. Prefill passes: tensor cores, the whole pass at once, then the inverse RoPE. */
     const int wgp = w->attn_tc && !dsv4_cuda_attn_kv8_tc_hilo(0, -2) && dsv4_cuda_attn_kv8_wg_enabled() &&
                     dsv4_cuda_attn_kv8_wg_fits(H, Dh, R);
     const int tc = w->attn_tc && (wgp || dsv4_cuda_attn_kv8_tc_fits(H, Dh, R));
@@ -475,9 +456,31 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         tnt = dsv4_cuda_linear_gemm_terms_nt(&wv);
         if (tnt > 2 || !dsv4_cuda_linear_gemm_terms_ready(&wv, w->o, 2 * (int64_t)H * Dh, gin, tnt, T, w->z, (int64_t)G * Ro)) tnt = 0;
     }
+    /* q as f16 for the terms form's attention (dsv4_cuda_norm_rope_h16: half the bytes written and read) */
+    const int qh = tnt && dsv4_cuda_norm_rope_h16_enabled() && dsv4_cuda_norm_rope_h16_fits(w->q, Dh, NULL);
+    {   /* the query heads: on stream2 in sliding-window layers */
+        const int qf = fork && ly->ratio == 0;
+        CK(branch_begin(g, qf));
+        int rc = 0;
+        BR(lin(g, w, &gl->wq_b, w->qr, T, w->q));
+        if (qh) BR(dsv4_cuda_norm_rope_h16(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, g->stream)); /* head norm + RoPE */
+        else BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream));
+        CK(branch_end(g, st, qf, rc));
+    }
+    CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
+    if (idx) { /* the attention compressor (its projections here when forked) */
+        if (fork) CK(lin_multi(g, w, cj, 2, T));
+        CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1));
+    }
+    if (!fork || ly->ratio == 0) CK(attn_index(g, w, b, L)); /* the index lists (positions only, without the indexer) */
+    if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
+
+    /* attention and its output's inverse RoPE over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per
+     * call bound the split partials (a row's result does not depend on the rows beside it), the inverse RoPE in the
+     * same kernels. Prefill passes: tensor cores, the whole pass at once, then the inverse RoPE. */
     if (tnt) {
         CK(dsv4_cuda_attn_kv8_wg_terms(w->q, T, H, Dh, R, w->qbase, w->kv, T, w->idx, gl->nidx, gl->attn_sink,
-                                       1.0f / sqrtf((float)Dh), gl->rope_freq, b->pos, G, tnt, w->o, w->ascr, st));
+                                       1.0f / sqrtf((float)Dh), gl->rope_freq, b->pos, G, tnt, qh, w->o, w->ascr, st));
     } else if (wgp) {
         CK(dsv4_cuda_attn_kv8_wg(w->q, T, H, Dh, R, w->qbase, w->kv, T, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
                                  w->o, w->ascr, st));

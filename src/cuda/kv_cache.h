@@ -100,10 +100,12 @@ size_t dsv4_cuda_attn_kv8_wg_scratch(int nkv2, int Dh, int R);
  * them): query t's row of out (H x Dh floats) holds, for each of the G head groups gi, hi = bf16(v) at bf16 element
  * gi * 2 gin and, with nt 2, mid = bf16(v - hi) at (2 gi + 1) gin (gin = H / G x Dh; within a group head-major, as the
  * fp32 row), the bits dsv4_cuda_linear_gemm_split makes of the fp32 output after dsv4_cuda_rope. Needs
- * dsv4_cuda_attn_kv8_wg_terms_fits (G divides H, a block of 64 heads holds whole groups). */
+ * dsv4_cuda_attn_kv8_wg_terms_fits (G divides H, a block of 64 heads holds whole groups). qh: q's rows as
+ * dsv4_cuda_norm_rope_h16 leaves them (f16 in the first half of each fp32 row's bytes; the same values the kernel
+ * rounds fp32 q to). */
 int dsv4_cuda_attn_kv8_wg_terms(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                                 int nkv2, const int *idx, int nidx, const float *sink, float scale, const float *freq,
-                                const int *pos, int G, int nt, float *out, void *scratch, void *stream);
+                                const int *pos, int G, int nt, int qh, float *out, void *scratch, void *stream);
 int dsv4_cuda_attn_kv8_wg_terms_fits(int H, int Dh, int R, int G);
 /* whether the forward takes the terms form where it can (DSV4_CUDA_ATTN_TERMS=0: the fp32 output, dsv4_cuda_rope and
  * the split as before; read once) */

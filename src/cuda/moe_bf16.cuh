@@ -147,6 +147,70 @@ __global__ void __launch_bounds__(256) mb_ximage_kernel(const float *x, dsv4_cud
     }
 }
 
+/* 1'. The same image a token at a time (the default; DSV4_MOE_PFB_XTOK=0: mb_ximage_kernel): warp t % 8 of block t / 8
+ * reads token t's row once and writes its pieces (the same codes: one row, one act quant) to each of its slots
+ * (tslot; a slot's active expert by a binary search of act_off), instead of reading and quantizing the row once a slot
+ * (K times: Flash's 6 x 64 MB a 4096-row pass) */
+#define MB_XK 8 /* the most slots a token here (V4: 6; more: mb_ximage_kernel) */
+__global__ void __launch_bounds__(256, 3) mb_ximage_tok_kernel(const float *x, dsv4_cuda_moe_plan p, int T, int K, int C, uint8_t *img) {
+    const int t = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= T) return;
+    const int NU = C / 128, pc = lane & 15, uh = lane >> 4, na = *p.nact;
+    uint8_t *cb[MB_XK]; /* (fixed indices: registers) */
+    int ngs[MB_XK], ns = 0;
+#pragma unroll
+    for (int k = 0; k < MB_XK; k++) {
+        cb[k] = NULL, ngs[k] = 0;
+        const int sl = k < K ? p.tslot[(int64_t)t * K + k] : -1;
+        if (sl < 0) continue;
+        int lo = 0, hi = na - 1; /* the last active expert whose slots start at or before sl */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (p.act_off[mid] <= sl) lo = mid;
+            else hi = mid - 1;
+        }
+        const int off = p.act_off[lo], cnt = p.act_cnt[lo], j = sl - off, ch = j >> 7, tt = j & 127, rest = cnt - ch * 128;
+        const int ng = ((rest < 128 ? rest : 128) + 7) >> 3;
+        cb[k] = img + ((int64_t)off + 8 * lo) * C * 2 + (int64_t)ch * 128 * C * 2 +
+                (size_t)((((pc >> 1) * ng + (tt >> 3)) * 2 + (pc & 1)) * 128 + (tt & 7) * 16);
+        ngs[k] = ng, ns++;
+    }
+    if (!ns) return;
+    const float *xr = x + (int64_t)t * C;
+    for (int u0 = 0; u0 < NU; u0 += 4) { /* two unit pairs' loads in flight */
+        float v[2][8];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const int u = u0 + 2 * r + uh;
+                v[r][kk] = u < NU ? xr[u * 128 + mb_phys(pc, kk)] : 0.0f;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int u = u0 + 2 * r + uh;
+            float a = 1e-4f;
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) a = fmaxf(a, fabsf(v[r][kk]));
+#pragma unroll
+            for (int o = 1; o < 16; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            const float sc = dev_pow2_ceil(a * (1.0f / 448.0f)), inv = 1.0f / sc;
+            uint32_t w[4];
+#pragma unroll
+            for (int kk = 0; kk < 8; kk += 2) {
+                uint32_t hb[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) hb[e] = mb_q8(v[r][kk + e], sc, inv);
+                w[kk >> 1] = hb[0] | (hb[1] << 16);
+            }
+            if (u < NU)
+#pragma unroll
+                for (int k = 0; k < MB_XK; k++)
+                    if (cb[k]) *(uint4 *)(cb[k] + (int64_t)u * ngs[k] * 2048) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
 struct mb_params {
     const dsv4_cuda_weight *WA, *WB; /* device [E]; WB: w3 (gate / up) */
     const uint8_t *img;              /* the input's image (x in y, or h's in h) */

@@ -1522,22 +1522,29 @@ static int mb_on = -1; /* DSV4_MOE_PFB=0: 0, passes on the kernels of decode ste
 static int mb_avg;     /* DSV4_MOE_PFB_AVG: from this many tokens an expert on average */
 static int mb_pz;      /* DSV4_MOE_PFB_PZ: blocks an (expert, row tile) that share its chunks */
 static int mb_prod;    /* DSV4_MOE_PFB_PRODUCER=0: warp 0 refills the x ring (mb_kernel's PROD 0) */
+static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=0: the x image a slot at a time (mb_ximage_kernel) */
+
+static int mb_fprod = -1, mb_fxtok = -1;
+extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
 
 int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim,
                      float *h, float *y, cudaStream_t st) {
     if (mb_on < 0) mb_on = dsv4_env_int("DSV4_MOE_PFB", 1) != 0, mb_avg = dsv4_env_int("DSV4_MOE_PFB_AVG", 32),
-                     mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 1) != 0;
+                     mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 1) != 0,
+                     mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 1) != 0;
     const int64_t slots = (int64_t)T * K;
     /* the images: at most T K + 8 maxslots rows of 2 D bytes (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in
      * h's T K rows of 4 I): they fit while 8 maxslots <= T K (always at the default DSV4_MOE_PFB_AVG) */
     if (!mb_on || mt_mode || !ex->tc13 || !ex->tc2 || ex->fmt13 != DSV4_WF_MXFP4 || ex->fmt2 != DSV4_WF_MXFP4 || !ex->aq13 ||
         !ex->aq2 || ex->D % 256 || ex->I % 256 || slots < (int64_t)mb_avg * ex->E || slots < (int64_t)8 * maxslots)
         return 0;
-    void (*const kg)(mb_params) = mb_prod ? mb_kernel<1, 1> : mb_kernel<1, 0>, (*const kd)(mb_params) = mb_prod ? mb_kernel<0, 1> : mb_kernel<0, 0>;
-    const int nth = mb_prod ? MB_PTHREADS : MB_THREADS;
+    const int prod = mb_fprod >= 0 ? mb_fprod : mb_prod, xtok = mb_fxtok >= 0 ? mb_fxtok : mb_xtok;
+    void (*const kg)(mb_params) = prod ? mb_kernel<1, 1> : mb_kernel<1, 0>, (*const kd)(mb_params) = prod ? mb_kernel<0, 1> : mb_kernel<0, 0>;
+    const int nth = prod ? MB_PTHREADS : MB_THREADS;
     const void *fg = (const void *)kg, *fd = (const void *)kd;
     if (mt_set_smem(fg, MB_SMEM, 0) || mt_set_smem(fd, MB_SMEM, 0)) return -1;
-    mb_ximage_kernel<<<dim3(16, maxslots), 256, 0, st>>>(x, *p, ex->D, (uint8_t *)y);
+    if (xtok && K <= MB_XK) mb_ximage_tok_kernel<<<(unsigned)((T + 7) / 8), 256, 0, st>>>(x, *p, T, K, ex->D, (uint8_t *)y);
+    else mb_ximage_kernel<<<dim3(16, maxslots), 256, 0, st>>>(x, *p, ex->D, (uint8_t *)y);
     if (dsv4_cuda_check_launch("moe_experts (x image, bf16 prefill)")) return -1;
     mb_params P;
     P.WA = ex->w1, P.WB = ex->w3, P.img = (const uint8_t *)y, P.p = *p, P.lim = lim, P.out = h, P.R = ex->I, P.C = ex->D;

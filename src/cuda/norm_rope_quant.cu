@@ -178,6 +178,20 @@ __device__ __forceinline__ void row_q8(float *sx, int qn, int qb, int warp, int 
     }
 }
 
+/* the staged row back to x; POST 3: as f16 (round to nearest even) into the first half of its own bytes (the block's
+ * reads of the row are done: it is staged) */
+template <int POST> __device__ __forceinline__ void row_out(float4 *r4, const float4 *sx4, int u, int nq, int step) {
+    for (int q = u; q < nq; q += step) {
+        if (POST == 3) {
+            const float4 v = sx4[q];
+            const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+            ((uint2 *)r4)[q] = make_uint2(*(const uint32_t *)&a, *(const uint32_t *)&b);
+        } else {
+            r4[q] = sx4[q];
+        }
+    }
+}
+
 template <int RQ, int NORM, int POST>
 __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H, const float *w, float eps, int npairs,
                                                           const float *freq, const int *pos, int qn, int qb) {
@@ -227,7 +241,7 @@ __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H
         }
         __syncthreads();
     }
-    for (int q = tid; q < nq; q += RMS_NT) r4[q] = sx4[q];
+    row_out<POST>(r4, sx4, tid, nq, RMS_NT);
 }
 
 /* row_prep_kernel<1, NORM, POST> for rows of at most RMS_NT / 2 quads (POST 0 or 1), two rows a block: half h of the
@@ -239,7 +253,7 @@ __global__ void __launch_bounds__(RMS_NT) row_prep_kernel(float *x, int n, int H
 template <int NORM, int POST>
 __global__ void __launch_bounds__(RMS_NT) row_prep2_kernel(float *x, int rows, int n, int H, const float *w, float eps,
                                                            int npairs, const float *freq, const int *pos, int qn, int qb) {
-    static_assert(POST == 0 || POST == 1, "no Hadamard form here");
+    static_assert(POST == 0 || POST == 1 || POST == 3, "no Hadamard form here");
     constexpr int HT = RMS_NT / 2;
     dev_pdl_enter();
     extern __shared__ float4 sx4x[];
@@ -276,8 +290,7 @@ __global__ void __launch_bounds__(RMS_NT) row_prep2_kernel(float *x, int rows, i
         row_q8(sx, qn, qb, warp, lane, HT / 32);
         __syncthreads();
     }
-    if (ok)
-        for (int q = u; q < nq; q += HT) r4[q] = sx4[q];
+    if (ok) row_out<POST>(r4, sx4, u, nq, HT);
 }
 
 /* The Hadamard form for short rows, n = 32 E (E = 4, 8, 16; RMSNorm only at E = 4): a warp a row, lane l holding
@@ -354,12 +367,15 @@ static int row_prep(const char *op, float *x, int T, int H, int n, const float *
     if (vec && nq <= RMS_NT / 2 && POST != 2 && row_prep2_on(rows))
         dev_launch(row_prep2_kernel<NORM, POST == 2 ? 0 : POST>, (rows + 1) / 2, RMS_NT, 2 * smem, st, x, rows, n, H, w, eps,
                    npairs, freq, pos, qn, qb);
+    else if (POST == 3 && !(vec && nq <= 4 * RMS_NT)) /* no f16 form of the separate kernels (dsv4_cuda_norm_rope_h16_fits) */
+        return dsv4_cuda_fail("%s: row of %d outside the fused kernels", op, n);
     else if (vec && nq <= RMS_NT) dev_launch(row_prep_kernel<1, NORM, POST>, rows, RMS_NT, smem, st, x, n, H, w, eps, npairs, freq, pos, qn, qb);
     else if (vec && nq <= 4 * RMS_NT) dev_launch(row_prep_kernel<4, NORM, POST>, rows, RMS_NT, smem, st, x, n, H, w, eps, npairs, freq, pos, qn, qb);
     else { /* the separate kernels */
         int rc = NORM ? dsv4_cuda_rmsnorm(x, rows, n, n, w, eps, stream) : 0;
         if (!rc) rc = dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0, stream);
         if (!rc && POST == 1 && qb > 0) rc = dsv4_cuda_act_quant_fp8(x, rows, qn, n, qb, stream);
+        if (!rc && POST == 3) rc = -1; /* (not reached) */
         if (!rc && POST == 2) rc = dsv4_cuda_hadamard(x, rows, n, n, stream);
         if (!rc && POST == 2) rc = dsv4_cuda_act_quant_fp4(x, rows, n, n, 32, stream);
         return rc;
@@ -373,6 +389,25 @@ extern "C" int dsv4_cuda_norm_rope_q8(float *x, int T, int H, int n, const float
         return dsv4_cuda_fail("norm_rope_q8: bad shape (T %d H %d n %d pairs %d qn %d qb %d)", T, H, n, npairs, qn, qb);
     if (!T) return 0;
     return row_prep<1, 1>("norm_rope_q8", x, T, H, n, w, eps, npairs, freq, pos, qn, qb, stream);
+}
+
+extern "C" int dsv4_cuda_norm_rope_h16_enabled(void) {
+    static int on = -1;
+    if (on < 0) on = dsv4_env_int("DSV4_CUDA_Q16", 1) != 0;
+    return on;
+}
+
+extern "C" int dsv4_cuda_norm_rope_h16_fits(const float *x, int n, const float *w) {
+    return n > 0 && n % 8 == 0 && n / 4 <= 4 * RMS_NT && !((uintptr_t)x & 15) && !((uintptr_t)w & 15) &&
+           (size_t)n * 4 <= 48 * 1024 - 256;
+}
+
+extern "C" int dsv4_cuda_norm_rope_h16(float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
+                                       const int *pos, void *stream) {
+    if (T < 0 || H <= 0 || npairs < 0 || 2 * npairs > n || !dsv4_cuda_norm_rope_h16_fits(x, n, w))
+        return dsv4_cuda_fail("norm_rope_h16: bad shape (T %d H %d n %d pairs %d)", T, H, n, npairs);
+    if (!T) return 0;
+    return row_prep<1, 3>("norm_rope_h16", x, T, H, n, w, eps, npairs, freq, pos, 0, 0, stream);
 }
 
 extern "C" int dsv4_cuda_rope_hq4(float *x, int T, int H, int n, int norm, const float *w, float eps, int npairs,

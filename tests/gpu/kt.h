@@ -108,6 +108,7 @@ void test_rmsnorm(int rows, int n, int ld, int weighted);
 void test_rope(int T, int H, int n, int npairs, int inverse);
 void test_rope_hq4(int T, int H, int n, int npairs, int norm, int weighted);
 void test_norm_rope_q8(int T, int H, int n, int npairs, int weighted, int qn, int qb);
+void test_norm_rope_h16(int T, int H, int n, int npairs, int weighted);
 void test_quant(int kind, int rows, int n, int ld, int block);
 
 /* kt_mhc.c */

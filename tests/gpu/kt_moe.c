@@ -725,6 +725,34 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
            nh * I, nfar, hok ? "" : " <<<");
     snprintf(name, sizeof name, "moe bf16 prefill T=%d E=%d D=%d I=%d%s y (own h) vs CPU", T, E, D, I, big ? " big" : "");
     check(name, ys, yr, nh * D, 3e-5 * rms(yr, nh * D), 0);
+    /* the other forms (warp 0 refilling the x ring, the x image a slot at a time): the same h image and y, bitwise */
+    if (took == 1) {
+        uint16_t *himg2 = malloc(sizeof(float) * (size_t)T * K * I);
+        float *yg2 = malloc(sizeof(float) * (size_t)T * K * D);
+        for (int f = 0; f < 3; f++) {
+            const int prod = f == 1, xtok = f == 2;
+            dsv4_cuda_moe_pfb_force(prod, xtok);
+            op_ok(dsv4_cuda_fill(dh, (int64_t)T * K * I, 0.0f, NULL) || dsv4_cuda_fill(dy, (int64_t)T * K * D, 0.0f, NULL), "fill");
+            op_ok(dsv4_cuda_moe_experts_pass(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL) != 1, "moe_experts_pass (form)");
+            sync_ok();
+            from_dev(himg2, dh, sizeof(float) * (size_t)T * K * I);
+            from_dev(yg2, dy, sizeof(float) * (size_t)T * K * D);
+            size_t nd = 0; /* h's image where a slot's values lie (the rest is scratch) and y's slots */
+            for (int a = 0; a < r.nact; a++)
+                for (int j = 0; j < r.act_cnt[a]; j++) {
+                    for (int col = 0; col < I; col++) {
+                        const size_t pos = pfb_pos((size_t)r.act_off[a] + 8 * (size_t)a, j, r.act_cnt[a], col, I) / 2;
+                        nd += himg2[pos] != himg[pos];
+                    }
+                    nd += memcmp(yg2 + (size_t)(r.act_off[a] + j) * D, yg + (size_t)(r.act_off[a] + j) * D, sizeof(float) * D) != 0;
+                }
+            g_checks++, g_fail += nd != 0;
+            printf("%-4s %s: producer %d, x image a token at a time %d: h image and y %s%s\n", nd ? "FAIL" : "ok", name, prod, xtok,
+                   nd ? "differ" : "bitwise the default's", nd ? " <<<" : "");
+        }
+        dsv4_cuda_moe_pfb_force(-1, -1);
+        free(himg2), free(yg2);
+    }
     /* the first T2 tokens alone in a pass */
     int *dsid2 = dup_to_dev(sid, sizeof(int) * T2);
     op_ok(dsv4_cuda_moe_group(dsel, dw, dsid2, T2, K, E, &dp, NULL), "moe_group");

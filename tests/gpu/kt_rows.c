@@ -110,6 +110,44 @@ void test_norm_rope_q8(int T, int H, int n, int npairs, int weighted, int qn, in
     prep_done(&c, name);
 }
 
+/* the f16 form (dsv4_cuda_norm_rope_h16: the prefill attention's q) == rmsnorm and rope, then each value rounded to f16
+ * (here) into the first half of its row's bytes (bitwise), with one row a block and with two; the second half as the
+ * kernel found it */
+void test_norm_rope_h16(int T, int H, int n, int npairs, int weighted) {
+    prep_case c = prep_new(T, H, n, npairs, weighted);
+    float *d1 = dup_to_dev(c.x, sizeof(float) * c.N);
+    op_ok(dsv4_cuda_rmsnorm(c.da, T * H, n, n, c.dw, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_rope(c.da, T, H, n, npairs, c.df, c.dp, 0, NULL), "rope");
+    float *ref = malloc(sizeof(float) * c.N), *got = malloc(sizeof(float) * c.N);
+    sync_ok();
+    from_dev(ref, c.da, sizeof(float) * c.N);
+    for (int mode = 0; mode < 2; mode++) {
+        float *d = mode ? d1 : c.db;
+        dsv4_cuda_row_prep2(!mode);
+        op_ok(!dsv4_cuda_norm_rope_h16_fits(d, n, c.dw) || dsv4_cuda_norm_rope_h16(d, T, H, n, c.dw, 1e-6f, npairs, c.df, c.dp, NULL),
+              "norm_rope_h16");
+        sync_ok();
+        from_dev(got, d, sizeof(float) * c.N);
+        long nd = 0;
+        for (size_t r = 0; r < c.N / n; r++) {
+            const _Float16 *h = (const _Float16 *)(got + r * n);
+            for (int i = 0; i < n; i++) {
+                const _Float16 e = (_Float16)ref[r * n + i];
+                nd += memcmp(&h[i], &e, 2) != 0;
+            }
+            nd += memcmp(got + r * n + n / 2, c.x + r * n + n / 2, sizeof(float) * (n / 2)) != 0;
+        }
+        g_checks++, g_fail += nd != 0;
+        printf("%-4s norm_rope_h16 T=%d H=%d n=%d pairs=%d %s%s: %ld of %zu values differ from rmsnorm + rope in f16%s\n",
+               nd ? "FAIL" : "ok", T, H, n, npairs, weighted ? "w" : "-", mode ? " one row a block" : " two rows a block", nd,
+               c.N, nd ? " <<<" : "");
+    }
+    dsv4_cuda_row_prep2(-1);
+    free(ref), free(got), dsv4_cuda_free(d1);
+    dsv4_cuda_free(c.da), dsv4_cuda_free(c.db), dsv4_cuda_free(c.dw), dsv4_cuda_free(c.df), dsv4_cuda_free(c.dp);
+    free(c.x), free(c.w), free(c.freq), free(c.pos);
+}
+
 /* kind 0: fp8, 1: fp4, 2: hadamard, 3: hadamard then fp4 (the indexer's rotation) */
 void test_quant(int kind, int rows, int n, int ld, int block) {
     float *x = rand_wide((size_t)rows * ld);

@@ -376,19 +376,26 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
         float *ra = malloc(sizeof(float) * (size_t)T * H * Dh);
         uint16_t *tg = malloc(sizeof(float) * (size_t)T * H * Dh);
         const float *k2 = with_kv2 ? dkv2 : NULL;
-        const int Gs[2] = {H % 8 == 0 ? H / 8 : 1, 1}, nts[2] = {2, 1};
-        for (int v = 0; v < 2; v++) {
-            const int G = Gs[v], nt = nts[v], gin = H / G * Dh;
+        /* q as dsv4_cuda_norm_rope_h16 leaves it: f16 in the first half of each row's bytes, the rest NaN (unread) */
+        float *q16 = malloc(sizeof(float) * (size_t)T * H * Dh);
+        for (size_t r = 0; r < (size_t)T * H; r++) {
+            _Float16 *hr = (_Float16 *)(q16 + r * Dh);
+            for (int d = 0; d < Dh; d++) hr[d] = (_Float16)q[r * Dh + d], q16[r * Dh + Dh / 2 + d / 2] = NAN;
+        }
+        float *dq16 = dup_dev(q16, sizeof(float) * (size_t)T * H * Dh);
+        const int Gs[3] = {H % 8 == 0 ? H / 8 : 1, 1, H % 8 == 0 ? H / 8 : 1}, nts[3] = {2, 1, 2}, qhs[3] = {0, 0, 1};
+        for (int v = 0; v < 3; v++) {
+            const int G = Gs[v], nt = nts[v], gin = H / G * Dh, qh = qhs[v];
             if (!dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G)) continue;
             terms_runs++;
             if (dsv4_cuda_attn_kv8_wg(dq, T, H, Dh, R, dbase, k2, k2 ? n2 : 0, didx, nidx, dsink, scale, dout, dscr, NULL) ||
                 (R > 0 && dsv4_cuda_rope(dout, T, H, Dh, R / 2, dfreq, dpos, 1, NULL)) ||
                 dsv4_cuda_fill(dout2, (int64_t)T * H * Dh, 0.0f, NULL) ||
-                dsv4_cuda_attn_kv8_wg_terms(dq, T, H, Dh, R, dbase, k2, k2 ? n2 : 0, didx, nidx, dsink, scale, dfreq, dpos, G, nt,
-                                            dout2, dscr, NULL) ||
+                dsv4_cuda_attn_kv8_wg_terms(qh ? dq16 : dq, T, H, Dh, R, dbase, k2, k2 ? n2 : 0, didx, nidx, dsink, scale, dfreq,
+                                            dpos, G, nt, qh, dout2, dscr, NULL) ||
                 dsv4_cuda_download(ra, dout, sizeof(float) * (size_t)T * H * Dh) ||
                 dsv4_cuda_download(tg, dout2, sizeof(float) * (size_t)T * H * Dh)) {
-                printf("     terms, G %d nt %d: %s\n", G, nt, dsv4_cuda_last_error());
+                printf("     terms, G %d nt %d q16 %d: %s\n", G, nt, qh, dsv4_cuda_last_error());
                 terms_diff++;
                 continue;
             }
@@ -403,11 +410,13 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
                         nd += tg[at] != hi || (nt > 1 ? tg[at + gin] != mid : tg[at + gin] != 0);
                     }
             if (nd) {
-                printf("     terms, G %d nt %d: %ld of %zu values differ from the kernel + RoPE + split\n", G, nt, nd, (size_t)T * H * Dh);
+                printf("     terms, G %d nt %d q16 %d: %ld of %zu values differ from the kernel + RoPE + split\n", G, nt, qh, nd,
+                       (size_t)T * H * Dh);
                 terms_diff++;
             }
         }
-        free(freq), free(pos), free(ra), free(tg), dsv4_cuda_free(dfreq), dsv4_cuda_free(dpos), dsv4_cuda_free(dout2);
+        free(freq), free(pos), free(ra), free(tg), free(q16), dsv4_cuda_free(dfreq), dsv4_cuda_free(dpos), dsv4_cuda_free(dout2);
+        dsv4_cuda_free(dq16);
     }
     /* against the CPU twin too: within 10x the double bar (1e-4 rms + 1e-3 relative, still 4x under a bf16 rounding);
      * the twin's own sequential fp32 sums sit at ~2.4x the double bar. One f16 term: the bf16 arithmetic's distances */
@@ -752,6 +761,8 @@ typedef struct {
     float *out, *scr;
     int T, nidx, tc;
     void *wscr; /* the warpgroup form's copy of the pass's rows */
+    const float *freq, *q16; /* tc 4-6: the inverse RoPE's frequencies (positions: the query's index); q as f16 rows */
+    const int *pos;
 } pf_job;
 
 static int run_pf(const void *ctx, void *st) {
@@ -760,8 +771,14 @@ static int run_pf(const void *ctx, void *st) {
     if (j->tc == 2) /* the decode form over the same pass (T > 32: a block per query, its spans folded there) */
         return dsv4_cuda_attn_kv8_tc_dec(j->q, j->T, 64, 512, 64, j->base, j->kv2, j->idx, j->nidx, j->sink, sc, NULL, NULL,
                                          j->out, NULL, st);
-    if (j->tc == 1)
-        return dsv4_cuda_attn_kv8_wg(j->q, j->T, 64, 512, 64, j->base, j->kv2, j->T, j->idx, j->nidx, j->sink, sc, j->out, j->wscr, st);
+    if (j->tc == 1 || j->tc == 4) { /* 4: then the output's inverse RoPE (the forward before the terms form) */
+        const int r = dsv4_cuda_attn_kv8_wg(j->q, j->T, 64, 512, 64, j->base, j->kv2, j->T, j->idx, j->nidx, j->sink, sc, j->out,
+                                            j->wscr, st);
+        return r || j->tc == 1 ? r : dsv4_cuda_rope(j->out, j->T, 64, 512, 32, j->freq, j->pos, 1, st);
+    }
+    if (j->tc == 5 || j->tc == 6) /* the terms form (wo_a's 8 groups, two terms); 6: q as f16 rows */
+        return dsv4_cuda_attn_kv8_wg_terms(j->tc == 6 ? j->q16 : j->q, j->T, 64, 512, 64, j->base, j->kv2, j->T, j->idx, j->nidx,
+                                           j->sink, sc, j->freq, j->pos, 8, 2, j->tc == 6, j->out, j->wscr, st);
     if (j->tc) return dsv4_cuda_attn_kv8_tc(j->q, j->T, 64, 512, 64, j->base, j->kv2, j->idx, j->nidx, j->sink, sc, j->out, st);
     for (int t0 = 0; t0 < j->T; t0 += 64) {
         const int tn = j->T - t0 < 64 ? j->T - t0 : 64;
@@ -793,6 +810,14 @@ static void bench_attn_tc(void) {
     void *wscr = dsv4_cuda_alloc(dsv4_cuda_attn_kv8_wg_scratch(TP, Dh, R));
     float *o1 = malloc(sizeof(float) * (size_t)TP * H * Dh), *o2 = malloc(sizeof(float) * (size_t)TP * H * Dh);
     int *idx = malloc(sizeof(int) * (size_t)TP * 640);
+    float freq[32], *q16 = malloc(sizeof(float) * (size_t)TP * H * Dh);
+    int *pos = malloc(sizeof(int) * TP);
+    for (int i = 0; i < 32; i++) freq[i] = powf(10000.0f, -2.0f * i / 64.0f);
+    for (int t = 0; t < TP; t++) pos[t] = 4096 + t;
+    for (size_t r = 0; r < (size_t)TP * H; r++)
+        for (int d = 0; d < Dh; d++) ((_Float16 *)(q16 + r * Dh))[d] = (_Float16)q[r * Dh + d];
+    float *dfreq = dup_dev(freq, sizeof freq), *dq16 = dup_dev(q16, sizeof(float) * (size_t)TP * H * Dh);
+    int *dpos = dup_dev(pos, sizeof(int) * TP);
     for (int ni = 0; ni < 3; ni++) {
         const int nidx = nidxs[ni];
         long nval = 0;
@@ -805,7 +830,7 @@ static void bench_attn_tc(void) {
         int *didx = dup_dev(idx, sizeof(int) * (size_t)TP * nidx);
         for (int ti = 0; ti < 2; ti++) {
             const int T = Ts[ti];
-            pf_job j = {dq, dkv2, dsink, dbase, didx, d1, scr, T, nidx, 0, wscr};
+            pf_job j = {dq, dkv2, dsink, dbase, didx, d1, scr, T, nidx, 0, wscr, dfreq, dq16, dpos};
             const double before = time_us(run_pf, &j, 1);
             j.out = d2, j.tc = 3; /* hi + lo terms: attn_kv8_tc */
             dsv4_cuda_attn_kv8_tc_hilo(0, 1);
@@ -827,6 +852,15 @@ static void bench_attn_tc(void) {
             printf("     time attn_kv8 prefill T %4d nidx %3d: one f16 term on warpgroup MMA (attn_kv8_wg) %8.1f us, on mma.sync "
                    "(attn_kv8_tc) %8.1f us (%.2fx); worst %.3g of the tolerance between them\n",
                    T, nidx, after, mma, mma / after, wm);
+            j.tc = 4;
+            const double wr = time_us(run_pf, &j, 1);
+            j.tc = 5;
+            const double tm = time_us(run_pf, &j, 1);
+            j.tc = 6;
+            const double tq = time_us(run_pf, &j, 1);
+            printf("     time attn_kv8 prefill T %4d nidx %3d: attn_kv8_wg + inverse RoPE %8.1f us, the terms form (8 groups, two "
+                   "terms, RoPE inside) %8.1f us (%.2fx), with q as f16 rows %8.1f us (%.2fx)\n",
+                   T, nidx, wr, tm, wr / tm, tq, wr / tq);
             dsv4_cuda_free(d3);
             j.out = d2, j.tc = 1;
             const double fl = 4.0 * H * Dh * (double)nval * T / TP; /* q.k and p.v, 2 flops a product */
@@ -851,7 +885,8 @@ static void bench_attn_tc(void) {
         }
         dsv4_cuda_free(didx);
     }
-    free(kv2), free(q), free(base), free(o1), free(o2), free(idx);
+    free(kv2), free(q), free(base), free(o1), free(o2), free(idx), free(q16), free(pos);
+    dsv4_cuda_free(dfreq), dsv4_cuda_free(dq16), dsv4_cuda_free(dpos);
     dsv4_cuda_free(dc), dsv4_cuda_free(dkv2), dsv4_cuda_free(dq), dsv4_cuda_free(dsink), dsv4_cuda_free((void *)dbase);
     dsv4_cuda_free(d1), dsv4_cuda_free(d2), dsv4_cuda_free(scr), dsv4_cuda_free(wscr);
 }

@@ -254,6 +254,9 @@ gemm_checks:
     test_norm_rope_q8(5, 1, 128, 32, 1, 64, 64);    /* a compressor entry of head dim 128 */
     test_norm_rope_q8(2, 3, 4096, 32, 1, 4032, 128); /* RQ 4 */
     test_norm_rope_q8(2, 2, 70, 5, 1, 60, 32);       /* the unfused fallback (n % 4 != 0) */
+    test_norm_rope_h16(3, 64, 512, 32, 0);           /* the prefill attention's q (f16) */
+    test_norm_rope_h16(2, 3, 4096, 32, 1);           /* RQ 4 */
+    test_norm_rope_h16(5, 2, 136, 4, 1);
     test_rope_hq4(3, 64, 128, 32, 0, 0);  /* the indexer's queries (Flash) */
     test_rope_hq4(1, 64, 128, 32, 0, 0);
     test_rope_hq4(5, 1, 128, 32, 1, 1);   /* an indexer compressor entry */
