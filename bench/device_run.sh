@@ -14,7 +14,7 @@
 #     switch the Flash 8K prefill (4 layers) with each prefill switch off in turn against all on, interleaved by
 #            bench/ab.sh (2 rounds, ~300 s): DSV4_CUDA_ATTN_TERMS (the attention writes wo_a's terms), DSV4_CUDA_Q16 (q
 #            as f16 rows), DSV4_MOE_PFB_PRODUCER (the experts' producer warpgroup), DSV4_MOE_PFB_XTOK (the x image a
-#            token at a time)
+#            token at a time), DSV4_HC_POST_MIX_BIG (mHC's post inside the mixing kernel)
 # DSV4=path picks the binary (default build-dev/dsv4, else build-cuda/dsv4). Exit status 1 if a part failed.
 set -u
 parts=${*:-flash pro}
@@ -92,13 +92,14 @@ for p in $parts; do
     switch)
         echo "== switch: bench/ab.sh -r 2, Flash 8K prefill" | tee -a "$dir/switch.txt"
         AB_DIR="$dir/switch-ab" timeout 560 sh bench/ab.sh -r 2 on="$bin" terms0="$bin",DSV4_CUDA_ATTN_TERMS=0 \
-            q16_0="$bin",DSV4_CUDA_Q16=0 prod0="$bin",DSV4_MOE_PFB_PRODUCER=0 xtok0="$bin",DSV4_MOE_PFB_XTOK=0 -- \
+            q16_0="$bin",DSV4_CUDA_Q16=0 prod0="$bin",DSV4_MOE_PFB_PRODUCER=0 xtok0="$bin",DSV4_MOE_PFB_XTOK=0 \
+            hcpm0="$bin",DSV4_HC_POST_MIX_BIG=0 -- \
             --synthetic flash --layers 4 --batch 1 --context 4096 --prompt 8192 --steps 2 --keep >>"$dir/switch.txt" 2>&1 ||
             { echo "switch: ab.sh failed"; fail=1; }
         tail -n 12 "$dir/switch.txt"
         ;;
     *)
-        sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
         ;;
     esac

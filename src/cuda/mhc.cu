@@ -387,6 +387,118 @@ __global__ void __launch_bounds__(256, 2) hc_mix_big(const float *__restrict__ X
     }
 }
 
+/* The previous sub-block's post and this one's mixes for many tokens (prefill passes; DSV4_HC_POST_MIX_BIG=0: the post,
+ * with the experts' combine before it, then hc_mix_big): M = 4 streams, D % HC_SC == 0, nr <= HC_BR, F32 fn. Block
+ * (column super-chunk b of a stream, HC_PT tokens) covers columns d0 = b HC_SC .. + HC_SC of all four streams, i.e.
+ * super-chunks sc_j = j D / HC_SC + b, one chunk of HC_CH columns at a time: (1) each (token, quad) item's post for the
+ * four streams (hc_post4_kernel's fmul / fmaf chain on hc_fq's input: the combine's additions when it takes the experts'
+ * rows), written to Xout and staged; (2) warp w the mixes of stream w / 2 for tokens 32 (w & 1) .., lane (tg, rg) tokens
+ * tg + 8 u (u < 4) x rows rg HC_RPL ..: hc_mix_big's chains (a chunk's fmaf chain over its columns in order, the chunk
+ * sums added in order; the squares' chain by rg = u, in double across chunks). So Xout, the partials and the squares are
+ * bitwise the post's X then hc_mix_big's, with X read once instead of twice (and f neither written nor read).
+ * In place (Xin == Xout) too: an item's thread reads its four old values before it writes the new ones. */
+#define HC_PT 64  /* tokens a block */
+#define HC_RPL 6  /* rows a lane (4 row groups) */
+#define HC_PM_SMEM ((4 * HC_PT + 4 * HC_BR) * HC_LD * 4)
+__global__ void __launch_bounds__(256, 2) hc_post_mix_big(const __grid_constant__ dsv4_cuda_hc_f src, const float *Xin,
+                                                          float *Xout, int tg0, int T, int D, const float *__restrict__ post,
+                                                          const float *__restrict__ comb, const float *__restrict__ W, int nr,
+                                                          int nsc, float *__restrict__ part, double *__restrict__ ssp) {
+    extern __shared__ float4 hc_sm4[];
+    float *xs = (float *)hc_sm4, *ws = xs + 4 * HC_PT * HC_LD; /* [stream][token][HC_LD], [stream][row][HC_LD] */
+    const int K = 4 * D, b = blockIdx.x, t0 = blockIdx.y * HC_PT, tid = threadIdx.x, d0 = b * HC_SC;
+    const int warp = tid >> 5, lane = tid & 31, tg = lane >> 2, rg = lane & 3, sj = warp >> 1, tb = (warp & 1) * 32;
+    dev_pdl_trigger();
+    dev_pdl_wait();
+    float s[4][HC_RPL];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int i = 0; i < HC_RPL; i++) s[u][i] = 0;
+    double sss = 0;
+    for (int g = 0; g < HC_G; g++) {
+        const int dc = d0 + g * HC_CH;
+        if (g) __syncthreads(); /* the previous chunk's mixes read the stage */
+        for (int f = tid; f < 4 * HC_BR * (HC_CH / 4); f += 256) { /* fn's columns of the four super-chunks */
+            const int j = f / (HC_BR * (HC_CH / 4)), r = (f / (HC_CH / 4)) % HC_BR, q = f % (HC_CH / 4);
+            *(float4 *)(ws + (j * HC_BR + r) * HC_LD + 4 * q) =
+                r < nr ? *(const float4 *)(W + (int64_t)r * K + (int64_t)j * D + dc + 4 * q) : make_float4(0, 0, 0, 0);
+        }
+        for (int i = tid; i < HC_PT * (HC_CH / 4); i += 256) { /* the post: item (token, quad) */
+            const int tk = i / (HC_CH / 4), q = i % (HC_CH / 4), t = t0 + tk, d = dc + 4 * q;
+            const int64_t tt = (int64_t)tg0 + t; /* the pass's token (the group's t: its partials) */
+            if (t >= T) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) *(float4 *)(xs + (j * HC_PT + tk) * HC_LD + 4 * q) = make_float4(0, 0, 0, 0);
+                continue;
+            }
+            const float *Xt = Xin + tt * K, *C = comb + tt * 16;
+            float4 old[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) old[j] = *(const float4 *)(Xt + (int64_t)j * D + d);
+            const float4 fd = hc_fq(src, (int)tt, D, d);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float p = post[tt * 4 + k];
+                float4 acc = make_float4(__fmul_rn(p, fd.x), __fmul_rn(p, fd.y), __fmul_rn(p, fd.z), __fmul_rn(p, fd.w));
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float c = C[j * 4 + k];
+                    acc.x = fmaf(c, old[j].x, acc.x), acc.y = fmaf(c, old[j].y, acc.y);
+                    acc.z = fmaf(c, old[j].z, acc.z), acc.w = fmaf(c, old[j].w, acc.w);
+                }
+                *(float4 *)(Xout + tt * K + (int64_t)k * D + d) = acc;
+                *(float4 *)(xs + (k * HC_PT + tk) * HC_LD + 4 * q) = acc;
+            }
+        }
+        __syncthreads();
+        const float *xa = xs + (sj * HC_PT + tb + tg) * HC_LD, *wr = ws + (sj * HC_BR + rg * HC_RPL) * HC_LD;
+        float acc[4][HC_RPL];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int i = 0; i < HC_RPL; i++) acc[u][i] = 0;
+        float ssa = 0;
+#pragma unroll 2
+        for (int q = 0; q < HC_CH / 4; q++) {
+            float4 x[4], wv[HC_RPL];
+#pragma unroll
+            for (int u = 0; u < 4; u++) x[u] = *(const float4 *)(xa + 8 * u * HC_LD + 4 * q);
+#pragma unroll
+            for (int i = 0; i < HC_RPL; i++) wv[i] = *(const float4 *)(wr + i * HC_LD + 4 * q);
+#pragma unroll
+            for (int i = 0; i < HC_RPL; i++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    acc[u][i] = fmaf(wv[i].x, x[u].x, acc[u][i]);
+                    acc[u][i] = fmaf(wv[i].y, x[u].y, acc[u][i]);
+                    acc[u][i] = fmaf(wv[i].z, x[u].z, acc[u][i]);
+                    acc[u][i] = fmaf(wv[i].w, x[u].w, acc[u][i]);
+                }
+            const float4 v = rg == 0 ? x[0] : rg == 1 ? x[1] : rg == 2 ? x[2] : x[3]; /* the squares: rg u, token tg + 8 u */
+            ssa = fmaf(v.x, v.x, ssa);
+            ssa = fmaf(v.y, v.y, ssa);
+            ssa = fmaf(v.z, v.z, ssa);
+            ssa = fmaf(v.w, v.w, ssa);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int i = 0; i < HC_RPL; i++) s[u][i] += acc[u][i];
+        sss += (double)ssa;
+    }
+    const int sc = sj * (D / HC_SC) + b;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int t = t0 + tb + tg + 8 * u;
+        if (t >= T) continue;
+#pragma unroll
+        for (int i = 0; i < HC_RPL; i++)
+            if (rg * HC_RPL + i < nr) part[((int64_t)t * nsc + sc) * nr + rg * HC_RPL + i] = s[u][i];
+        if (rg == u) ssp[(int64_t)t * nsc + sc] = sss;
+    }
+}
+
 /* ---- 2. finish: a block per token, warps 0-3 the weighted sum (+ RMSNorm), warp 4 the Sinkhorn ---- */
 
 __device__ __forceinline__ void bar_x() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); } /* the HC_XT threads */
@@ -664,6 +776,13 @@ static int hc_launch(const char *op, void (*kern)(KArgs...), dim3 grid, int thre
 static int hc_post_run(const float *f, const float *Xin, float *X, int T, int M, int D, const float *post, const float *comb,
                        cudaStream_t st);
 
+/* hc_post_mix_big where it applies (DSV4_HC_POST_MIX_BIG=0: the post then hc_mix_big; read once) */
+static int hc_pmb_on(void) {
+    static int on = -1;
+    if (on < 0) on = dsv4_env_int("DSV4_HC_POST_MIX_BIG", 1) != 0;
+    return on;
+}
+
 /* the two kernels for tokens [0, T) of X; nrs: the scratch's row count ((2 + M) * M) */
 template <int HEAD>
 static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, int nrs,
@@ -703,14 +822,31 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
     const int pm = pf && !HEAD && pXin != X && big_ok && T < HC_BIG_T && (nr + 1) * HC_G <= 128 && D % HC_SC == 0 &&
                    !((uintptr_t)pf->f & 15) && !((uintptr_t)pf->ys & 15) && !((uintptr_t)pf->shared & 15) &&
                    !((uintptr_t)pXin & 15) && !(flags & 8);
-    if (pf && !pm) { /* the experts' rows combined into f first, then the post on its own */
+    /* many tokens: the post inside the mixing kernel (hc_post_mix_big), group by group */
+    const int pmb = pf && !pm && !HEAD && M == 4 && big_ok && nr <= HC_BR && D % HC_SC == 0 && T >= HC_BIG_T && hc_pmb_on() &&
+                    !((uintptr_t)pf->f & 15) && !((uintptr_t)pf->ys & 15) && !((uintptr_t)pf->shared & 15) &&
+                    !((uintptr_t)pXin & 15) && !(flags & 8);
+    if (pmb) {
+        static int pmb_attr;
+        if (!pmb_attr) {
+            if (cudaFuncSetAttribute((const void *)hc_post_mix_big, cudaFuncAttributeMaxDynamicSharedMemorySize, HC_PM_SMEM) !=
+                cudaSuccess)
+                return dsv4_cuda_fail("%s: shared memory attribute", op);
+            pmb_attr = 1;
+        }
+    }
+    if (pf && !pm && !pmb) { /* the experts' rows combined into f first, then the post on its own */
         if (pf->ys && dsv4_cuda_moe_combine(pf->ys, pf->tslot, T, pf->K, D, pf->shared, (float *)pf->f, st)) return -1;
         if (hc_post_run(pf->f, pXin, (float *)X, T, M, D, post, comb, st)) return -1;
     }
     for (int t0 = 0; t0 < T; t0 += HC_TGROUP) {
         const int n = T - t0 < HC_TGROUP ? T - t0 : HC_TGROUP;
         const float *Xg = X + (int64_t)t0 * K;
-        if (pm) { /* n == T here */
+        if (pmb) {
+            if (hc_launch(op, hc_post_mix_big, dim3(D / HC_SC, (n + HC_PT - 1) / HC_PT), 256, (size_t)HC_PM_SMEM, st, flags, *pf,
+                          pXin, (float *)X, t0, n, D, (const float *)post, (const float *)comb, W, nr, nsc, part, ssp))
+                return -1;
+        } else if (pm) { /* n == T here */
             const int pb = n == 1 ? 1 : tb;
             void (*k)(const dsv4_cuda_hc_f, const float *, float *, int, int, int, const float *, const float *, const float *,
                       int, int, float *, double *) = pb == 1   ? hc_post_mix<1>
