@@ -453,9 +453,13 @@ extern "C" size_t dsv4_cuda_attn_kv8_wg_scratch(int nkv2, int Dh, int R) {
     return nkv2 > 0 ? (size_t)nkv2 * (size_t)dsv4_kv_row_bytes(Dh, R) : 0;
 }
 
+/* off until measured on an H200 (written in session 28 without a device: bench/NOTES.md "Session 28") */
+#ifndef DSV4_ATTN_TERMS_DEFAULT
+#define DSV4_ATTN_TERMS_DEFAULT 0
+#endif
 extern "C" int dsv4_cuda_attn_kv8_wg_terms_enabled(void) {
     static int on = -1;
-    if (on < 0) on = dsv4_env_int("DSV4_CUDA_ATTN_TERMS", 1) != 0;
+    if (on < 0) on = dsv4_env_int("DSV4_CUDA_ATTN_TERMS", DSV4_ATTN_TERMS_DEFAULT) != 0;
     return on;
 }
 

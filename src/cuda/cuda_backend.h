@@ -176,7 +176,7 @@ int dsv4_cuda_norm_rope_q8(float *x, int T, int H, int n, const float *w, float 
 int dsv4_cuda_norm_rope_h16(float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
                             const int *pos, void *stream);
 int dsv4_cuda_norm_rope_h16_fits(const float *x, int n, const float *w);
-/* whether the forward takes it for the terms form's q (DSV4_CUDA_Q16=0: fp32 q as before; read once) */
+/* whether the forward takes it for the terms form's q (where that form runs; DSV4_CUDA_Q16=0: fp32 q; read once) */
 int dsv4_cuda_norm_rope_h16_enabled(void);
 /* Tests: how the fused row kernels lay rows on blocks (the same bits either way): 1 two rows a block wherever a row
  * has at most 128 quads, 0 one a block, -1 the default (two for passes of >= 4096 rows: prefill 8K 0.985x; one below,
@@ -208,6 +208,9 @@ size_t dsv4_cuda_hc_scratch_bytes(int T, int M, int D);
  * 8 skip the mixing kernel (4 and 8 for timings only); 16 * v (v 1 .. 4) mixes few tokens (T < 32, F32 fn) 1, 2, 4 or
  * 8 tokens per block instead of the default (same bits). */
 extern int dsv4_cuda_hc_test_flags;
+/* hc_post_pre with many tokens: 1 the post inside the mixing kernel (hc_post_mix_big: X read once less, the same bits),
+ * 0 the post then the mixing kernel, -1 the default (DSV4_HC_POST_MIX_BIG, 0 unless set until measured) */
+void dsv4_cuda_hc_post_mix_big(int on);
 int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
                      const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w, float *x,
                      float *post, float *comb, void *scratch, void *stream);

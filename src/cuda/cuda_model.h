@@ -265,9 +265,9 @@ int dsv4_cuda_moe_experts_pass(const dsv4_cuda_experts *ex, const float *x, int 
  * programmatic dependent launch (all three measured slower), 32 the FP4 prefill on moe_pf2_kernel's mma.sync. Results are
  * bitwise the same with 2, 4, 8 and 32. */
 void dsv4_cuda_moe_experts_path(int mode);
-/* The BF16 prefill kernels' forms (tests, A/B; -1: the environment's default, read once): prod 1 a producer warpgroup
- * streams the x ring, 0 warp 0 refills it (DSV4_MOE_PFB_PRODUCER); xtok 1 the x image a token at a time, 0 a slot at a
- * time (DSV4_MOE_PFB_XTOK). Every form gives the same bits. */
+/* The BF16 prefill kernels' forms (tests, A/B; -1: the environment's default, read once; both 0 unless set, until
+ * measured): prod 1 a producer warpgroup streams the x ring, 0 warp 0 refills it (DSV4_MOE_PFB_PRODUCER); xtok 1 the x
+ * image a token at a time, 0 a slot at a time (DSV4_MOE_PFB_XTOK). Every form gives the same bits. */
 void dsv4_cuda_moe_pfb_force(int prod, int xtok);
 /* out[t] = sum of y[tslot[t, j]] in increasing expert id, then + shared[t] (shared may be NULL): the
  * CPU's summation order. */

@@ -539,6 +539,16 @@ extern "C" void dsv4_cuda_linear_gemm_split_bf16_terms(int n) { lg_terms[1] = n 
 static int lg_run_terms(lg_plan *p, const void *A, const __nv_bfloat16 *t0, size_t ps, int nt, float *y, void *ltws, cudaStream_t st,
                         const char *what);
 
+/* lg_split4 where it applies (DSV4_LINEAR_SPLIT4=1 or dsv4_cuda_linear_gemm_split4; off by default until measured) */
+static int lg_s4 = -1;
+extern "C" void dsv4_cuda_linear_gemm_split4(int on) { lg_s4 = on == 0 || on == 1 ? on : -1; }
+static int lg_split4_on(void) {
+    static int env = -1;
+    if (lg_s4 >= 0) return lg_s4;
+    if (env < 0) env = dsv4_env_int("DSV4_LINEAR_SPLIT4", 0) != 0;
+    return env;
+}
+
 extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
                                            void *ws, size_t ws_bytes, void *stream) {
     if (!dsv4_cuda_linear_gemm_split_fits(w, T)) return 1;
@@ -587,7 +597,7 @@ extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const floa
     lg_plan *p = lg_lock_plan(1, N, K, T, (int)ldy, lg_align(A), lg_align(y), NULL, NULL);
     if (!p) return 1;
     lg_last_f16 = 0;
-    if (K % 4 == 0 && ldx % 4 == 0 && !((uintptr_t)x & 15) && ps % 4 == 0 && T <= 65535)
+    if (lg_split4_on() && K % 4 == 0 && ldx % 4 == 0 && !((uintptr_t)x & 15) && ps % 4 == 0 && T <= 65535)
         lg_split4<<<dim3((unsigned)((K / 4 + 255) / 256), (unsigned)T), 256, 0, st>>>(x, ldx, K, nt, (int64_t)ps, xp);
     else
         lg_split<<<(unsigned)((nx + 255) / 256), 256, 0, st>>>(x, ldx, T, K, nt, (int64_t)ps, xp);

@@ -79,6 +79,9 @@ int dsv4_cuda_linear_gemm_split_enabled(void);
 int dsv4_cuda_linear_gemm_split_fits(const dsv4_cuda_weight *w, int T);
 int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
                                 void *ws, size_t ws_bytes, void *stream);
+/* the split's bf16 terms four values a thread (lg_split4: the same bits): 1 on, 0 off, -1 the default
+ * (DSV4_LINEAR_SPLIT4, 0 unless set until measured) */
+void dsv4_cuda_linear_gemm_split4(int on);
 /* 1 when the last dsv4_cuda_linear_gemm_split call that ran took the f16 form (tests) */
 int dsv4_cuda_linear_gemm_split_last_f16(void);
 

@@ -777,11 +777,17 @@ static int hc_post_run(const float *f, const float *Xin, float *X, int T, int M,
                        cudaStream_t st);
 
 /* hc_post_mix_big where it applies (DSV4_HC_POST_MIX_BIG=0: the post then hc_mix_big; read once) */
+static int hc_pmb = -1; /* dsv4_cuda_hc_post_mix_big */
+#ifndef DSV4_HC_POST_MIX_BIG_DEFAULT
+#define DSV4_HC_POST_MIX_BIG_DEFAULT 0 /* off until measured on an H200 (bench/NOTES.md "Session 28") */
+#endif
 static int hc_pmb_on(void) {
     static int on = -1;
-    if (on < 0) on = dsv4_env_int("DSV4_HC_POST_MIX_BIG", 1) != 0;
+    if (hc_pmb >= 0) return hc_pmb;
+    if (on < 0) on = dsv4_env_int("DSV4_HC_POST_MIX_BIG", DSV4_HC_POST_MIX_BIG_DEFAULT) != 0;
     return on;
 }
+extern "C" void dsv4_cuda_hc_post_mix_big(int on) { hc_pmb = on == 0 || on == 1 ? on : -1; }
 
 /* the two kernels for tokens [0, T) of X; nrs: the scratch's row count ((2 + M) * M) */
 template <int HEAD>

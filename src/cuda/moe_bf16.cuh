@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(256) mb_ximage_kernel(const float *x, dsv4_cud
     }
 }
 
-/* 1'. The same image a token at a time (the default; DSV4_MOE_PFB_XTOK=0: mb_ximage_kernel): warp t % 8 of block t / 8
+/* 1'. The same image a token at a time (DSV4_MOE_PFB_XTOK=1; off by default until measured): warp t % 8 of block t / 8
  * reads token t's row once and writes its pieces (the same codes: one row, one act quant) to each of its slots
  * (tslot; a slot's active expert by a binary search of act_off), instead of reading and quantizing the row once a slot
  * (K times: Flash's 6 x 64 MB a 4096-row pass) */
@@ -222,7 +222,7 @@ struct mb_params {
 
 /* PROD: a third warpgroup whose warp 8 streams the x ring (setmaxnreg: 24 registers there, 240 for the consumers),
  * so that warp 0's refills (~570 cycles a unit, which its warpgroup's next wgmma waited for: session 26's trace) leave
- * the consumers' path; PROD 0: warp 0 refills as it releases (DSV4_MOE_PFB_PRODUCER=0) */
+ * the consumers' path (DSV4_MOE_PFB_PRODUCER=1; off by default until measured); PROD 0: warp 0 refills as it releases */
 #define MB_PTHREADS 384
 template <int GATEUP, int PROD>
 __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {

@@ -422,6 +422,23 @@ static void terms_variant(const char *name, const dsv4_cuda_weight *dw, const fl
     free(tt);
 }
 
+/* the split with its terms four values a thread (lg_split4) against the same call's result with the default (split: the
+ * host copy of it, T x ldy), bitwise on the R columns of every row */
+static void split4_same(const char *name, const dsv4_cuda_weight *dw, const float *dxs, int64_t ldx, int T, int R, float *dy,
+                        int64_t ldy, void *ws, size_t wsb, const float *split, float *host) {
+    dsv4_cuda_linear_gemm_split4(1);
+    op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
+    op_ok(dsv4_cuda_linear_gemm_split(dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL) != 0, "split (split4)");
+    sync_ok();
+    dsv4_cuda_linear_gemm_split4(-1);
+    from_dev(host, dy, sizeof(float) * (size_t)T * ldy);
+    long nd = 0;
+    for (int t = 0; t < T; t++) nd += memcmp(host + (size_t)t * ldy, split + (size_t)t * ldy, sizeof(float) * (size_t)R) != 0;
+    g_checks++, g_fail += nd != 0;
+    printf("%-4s %s (x terms four a thread): %ld of %d rows differ from the one-a-thread split's%s\n", nd ? "FAIL" : "ok", name, nd, T,
+           nd ? " <<<" : "");
+}
+
 void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int row0, int ab, int strided) {
     hweight h = make_weight(fmt, R + row0, C, 0, 0);
     h.w.row0 = row0, h.w.rows = R;
@@ -479,6 +496,7 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
             dsv4_cuda_linear_gemm_split_fp8_terms(2); /* two bf16 terms (the default for FP8): x to ~2^-16 */
             split_variant(name, "two bf16 terms, the default", &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, gs, ref);
             terms_variant(name, &dw, x, ldx, strided ? C : 0, T, R, C, dy, ldy, ws, wsb, got2, got);
+            split4_same(name, &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, got);
             dsv4_cuda_linear_gemm_split_fp8_terms(1); /* one bf16 term: the twin on x rounded to bf16 */
             round_bf16(xr, (size_t)T * C);
             dsv4_cpu_linear(&h.w, xr, T, ref);
@@ -487,6 +505,7 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
         if (!(fmt == DSV4_WF_FP8 && !ab)) { /* the split's default terms, given (got2: its rerun) */
             from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
             terms_variant(name, &dw, x, ldx, strided ? C : 0, T, R, C, dy, ldy, ws, wsb, got2, got);
+            split4_same(name, &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, got);
         }
         if (fmt == DSV4_WF_BF16 && !ab) { /* BF16 weights in two bf16 terms (opt-in): x to ~2^-16 */
             dsv4_cuda_linear_gemm_split_bf16_terms(2);

@@ -159,7 +159,10 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
     int *dts = dsv4_cuda_alloc(sizeof(int) * (size_t)T * KC);
     dsv4_cuda_upload(dts, tsl, sizeof(int) * (size_t)T * KC);
     float *dfc = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D), *dfb = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
-    for (int v = 0; v <= 10; v++) {
+    for (int vv = 0; vv <= 14; vv++) { /* 11-14: v 0, 6, 9, 10 with the post inside the mixing kernel (many tokens) */
+        static const int vmap[4] = {0, 6, 9, 10};
+        const int v = vv > 10 ? vmap[vv - 11] : vv;
+        dsv4_cuda_hc_post_mix_big(vv > 10 ? 1 : 0);
         const int fl = v == 5 ? 2 : v == 6 || v == 7 || v >= 9 ? 0 : v == 8 ? 1 : 16 * v;
         const dsv4_cuda_hc_f src = v >= 9 ? (dsv4_cuda_hc_f){dfb, dys, dts, KC, dsh} : (dsv4_cuda_hc_f){df, NULL, NULL, 0, NULL};
         float *dmix = v == 7 || v == 8 ? dsv4_cuda_alloc(sizeof(float) * (size_t)T * nr) : NULL;
@@ -180,6 +183,7 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
         if (dmix) op_ok(dsv4_cuda_hc_comb(dmix, T, M, ds, db, iters, 1e-6f, dpb, dcb, NULL), "hc_comb");
         sync_ok();
         dsv4_cuda_hc_test_flags = 0;
+        dsv4_cuda_hc_post_mix_big(-1);
         from_dev(g2, dx2, sizeof(float) * (size_t)T * D);
         int bad = memcmp(g2, gx, sizeof(float) * (size_t)T * D) != 0;
         from_dev(ha, dXa, sizeof(float) * nX), from_dev(hb, dXo, sizeof(float) * nX);
@@ -194,8 +198,8 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
         }
         g_checks++;
         if (bad) g_fail++;
-        printf("%-4s hc_post_pre = hc_post, hc_pre T=%d M=%d D=%d %s flags %d (bitwise x, X, post, comb)%s%s\n",
-               bad ? "FAIL" : "ok", T, M, D,
+        printf("%-4s hc_post_pre = hc_post, hc_pre T=%d M=%d D=%d %s%s flags %d (bitwise x, X, post, comb)%s%s\n",
+               bad ? "FAIL" : "ok", T, M, D, vv > 10 ? "post in the mixing kernel (where it applies), " : "",
                v == 10  ? "in place, experts' rows"
                : v == 9 ? "out of place, experts' rows"
                : v == 6 ? "in place"

@@ -725,12 +725,13 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
            nh * I, nfar, hok ? "" : " <<<");
     snprintf(name, sizeof name, "moe bf16 prefill T=%d E=%d D=%d I=%d%s y (own h) vs CPU", T, E, D, I, big ? " big" : "");
     check(name, ys, yr, nh * D, 3e-5 * rms(yr, nh * D), 0);
-    /* the other forms (warp 0 refilling the x ring, the x image a slot at a time): the same h image and y, bitwise */
+    /* every form (warp 0 or a producer warpgroup refilling the x ring, the x image a slot or a token at a time) against
+     * the default's h image and y, bitwise */
     if (took == 1) {
         uint16_t *himg2 = malloc(sizeof(float) * (size_t)T * K * I);
         float *yg2 = malloc(sizeof(float) * (size_t)T * K * D);
-        for (int f = 0; f < 3; f++) {
-            const int prod = f == 1, xtok = f == 2;
+        for (int f = 0; f < 4; f++) {
+            const int prod = f & 1, xtok = f >> 1;
             dsv4_cuda_moe_pfb_force(prod, xtok);
             op_ok(dsv4_cuda_fill(dh, (int64_t)T * K * I, 0.0f, NULL) || dsv4_cuda_fill(dy, (int64_t)T * K * D, 0.0f, NULL), "fill");
             op_ok(dsv4_cuda_moe_experts_pass(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL) != 1, "moe_experts_pass (form)");
