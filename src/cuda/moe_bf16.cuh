@@ -218,13 +218,23 @@ struct mb_params {
     float lim;
     void *out; /* gate / up: h's image (rows of 2 R bytes); down: y [slots, R] fp32 */
     int R, C;
+    long long *trc; /* the clock trace (mb_kernel's TR instances only): [MB_TRB blocks][3 roles][MB_TRN] */
 };
+
+/* Clock trace (DSV4_MOE_PFB_TRACE=FILE, measurement only; the TR instances, with the producer warpgroup): lane 0 of
+ * warps 0 and 4 (the consumer warpgroups) and 8 (the producer) of the blocks with blockIdx.x == 0, blockIdx.z == 0 and
+ * an active-expert slot that is a multiple of 16 write (clock64 << 4) | tag: 1 a unit's start, 2 its x stage in (the
+ * full barrier passed), 3 its last k-step's wait done, 4 / 5 an epilogue's start / end; the producer 6 before a stage's
+ * empty barrier, 7 its copy issued. Slot k of the buffer: [k][role][MB_TRN], stamp 0 the warp's start (bench/mb_trace.py
+ * summarizes). */
+#define MB_TRB 16
+#define MB_TRN 2048
 
 /* PROD: a third warpgroup whose warp 8 streams the x ring (setmaxnreg: 24 registers there, 240 for the consumers),
  * so that warp 0's refills (~570 cycles a unit, which its warpgroup's next wgmma waited for: session 26's trace) leave
  * the consumers' path (DSV4_MOE_PFB_PRODUCER=1; off by default until measured); PROD 0: warp 0 refills as it releases */
 #define MB_PTHREADS 384
-template <int GATEUP, int PROD>
+template <int GATEUP, int PROD, int TR = 0>
 __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2; /* gate / up: w1 and w3 on the block's 128 rows; down: w2's rows 256 b .. and 256 b + 128 .. */
     extern __shared__ __align__(128) unsigned char mb_sm[];
@@ -236,6 +246,16 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
     const int C = P.C, NU = C / 128, Z = gridDim.z, z = blockIdx.z, npb = ((cnt + 127) >> 7) - z > 0 ? (((cnt + 127) >> 7) - z + Z - 1) / Z : 0;
     if (!npb) return;
     const int n = npb * NU;
+    long long *trp = NULL; /* this thread's trace row (TR) */
+    int trk = 1;
+    if (TR && P.trc && lane == 0 && blockIdx.x == 0 && blockIdx.z == 0 && ia % 16 == 0 && ia / 16 < MB_TRB &&
+        (warp == 0 || warp == 4 || warp == 8)) {
+        trp = P.trc + ((int64_t)(ia / 16) * 3 + warp / 4) * MB_TRN;
+        trp[0] = clock64() << 4;
+    }
+    auto trs = [&](int tag) {
+        if (TR && trp && trk < MB_TRN) trp[trk++] = (clock64() << 4) | tag;
+    };
     const unsigned sb = (unsigned)__cvta_generic_to_shared(mb_sm), fullb = sb + MB_S * MB_STAGE, emptyb = fullb + MB_S * 8;
     /* the epilogue's: per warp and token its largest |h|, per token the act-quant scale and its inverse, the routing
      * weights of the chunk's tokens */
@@ -254,7 +274,9 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
     auto produce = [&](int it) {
         const int s = it % MB_S, t0 = (z + pcl * Z) * 128;
         const int ng = ((cnt - t0 < 128 ? cnt - t0 : 128) + 7) >> 3;
+        trs(6);
         if (it >= MB_S) dev_mbar_wait(emptyb + 8 * s, ((it / MB_S) - 1) & 1);
+        trs(7);
         if (lane == 0) {
             dev_mbar_expect(fullb + 8 * s, (unsigned)ng * 2048);
             dev_bulk_g2s(sb + s * MB_STAGE, img + (int64_t)t0 * rowb + (int64_t)pu * ng * 2048, (unsigned)ng * 2048, fullb + 8 * s);
@@ -390,6 +412,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
      * copies into the stage read at it - 1), the x stage it % MB_S */
     auto unit = [&](int it, int u, int ng) {
         const int s = it % MB_S;
+        trs(1);
         dev_cp_wait<MB_W - 2>();
         const unsigned char *ws = mb_sm + (wsa - sb) + (it % MB_W) * MB_WSTAGE;
         uint4 q[NM][2];
@@ -410,6 +433,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
             }
         big = __any_sync(0xffffffffu, big);
         dev_mbar_wait(fullb + 8 * s, (it / MB_S) & 1);
+        trs(2);
         const uint64_t desc0 = wg_desc(sb + s * MB_STAGE, 128, 256); /* (+ 16 ng a k-step: ng 256 bytes) */
 #pragma unroll
         for (int ks = 0; ks < 8; ks++) {
@@ -444,6 +468,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
                 for (int k = 0; k < 4; k++) wg_keep(a[(2 * ks + 2 + m) & 3][k]);
             if (ks == 0 && it > 0) release(it);
         }
+        trs(3);
     };
 #pragma unroll 1
     for (int v = 0; v < MB_W - 1; v++) wissue(v);
@@ -464,6 +489,8 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
             for (int j = 0; j < 16; j++)
 #pragma unroll
                 for (int k = 0; k < 4; k++) wg_keep(d[m][j][k]);
+        trs(4);
         epilogue(z + cl * Z);
+        trs(5);
     }
 }

@@ -1527,6 +1527,45 @@ static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=1: the x image a token at a time (mb
 static int mb_fprod = -1, mb_fxtok = -1;
 extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
 
+/* the clock trace (moe_bf16.cuh; DSV4_MOE_PFB_TRACE=FILE, with the producer warpgroup, not under graph capture): the
+ * kernel's TR instance into a device buffer, then each traced warp's stamps appended to FILE as
+ * "call KIND T cnt0 NU" and "blk SLOT role ROLE: v1 v2 ..." (v: (clock - start) << 4 | tag) */
+static const char *mb_trace_file(void) {
+    static const char *f = (const char *)-1;
+    if (f == (const char *)-1) f = getenv("DSV4_MOE_PFB_TRACE");
+    return f;
+}
+static int mb_trace_run(void (*k)(mb_params), dim3 grid, int nth, mb_params P, cudaStream_t st, const char *kind, int T) {
+    const size_t nb = (size_t)MB_TRB * 3 * MB_TRN * sizeof(long long);
+    long long *d = NULL, *h = (long long *)malloc(nb);
+    if (!h || cudaMalloc((void **)&d, nb) != cudaSuccess) {
+        free(h);
+        return dsv4_cuda_fail("moe_experts: trace buffer");
+    }
+    cudaMemsetAsync(d, 0, nb, st);
+    P.trc = d;
+    k<<<grid, nth, MB_SMEM, st>>>(P);
+    int rc = dsv4_cuda_check_launch("moe_experts (bf16 prefill, traced)");
+    if (!rc && (cudaMemcpyAsync(h, d, nb, cudaMemcpyDeviceToHost, st) != cudaSuccess || cudaStreamSynchronize(st) != cudaSuccess))
+        rc = dsv4_cuda_fail("moe_experts: trace copy");
+    FILE *f = rc ? NULL : fopen(mb_trace_file(), "a");
+    if (f) {
+        fprintf(f, "call %s T %d NU %d\n", kind, T, P.C / 128);
+        for (int b = 0; b < MB_TRB; b++)
+            for (int r = 0; r < 3; r++) {
+                const long long *v = h + ((size_t)b * 3 + r) * MB_TRN;
+                if (!v[0]) continue;
+                fprintf(f, "blk %d role %d:", b * 16, r);
+                for (int i = 1; i < MB_TRN && v[i]; i++) fprintf(f, " %lld", (((v[i] >> 4) - (v[0] >> 4)) << 4) | (v[i] & 15));
+                fprintf(f, "\n");
+            }
+        fclose(f);
+    }
+    cudaFree(d);
+    free(h);
+    return rc;
+}
+
 int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim,
                      float *h, float *y, cudaStream_t st) {
     if (mb_on < 0) mb_on = dsv4_env_int("DSV4_MOE_PFB", 1) != 0, mb_avg = dsv4_env_int("DSV4_MOE_PFB_AVG", 32),
@@ -1549,10 +1588,23 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     mb_params P;
     P.WA = ex->w1, P.WB = ex->w3, P.img = (const uint8_t *)y, P.p = *p, P.lim = lim, P.out = h, P.R = ex->I, P.C = ex->D;
     const int pz = mb_pz >= 1 && mb_pz <= 8 ? mb_pz : 1;
-    kg<<<dim3(ex->I / 128, maxslots, pz), nth, MB_SMEM, st>>>(P);
-    if (dsv4_cuda_check_launch("moe_experts (gate/up, bf16 prefill)")) return -1;
+    P.trc = NULL;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    const int tr = prod && mb_trace_file() && cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+    if (tr) {
+        if (mt_set_smem((const void *)mb_kernel<1, 1, 1>, MB_SMEM, 0) || mt_set_smem((const void *)mb_kernel<0, 1, 1>, MB_SMEM, 0) ||
+            mb_trace_run(mb_kernel<1, 1, 1>, dim3(ex->I / 128, maxslots, pz), nth, P, st, "gateup", T))
+            return -1;
+    } else {
+        kg<<<dim3(ex->I / 128, maxslots, pz), nth, MB_SMEM, st>>>(P);
+        if (dsv4_cuda_check_launch("moe_experts (gate/up, bf16 prefill)")) return -1;
+    }
     P.WA = ex->w2, P.WB = NULL, P.img = (const uint8_t *)h, P.lim = 0.0f, P.out = y, P.R = ex->D, P.C = ex->I;
-    kd<<<dim3(ex->D / 256, maxslots, pz), nth, MB_SMEM, st>>>(P);
-    if (dsv4_cuda_check_launch("moe_experts (down, bf16 prefill)")) return -1;
+    if (tr) {
+        if (mb_trace_run(mb_kernel<0, 1, 1>, dim3(ex->D / 256, maxslots, pz), nth, P, st, "down", T)) return -1;
+    } else {
+        kd<<<dim3(ex->D / 256, maxslots, pz), nth, MB_SMEM, st>>>(P);
+        if (dsv4_cuda_check_launch("moe_experts (down, bf16 prefill)")) return -1;
+    }
     return 1;
 }
