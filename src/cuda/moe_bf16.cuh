@@ -105,43 +105,56 @@ __device__ __forceinline__ int mb_phys(int pc, int kk) {
     const int s = pc >> 1;
     return 32 * (kk >> 1) + 8 * (s >> 1) + 2 * (s & 1) + (pc & 1) + 4 * (kk & 1);
 }
+/* lane pc's 16-byte piece of slot j (of an active expert: image rows from off + 8 ia, cnt slots) for unit 0 (unit u at
+ * + u ng 2048), and the slot's chunk's n-groups ng */
+__device__ __forceinline__ uint8_t *mb_slot_piece(uint8_t *img, int off, int ia, int C, int j, int cnt, int pc, int &ng) {
+    const int ch = j >> 7, t = j & 127, rest = cnt - ch * 128;
+    ng = ((rest < 128 ? rest : 128) + 7) >> 3;
+    return img + ((int64_t)off + 8 * ia) * C * 2 + (int64_t)ch * 128 * C * 2 +
+           (size_t)((((pc >> 1) * ng + (t >> 3)) * 2 + (pc & 1)) * 128 + (t & 7) * 16);
+}
+/* this lane's values of units u0 + uh and u0 + 2 + uh (v[r]: unit u0 + 2 r + uh; zeros past NU) of row xr */
+__device__ __forceinline__ void mb_load2(const float *xr, int u0, int NU, int pc, int uh, float (&v)[2][8]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            const int u = u0 + 2 * r + uh;
+            v[r][kk] = u < NU ? xr[u * 128 + mb_phys(pc, kk)] : 0.0f;
+        }
+}
+/* one unit's piece from its 16 lanes' values: the unit's amax over the 16 lanes, its power-of-two scale, the codes as
+ * bf16 values */
+__device__ __forceinline__ uint4 mb_piece(const float (&v)[8]) {
+    float a = 1e-4f;
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) a = fmaxf(a, fabsf(v[kk]));
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const float sc = dev_pow2_ceil(a * (1.0f / 448.0f)), inv = 1.0f / sc;
+    uint32_t w[4];
+#pragma unroll
+    for (int kk = 0; kk < 8; kk += 2) w[kk >> 1] = (uint32_t)mb_q8(v[kk], sc, inv) | ((uint32_t)mb_q8(v[kk + 1], sc, inv) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 __global__ void __launch_bounds__(256) mb_ximage_kernel(const float *x, dsv4_cuda_moe_plan p, int C, uint8_t *img) {
     const int ia = blockIdx.y;
     if (ia >= *p.nact) return;
     const int off = p.act_off[ia], cnt = p.act_cnt[ia], NU = C / 128, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pc = lane & 15, uh = lane >> 4;
-    uint8_t *base = img + ((int64_t)off + 8 * ia) * C * 2;
     for (int j = blockIdx.x * 8 + warp; j < cnt; j += gridDim.x * 8) {
         const float *xr = x + (int64_t)p.rows[off + j] * C;
-        const int ch = j >> 7, t = j & 127, rest = cnt - ch * 128, ng = ((rest < 128 ? rest : 128) + 7) >> 3;
-        uint8_t *cb = base + (int64_t)ch * 128 * C * 2 + (size_t)((((pc >> 1) * ng + (t >> 3)) * 2 + (pc & 1)) * 128 + (t & 7) * 16);
+        int ng;
+        uint8_t *cb = mb_slot_piece(img, off, ia, C, j, cnt, pc, ng);
         for (int u0 = 0; u0 < NU; u0 += 4) { /* two unit pairs' loads in flight */
             float v[2][8];
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int kk = 0; kk < 8; kk++) {
-                    const int u = u0 + 2 * r + uh;
-                    v[r][kk] = u < NU ? xr[u * 128 + mb_phys(pc, kk)] : 0.0f;
-                }
+            mb_load2(xr, u0, NU, pc, uh, v);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int u = u0 + 2 * r + uh;
-                float a = 1e-4f;
-#pragma unroll
-                for (int kk = 0; kk < 8; kk++) a = fmaxf(a, fabsf(v[r][kk]));
-#pragma unroll
-                for (int o = 1; o < 16; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-                const float sc = dev_pow2_ceil(a * (1.0f / 448.0f)), inv = 1.0f / sc;
-                uint32_t w[4];
-#pragma unroll
-                for (int kk = 0; kk < 8; kk += 2) {
-                    uint32_t hb[2];
-#pragma unroll
-                    for (int e = 0; e < 2; e++) hb[e] = mb_q8(v[r][kk + e], sc, inv);
-                    w[kk >> 1] = hb[0] | (hb[1] << 16);
-                }
-                if (u < NU) *(uint4 *)(cb + (int64_t)u * ng * 2048) = make_uint4(w[0], w[1], w[2], w[3]);
+                const uint4 w = mb_piece(v[r]);
+                if (u < NU) *(uint4 *)(cb + (int64_t)u * ng * 2048) = w;
             }
         }
     }
@@ -169,44 +182,22 @@ __global__ void __launch_bounds__(256, 3) mb_ximage_tok_kernel(const float *x, d
             if (p.act_off[mid] <= sl) lo = mid;
             else hi = mid - 1;
         }
-        const int off = p.act_off[lo], cnt = p.act_cnt[lo], j = sl - off, ch = j >> 7, tt = j & 127, rest = cnt - ch * 128;
-        const int ng = ((rest < 128 ? rest : 128) + 7) >> 3;
-        cb[k] = img + ((int64_t)off + 8 * lo) * C * 2 + (int64_t)ch * 128 * C * 2 +
-                (size_t)((((pc >> 1) * ng + (tt >> 3)) * 2 + (pc & 1)) * 128 + (tt & 7) * 16);
-        ngs[k] = ng, ns++;
+        cb[k] = mb_slot_piece(img, p.act_off[lo], lo, C, sl - p.act_off[lo], p.act_cnt[lo], pc, ngs[k]);
+        ns++;
     }
     if (!ns) return;
     const float *xr = x + (int64_t)t * C;
     for (int u0 = 0; u0 < NU; u0 += 4) { /* two unit pairs' loads in flight */
         float v[2][8];
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                const int u = u0 + 2 * r + uh;
-                v[r][kk] = u < NU ? xr[u * 128 + mb_phys(pc, kk)] : 0.0f;
-            }
+        mb_load2(xr, u0, NU, pc, uh, v);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int u = u0 + 2 * r + uh;
-            float a = 1e-4f;
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) a = fmaxf(a, fabsf(v[r][kk]));
-#pragma unroll
-            for (int o = 1; o < 16; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-            const float sc = dev_pow2_ceil(a * (1.0f / 448.0f)), inv = 1.0f / sc;
-            uint32_t w[4];
-#pragma unroll
-            for (int kk = 0; kk < 8; kk += 2) {
-                uint32_t hb[2];
-#pragma unroll
-                for (int e = 0; e < 2; e++) hb[e] = mb_q8(v[r][kk + e], sc, inv);
-                w[kk >> 1] = hb[0] | (hb[1] << 16);
-            }
+            const uint4 w = mb_piece(v[r]);
             if (u < NU)
 #pragma unroll
                 for (int k = 0; k < MB_XK; k++)
-                    if (cb[k]) *(uint4 *)(cb[k] + (int64_t)u * ngs[k] * 2048) = make_uint4(w[0], w[1], w[2], w[3]);
+                    if (cb[k]) *(uint4 *)(cb[k] + (int64_t)u * ngs[k] * 2048) = w;
         }
     }
 }
