@@ -294,6 +294,52 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+/* One staged chunk's mixes for NTOK tokens (token u's HC_CH columns at xa + 8 u HC_LD) x RPL rows (row i at
+ * wr + i HC_LD): per (token, row) one fmaf chain over the chunk's columns in order, added into s; the squares' chain of
+ * token min(rg, NTOK - 1) added into sss in double. hc_mix_big's and hc_post_mix_big's arithmetic (QU: the column
+ * loop's unrolling). */
+template <int NTOK, int RPL, int QU>
+__device__ __forceinline__ void hc_chunk_mix(const float *xa, const float *wr, int rg, float (&s)[NTOK][RPL], double &sss) {
+    float acc[NTOK][RPL];
+#pragma unroll
+    for (int u = 0; u < NTOK; u++)
+#pragma unroll
+        for (int i = 0; i < RPL; i++) acc[u][i] = 0;
+    float ssa = 0;
+#pragma unroll QU
+    for (int q = 0; q < HC_CH / 4; q++) {
+        float4 x[NTOK], wv[RPL];
+#pragma unroll
+        for (int u = 0; u < NTOK; u++) x[u] = *(const float4 *)(xa + 8 * u * HC_LD + 4 * q);
+#pragma unroll
+        for (int i = 0; i < RPL; i++) wv[i] = *(const float4 *)(wr + i * HC_LD + 4 * q);
+#pragma unroll
+        for (int i = 0; i < RPL; i++) {
+#pragma unroll
+            for (int u = 0; u < NTOK; u++) acc[u][i] = fmaf(wv[i].x, x[u].x, acc[u][i]);
+#pragma unroll
+            for (int u = 0; u < NTOK; u++) acc[u][i] = fmaf(wv[i].y, x[u].y, acc[u][i]);
+#pragma unroll
+            for (int u = 0; u < NTOK; u++) acc[u][i] = fmaf(wv[i].z, x[u].z, acc[u][i]);
+#pragma unroll
+            for (int u = 0; u < NTOK; u++) acc[u][i] = fmaf(wv[i].w, x[u].w, acc[u][i]);
+        }
+        float4 v = x[NTOK - 1]; /* (selected without a dynamic index: registers) */
+#pragma unroll
+        for (int u = 0; u < NTOK - 1; u++)
+            if (rg == u) v = x[u];
+        ssa = fmaf(v.x, v.x, ssa);
+        ssa = fmaf(v.y, v.y, ssa);
+        ssa = fmaf(v.z, v.z, ssa);
+        ssa = fmaf(v.w, v.w, ssa);
+    }
+#pragma unroll
+    for (int u = 0; u < NTOK; u++)
+#pragma unroll
+        for (int i = 0; i < RPL; i++) s[u][i] += acc[u][i];
+    sss += (double)ssa;
+}
+
 /* grid (nsc, ceil(T / HC_TT)), 256 threads; F32 fn, K % HC_SC == 0, nr <= 4 * RPL, 16-byte aligned rows.
  * Warp w: tokens 16w .. 16w + 15 of the block; lane (tg = lane / 4, rg = lane % 4): tokens tg, tg + 8 (of the
  * warp's), rows rg * RPL .. + RPL - 1; the sums of squares on rg 0 (token tg) and rg 1 (token tg + 8). */
@@ -339,41 +385,8 @@ __global__ void __launch_bounds__(256, 2) hc_mix_big(const float *__restrict__ X
         }
         __syncthreads();
         const float *xs = sm + (g & 1) * HC_STAGE, *ws = xs + HC_TT * HC_LD;
-        const float *xa = xs + (warp * 16 + tg) * HC_LD, *xb = xa + 8 * HC_LD, *wr = ws + rg * RPL * HC_LD;
-        float acc[2][RPL];
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int i = 0; i < RPL; i++) acc[j][i] = 0;
-        float ssa = 0;
-#pragma unroll 4
-        for (int q = 0; q < HC_CH / 4; q++) {
-            const float4 x0 = *(const float4 *)(xa + 4 * q), x1 = *(const float4 *)(xb + 4 * q);
-            float4 wv[RPL];
-#pragma unroll
-            for (int i = 0; i < RPL; i++) wv[i] = *(const float4 *)(wr + i * HC_LD + 4 * q);
-#pragma unroll
-            for (int i = 0; i < RPL; i++) {
-                acc[0][i] = fmaf(wv[i].x, x0.x, acc[0][i]);
-                acc[1][i] = fmaf(wv[i].x, x1.x, acc[1][i]);
-                acc[0][i] = fmaf(wv[i].y, x0.y, acc[0][i]);
-                acc[1][i] = fmaf(wv[i].y, x1.y, acc[1][i]);
-                acc[0][i] = fmaf(wv[i].z, x0.z, acc[0][i]);
-                acc[1][i] = fmaf(wv[i].z, x1.z, acc[1][i]);
-                acc[0][i] = fmaf(wv[i].w, x0.w, acc[0][i]);
-                acc[1][i] = fmaf(wv[i].w, x1.w, acc[1][i]);
-            }
-            const float4 v = rg ? x1 : x0; /* the squares: rg 0 token tg, rg 1 token tg + 8 (rg 2, 3 unused) */
-            ssa = fmaf(v.x, v.x, ssa);
-            ssa = fmaf(v.y, v.y, ssa);
-            ssa = fmaf(v.z, v.z, ssa);
-            ssa = fmaf(v.w, v.w, ssa);
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int i = 0; i < RPL; i++) s[j][i] += acc[j][i];
-        sss += (double)ssa;
+        /* tokens tg and tg + 8 of the warp's 16; the squares: rg 0 token tg, rg 1 token tg + 8 (rg 2, 3 unused) */
+        hc_chunk_mix<2, RPL, 4>(xs + (warp * 16 + tg) * HC_LD, ws + rg * RPL * HC_LD, rg, s, sss);
         __syncthreads();
     }
 #pragma unroll
@@ -385,6 +398,21 @@ __global__ void __launch_bounds__(256, 2) hc_mix_big(const float *__restrict__ X
             if (rg * RPL + i < nr) part[((int64_t)t * nsc + sc) * nr + rg * RPL + i] = s[j][i];
         if (rg == j) ssp[(int64_t)t * nsc + sc] = sss;
     }
+}
+
+/* stream k's new values at 4 columns of a token: post[k] f + sum_j comb[j][k] old_j, the post's chain (the product,
+ * then one fmaf a stream j in order; Ck = comb + k, rows M apart); old[j] for j < M */
+template <int MAXM>
+__device__ __forceinline__ float4 hc_post_q(float p, float4 fd, const float *Ck, int M, const float4 (&old)[MAXM]) {
+    float4 acc = make_float4(__fmul_rn(p, fd.x), __fmul_rn(p, fd.y), __fmul_rn(p, fd.z), __fmul_rn(p, fd.w));
+#pragma unroll
+    for (int j = 0; j < MAXM; j++)
+        if (j < M) {
+            const float c = Ck[j * M];
+            acc.x = fmaf(c, old[j].x, acc.x), acc.y = fmaf(c, old[j].y, acc.y);
+            acc.z = fmaf(c, old[j].z, acc.z), acc.w = fmaf(c, old[j].w, acc.w);
+        }
+    return acc;
 }
 
 /* The previous sub-block's post and this one's mixes for many tokens (prefill passes; DSV4_HC_POST_MIX_BIG=0: the post,
@@ -439,53 +467,14 @@ __global__ void __launch_bounds__(256, 2) hc_post_mix_big(const __grid_constant_
             const float4 fd = hc_fq(src, (int)tt, D, d);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const float p = post[tt * 4 + k];
-                float4 acc = make_float4(__fmul_rn(p, fd.x), __fmul_rn(p, fd.y), __fmul_rn(p, fd.z), __fmul_rn(p, fd.w));
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const float c = C[j * 4 + k];
-                    acc.x = fmaf(c, old[j].x, acc.x), acc.y = fmaf(c, old[j].y, acc.y);
-                    acc.z = fmaf(c, old[j].z, acc.z), acc.w = fmaf(c, old[j].w, acc.w);
-                }
+                const float4 acc = hc_post_q(post[tt * 4 + k], fd, C + k, 4, old);
                 *(float4 *)(Xout + tt * K + (int64_t)k * D + d) = acc;
                 *(float4 *)(xs + (k * HC_PT + tk) * HC_LD + 4 * q) = acc;
             }
         }
         __syncthreads();
-        const float *xa = xs + (sj * HC_PT + tb + tg) * HC_LD, *wr = ws + (sj * HC_BR + rg * HC_RPL) * HC_LD;
-        float acc[4][HC_RPL];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int i = 0; i < HC_RPL; i++) acc[u][i] = 0;
-        float ssa = 0;
-#pragma unroll 2
-        for (int q = 0; q < HC_CH / 4; q++) {
-            float4 x[4], wv[HC_RPL];
-#pragma unroll
-            for (int u = 0; u < 4; u++) x[u] = *(const float4 *)(xa + 8 * u * HC_LD + 4 * q);
-#pragma unroll
-            for (int i = 0; i < HC_RPL; i++) wv[i] = *(const float4 *)(wr + i * HC_LD + 4 * q);
-#pragma unroll
-            for (int i = 0; i < HC_RPL; i++)
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    acc[u][i] = fmaf(wv[i].x, x[u].x, acc[u][i]);
-                    acc[u][i] = fmaf(wv[i].y, x[u].y, acc[u][i]);
-                    acc[u][i] = fmaf(wv[i].z, x[u].z, acc[u][i]);
-                    acc[u][i] = fmaf(wv[i].w, x[u].w, acc[u][i]);
-                }
-            const float4 v = rg == 0 ? x[0] : rg == 1 ? x[1] : rg == 2 ? x[2] : x[3]; /* the squares: rg u, token tg + 8 u */
-            ssa = fmaf(v.x, v.x, ssa);
-            ssa = fmaf(v.y, v.y, ssa);
-            ssa = fmaf(v.z, v.z, ssa);
-            ssa = fmaf(v.w, v.w, ssa);
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int i = 0; i < HC_RPL; i++) s[u][i] += acc[u][i];
-        sss += (double)ssa;
+        /* tokens tg + 8 u of the warp's 32; the squares: rg u, token tg + 8 u */
+        hc_chunk_mix<4, HC_RPL, 2>(xs + (sj * HC_PT + tb + tg) * HC_LD, ws + (sj * HC_BR + rg * HC_RPL) * HC_LD, rg, s, sss);
     }
     const int sc = sj * (D / HC_SC) + b;
 #pragma unroll
@@ -958,18 +947,7 @@ __global__ void hc_post4_kernel(const float *f, const float *Xin, float *Xout, i
 #pragma unroll
     for (int j = 0; j < HC_MAXM; j++) old[j] = j < M ? *(const float4 *)(Xt + (int64_t)j * D + d) : make_float4(0, 0, 0, 0);
     const float4 fd = *(const float4 *)(f + (int64_t)t * D + d);
-    for (int k = 0; k < M; k++) {
-        const float p = pt[k];
-        float4 acc = make_float4(__fmul_rn(p, fd.x), __fmul_rn(p, fd.y), __fmul_rn(p, fd.z), __fmul_rn(p, fd.w));
-#pragma unroll
-        for (int j = 0; j < HC_MAXM; j++)
-            if (j < M) {
-                const float c = C[j * M + k];
-                acc.x = fmaf(c, old[j].x, acc.x), acc.y = fmaf(c, old[j].y, acc.y);
-                acc.z = fmaf(c, old[j].z, acc.z), acc.w = fmaf(c, old[j].w, acc.w);
-            }
-        *(float4 *)(Xo + (int64_t)k * D + d) = acc;
-    }
+    for (int k = 0; k < M; k++) *(float4 *)(Xo + (int64_t)k * D + d) = hc_post_q(pt[k], fd, C + k, M, old);
 }
 
 static int hc_post_run(const float *f, const float *Xin, float *X, int T, int M, int D, const float *post, const float *comb,
