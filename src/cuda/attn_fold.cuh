@@ -76,6 +76,23 @@ __device__ __forceinline__ void ak_tile_max(float (&S)[16], unsigned vm, int tq,
     mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
 }
 
+/* The end of a tile's online-softmax step for a quad's rows gr and gr + 8 (the tensor-core tiles' layout): the tile's
+ * sums ls0 / ls1 of this thread's entries added over the quad, l = l a + ls, m = mn, and O's rows rescaled by a unless
+ * every lane's a is 1 (x 1 would change no bit). attn_kv8_tc's and attn_kv8_wg's step. */
+template <int NO>
+__device__ __forceinline__ void ak_row_fold(float (&O)[NO][4], float ls0, float ls1, float a0, float a1, float mn0, float mn1,
+                                            float &l0, float &l1, float &m0, float &m1) {
+    ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
+    ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+    ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
+    ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+    l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
+    m0 = mn0, m1 = mn1;
+    if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f))
+#pragma unroll
+        for (int n = 0; n < NO; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
+}
+
 /* The output's inverse RoPE (rope_kernel with inverse = 1: the same operations, so the same bits as storing and then
  * rotating): the pairs of the last R dims, pair i at angle pos x freq[i]; freq NULL: none */
 struct ak_rope {

@@ -362,15 +362,7 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
             if (v & 2) ls1 += p;
             else ls0 += p;
         }
-        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
-        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
-        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
-        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
-        l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
-        m0 = mn0, m1 = mn1;
-        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
-#pragma unroll
-            for (int n = 0; n < NO; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
+        ak_row_fold(O, ls0, ls1, a0, a1, mn0, mn1, l0, l1, m0, m1);
 
         /* p x 2^12 as A operands (k-steps of 16 entries): hi and lo */
         uint32_t ph[2][4], pl[2][4];

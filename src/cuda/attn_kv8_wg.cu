@@ -237,6 +237,15 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
     float *oA = out + ((int64_t)t * H + hA) * Dh, *oB = out + ((int64_t)t * H + hB) * Dh;
     float mf0 = -INFINITY, mf1 = -INFINITY; /* m when O last went into out (spans) */
     bool fl = false;
+    /* a row's pair (x, y) of O plus, once a span went into out (fl), the row's partial there (o) times b */
+    auto fold = [&](float x, float y, const float *o, float b) {
+        float2 v = make_float2(x, y);
+        if (fl) {
+            const float2 q = *(const float2 *)o;
+            v.x = fmaf(q.x, b, v.x), v.y = fmaf(q.y, b, v.y);
+        }
+        return v;
+    };
     const unsigned qa = (unsigned)__cvta_generic_to_shared(Qs), ka0 = (unsigned)__cvta_generic_to_shared(Ks);
 
     for (int s = 0; s < ns; s++) {
@@ -305,15 +314,7 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
             if (v & 2) ls1 += p;
             else ls0 += p;
         }
-        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
-        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
-        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
-        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
-        l0 = fmaf(l0, a0, ls0), l1 = fmaf(l1, a1, ls1);
-        m0 = mn0, m1 = mn1;
-        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) /* x 1 would change no bit */
-#pragma unroll
-            for (int n = 0; n < 32; n++) O[n][0] *= a0, O[n][1] *= a0, O[n][2] *= a1, O[n][3] *= a1;
+        ak_row_fold(O, ls0, ls1, a0, a1, mn0, mn1, l0, l1, m0, m1);
 
         WA_TS(6);
         /* p x 2^12 as A fragments (k-steps of 16 entries), then O += p.V over this warpgroup's 256 dims */
@@ -350,16 +351,8 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
 #pragma unroll
             for (int n = 0; n < 32; n++) {
                 const int d = 256 * wg + 8 * n + 2 * tq; /* d + 1 < Dh when d < Dh: Dh % 8 == 0 */
-                if (d < Dh && hA < H) {
-                    float2 v = make_float2(O[n][0], O[n][1]);
-                    if (fl) { const float2 o = *(const float2 *)(oA + d); v.x = fmaf(o.x, b0, v.x), v.y = fmaf(o.y, b0, v.y); }
-                    *(float2 *)(oA + d) = v;
-                }
-                if (d < Dh && hB < H) {
-                    float2 v = make_float2(O[n][2], O[n][3]);
-                    if (fl) { const float2 o = *(const float2 *)(oB + d); v.x = fmaf(o.x, b1, v.x), v.y = fmaf(o.y, b1, v.y); }
-                    *(float2 *)(oB + d) = v;
-                }
+                if (d < Dh && hA < H) *(float2 *)(oA + d) = fold(O[n][0], O[n][1], oA + d, b0);
+                if (d < Dh && hB < H) *(float2 *)(oB + d) = fold(O[n][2], O[n][3], oB + d, b1);
                 O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
             }
             mf0 = m0, mf1 = m1, fl = true;
@@ -372,44 +365,34 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
     const float dB = hB < H && m1 != -INFINITY ? __fadd_rn(l1, expf(sink[hB] - m1)) : 0.0f;
     const float rA = dA > 0 ? (1.0f / WA_PS) / dA : 0.0f, rB = dB > 0 ? (1.0f / WA_PS) / dB : 0.0f;
     const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
-    if (!ntm) {
+    /* the fp32 form stores the values; the terms form keeps them in O, then (below) the inverse RoPE (dsv4_cuda_rope's
+     * arithmetic, ak_unrot_cs) and the split path's terms (hi = bf16(v), mid = bf16(v - hi)) in place of the row: group
+     * gi's hi at gi * 2 gin, mid at (2 gi + 1) gin (bf16 elements; gin = H / G heads x Dh). A group's terms take the bytes
+     * of its own fp32 values and the block holds whole groups (the wrapper checks), so every read of out (spans) is done
+     * at the barrier before any write. (A lambda called with constants: one loop each, as separate code would give.) */
+    auto fin = [&](bool terms) {
 #pragma unroll
         for (int n = 0; n < 32; n++) {
             const int d = 256 * wg + 8 * n + 2 * tq;
             if (d >= Dh) continue;
             if (hA < H) {
-                float2 v = make_float2(O[n][0], O[n][1]);
-                if (fl) { const float2 o = *(const float2 *)(oA + d); v.x = fmaf(o.x, b0, v.x), v.y = fmaf(o.y, b0, v.y); }
-                *(float2 *)(oA + d) = make_float2(v.x * rA, v.y * rA);
+                const float2 v = fold(O[n][0], O[n][1], oA + d, b0);
+                if (terms) O[n][0] = v.x * rA, O[n][1] = v.y * rA;
+                else *(float2 *)(oA + d) = make_float2(v.x * rA, v.y * rA);
             }
             if (hB < H) {
-                float2 v = make_float2(O[n][2], O[n][3]);
-                if (fl) { const float2 o = *(const float2 *)(oB + d); v.x = fmaf(o.x, b1, v.x), v.y = fmaf(o.y, b1, v.y); }
-                *(float2 *)(oB + d) = make_float2(v.x * rB, v.y * rB);
+                const float2 v = fold(O[n][2], O[n][3], oB + d, b1);
+                if (terms) O[n][2] = v.x * rB, O[n][3] = v.y * rB;
+                else *(float2 *)(oB + d) = make_float2(v.x * rB, v.y * rB);
             }
         }
+    };
+    if (!ntm) {
+        fin(false);
         WA_TR(101);
         return;
     }
-    /* the terms form: the same values, then the inverse RoPE (dsv4_cuda_rope's arithmetic, ak_unrot_cs) and the split
-     * path's terms (hi = bf16(v), mid = bf16(v - hi)) in place of the row: group gi's hi at gi * 2 gin, mid at (2 gi + 1)
-     * gin (bf16 elements; gin = H / G heads x Dh). A group's terms take the bytes of its own fp32 values and the block
-     * holds whole groups (the wrapper checks), so every read of out (spans) is done at the barrier before any write. */
-#pragma unroll
-    for (int n = 0; n < 32; n++) {
-        const int d = 256 * wg + 8 * n + 2 * tq;
-        if (d >= Dh) continue;
-        if (hA < H) {
-            float2 v = make_float2(O[n][0], O[n][1]);
-            if (fl) { const float2 o = *(const float2 *)(oA + d); v.x = fmaf(o.x, b0, v.x), v.y = fmaf(o.y, b0, v.y); }
-            O[n][0] = v.x * rA, O[n][1] = v.y * rA;
-        }
-        if (hB < H) {
-            float2 v = make_float2(O[n][2], O[n][3]);
-            if (fl) { const float2 o = *(const float2 *)(oB + d); v.x = fmaf(o.x, b1, v.x), v.y = fmaf(o.y, b1, v.y); }
-            O[n][2] = v.x * rB, O[n][3] = v.y * rB;
-        }
-    }
+    fin(true);
     __syncthreads();
     {
         const int hpg = H / G, gin = hpg * Dh, r0 = Dh - R, gA = hA / hpg, gB = hB / hpg;
