@@ -663,8 +663,6 @@ extern "C" int dsv4_cuda_linear_gemm_terms_ready(const dsv4_cuda_weight *w, cons
     return 1;
 }
 
-extern "C" size_t dsv4_cuda_linear_gemm_terms_ws_bytes(int K, int Nd) { return dsv4_cuda_linear_gemm_split_ws_bytes(0, K, Nd); }
-
 extern "C" int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T,
                                            float *y, int64_t ldy, void *ws, size_t ws_bytes, void *stream) {
     const void *A;

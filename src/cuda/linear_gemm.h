@@ -91,9 +91,8 @@ int dsv4_cuda_linear_gemm_split_last_f16(void);
  * 16-byte aligned. dsv4_cuda_linear_gemm_terms_nt: the terms the split takes for w (1 act_bf16, else
  * DSV4_LINEAR_GEMM_FP8_TERMS / _BF16_TERMS), 0 where it takes another form (the f16 one); _ready: 1 when cuBLASLt has a
  * plan for the call (ask before the producer writes terms: x's fp32 form is gone then); the call returns 0, 1 not
- * applicable (nothing enqueued), -1 error. Workspace: dsv4_cuda_linear_gemm_terms_ws_bytes(K, Nd) (the split's covers it). */
+ * applicable (nothing enqueued), -1 error. Workspace: the split's for the same K and rows (it uses less). */
 int dsv4_cuda_linear_gemm_terms_nt(const dsv4_cuda_weight *w);
-size_t dsv4_cuda_linear_gemm_terms_ws_bytes(int K, int Nd);
 int dsv4_cuda_linear_gemm_terms_ready(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,
                                       int64_t ldy);
 int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,

@@ -375,7 +375,6 @@ static int row_prep(const char *op, float *x, int T, int H, int n, const float *
         int rc = NORM ? dsv4_cuda_rmsnorm(x, rows, n, n, w, eps, stream) : 0;
         if (!rc) rc = dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0, stream);
         if (!rc && POST == 1 && qb > 0) rc = dsv4_cuda_act_quant_fp8(x, rows, qn, n, qb, stream);
-        if (!rc && POST == 3) rc = -1; /* (not reached) */
         if (!rc && POST == 2) rc = dsv4_cuda_hadamard(x, rows, n, n, stream);
         if (!rc && POST == 2) rc = dsv4_cuda_act_quant_fp4(x, rows, n, n, 32, stream);
         return rc;
