@@ -211,6 +211,8 @@ extern int dsv4_cuda_hc_test_flags;
 /* hc_post_pre with many tokens: 1 the post inside the mixing kernel (hc_post_mix_big: X read once less, the same bits),
  * 0 the post then the mixing kernel, -1 the default (DSV4_HC_POST_MIX_BIG, 0 unless set until measured) */
 void dsv4_cuda_hc_post_mix_big(int on);
+/* 1 when the last dsv4_cuda_hc_post_pre call took hc_post_mix_big (tests) */
+int dsv4_cuda_hc_post_mix_big_last(void);
 int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
                      const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w, float *x,
                      float *post, float *comb, void *scratch, void *stream);

@@ -455,10 +455,13 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G)) {
         tnt = dsv4_cuda_linear_gemm_terms_nt(&wv);
         if (tnt > 2) tnt = 0;
-        for (int gi = 0; gi < G && tnt; gi++) /* every group's plan (their pointers' alignments may differ) */
-            if (!dsv4_cuda_linear_gemm_terms_ready(&wv, (const uint16_t *)w->o + (size_t)gi * 2 * gin, 2 * (int64_t)H * Dh, gin, tnt, T,
+        for (int gi = 0; gi < G && tnt; gi++) { /* every group's plan (their pointers' alignments may differ) */
+            dsv4_cuda_weight v = wv;
+            v.row0 += gi * Ro;
+            if (!dsv4_cuda_linear_gemm_terms_ready(&v, (const uint16_t *)w->o + (size_t)gi * 2 * gin, 2 * (int64_t)H * Dh, gin, tnt, T,
                                                    w->z + (size_t)gi * Ro, (int64_t)G * Ro))
                 tnt = 0;
+        }
     }
     /* q as f16 for the terms form's attention (dsv4_cuda_norm_rope_h16: half the bytes written and read) */
     const int qh = tnt && dsv4_cuda_norm_rope_h16_enabled() && dsv4_cuda_norm_rope_h16_fits(w->q, Dh, NULL);

@@ -777,6 +777,8 @@ static int hc_pmb_on(void) {
     return on;
 }
 extern "C" void dsv4_cuda_hc_post_mix_big(int on) { hc_pmb = on == 0 || on == 1 ? on : -1; }
+static int hc_pmb_last; /* whether the last hc_post_pre took hc_post_mix_big (tests) */
+extern "C" int dsv4_cuda_hc_post_mix_big_last(void) { return hc_pmb_last; }
 
 /* the two kernels for tokens [0, T) of X; nrs: the scratch's row count ((2 + M) * M) */
 template <int HEAD>
@@ -821,6 +823,7 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
     const int pmb = pf && !pm && !HEAD && M == 4 && big_ok && nr <= HC_BR && D % HC_SC == 0 && T >= HC_BIG_T && hc_pmb_on() &&
                     !((uintptr_t)pf->f & 15) && !((uintptr_t)pf->ys & 15) && !((uintptr_t)pf->shared & 15) &&
                     !((uintptr_t)pXin & 15) && !(flags & 8);
+    hc_pmb_last = pmb;
     if (pmb) {
         static int pmb_attr;
         if (!pmb_attr) {

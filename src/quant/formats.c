@@ -26,6 +26,16 @@ uint16_t dsv4_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+uint16_t dsv4_f32_to_f16(float f) {
+    const uint32_t u = f32_bits(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN: quiet, payload's top bits */
+    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00u);                      /* 65520 and up round to inf */
+    if (a < 0x38800000u) /* below 2^-14: f16's subnormals in units of 2^-24 (exact scaling), rounded to even */
+        return (uint16_t)(s | (uint32_t)nearbyintf(bits_f32(a) * 0x1p24f));
+    const uint32_t r = a + 0xfffu + ((a >> 13) & 1u); /* round the 13 dropped bits to even (a carry moves the exponent) */
+    return (uint16_t)(s | ((r >> 13) - (112u << 10)));
+}
+
 float dsv4_f16_to_f32(uint16_t h) {
     uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
     if (e == 0) {

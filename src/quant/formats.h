@@ -12,6 +12,7 @@
 float dsv4_bf16_to_f32(uint16_t h);
 uint16_t dsv4_f32_to_bf16(float f); /* round to nearest even; NaN stays NaN */
 float dsv4_f16_to_f32(uint16_t h);
+uint16_t dsv4_f32_to_f16(float f); /* round to nearest even (subnormals, overflow to inf); NaN stays NaN */
 float dsv4_e4m3_to_f32(uint8_t b);  /* e4m3fn: bias 7, no inf, 0x7f/0xff = NaN */
 float dsv4_e8m0_to_f32(uint8_t b);  /* 2^(b-127); 0xff = NaN */
 float dsv4_e2m1_to_f32(uint8_t code); /* low 4 bits: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives */
