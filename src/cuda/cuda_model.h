@@ -269,6 +269,9 @@ void dsv4_cuda_moe_experts_path(int mode);
  * measured): prod 1 a producer warpgroup streams the x ring, 0 warp 0 refills it (DSV4_MOE_PFB_PRODUCER); xtok 1 the x
  * image a token at a time, 0 a slot at a time (DSV4_MOE_PFB_XTOK). Every form gives the same bits. */
 void dsv4_cuda_moe_pfb_force(int prod, int xtok);
+/* NVFP4 experts with the FP8 act quant (NVIDIA's checkpoints of the DeepSeek recipe) on the BF16 prefill kernels too: 1 on,
+ * 0 off (the f16 kernels), -1 the default (DSV4_MOE_PFB_NVFP4, 0 unless set until its tests have run on a GPU). */
+void dsv4_cuda_moe_pfb_nvfp4(int on);
 /* out[t] = sum of y[tslot[t, j]] in increasing expert id, then + shared[t] (shared may be NULL): the
  * CPU's summation order. */
 int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, int K, int D, const float *shared, float *out,

@@ -1,5 +1,6 @@
 /* moe_bf16.cuh - the routed experts of a prefill pass on BF16 tensor cores (included by moe_tc.cu; run by
- * dsv4_moe_pfb_run for passes, never for decode steps): MXFP4 weights with the FP8 act quant, every product exact.
+ * dsv4_moe_pfb_run for passes, never for decode steps): MXFP4 or NVFP4 weights (mb_kernel's NV) with the FP8 act quant,
+ * every product exact.
  *
  * Why: the FP8 kernel (moe_f8.cuh) must promote every 32-column group (one E8M0 scale each) out of the tensor core
  * into fp32, 64 FFMA a group at 64 tokens, which keeps it near 190 TFLOP/s in the prefill (bench/NOTES.md, sessions
@@ -225,7 +226,12 @@ struct mb_params {
  * so that warp 0's refills (~570 cycles a unit, which its warpgroup's next wgmma waited for: session 26's trace) leave
  * the consumers' path (DSV4_MOE_PFB_PRODUCER=1; off by default until measured); PROD 0: warp 0 refills as it releases */
 #define MB_PTHREADS 384
-template <int GATEUP, int PROD, int TR = 0>
+/* NV: NVFP4 weights (e2m1 x an E4M3 scale per 16 columns x the matrix's F32 scale2): a nibble's bf16 times
+ * s 2^119 (one factor per 16 columns, exact: s has 4 significant bits, 448 2^119 < 2^128) is e2m1 s 2^-7, exact in bf16
+ * (2 x 4 significant bits, 2^-17 .. 21); the sums are scaled by 2^7 scale2 at the end. Lane c's 32 columns are scale
+ * groups 2 c and 2 c + 1 (k-steps 0-3 and 4-7); it copies the 4 bytes holding them (a unit's 8 scales: bytes
+ * 4 (c >> 1) ..), so its weight stage is MXFP4's */
+template <int GATEUP, int PROD, int TR = 0, int NV = 0>
 __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2; /* gate / up: w1 and w3 on the block's 128 rows; down: w2's rows 256 b .. and 256 b + 128 .. */
     extern __shared__ __align__(128) unsigned char mb_sm[];
@@ -297,7 +303,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
         for (int h = 0; h < 2; h++) {
             const int64_t r = (int64_t)w.row0 + rb + (GATEUP ? 0 : 128 * m) + rl + 8 * h;
             wq[m][h] = (const uint4 *)w.data + r * (C / 32) + c;
-            wsc[m][h] = w.scale + r * w.scale_stride;
+            wsc[m][h] = w.scale + r * w.scale_stride + (NV ? 4 * (c >> 1) : 0);
         }
     }
     /* this thread's weights of unit v (of the block's sequence; columns v % NU) into its warp's ring, stage v % MB_W:
@@ -314,7 +320,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     mt_cp16s(sa + ((2 * m + h) * 32 + lane) * 16, wq[m][h] + wu * 4);
-                    mt_cps<4>(sa + (128 + lane) * 16 + (2 * m + h) * 4, wsc[m][h] + wu * 4);
+                    mt_cps<4>(sa + (128 + lane) * 16 + (2 * m + h) * 4, wsc[m][h] + wu * (NV ? 8 : 4));
                 }
             if (++wu == NU) wu = 0;
         }
@@ -340,6 +346,8 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
         if (!PROD && warp == 0 && it - 1 + MB_S < n) produce(it - 1 + MB_S);
     };
 
+    /* NVFP4: the sums' factors 2^7 scale2 (w1 / w2, and w3) */
+    const float fsa = NV ? P.WA[ex].scale2 * 128.0f : 1.0f, fsb = NV && GATEUP ? P.WB[ex].scale2 * 128.0f : 1.0f;
     auto epilogue = [&](int cp) {
         const int t0 = cp * 128, nv = cnt - t0 < 128 ? cnt - t0 : 128;
         if constexpr (!GATEUP) {
@@ -351,7 +359,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
 #pragma unroll
                     for (int k = 0; k < 4; k++) {
                         const int tp = 8 * j + 2 * c + (k & 1);
-                        if (tp < nv) y[(int64_t)(off + t0 + tp) * P.R + rb + 128 * m + rl + 8 * (k >> 1)] = d[m][j][k];
+                        if (tp < nv) y[(int64_t)(off + t0 + tp) * P.R + rb + 128 * m + rl + 8 * (k >> 1)] = NV ? __fmul_rn(d[m][j][k], fsa) : d[m][j][k];
                     }
         } else {
         /* h = SwiGLU x routing weight into d[0] (the weights from rws, written at the chunk's start: one load a token
@@ -366,6 +374,10 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
             for (int e = 0; e < 2; e++) {
                 const int tp = 8 * j + 2 * c + e;
                 const float rw = rws[tp];
+                if (NV) {
+                    d[0][j][e] = __fmul_rn(d[0][j][e], fsa), d[1][j][e] = __fmul_rn(d[1][j][e], fsb);
+                    d[0][j][2 + e] = __fmul_rn(d[0][j][2 + e], fsa), d[1][j][2 + e] = __fmul_rn(d[1][j][2 + e], fsb);
+                }
                 d[0][j][e] = dev_swiglu(d[0][j][e], d[1][j][e], P.lim, rw);
                 d[0][j][2 + e] = dev_swiglu(d[0][j][2 + e], d[1][j][2 + e], P.lim, rw);
                 float v = tp < nv ? fmaxf(fabsf(d[0][j][e]), fabsf(d[0][j][2 + e])) : 0.0f;
@@ -412,17 +424,27 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
 #pragma unroll
             for (int h = 0; h < 2; h++) q[m][h] = *(const uint4 *)(ws + ((2 * m + h) * 32 + lane) * 16);
         const uint4 scw = *(const uint4 *)(ws + (128 + lane) * 16);
-        uint32_t mul[NM][2], mul2[NM][2];
+        uint32_t mul[NM][2][NV ? 2 : 1], mul2[NM][2];
         bool big = false;
 #pragma unroll
         for (int m = 0; m < NM; m++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint32_t e = ((&scw.x)[2 * m + h] >> (8 * c)) & 0xFFu, lo = e <= 128u ? e + 126u : 254u, hi = e <= 128u ? 127u : e - 1u;
-                mul[m][h] = (lo << 7) | (lo << 23), mul2[m][h] = (hi << 7) | (hi << 23);
-                big |= e > 128u;
+                if constexpr (NV) { /* groups 2 c, 2 c + 1: bytes 2 (c & 1) and + 1 of the word */
+#pragma unroll
+                    for (int q2 = 0; q2 < (NV ? 2 : 1); q2++) {
+                        const uint32_t e = ((&scw.x)[2 * m + h] >> (16 * (c & 1) + 8 * q2)) & 0xFFu;
+                        const uint32_t f = __float_as_uint(dev_e4m3((uint8_t)e) * 0x1p119f) >> 16;
+                        mul[m][h][q2] = f | (f << 16);
+                    }
+                    mul2[m][h] = 0u;
+                } else {
+                    const uint32_t e = ((&scw.x)[2 * m + h] >> (8 * c)) & 0xFFu, lo = e <= 128u ? e + 126u : 254u, hi = e <= 128u ? 127u : e - 1u;
+                    mul[m][h][0] = (lo << 7) | (lo << 23), mul2[m][h] = (hi << 7) | (hi << 23);
+                    big |= e > 128u;
+                }
             }
-        big = __any_sync(0xffffffffu, big);
+        if (!NV) big = __any_sync(0xffffffffu, big);
         dev_mbar_wait(fullb + 8 * s, (it / MB_S) & 1);
         trs(2);
         const uint64_t desc0 = wg_desc(sb + s * MB_STAGE, 128, 256); /* (+ 16 ng a k-step: ng 256 bytes) */
@@ -433,14 +455,15 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
             for (int m = 0; m < NM; m++) {
                 uint32_t (&A)[4] = a[(2 * ks + m) & 3];
                 const uint32_t w0 = (&q[m][0].x)[ks >> 1], w1 = (&q[m][1].x)[ks >> 1];
+                const int sg = NV ? ks >> 2 : 0; /* NVFP4: k-steps 0-3 the lane's first group of 16, 4-7 its second */
                 if (ks & 1) {
-                    A[0] = mb_dec<2>(w0, mul[m][0]), A[2] = mb_dec<3>(w0, mul[m][0]);
-                    A[1] = mb_dec<2>(w1, mul[m][1]), A[3] = mb_dec<3>(w1, mul[m][1]);
+                    A[0] = mb_dec<2>(w0, mul[m][0][sg]), A[2] = mb_dec<3>(w0, mul[m][0][sg]);
+                    A[1] = mb_dec<2>(w1, mul[m][1][sg]), A[3] = mb_dec<3>(w1, mul[m][1][sg]);
                 } else {
-                    A[0] = mb_dec<0>(w0, mul[m][0]), A[2] = mb_dec<1>(w0, mul[m][0]);
-                    A[1] = mb_dec<0>(w1, mul[m][1]), A[3] = mb_dec<1>(w1, mul[m][1]);
+                    A[0] = mb_dec<0>(w0, mul[m][0][sg]), A[2] = mb_dec<1>(w0, mul[m][0][sg]);
+                    A[1] = mb_dec<0>(w1, mul[m][1][sg]), A[3] = mb_dec<1>(w1, mul[m][1][sg]);
                 }
-                if (big) {
+                if (!NV && big) {
                     A[0] = mb_mul(A[0], mul2[m][0]), A[2] = mb_mul(A[2], mul2[m][0]);
                     A[1] = mb_mul(A[1], mul2[m][1]), A[3] = mb_mul(A[3], mul2[m][1]);
                 }

@@ -1524,12 +1524,15 @@ static int mb_pz;      /* DSV4_MOE_PFB_PZ: blocks an (expert, row tile) that sha
 static int mb_prod;    /* DSV4_MOE_PFB_PRODUCER=1: a producer warpgroup streams the x ring (mb_kernel's PROD 1) */
 static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=1: the x image a token at a time (mb_ximage_tok_kernel) */
 
-static int mb_fprod = -1, mb_fxtok = -1;
+static int mb_nv;       /* DSV4_MOE_PFB_NVFP4=1: NVFP4 experts (with the FP8 act quant) here too (mb_kernel's NV) */
+
+static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1;
 extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
+extern "C" void dsv4_cuda_moe_pfb_nvfp4(int on) { mb_fnv = on == 0 || on == 1 ? on : -1; }
 
 /* the clock trace (moe_bf16.cuh; DSV4_MOE_PFB_TRACE=FILE, with the producer warpgroup, not under graph capture): the
  * kernel's TR instance into a device buffer, then each traced warp's stamps appended to FILE as
- * "call KIND T cnt0 NU" and "blk SLOT role ROLE: v1 v2 ..." (v: (clock - start) << 4 | tag) */
+ * "call KIND T <T> NU <NU>" and "blk SLOT role ROLE: v1 v2 ..." (v: (clock - start) << 4 | tag) */
 static const char *mb_trace_file(void) {
     static const char *f = (const char *)-1;
     if (f == (const char *)-1) f = getenv("DSV4_MOE_PFB_TRACE");
@@ -1570,15 +1573,23 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
                      float *h, float *y, cudaStream_t st) {
     if (mb_on < 0) mb_on = dsv4_env_int("DSV4_MOE_PFB", 1) != 0, mb_avg = dsv4_env_int("DSV4_MOE_PFB_AVG", 32),
                      mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 0) != 0,
-                     mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 0) != 0; /* (both off until measured: NOTES "Session 28") */
+                     mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 0) != 0, /* (both off until measured: NOTES "Session 28") */
+                     mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 0) != 0; /* (off until its tests ran on a GPU: NOTES "Session 29") */
     const int64_t slots = (int64_t)T * K;
     /* the images: at most T K + 8 maxslots rows of 2 D bytes (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in
      * h's T K rows of 4 I): they fit while 8 maxslots <= T K (always at the default DSV4_MOE_PFB_AVG) */
-    if (!mb_on || mt_mode || !ex->tc13 || !ex->tc2 || ex->fmt13 != DSV4_WF_MXFP4 || ex->fmt2 != DSV4_WF_MXFP4 || !ex->aq13 ||
-        !ex->aq2 || ex->D % 256 || ex->I % 256 || slots < (int64_t)mb_avg * ex->E || slots < (int64_t)8 * maxslots)
+    /* (MXFP4 or NVFP4 each matrix, with the FP8 act quant: NVFP4 checkpoints of the DeepSeek recipe; NVFP4 without it, W4A16,
+     * stays on the f16 kernels, whose x terms carry fp32 x) */
+    const int nvok = mb_fnv >= 0 ? mb_fnv : mb_nv;
+    const int fok13 = ex->fmt13 == DSV4_WF_MXFP4 || (nvok && ex->fmt13 == DSV4_WF_NVFP4),
+              fok2 = ex->fmt2 == DSV4_WF_MXFP4 || (nvok && ex->fmt2 == DSV4_WF_NVFP4);
+    if (!mb_on || mt_mode || !ex->tc13 || !ex->tc2 || !fok13 || !fok2 || !ex->aq13 || !ex->aq2 || ex->D % 256 || ex->I % 256 ||
+        slots < (int64_t)mb_avg * ex->E || slots < (int64_t)8 * maxslots)
         return 0;
     const int prod = mb_fprod >= 0 ? mb_fprod : mb_prod, xtok = mb_fxtok >= 0 ? mb_fxtok : mb_xtok;
-    void (*const kg)(mb_params) = prod ? mb_kernel<1, 1> : mb_kernel<1, 0>, (*const kd)(mb_params) = prod ? mb_kernel<0, 1> : mb_kernel<0, 0>;
+    const int nv13 = ex->fmt13 == DSV4_WF_NVFP4, nv2 = ex->fmt2 == DSV4_WF_NVFP4;
+    void (*const kg)(mb_params) = nv13 ? (prod ? mb_kernel<1, 1, 0, 1> : mb_kernel<1, 0, 0, 1>) : (prod ? mb_kernel<1, 1> : mb_kernel<1, 0>);
+    void (*const kd)(mb_params) = nv2 ? (prod ? mb_kernel<0, 1, 0, 1> : mb_kernel<0, 0, 0, 1>) : (prod ? mb_kernel<0, 1> : mb_kernel<0, 0>);
     const int nth = prod ? MB_PTHREADS : MB_THREADS;
     const void *fg = (const void *)kg, *fd = (const void *)kd;
     if (mt_set_smem(fg, MB_SMEM, 0) || mt_set_smem(fd, MB_SMEM, 0)) return -1;
@@ -1590,7 +1601,13 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     const int pz = mb_pz >= 1 && mb_pz <= 8 ? mb_pz : 1;
     P.trc = NULL;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    const int tr = prod && mb_trace_file() && cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+    const int tr = prod && !nv13 && !nv2 && mb_trace_file() && cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+    static int tr_told;
+    if (mb_trace_file() && !tr && !tr_told) {
+        tr_told = 1;
+        fprintf(stderr, "dsv4: DSV4_MOE_PFB_TRACE: no trace from this pass (it needs DSV4_MOE_PFB_PRODUCER=1, MXFP4 experts and no graph "
+                        "capture)\n");
+    }
     if (tr) {
         if (mt_set_smem((const void *)mb_kernel<1, 1, 1>, MB_SMEM, 0) || mt_set_smem((const void *)mb_kernel<0, 1, 1>, MB_SMEM, 0) ||
             mb_trace_run(mb_kernel<1, 1, 1>, dim3(ex->I / 128, maxslots, pz), nth, P, st, "gateup", T))

@@ -522,21 +522,26 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
     free(d1), free(d3), free(d2), free(sel), free(sid), free(w), free(x), free(b1), free(b2);
 }
 
-/* E random MXFP4 experts with act quant (w1, w3 [I, D], w2 [D, I]; each expert's three drawn in that order), kept on
- * the host for the CPU twin and uploaded as one set; big: some scales of expert 0 above 2^1 (test_moe_pfb) */
+/* E random MXFP4 (or NVFP4: fmt) experts with act quant (w1, w3 [I, D], w2 [D, I]; each expert's three drawn in that
+ * order), kept on the host for the CPU twin and uploaded as one set; big: some scales of expert 0 above 2^1 (MXFP4), or
+ * at E4M3's ends (NVFP4: 448, the subnormal 2^-9, 0, the smallest normal 2^-6) (test_moe_pfb) */
 typedef struct {
     hweight *h1, *h3, *h2;
     dsv4_cuda_weight *d1, *d3, *d2;
     dsv4_cuda_experts ex;
     int E;
 } mx_set;
-static mx_set mx_set_new(int E, int D, int I, int big) {
+static mx_set mx_set_new(dsv4_wfmt fmt, int E, int D, int I, int big) {
     mx_set m = {malloc(sizeof(hweight) * E), malloc(sizeof(hweight) * E), malloc(sizeof(hweight) * E), malloc(sizeof(dsv4_cuda_weight) * E),
                 malloc(sizeof(dsv4_cuda_weight) * E), malloc(sizeof(dsv4_cuda_weight) * E), {0}, E};
     for (int e = 0; e < E; e++) {
-        m.h1[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1), m.h3[e] = make_weight(DSV4_WF_MXFP4, I, D, 0, 1);
-        m.h2[e] = make_weight(DSV4_WF_MXFP4, D, I, 0, 1);
-        if (big && e == 0)
+        m.h1[e] = make_weight(fmt, I, D, 0, 1), m.h3[e] = make_weight(fmt, I, D, 0, 1);
+        m.h2[e] = make_weight(fmt, D, I, 0, 1);
+        if (big && e == 0 && fmt == DSV4_WF_NVFP4) {
+            static const uint8_t ends[5] = {0x7E, 0x01, 0x00, 0x08, 0x30};
+            for (size_t i = 0; i < m.h1[e].scale_b; i += 3) m.h1[e].scale[i] = ends[i % 5];
+            for (size_t i = 1; i < m.h2[e].scale_b; i += 3) m.h2[e].scale[i] = ends[i % 5];
+        } else if (big && e == 0)
             for (size_t i = 0; i < m.h1[e].scale_b; i += 3) m.h1[e].scale[i] = (uint8_t)(126 + i % 9), m.h2[e].scale[i % m.h2[e].scale_b] = 131;
         op_ok(dsv4_cuda_weight_upload(&m.h1[e].w, &m.d1[e]), "upload");
         op_ok(dsv4_cuda_weight_upload(&m.h3[e].w, &m.d3[e]), "upload");
@@ -585,7 +590,7 @@ static void mx_batch_free(mx_batch *b) {
  * reference's rms. Then batch invariance: up to 4 busy tokens alone == in the batch, bitwise. */
 void test_moe_f8(int T, int K, int E, int D, int I) {
     const float lim = 10.0f;
-    mx_set ms = mx_set_new(E, D, I, 0);
+    mx_set ms = mx_set_new(DSV4_WF_MXFP4, E, D, I, 0);
     const hweight *h1w = ms.h1, *h3w = ms.h3, *h2w = ms.h2;
     mx_batch mb = mx_batch_new(T, K, E, D, I);
     const int *sel = mb.sel, *sid = mb.sid, *dsel = mb.dsel, *dsid = mb.dsid;
@@ -664,11 +669,13 @@ static size_t pfb_pos(size_t base, int j, int cnt, int col, int C) {
  * against the CPU backend, every `stride`-th slot: h (its image: the act-quantized values) against the CPU's SwiGLU of
  * dsv4_cpu_linear, act-quantized (dsv4_act_quant_fp8): equal but for values whose fp32 sums straddle an e4m3 rounding
  * boundary (one step, a few in a thousand at most); y against dsv4_cpu_linear of the device's own h (the same exact
- * products in another fp32 order: 3e-5 of the rms). big: some scales of expert 0 above 2^1 (the second factor). Then
- * a token's rows do not depend on the others in the pass: the first T2 tokens alone, bitwise. */
-void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2) {
+ * products in another fp32 order: 3e-5 of the rms). big: some scales of expert 0 above 2^1 (MXFP4's second factor) or
+ * at E4M3's ends (NVFP4). fmt: MXFP4 or NVFP4 (the CPU applies NVFP4's scale2 to each weight, the kernel to the sums: a
+ * rounding apart). Then a token's rows do not depend on the others in the pass: the first T2 tokens alone, bitwise. */
+void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, int big, int T2) {
     const float lim = 10.0f;
-    mx_set ms = mx_set_new(E, D, I, big);
+    dsv4_cuda_moe_pfb_nvfp4(fmt == DSV4_WF_NVFP4);
+    mx_set ms = mx_set_new(fmt, E, D, I, big);
     const hweight *h1w = ms.h1, *h3w = ms.h3, *h2w = ms.h2;
     mx_batch mb = mx_batch_new(T, K, E, D, I);
     const int *sel = mb.sel, *sid = mb.sid, *dsel = mb.dsel, *dsid = mb.dsid;
@@ -690,7 +697,8 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
     sync_ok();
     from_dev(o1, dout, sizeof(float) * (size_t)T * D);
     char name[160];
-    snprintf(name, sizeof name, "moe_experts bf16 prefill T=%d K=%d E=%d D=%d I=%d%s", T, K, E, D, I, big ? " big scales" : "");
+    snprintf(name, sizeof name, "moe_experts bf16 prefill %s T=%d K=%d E=%d D=%d I=%d%s", dsv4_wfmt_name(fmt), T, K, E, D, I,
+             big ? " big scales" : "");
     g_checks++;
     if (took != 1) g_fail++;
     printf("%-4s %s: the BF16 prefill kernels ran%s\n", took == 1 ? "ok" : "FAIL", name, took == 1 ? "" : " <<<");
@@ -723,7 +731,7 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
     if (!hok) g_fail++;
     printf("%-4s %s h (act-quantized) vs CPU: %zu of %zu differ by one e4m3 step, %zu by more%s\n", hok ? "ok" : "FAIL", name, ndiff - nfar,
            nh * I, nfar, hok ? "" : " <<<");
-    snprintf(name, sizeof name, "moe bf16 prefill T=%d E=%d D=%d I=%d%s y (own h) vs CPU", T, E, D, I, big ? " big" : "");
+    snprintf(name, sizeof name, "moe bf16 prefill %s T=%d E=%d D=%d I=%d%s y (own h) vs CPU", dsv4_wfmt_name(fmt), T, E, D, I, big ? " big" : "");
     check(name, ys, yr, nh * D, 3e-5 * rms(yr, nh * D), 0);
     /* every form (warp 0 or a producer warpgroup refilling the x ring, the x image a slot or a token at a time) against
      * the default's h image and y, bitwise */
@@ -762,9 +770,10 @@ void test_moe_pfb(int T, int K, int E, int D, int I, int stride, int big, int T2
     op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T2, K, D, NULL, dout, NULL), "moe_combine");
     sync_ok();
     from_dev(o2, dout, sizeof(float) * (size_t)T2 * D);
-    snprintf(name, sizeof name, "moe bf16 prefill first %d of %d tokens alone%s", T2, T, took2 == 1 ? "" : " (NOT the bf16 path)");
+    snprintf(name, sizeof name, "moe bf16 prefill %s first %d of %d tokens alone%s", dsv4_wfmt_name(fmt), T2, T, took2 == 1 ? "" : " (NOT the bf16 path)");
     check_same(name, o2, o1, (size_t)T2 * D);
     dsv4_cuda_free(dsid2);
+    dsv4_cuda_moe_pfb_nvfp4(-1);
     mx_set_free(&ms), mx_batch_free(&mb);
     dplan_free(&dp), hplan_free(&r);
     free(himg), free(yg);

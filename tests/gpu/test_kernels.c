@@ -403,9 +403,12 @@ moe_checks:
 pfb_checks:
     /* the prefill pass's experts on BF16 tensor cores (moe_bf16.cuh): several chunks of 128 tokens an expert, partial ones,
      * Flash's widths (a sample of the slots against the CPU), scales above 2^1 */
-    test_moe_pfb(512, 6, 16, 1024, 512, 1, 0, 200);
-    test_moe_pfb(300, 2, 16, 512, 256, 1, 1, 256);
-    test_moe_pfb(400, 6, 64, 4096, 2048, 13, 0, 380);
+    test_moe_pfb(DSV4_WF_MXFP4, 512, 6, 16, 1024, 512, 1, 0, 200);
+    test_moe_pfb(DSV4_WF_MXFP4, 300, 2, 16, 512, 256, 1, 1, 256);
+    test_moe_pfb(DSV4_WF_MXFP4, 400, 6, 64, 4096, 2048, 13, 0, 380);
+    test_moe_pfb(DSV4_WF_NVFP4, 512, 6, 16, 1024, 512, 1, 0, 200);
+    test_moe_pfb(DSV4_WF_NVFP4, 300, 2, 16, 512, 256, 1, 1, 256);
+    test_moe_pfb(DSV4_WF_NVFP4, 400, 6, 64, 4096, 2048, 13, 0, 380);
     if (only_moe) goto checks_done;
     {
         int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
