@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(256) lg_split4(const float *__restrict__ x, in
     if (k >= K) return;
     const float4 v = __ldg((const float4 *)(x + (int64_t)t * ldx + k));
     const float e[4] = {v.x, v.y, v.z, v.w};
-    __nv_bfloat16 h[4], m[4], l[4];
+    __align__(8) __nv_bfloat16 h[4], m[4], l[4]; /* (8-byte aligned: stored as one uint2 each) */
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         h[i] = __float2bfloat16_rn(e[i]);
@@ -115,7 +115,9 @@ __global__ void __launch_bounds__(256) lg_split4(const float *__restrict__ x, in
     if (nt > 2) *(uint2 *)(out + 2 * ps + o) = *(const uint2 *)l;
 }
 
-/* Split path, FP8 weights (E8M0 block scales): the view's rows [N, K] -> bf16, each value code x 2^e exactly. */
+/* Split path, FP8 weights (E8M0 block scales): the view's rows [N, K] -> bf16, each value code x 2^e exactly. CAT: rows
+ * [N, 2K], the row twice ([W | W]: the terms GEMM with hi and mid as one K of 2K, dsv4_cuda_linear_gemm_terms) */
+template <int CAT = 0>
 __global__ void __launch_bounds__(256) lg_deq_fp8(const uint8_t *__restrict__ q, const uint8_t *__restrict__ sc, int64_t sstride,
                                                   int row0, int N, int K, __nv_bfloat16 *__restrict__ out) {
     const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
@@ -124,8 +126,14 @@ __global__ void __launch_bounds__(256) lg_deq_fp8(const uint8_t *__restrict__ q,
     const int r = row0 + n;
     const float s = dev_e8m0(__ldg(sc + (int64_t)(r / 128) * sstride + k / 128));
     const uint32_t c = __ldg((const uint32_t *)(q + (int64_t)r * K + k));
+    if constexpr (CAT) {
+        __nv_bfloat16 *o = out + (int64_t)n * 2 * K + k;
 #pragma unroll
-    for (int j = 0; j < 4; j++) out[i + j] = __float2bfloat16_rn(dev_e4m3((uint8_t)(c >> (8 * j))) * s);
+        for (int j = 0; j < 4; j++) o[j] = o[K + j] = __float2bfloat16_rn(dev_e4m3((uint8_t)(c >> (8 * j))) * s);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) out[i + j] = __float2bfloat16_rn(dev_e4m3((uint8_t)(c >> (8 * j))) * s);
+    }
 }
 
 /* Split path on f16 (FP8 weights whose block exponents fit f16, dsv4_cuda_weight.f16_ok): two f16 terms of x (22
@@ -482,8 +490,9 @@ extern "C" size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd) {
     return lg_split_layout(T, K, Nd, &a, &b, &c, &d, &e);
 }
 
-static int lg_last_f16;
+static int lg_last_f16, lg_last_s4;
 extern "C" int dsv4_cuda_linear_gemm_split_last_f16(void) { return lg_last_f16; }
+extern "C" int dsv4_cuda_linear_gemm_split_last_s4(void) { return lg_last_s4; }
 
 /* The f16 form of the split path for FP8 weights that fit: opt-in (DSV4_LINEAR_GEMM_F16=1), read once. Measured in
  * session 15 (bench/NOTES.md): closer to the twin (0.08 of the tolerance against 0.25) but not faster end to end (8K
@@ -597,7 +606,8 @@ extern "C" int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const floa
     lg_plan *p = lg_lock_plan(1, N, K, T, (int)ldy, lg_align(A), lg_align(y), NULL, NULL);
     if (!p) return 1;
     lg_last_f16 = 0;
-    if (lg_split4_on() && K % 4 == 0 && ldx % 4 == 0 && !((uintptr_t)x & 15) && ps % 4 == 0 && T <= 65535)
+    lg_last_s4 = lg_split4_on() && K % 4 == 0 && ldx % 4 == 0 && !((uintptr_t)x & 15) && ps % 4 == 0 && T <= 65535;
+    if (lg_last_s4)
         lg_split4<<<dim3((unsigned)((K / 4 + 255) / 256), (unsigned)T), 256, 0, st>>>(x, ldx, K, nt, (int64_t)ps, xp);
     else
         lg_split<<<(unsigned)((nx + 255) / 256), 256, 0, st>>>(x, ldx, T, K, nt, (int64_t)ps, xp);
@@ -627,6 +637,20 @@ static int lg_run_terms(lg_plan *p, const void *A, const __nv_bfloat16 *t0, size
 }
 
 /* ---- x given as bf16 terms by its producer (dsv4_cuda_attn_kv8_wg_terms for wo_a) ---- */
+
+/* FP8 weights with two terms that lie side by side (ps == K: hi then mid in a row, as the attention writes them): one
+ * GEMM with K 2K on [W | W] (the weight dequantized twice into the workspace) instead of two GEMMs and y read back once
+ * (DSV4_LINEAR_TERMS_CAT=1 or dsv4_cuda_linear_gemm_terms_cat; off by default until measured: NOTES "Session 29").
+ * Another summation order than the two GEMMs' (hi's and mid's products in one fp32 sum). */
+static int lg_cat = -1, lg_last_cat;
+extern "C" void dsv4_cuda_linear_gemm_terms_cat(int on) { lg_cat = on == 0 || on == 1 ? on : -1; }
+extern "C" int dsv4_cuda_linear_gemm_terms_last_cat(void) { return lg_last_cat; }
+static int lg_cat_on(void) {
+    static int env = -1;
+    if (lg_cat >= 0) return lg_cat;
+    if (env < 0) env = dsv4_env_int("DSV4_LINEAR_TERMS_CAT", 0) != 0;
+    return env;
+}
 
 extern "C" int dsv4_cuda_linear_gemm_terms_nt(const dsv4_cuda_weight *w) {
     if (!w || !(w->fmt == DSV4_WF_FP8 || w->fmt == DSV4_WF_BF16)) return 0;
@@ -677,6 +701,30 @@ extern "C" int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void
     }
     uint8_t *base = (uint8_t *)ws;
     cudaStream_t st = DSV4_STREAM(stream);
+    lg_last_cat = 0;
+    if (!A && nt == 2 && ps == K && lg_cat_on()) { /* one GEMM on [W | W] where the workspace holds it and it has a plan */
+        size_t ox, xps, ow2, osc, olt2;
+        lg_split_layout(0, 2 * K, N, &ox, &xps, &ow2, &osc, &olt2);
+        pthread_mutex_unlock(&lg_mu); /* (p's slot may be reused by the next plan: p is looked up again below) */
+        lg_plan *p2 = ws_bytes >= olt2 + LG_LT_WS ? lg_lock_plan(1, N, 2 * K, T, (int)(ldy ? ldy : N), 256, lg_align(y), NULL, NULL,
+                                                                  (int)ldt, lg_align(terms))
+                                                   : NULL;
+        if (p2) {
+            __nv_bfloat16 *wd = (__nv_bfloat16 *)(base + ow2);
+            const int64_t nw = (int64_t)N * K / 4;
+            lg_deq_fp8<1><<<(unsigned)((nw + 255) / 256), 256, 0, st>>>(w->data, w->scale, w->scale_stride, w->row0, N, K, wd);
+            if (dsv4_cuda_check_launch("linear gemm (terms, weight twice)")) {
+                pthread_mutex_unlock(&lg_mu);
+                return -1;
+            }
+            lg_last_cat = 1;
+            const int rc = lg_run_terms(p2, wd, (const __nv_bfloat16 *)terms, 0, 1, y, base + olt2, st, "terms, K-concatenated");
+            if (rc != 1) return rc;
+            lg_last_cat = 0; /* no algorithm ran (y untouched): the two GEMMs */
+        }
+        p = lg_terms_plan(w, terms, ldt, ps, nt, T, y, ldy, &A, &ow, &olt);
+        if (!p) return 1;
+    }
     if (!A) { /* FP8: the view's rows as bf16 */
         __nv_bfloat16 *wd = (__nv_bfloat16 *)(base + ow);
         const int64_t nw = (int64_t)N * K / 4;

@@ -84,6 +84,8 @@ int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64
 void dsv4_cuda_linear_gemm_split4(int on);
 /* 1 when the last dsv4_cuda_linear_gemm_split call that ran took the f16 form (tests) */
 int dsv4_cuda_linear_gemm_split_last_f16(void);
+/* 1 when the last dsv4_cuda_linear_gemm_split call made its terms with lg_split4 (tests) */
+int dsv4_cuda_linear_gemm_split_last_s4(void);
 
 /* The split path's GEMMs on terms its producer wrote (wo_a after dsv4_cuda_attn_kv8_wg_terms, which saves the split's
  * read of fp32 x and its write of the planes): terms[j * ps + t * ldt + k] (bf16, j < nt) are the terms of x[t][k] as
@@ -93,6 +95,11 @@ int dsv4_cuda_linear_gemm_split_last_f16(void);
  * plan for the call (ask before the producer writes terms: x's fp32 form is gone then); the call returns 0, 1 not
  * applicable (nothing enqueued), -1 error. Workspace: the split's for the same K and rows (it uses less). */
 int dsv4_cuda_linear_gemm_terms_nt(const dsv4_cuda_weight *w);
+/* FP8 weights, two terms side by side (ps == K): one GEMM with K 2K on the weight twice ([W | W]) instead of two (another
+ * fp32 summation order): 1 on, 0 off, -1 the default (DSV4_LINEAR_TERMS_CAT, 0 unless set until measured); where the
+ * workspace or cuBLASLt cannot, the two GEMMs run. _last_cat: 1 when the last dsv4_cuda_linear_gemm_terms call took it. */
+void dsv4_cuda_linear_gemm_terms_cat(int on);
+int dsv4_cuda_linear_gemm_terms_last_cat(void);
 int dsv4_cuda_linear_gemm_terms_ready(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,
                                       int64_t ldy);
 int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,

@@ -399,25 +399,34 @@ static void terms_variant(const char *name, const dsv4_cuda_weight *dw, const fl
         }
     uint16_t *dt = dup_to_dev(tt, sizeof(uint16_t) * (size_t)T * ldt);
     const int ready = dsv4_cuda_linear_gemm_terms_ready(dw, dt, ldt, C, nt, T, dy, ldy);
-    op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
-    const int rc = dsv4_cuda_linear_gemm_terms(dw, dt, ldt, C, nt, T, dy, ldy, ws, wsb, NULL);
-    if (rc < 0) op_ok(rc, n2);
-    sync_ok();
-    from_dev(host, dy, sizeof(float) * (size_t)T * ldy);
-    long diff = 0, gap = 0;
-    double md = 0, sc = 0;
-    for (int t = 0; t < T; t++) {
-        for (int r = 0; r < R; r++) {
-            const float a = host[(size_t)t * ldy + r], b = split[(size_t)t * ldy + r];
-            diff += memcmp(&a, &b, 4) != 0, md = fmax(md, fabs((double)a - b)), sc = fmax(sc, fabs((double)b));
+    /* cat 1: FP8 with two terms, hi and mid side by side: one GEMM on [W | W] (dsv4_cuda_linear_gemm_terms_cat) */
+    for (int cat = 0; cat <= (dw->fmt == DSV4_WF_FP8 && nt == 2); cat++) {
+        dsv4_cuda_linear_gemm_terms_cat(cat);
+        op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
+        const int rc = dsv4_cuda_linear_gemm_terms(dw, dt, ldt, C, nt, T, dy, ldy, ws, wsb, NULL);
+        const int took = dsv4_cuda_linear_gemm_terms_last_cat();
+        dsv4_cuda_linear_gemm_terms_cat(-1);
+        if (rc < 0) op_ok(rc, n2);
+        sync_ok();
+        from_dev(host, dy, sizeof(float) * (size_t)T * ldy);
+        long diff = 0, gap = 0;
+        double md = 0, sc = 0;
+        for (int t = 0; t < T; t++) {
+            for (int r = 0; r < R; r++) {
+                const float a = host[(size_t)t * ldy + r], b = split[(size_t)t * ldy + r];
+                diff += memcmp(&a, &b, 4) != 0, md = fmax(md, fabs((double)a - b)), sc = fmax(sc, fabs((double)b));
+            }
+            for (int64_t i = R; i < ldy; i++) gap += !isnan(host[(size_t)t * ldy + i]);
         }
-        for (int64_t i = R; i < ldy; i++) gap += !isnan(host[(size_t)t * ldy + i]);
+        /* cuBLASLt may pick another algorithm for the wider B rows (another summation order), and cat sums both terms'
+         * products in one: 1e-5 of y's largest. cat must have run where the workspace holds [W | W] */
+        const int need_cat = cat && wsb >= dsv4_cuda_linear_gemm_split_ws_bytes(0, 2 * C, R);
+        const int ok = nt > 0 && ready && rc == 0 && !gap && md <= 1e-5 * sc && took == need_cat;
+        g_checks++, g_fail += !ok;
+        printf("%-4s %s%s: ready %d, %ld of %ld values differ from the split's (largest %.3g of %.3g), %ld gap values written%s\n",
+               ok ? "ok" : "FAIL", n2, !cat ? "" : took ? " one GEMM on [W | W]" : " [W | W] NOT taken", ready, diff, (long)T * R, md, sc,
+               gap, ok ? "" : " <<<");
     }
-    /* cuBLASLt may pick another algorithm for the wider B rows (another summation order): 1e-5 of y's largest */
-    const int ok = nt > 0 && ready && rc == 0 && !gap && md <= 1e-5 * sc;
-    g_checks++, g_fail += !ok;
-    printf("%-4s %s: ready %d, %ld of %ld values differ from the split's (largest %.3g of %.3g), %ld gap values written%s\n",
-           ok ? "ok" : "FAIL", n2, ready, diff, (long)T * R, md, sc, gap, ok ? "" : " <<<");
     dsv4_cuda_free(dt);
     free(tt);
 }
@@ -430,13 +439,14 @@ static void split4_same(const char *name, const dsv4_cuda_weight *dw, const floa
     op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
     op_ok(dsv4_cuda_linear_gemm_split(dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL) != 0, "split (split4)");
     sync_ok();
-    dsv4_cuda_linear_gemm_split4(-1);
+    const int took = dsv4_cuda_linear_gemm_split_last_s4();
+    dsv4_cuda_linear_gemm_split4(0); /* (the callers' baselines: one value a thread, whatever DSV4_LINEAR_SPLIT4 says) */
     from_dev(host, dy, sizeof(float) * (size_t)T * ldy);
     long nd = 0;
     for (int t = 0; t < T; t++) nd += memcmp(host + (size_t)t * ldy, split + (size_t)t * ldy, sizeof(float) * (size_t)R) != 0;
-    g_checks++, g_fail += nd != 0;
-    printf("%-4s %s (x terms four a thread): %ld of %d rows differ from the one-a-thread split's%s\n", nd ? "FAIL" : "ok", name, nd, T,
-           nd ? " <<<" : "");
+    g_checks++, g_fail += nd != 0 || !took;
+    printf("%-4s %s (x terms four a thread%s): %ld of %d rows differ from the one-a-thread split's%s\n", nd || !took ? "FAIL" : "ok", name,
+           took ? "" : ", NOT taken", nd, T, nd || !took ? " <<<" : "");
 }
 
 void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int row0, int ab, int strided) {
@@ -445,6 +455,7 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
     dsv4_cuda_weight dw;
     op_ok(dsv4_cuda_weight_upload(&h.w, &dw), "weight upload");
     dw.act_bf16 = ab;
+    dsv4_cuda_linear_gemm_split4(0); /* the split's terms one value a thread (split4_same forces the other form) */
     const int64_t ldx = strided ? 3 * C : C, ldy = strided ? 2 * R + 4 : R;
     float *x = rand_wide((size_t)T * ldx), *xr = malloc(sizeof(float) * (size_t)T * C);
     for (int t = 0; t < T; t++) memcpy(xr + (size_t)t * C, x + (size_t)t * ldx + (strided ? C : 0), sizeof(float) * (size_t)C);
@@ -515,6 +526,7 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
         free(gs);
     }
     if (fp8x) dsv4_cuda_linear_gemm_split_fp8_terms(0);
+    dsv4_cuda_linear_gemm_split4(-1);
     dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_free(ws), dsv4_cuda_weight_free(&dw);
     free(x), free(xr), free(ref), free(got), free(got2), free_hweight(&h);
 }
