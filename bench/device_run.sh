@@ -9,8 +9,8 @@
 #            decode forms) and --only-dec (decode shapes, long lists) (~60 s; needs the suite's build or the pack)
 #     flash  Flash, 4 layers: batch 1, 8, 64 at 4K with the 8K prefill; batch 256 at 8K; batch 1 at 64K (~60 s)
 #     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
-#     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill (checkpoints
-#            removed afterwards)
+#     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill, then the prefill
+#            with DSV4_MOE_PFB_NVFP4=1 (checkpoints removed afterwards)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~400 s): the defaults, every
 #            session-28/29 prefill switch on (DSV4_CUDA_ATTN_TERMS, DSV4_MOE_PFB_PRODUCER, DSV4_MOE_PFB_XTOK,
 #            DSV4_HC_POST_MIX_BIG, DSV4_LINEAR_SPLIT4, DSV4_LINEAR_TERMS_CAT = 1; DSV4_CUDA_Q16 is on with the terms; the
@@ -86,8 +86,16 @@ for p in $parts; do
         run pro --synthetic pro --layers 3 --batch 1,8 --context 4096 --prompt 8192 --steps 10 --keep
         ;;
     nvfp4)
-        run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
-        run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
+        # each checkpoint kept for the second run (DSV4_MOE_PFB_NVFP4=1: the prefill's NVFP4 experts on the BF16 kernels;
+        # session 29, off until measured), which removes it
+        run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10 --keep
+        DSV4_MOE_PFB_NVFP4=1 && export DSV4_MOE_PFB_NVFP4 && echo "== nvfp4: DSV4_MOE_PFB_NVFP4=1" | tee -a "$dir/nvfp4.txt"
+        run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1 --context 4096 --prompt 8192 --steps 2
+        unset DSV4_MOE_PFB_NVFP4
+        run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10 --keep
+        DSV4_MOE_PFB_NVFP4=1 && export DSV4_MOE_PFB_NVFP4 && echo "== nvfp4: DSV4_MOE_PFB_NVFP4=1" | tee -a "$dir/nvfp4.txt"
+        run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1 --context 4096 --prompt 8192 --steps 2
+        unset DSV4_MOE_PFB_NVFP4
         ;;
     switch)
         echo "== switch: bench/ab.sh -r 2, Flash 8K prefill" | tee -a "$dir/switch.txt"
