@@ -402,13 +402,17 @@ moe_checks:
     test_moe_f8(96, 2, 8, 256, 128);
 pfb_checks:
     /* the prefill pass's experts on BF16 tensor cores (moe_bf16.cuh): several chunks of 128 tokens an expert, partial ones,
-     * Flash's widths (a sample of the slots against the CPU), scales above 2^1 */
+     * Flash's widths (a sample of the slots against the CPU), scales above 2^1; (T2: the first tokens alone, still >= 32 an
+     * expert on average so that they take these kernels too) */
     test_moe_pfb(DSV4_WF_MXFP4, 512, 6, 16, 1024, 512, 1, 0, 200);
     test_moe_pfb(DSV4_WF_MXFP4, 300, 2, 16, 512, 256, 1, 1, 256);
     test_moe_pfb(DSV4_WF_MXFP4, 400, 6, 64, 4096, 2048, 13, 0, 380);
     test_moe_pfb(DSV4_WF_NVFP4, 512, 6, 16, 1024, 512, 1, 0, 200);
     test_moe_pfb(DSV4_WF_NVFP4, 300, 2, 16, 512, 256, 1, 1, 256);
     test_moe_pfb(DSV4_WF_NVFP4, 400, 6, 64, 4096, 2048, 13, 0, 380);
+    /* Pro's widths (D 7168, I 3072: 56 and 24 units, other n-group counts) in both formats */
+    test_moe_pfb(DSV4_WF_MXFP4, 200, 6, 32, 7168, 3072, 23, 0, 176);
+    test_moe_pfb(DSV4_WF_NVFP4, 200, 6, 32, 7168, 3072, 23, 0, 176);
     if (only_moe) goto checks_done;
     {
         int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
