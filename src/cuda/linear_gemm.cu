@@ -702,7 +702,8 @@ extern "C" int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void
     uint8_t *base = (uint8_t *)ws;
     cudaStream_t st = DSV4_STREAM(stream);
     lg_last_cat = 0;
-    if (!A && nt == 2 && ps == K && lg_cat_on()) { /* one GEMM on [W | W] where the workspace holds it and it has a plan */
+    /* one GEMM on [W | W] where the workspace holds it and cuBLASLt has a plan */
+    if (!A && nt == 2 && ps == K && ldt >= 2 * (int64_t)K && lg_cat_on()) {
         size_t ox, xps, ow2, osc, olt2;
         lg_split_layout(0, 2 * K, N, &ox, &xps, &ow2, &osc, &olt2);
         pthread_mutex_unlock(&lg_mu); /* (p's slot may be reused by the next plan: p is looked up again below) */
