@@ -193,12 +193,17 @@ int dsv4_cuda_seq_advance(const dsv4_cuda_batch *b, void *stream);
  * kept. A radix select where the values involved are distinct; rows where the k-th value ties an unselected
  * one are redone by one thread with the CPU's algorithm on scratch (ld tk_elem = 8 bytes each per row); equal
  * values all selected: by increasing index (see dsv4_cuda_topk_set_exact_order). The result depends only on the
- * row. k <= 2048, nlist[t] <= ld. */
+ * row. k <= 2048, nlist[t] <= ld. The values from ncausal[t] on must be -inf (the masked entries, as the indexer writes
+ * them): with k' causal entries or more the fast path ranks those alone. */
 int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel, int *nsel,
                    void *scratch, void *stream);
 /* Equal values that are all selected keep the order by increasing index (default) or, on = 1, torch's order by the
  * one-thread path (DSV4_TOPK_EXACT_ORDER=1); on = -1: from the environment again. */
 void dsv4_cuda_topk_set_exact_order(int on);
+/* 1: rows with at least k' causal entries rank those alone, and masked picks are dropped by a block-wide compaction
+ * instead of one thread's loop (the same picks in the same order; DSV4_TOPK_NARROW=1); 0: as before; -1: from the
+ * environment again (0 unless set, until measured). */
+void dsv4_cuda_topk_set_narrow(int on);
 /* c = rows ranked, rows with order ties only, rows with boundary ties (the one-thread path) since the last reset. */
 int dsv4_cuda_topk_counts(unsigned long long c[3], int reset);
 

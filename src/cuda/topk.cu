@@ -46,27 +46,33 @@ __device__ __forceinline__ int key_index(uint64_t key) { return (int)(0xffffffff
 __device__ unsigned long long topk_count[3]; /* rows, rows with order ties only, rows with boundary ties */
 
 __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal,
-                                                            int k, int exact_order, int *sel, int *nsel, tk_elem *scratch) {
+                                                            int k, int exact_order, int narrow, int *sel, int *nsel,
+                                                            tk_elem *scratch) {
     dev_pdl_enter();
     extern __shared__ tk_elem tk_row[]; /* [ld] when ld <= TOPK_SMEM_N (the tie path's copy), else none */
     __shared__ int hist[256];
     __shared__ uint64_t keys[TOPK_MAXK];
     __shared__ int out[TOPK_MAXK];
     __shared__ int pick_bin, pick_above, ngot, tie, neq, nsel_eq;
-    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    __shared__ int wsum[TOPK_THREADS / 32];
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = nrow[t], kk0 = k < n ? k : n, nc = ncausal[t];
     const float *row = scores + (int64_t)t * ld;
     if (kk0 <= 0) {
         if (tid == 0) nsel[t] = 0;
         return;
     }
+    /* the entries the fast path ranks: with at least kk0 causal ones, those alone (the masked entries are -inf at the
+     * highest indices, so every causal key is above theirs: the same kk0 keys, and none to drop); a prefill pass's
+     * rows (the pass's whole list, its later entries masked) no longer rank and scan the masked tail */
+    const int nr = narrow && nc >= kk0 && nc < n ? nc : n;
     uint64_t prefix = 0, mask = 0;
     int kk = kk0;
     for (int dg = 7; dg >= 0; dg--) {
         const int sh = dg * 8;
         for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (int i = tid; i < n; i += blockDim.x) {
+        for (int i = tid; i < nr; i += blockDim.x) {
             uint64_t key = topk_key(row[i], i);
             if ((key & mask) == prefix) atomicAdd(&hist[(int)((key >> sh) & 255)], 1);
         }
@@ -110,7 +116,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
     while (P < kk0) P <<= 1;
     for (int i = tid; i < P; i += blockDim.x) keys[i] = 0; /* padding sorts last: every real key is > 0 */
     __syncthreads();
-    for (int i = tid; i < n; i += blockDim.x) {
+    for (int i = tid; i < nr; i += blockDim.x) {
         uint64_t key = topk_key(row[i], i);
         if ((key & mask) >= prefix) keys[atomicAdd(&ngot, 1)] = key;
     }
@@ -136,8 +142,8 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
         float a = key_value(keys[i]);
         if (a == key_value(keys[i + 1]) && a != -INFINITY) tie = 1;
     }
-    if (vk != -INFINITY && kk0 < n) {
-        for (int i = tid; i < n; i += blockDim.x)
+    if (vk != -INFINITY && kk0 < n) { /* (past nr: -inf, never vk) */
+        for (int i = tid; i < nr; i += blockDim.x)
             if (row[i] == vk) atomicAdd(&neq, 1);
         for (int i = tid; i < kk0; i += blockDim.x)
             if (key_value(keys[i]) == vk) atomicAdd(&nsel_eq, 1);
@@ -161,19 +167,41 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
         for (int i = tid; i < kk0; i += blockDim.x) out[i] = key_index(keys[i]);
     }
     __syncthreads();
-    /* picks of masked entries (>= ncausal) are dropped, the order kept */
-    if (nc >= n) {
+    /* picks of masked entries (>= ncausal) are dropped, the order kept (a block-wide stable compaction: each pick's
+     * place is the kept picks before it, by warp ballots and the warps' counts in order) */
+    if (nc >= n || (nr < n && !tied)) {
         for (int i = tid; i < kk0; i += blockDim.x) sel[(int64_t)t * k + i] = out[i];
         if (tid == 0) nsel[t] = kk0;
-    } else if (tid == 0) {
-        int kept = 0;
-        for (int i = 0; i < kk0; i++)
-            if (out[i] < nc) sel[(int64_t)t * k + kept++] = out[i];
-        nsel[t] = kept;
+    } else if (!narrow) { /* (the one-thread compaction before session 29) */
+        if (tid == 0) {
+            int kept = 0;
+            for (int i = 0; i < kk0; i++)
+                if (out[i] < nc) sel[(int64_t)t * k + kept++] = out[i];
+            nsel[t] = kept;
+        }
+    } else {
+        int base = 0;
+        for (int i0 = 0; i0 < kk0; i0 += blockDim.x) {
+            const int i = i0 + tid, v = i < kk0 ? out[i] : 0;
+            const bool keep = i < kk0 && v < nc;
+            const unsigned b = __ballot_sync(0xffffffffu, keep);
+            if (lane == 0) wsum[warp] = __popc(b);
+            __syncthreads();
+            int before = 0, total = 0;
+            for (int w = 0; w < (int)(blockDim.x >> 5); w++) {
+                const int c = wsum[w];
+                before += w < warp ? c : 0, total += c;
+            }
+            if (keep) sel[(int64_t)t * k + base + before + __popc(b & ((1u << lane) - 1u))] = v;
+            base += total;
+            __syncthreads(); /* every warp has read wsum before the next round writes it */
+        }
+        if (tid == 0) nsel[t] = base;
     }
 }
 
 static int tk_exact_order = -1; /* DSV4_TOPK_EXACT_ORDER, read at the first launch */
+static int tk_narrow = -1;      /* DSV4_TOPK_NARROW (0 unless set, until measured: bench/NOTES.md "Session 29") */
 
 extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel,
                               int *nsel, void *scratch, void *stream) {
@@ -190,12 +218,14 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
         const char *e = getenv("DSV4_TOPK_EXACT_ORDER");
         tk_exact_order = e && *e && *e != '0';
     }
-    dev_launch(topk_kernel, T, TOPK_THREADS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k, tk_exact_order, sel, nsel,
-               (tk_elem *)scratch);
+    if (tk_narrow < 0) tk_narrow = dsv4_env_int("DSV4_TOPK_NARROW", 0) != 0;
+    dev_launch(topk_kernel, T, TOPK_THREADS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k, tk_exact_order, tk_narrow,
+               sel, nsel, (tk_elem *)scratch);
     return dsv4_cuda_check_launch("topk");
 }
 
 extern "C" void dsv4_cuda_topk_set_exact_order(int on) { tk_exact_order = on < 0 ? -1 : on != 0; }
+extern "C" void dsv4_cuda_topk_set_narrow(int on) { tk_narrow = on < 0 ? -1 : on != 0; }
 
 extern "C" int dsv4_cuda_topk_counts(unsigned long long c[3], int reset) {
     if (cudaMemcpyFromSymbol(c, topk_count, sizeof(unsigned long long) * 3) != cudaSuccess)

@@ -325,6 +325,7 @@ topk_checks:
     test_topk(3, 50, 64, 0);         /* k > n: every entry, sorted */
     test_topk(6, 3000, 40, 2);       /* k * 64 <= n: torch's partial_sort path, with ties */
     test_topk(256, 2048, 512, 0);    /* batch 256 at 8K (ratio 4), distinct scores: the radix select + sort alone */
+    test_topk(4096, 2048, 512, -2);  /* the second 4096-row pass of an 8K prefill: its whole list, the later entries masked */
     test_topk(256, 2048, 512, 3);    /* batch 256 at 8K (ratio 4), every row tied: the tie path in shared memory */
     test_topk(256, 2048, 512, -1);   /* batch 256 at 8K, pairs of equal values: mostly order ties (the fast path's order) */
     test_topk(7, 3000, 40, -1);
