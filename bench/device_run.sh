@@ -11,10 +11,10 @@
 #     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
 #     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill, then the prefill
 #            with DSV4_MOE_PFB_NVFP4=1 (checkpoints removed afterwards)
-#     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~400 s): the defaults, every
+#     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~450 s): the defaults, every
 #            session-28/29 prefill switch on (DSV4_CUDA_ATTN_TERMS, DSV4_MOE_PFB_PRODUCER, DSV4_MOE_PFB_XTOK,
-#            DSV4_HC_POST_MIX_BIG, DSV4_LINEAR_SPLIT4, DSV4_LINEAR_TERMS_CAT = 1; DSV4_CUDA_Q16 is on with the terms; the
-#            cat needs the terms), all on but one, and all on in one 8192-row pass (DSV4_CUDA_TMAX=8192)
+#            DSV4_HC_POST_MIX_BIG, DSV4_LINEAR_SPLIT4, DSV4_LINEAR_TERMS_CAT, DSV4_TOPK_FAST = 1; DSV4_CUDA_Q16 is on with
+#            the terms; the cat needs the terms), all on but one, and all on in one 8192-row pass (DSV4_CUDA_TMAX=8192)
 # DSV4=path picks the binary (default build-dev/dsv4, else build-cuda/dsv4). Exit status 1 if a part failed.
 set -u
 parts=${*:-flash pro}
@@ -112,12 +112,13 @@ for p in $parts; do
     switch)
         echo "== switch: bench/ab.sh -r 2, Flash 8K prefill" | tee -a "$dir/switch.txt"
         st=DSV4_CUDA_ATTN_TERMS=1 sp=DSV4_MOE_PFB_PRODUCER=1 sx=DSV4_MOE_PFB_XTOK=1 sh4=DSV4_HC_POST_MIX_BIG=1 s4=DSV4_LINEAR_SPLIT4=1
-        sc=DSV4_LINEAR_TERMS_CAT=1
+        sc=DSV4_LINEAR_TERMS_CAT=1 sk=DSV4_TOPK_FAST=1
         [ -f "$dir/pfb-hang" ] && sp=DSV4_MOE_PFB_PRODUCER=0 # (the producer form hung in the suite's first check)
-        AB_DIR="$dir/switch-ab" timeout 580 sh bench/ab.sh -r 2 off="$bin" all="$bin,$st,$sp,$sx,$sh4,$s4,$sc" \
-            no_terms="$bin,$sp,$sx,$sh4,$s4" no_q16="$bin,$st,DSV4_CUDA_Q16=0,$sp,$sx,$sh4,$s4,$sc" no_prod="$bin,$st,$sx,$sh4,$s4,$sc" \
-            no_xtok="$bin,$st,$sp,$sh4,$s4,$sc" no_hc="$bin,$st,$sp,$sx,$s4,$sc" no_split4="$bin,$st,$sp,$sx,$sh4,$sc" \
-            no_cat="$bin,$st,$sp,$sx,$sh4,$s4" all_tmax8k="$bin,$st,$sp,$sx,$sh4,$s4,$sc,DSV4_CUDA_TMAX=8192" -- \
+        AB_DIR="$dir/switch-ab" timeout 590 sh bench/ab.sh -r 2 off="$bin" all="$bin,$st,$sp,$sx,$sh4,$s4,$sc,$sk" \
+            no_terms="$bin,$sp,$sx,$sh4,$s4,$sk" no_q16="$bin,$st,DSV4_CUDA_Q16=0,$sp,$sx,$sh4,$s4,$sc,$sk" \
+            no_prod="$bin,$st,$sx,$sh4,$s4,$sc,$sk" no_xtok="$bin,$st,$sp,$sh4,$s4,$sc,$sk" no_hc="$bin,$st,$sp,$sx,$s4,$sc,$sk" \
+            no_split4="$bin,$st,$sp,$sx,$sh4,$sc,$sk" no_cat="$bin,$st,$sp,$sx,$sh4,$s4,$sk" no_topk="$bin,$st,$sp,$sx,$sh4,$s4,$sc" \
+            all_tmax8k="$bin,$st,$sp,$sx,$sh4,$s4,$sc,$sk,DSV4_CUDA_TMAX=8192" -- \
             --synthetic flash --layers 4 --batch 1 --context 4096 --prompt 8192 --steps 2 --keep >>"$dir/switch.txt" 2>&1 ||
             { echo "switch: ab.sh failed"; fail=1; }
         tail -n 14 "$dir/switch.txt"

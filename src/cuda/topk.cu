@@ -31,6 +31,7 @@
 #define TOPK_THREADS 1024
 #define TOPK_MAXK 2048
 #define TOPK_SMEM_N 8192 /* longest row whose tie path runs in shared memory (64 KB; two blocks an SM still fit) */
+#define TOPK_KR 2        /* fast: keys a thread keeps in registers (rows up to 2048 entries read once) */
 
 __device__ __forceinline__ uint64_t topk_key(float v, int i) {
     uint32_t u = __float_as_uint(v);
@@ -46,7 +47,7 @@ __device__ __forceinline__ int key_index(uint64_t key) { return (int)(0xffffffff
 __device__ unsigned long long topk_count[3]; /* rows, rows with order ties only, rows with boundary ties */
 
 __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal,
-                                                            int k, int exact_order, int narrow, int *sel, int *nsel,
+                                                            int k, int exact_order, int fast, int *sel, int *nsel,
                                                             tk_elem *scratch) {
     dev_pdl_enter();
     extern __shared__ tk_elem tk_row[]; /* [ld] when ld <= TOPK_SMEM_N (the tie path's copy), else none */
@@ -65,16 +66,48 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
     /* the entries the fast path ranks: with at least kk0 causal ones, those alone (the masked entries are -inf at the
      * highest indices, so every causal key is above theirs: the same kk0 keys, and none to drop); a prefill pass's
      * rows (the pass's whole list, its later entries masked) no longer rank and scan the masked tail */
-    const int nr = narrow && nc >= kk0 && nc < n ? nc : n;
+    const int nr = fast && nc >= kk0 && nc < n ? nc : n;
+    /* fast: the first TOPK_KR * TOPK_THREADS keys in registers (each thread its own: read from the row once, not once a
+     * pass), and the histogram's and the gather's shared atomics once a warp and bin (the scores' top digits are few,
+     * so a warp's keys land on the same bins) */
+    uint64_t kc[TOPK_KR];
+    const int ncache = fast ? (nr < TOPK_KR * TOPK_THREADS ? nr : TOPK_KR * TOPK_THREADS) : 0;
+#pragma unroll
+    for (int j = 0; j < TOPK_KR; j++) {
+        const int i = tid + j * TOPK_THREADS;
+        kc[j] = i < ncache ? topk_key(row[i], i) : 0;
+    }
+    /* the keys of entries i0 + tid, i0 from 0 by TOPK_THREADS up to nr, warp-uniformly: f(in range, key) */
+    auto each_key = [&](auto f) {
+#pragma unroll
+        for (int j = 0; j < TOPK_KR; j++)
+            if (j * TOPK_THREADS < ncache) f(tid + j * TOPK_THREADS < ncache, kc[j]);
+        for (int i0 = ncache; i0 < nr; i0 += TOPK_THREADS) {
+            const int i = i0 + tid;
+            f(i < nr, i < nr ? topk_key(row[i], i) : 0);
+        }
+    };
     uint64_t prefix = 0, mask = 0;
     int kk = kk0;
     for (int dg = 7; dg >= 0; dg--) {
         const int sh = dg * 8;
         for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (int i = tid; i < nr; i += blockDim.x) {
-            uint64_t key = topk_key(row[i], i);
-            if ((key & mask) == prefix) atomicAdd(&hist[(int)((key >> sh) & 255)], 1);
+        if (fast) {
+            each_key([&](bool ok, uint64_t key) {
+                const bool in = ok && (key & mask) == prefix;
+                const int bin = (int)((key >> sh) & 255);
+                const unsigned act = __ballot_sync(0xffffffffu, in);
+                if (in) {
+                    const unsigned peers = __match_any_sync(act, bin);
+                    if (!(peers & ((1u << lane) - 1u))) atomicAdd(&hist[bin], __popc(peers)); /* the lowest lane of the bin */
+                }
+            });
+        } else {
+            for (int i = tid; i < nr; i += blockDim.x) {
+                uint64_t key = topk_key(row[i], i);
+                if ((key & mask) == prefix) atomicAdd(&hist[(int)((key >> sh) & 255)], 1);
+            }
         }
         __syncthreads();
         if (tid < 32) {
@@ -116,9 +149,20 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
     while (P < kk0) P <<= 1;
     for (int i = tid; i < P; i += blockDim.x) keys[i] = 0; /* padding sorts last: every real key is > 0 */
     __syncthreads();
-    for (int i = tid; i < nr; i += blockDim.x) {
-        uint64_t key = topk_key(row[i], i);
-        if ((key & mask) >= prefix) keys[atomicAdd(&ngot, 1)] = key;
+    if (fast) {
+        each_key([&](bool ok, uint64_t key) {
+            const bool in = ok && (key & mask) >= prefix;
+            const unsigned b = __ballot_sync(0xffffffffu, in);
+            int at = 0;
+            if (lane == 0 && b) at = atomicAdd(&ngot, __popc(b));
+            at = __shfl_sync(0xffffffffu, at, 0);
+            if (in) keys[at + __popc(b & ((1u << lane) - 1u))] = key;
+        });
+    } else {
+        for (int i = tid; i < nr; i += blockDim.x) {
+            uint64_t key = topk_key(row[i], i);
+            if ((key & mask) >= prefix) keys[atomicAdd(&ngot, 1)] = key;
+        }
     }
     __syncthreads();
     /* bitonic sort of P keys, decreasing */
@@ -172,7 +216,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
     if (nc >= n || (nr < n && !tied)) {
         for (int i = tid; i < kk0; i += blockDim.x) sel[(int64_t)t * k + i] = out[i];
         if (tid == 0) nsel[t] = kk0;
-    } else if (!narrow) { /* (the one-thread compaction before session 29) */
+    } else if (!fast) { /* (the one-thread compaction before session 29) */
         if (tid == 0) {
             int kept = 0;
             for (int i = 0; i < kk0; i++)
@@ -201,7 +245,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
 }
 
 static int tk_exact_order = -1; /* DSV4_TOPK_EXACT_ORDER, read at the first launch */
-static int tk_narrow = -1;      /* DSV4_TOPK_NARROW (0 unless set, until measured: bench/NOTES.md "Session 29") */
+static int tk_fast = -1;        /* DSV4_TOPK_FAST (0 unless set, until measured: bench/NOTES.md "Session 29") */
 
 extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel,
                               int *nsel, void *scratch, void *stream) {
@@ -218,14 +262,14 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
         const char *e = getenv("DSV4_TOPK_EXACT_ORDER");
         tk_exact_order = e && *e && *e != '0';
     }
-    if (tk_narrow < 0) tk_narrow = dsv4_env_int("DSV4_TOPK_NARROW", 0) != 0;
-    dev_launch(topk_kernel, T, TOPK_THREADS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k, tk_exact_order, tk_narrow,
+    if (tk_fast < 0) tk_fast = dsv4_env_int("DSV4_TOPK_FAST", 0) != 0;
+    dev_launch(topk_kernel, T, TOPK_THREADS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k, tk_exact_order, tk_fast,
                sel, nsel, (tk_elem *)scratch);
     return dsv4_cuda_check_launch("topk");
 }
 
 extern "C" void dsv4_cuda_topk_set_exact_order(int on) { tk_exact_order = on < 0 ? -1 : on != 0; }
-extern "C" void dsv4_cuda_topk_set_narrow(int on) { tk_narrow = on < 0 ? -1 : on != 0; }
+extern "C" void dsv4_cuda_topk_set_fast(int on) { tk_fast = on < 0 ? -1 : on != 0; }
 
 extern "C" int dsv4_cuda_topk_counts(unsigned long long c[3], int reset) {
     if (cudaMemcpyFromSymbol(c, topk_count, sizeof(unsigned long long) * 3) != cudaSuccess)

@@ -73,7 +73,7 @@ static int tk_cmp_order(const void *a, const void *b) {
  * masked prefill list); levels > 0: scores from that many values (many exact ties); -1: continuous with a fifth of the
  * odd entries equal to the one before (ties mostly among the selected: the fast path's order); 0: continuous; -2:
  * continuous, every row a prefill pass's (the pass's whole list, ld entries, its causal ones rising from ld / 2) */
-static void test_topk_rule(int T, int ld, int k, int levels, int exact, int narrow) {
+static void test_topk_rule(int T, int ld, int k, int levels, int exact, int fast) {
     float *sc = malloc(sizeof(float) * (size_t)T * ld);
     int *nl = malloc(sizeof(int) * T), *nc = malloc(sizeof(int) * T), *tmp = malloc(sizeof(int) * (size_t)(k + ld));
     for (int t = 0; t < T; t++) {
@@ -111,7 +111,7 @@ static void test_topk_rule(int T, int ld, int k, int levels, int exact, int narr
     int *dsel = dsv4_cuda_alloc(sizeof(int) * (size_t)T * k), *dnsel = dsv4_cuda_alloc(sizeof(int) * T);
     void *scratch = dsv4_cuda_alloc((size_t)8 * T * ld);
     dsv4_cuda_topk_set_exact_order(exact);
-    dsv4_cuda_topk_set_narrow(narrow);
+    dsv4_cuda_topk_set_fast(fast);
     unsigned long long cnt[3];
     op_ok(dsv4_cuda_topk_counts(cnt, 1), "topk counters");
     op_ok(dsv4_cuda_topk(dsc, T, ld, dnl, dnc, k, dsel, dnsel, scratch, NULL), "topk");
@@ -128,7 +128,7 @@ static void test_topk_rule(int T, int ld, int k, int levels, int exact, int narr
     snprintf(name, sizeof name, "topk T=%d n<=%d k=%d %s (exact, %s%s; rows %llu, order ties %llu, boundary ties %llu)", T, ld, k,
              levels > 0 ? "ties" : levels == -1 ? "pairs" : levels ? "prefill rows" : "distinct",
              exact ? "torch order" : "equal values by index",
-             narrow ? ", narrow" : "", cnt[0], cnt[1], cnt[2]);
+             fast ? ", fast form" : "", cnt[0], cnt[1], cnt[2]);
     check(name, got, ref, nout, 0, 0);
     { /* the time of a launch (ties: the one-thread path in shared memory up to 8192 entries a row, else in the scratch) */
         cudaEvent_t e0, e1;
@@ -141,24 +141,24 @@ static void test_topk_rule(int T, int ld, int k, int levels, int exact, int narr
         cudaEventElapsedTime(&ms, e0, e1);
         printf("time topk T=%d n<=%d k=%d %s%s%s: %.1f us\n", T, ld, k,
                levels > 0 ? "ties" : levels == -1 ? "pairs" : levels ? "prefill rows" : "distinct",
-               exact ? " (torch order)" : "", narrow ? " narrow" : "", 1000.0 * ms / 5);
+               exact ? " (torch order)" : "", fast ? " fast form" : "", 1000.0 * ms / 5);
         cudaEventDestroy(e0), cudaEventDestroy(e1);
     }
     dsv4_cuda_free(dsc), dsv4_cuda_free(dnl), dsv4_cuda_free(dnc), dsv4_cuda_free(dsel), dsv4_cuda_free(dnsel),
         dsv4_cuda_free(scratch);
     free(sc), free(nl), free(nc), free(tmp), free(ref), free(got), free(sel), free(nsel);
     dsv4_cuda_topk_set_exact_order(-1);
-    dsv4_cuda_topk_set_narrow(-1);
+    dsv4_cuda_topk_set_fast(-1);
 }
 
 /* both rules on the same rows (the random stream restarted for the second) */
 void test_topk(int T, int ld, int k, int levels) {
     const uint64_t st = rnd_state_get();
-    for (int narrow = 0; narrow <= 1; narrow++) { /* DSV4_TOPK_NARROW off and on: the same picks */
+    for (int fast = 0; fast <= 1; fast++) { /* DSV4_TOPK_FAST off and on: the same picks */
         rnd_state_set(st);
-        test_topk_rule(T, ld, k, levels, 1, narrow);
+        test_topk_rule(T, ld, k, levels, 1, fast);
         rnd_state_set(st);
-        test_topk_rule(T, ld, k, levels, 0, narrow);
+        test_topk_rule(T, ld, k, levels, 0, fast);
     }
 }
 
