@@ -194,7 +194,8 @@ int dsv4_cuda_seq_advance(const dsv4_cuda_batch *b, void *stream);
  * one are redone by one thread with the CPU's algorithm on scratch (ld tk_elem = 8 bytes each per row); equal
  * values all selected: by increasing index (see dsv4_cuda_topk_set_exact_order). The result depends only on the
  * row. k <= 2048, nlist[t] <= ld. The values from ncausal[t] on must be -inf (the masked entries, as the indexer writes
- * them): with k' causal entries or more the fast path ranks those alone. */
+ * them) and none before it a negative NaN (which ranks below -inf; the GPU's arithmetic makes positive NaNs only): with
+ * k' causal entries or more the fast form ranks those alone. */
 int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel, int *nsel,
                    void *scratch, void *stream);
 /* Equal values that are all selected keep the order by increasing index (default) or, on = 1, torch's order by the

@@ -326,6 +326,8 @@ topk_checks:
     test_topk(6, 3000, 40, 2);       /* k * 64 <= n: torch's partial_sort path, with ties */
     test_topk(256, 2048, 512, 0);    /* batch 256 at 8K (ratio 4), distinct scores: the radix select + sort alone */
     test_topk(4096, 2048, 512, -2);  /* the second 4096-row pass of an 8K prefill: its whole list, the later entries masked */
+    test_topk(256, 4096, 1024, -2);  /* Pro-like prefill rows past 2048 causal entries (the fast form's uncached tail) */
+    test_topk(5, 4096, 2048, 0);     /* k 2048: the fast form's compaction in two rounds */
     test_topk(256, 2048, 512, 3);    /* batch 256 at 8K (ratio 4), every row tied: the tie path in shared memory */
     test_topk(256, 2048, 512, -1);   /* batch 256 at 8K, pairs of equal values: mostly order ties (the fast path's order) */
     test_topk(7, 3000, 40, -1);
