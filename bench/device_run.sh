@@ -56,10 +56,10 @@ for p in $parts; do
             export GPU_TEST_PREBUILT=1
             echo "suite: prebuilt binaries of $(head -n 1 build-bin/gpu-bins.commit 2>/dev/null)"
         fi
-        # the BF16 experts' checks first, on a short leash: a hang of a form with new barriers (the producer warpgroup)
+        # the BF16 experts' checks first (~1-2 min), on a leash: a hang of a form with new barriers (the producer warpgroup)
         # would otherwise hold the suite to its timeout; if it hangs, the suite and 'switch' run without that form
         if [ -x build-dev/tests/gpu/test_kernels ]; then
-            timeout 150 build-dev/tests/gpu/test_kernels --no-bench --only pfb >"$dir/pfb.txt" 2>&1
+            timeout 300 build-dev/tests/gpu/test_kernels --no-bench --only pfb >"$dir/pfb.txt" 2>&1
             rc=$?
             grep -E 'FAIL|passed|checks,' "$dir/pfb.txt" | tail -n 6
             if [ "$rc" = 124 ]; then

@@ -524,7 +524,9 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
 
 /* E random MXFP4 (or NVFP4: fmt) experts with act quant (w1, w3 [I, D], w2 [D, I]; each expert's three drawn in that
  * order), kept on the host for the CPU twin and uploaded as one set; big: some scales of expert 0 above 2^1 (MXFP4), or
- * at E4M3's ends (NVFP4: 448, the subnormal 2^-9, 0, the smallest normal 2^-6) (test_moe_pfb) */
+ * at E4M3's ends (NVFP4: 448, the subnormal 2^-9, 0, the smallest normal 2^-6); big 2 (NVFP4): every scale of expert
+ * 0's w1 an E4M3 subnormal (2^-9 x 1, 3, 5, 7) and of its w2 near 448, scale2 compensating so that the outputs depend
+ * on those decodes alone at ordinary magnitudes (test_moe_pfb) */
 typedef struct {
     hweight *h1, *h3, *h2;
     dsv4_cuda_weight *d1, *d3, *d2;
@@ -537,7 +539,12 @@ static mx_set mx_set_new(dsv4_wfmt fmt, int E, int D, int I, int big) {
     for (int e = 0; e < E; e++) {
         m.h1[e] = make_weight(fmt, I, D, 0, 1), m.h3[e] = make_weight(fmt, I, D, 0, 1);
         m.h2[e] = make_weight(fmt, D, I, 0, 1);
-        if (big && e == 0 && fmt == DSV4_WF_NVFP4) {
+        if (big == 2 && e == 0 && fmt == DSV4_WF_NVFP4) {
+            static const uint8_t sub[4] = {0x01, 0x03, 0x05, 0x07}, top[4] = {0x7E, 0x7D, 0x7C, 0x7B};
+            for (size_t i = 0; i < m.h1[e].scale_b; i++) m.h1[e].scale[i] = sub[i % 4];
+            for (size_t i = 0; i < m.h2[e].scale_b; i++) m.h2[e].scale[i] = top[(i / 3) % 4];
+            m.h1[e].w.scale2 *= 1024.0f, m.h2[e].w.scale2 /= 512.0f;
+        } else if (big && e == 0 && fmt == DSV4_WF_NVFP4) {
             static const uint8_t ends[5] = {0x7E, 0x01, 0x00, 0x08, 0x30};
             for (size_t i = 0; i < m.h1[e].scale_b; i += 3) m.h1[e].scale[i] = ends[i % 5];
             for (size_t i = 1; i < m.h2[e].scale_b; i += 3) m.h2[e].scale[i] = ends[i % 5];
@@ -698,7 +705,7 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
     from_dev(o1, dout, sizeof(float) * (size_t)T * D);
     char name[160];
     snprintf(name, sizeof name, "moe_experts bf16 prefill %s T=%d K=%d E=%d D=%d I=%d%s", dsv4_wfmt_name(fmt), T, K, E, D, I,
-             big ? " big scales" : "");
+             big == 2 ? " end scales" : big ? " big scales" : "");
     g_checks++;
     if (took != 1) g_fail++;
     printf("%-4s %s: the BF16 prefill kernels ran%s\n", took == 1 ? "ok" : "FAIL", name, took == 1 ? "" : " <<<");

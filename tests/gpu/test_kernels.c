@@ -19,6 +19,7 @@
 #include "kt.h"
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach a log even if a timeout kills the run (bench/device_run.sh) */
     setenv("DSV4_LINEAR_GEMM_F16", "1", 0); /* the split GEMM's f16 form (opt-in) is checked too */
     setenv("DSV4_MOE_F8", "0", 0); /* the f16 experts kernels' checks (the default); the FP8 kernels' through their mode bit */
     int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0, only_topk = 0;
@@ -412,6 +413,7 @@ pfb_checks:
     test_moe_pfb(DSV4_WF_MXFP4, 400, 6, 64, 4096, 2048, 13, 0, 380);
     test_moe_pfb(DSV4_WF_NVFP4, 512, 6, 16, 1024, 512, 1, 0, 200);
     test_moe_pfb(DSV4_WF_NVFP4, 300, 2, 16, 512, 256, 1, 1, 256);
+    test_moe_pfb(DSV4_WF_NVFP4, 300, 2, 16, 512, 256, 1, 2, 256); /* every scale of expert 0 at an end of E4M3 */
     test_moe_pfb(DSV4_WF_NVFP4, 400, 6, 64, 4096, 2048, 13, 0, 380);
     /* Pro's widths (D 7168, I 3072: 56 and 24 units, other n-group counts) in both formats */
     test_moe_pfb(DSV4_WF_MXFP4, 200, 6, 32, 7168, 3072, 23, 0, 176);
