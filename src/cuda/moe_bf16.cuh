@@ -19,7 +19,8 @@
  *     of the down projection) of one active expert, over the expert's tokens in chunks of 128 (N = 128).
  *     Two warpgroups (64 rows each) hold the two accumulators (64 x 128 each, wgmma m64n128k16); warp 0 also streams
  *     the x image unit by unit (one cp.async.bulk a unit into a 4-stage ring, mbarriers full / empty: a stage is
- *     refilled once all 8 warps' wgmmas that read it are done). Each thread copies its own weights (cp.async, a
+ *     refilled once all 8 warps' wgmmas that read it are done; PROD: a third warpgroup's warp 8 streams it instead,
+ *     DSV4_MOE_PFB_PRODUCER=1). Each thread copies its own weights (cp.async, a
  *     4-stage ring per warp) and decodes them into the A fragments (wgmma A from registers); the k-steps' wgmmas run
  *     one behind the decode (two A register sets). D and I multiples of 256.
  *     The epilogue applies the SwiGLU and the routing weight, act-quantizes h per token over the block's 128 columns
@@ -49,7 +50,7 @@
 
 #define MB_S 4          /* stages of the x ring */
 #define MB_STAGE 32768  /* bytes of a stage: 8 k-steps x 16 n-groups x 256 */
-#define MB_THREADS 256  /* two warpgroups; warp 0 also issues the x copies */
+#define MB_THREADS 256  /* two warpgroups; warp 0 also issues the x copies (PROD: MB_PTHREADS, below) */
 #define MB_W 4           /* stages of each warp's weight ring (cp.async) */
 #define MB_WSTAGE 2560  /* bytes of a warp's weight stage: [4 row chunks + the scale words][32 lanes][16 bytes] */
 #define MB_SMEM (MB_S * MB_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + 8 * MB_W * MB_WSTAGE)
