@@ -2,7 +2,7 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro nvfp4 (default: flash pro)
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro nvfp4 allsw switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
 #     attn   tests/gpu/test_attn_kv8's tensor-core paths with their timings: --only-tc (prefill passes, the prefill and
@@ -11,6 +11,7 @@
 #     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
 #     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill, then the prefill
 #            with DSV4_MOE_PFB_NVFP4=1 (checkpoints removed afterwards)
+#     allsw  the suite with every session-28/29 switch exported as 1 (into DIR/allsw/)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~450 s): the defaults, every
 #            session-28/29 prefill switch on (DSV4_CUDA_ATTN_TERMS, DSV4_MOE_PFB_PRODUCER, DSV4_MOE_PFB_XTOK,
 #            DSV4_HC_POST_MIX_BIG, DSV4_LINEAR_SPLIT4, DSV4_LINEAR_TERMS_CAT, DSV4_TOPK_FAST = 1; DSV4_CUDA_Q16 is on with
@@ -58,7 +59,7 @@ for p in $parts; do
         fi
         # the BF16 experts' checks first (~1-2 min), on a leash: a hang of a form with new barriers (the producer warpgroup)
         # would otherwise hold the suite to its timeout; if it hangs, the suite and 'switch' run without that form
-        if [ -x build-dev/tests/gpu/test_kernels ]; then
+        if [ -x build-dev/tests/gpu/test_kernels ] && [ "${DEVRUN_PFB_FIRST:-1}" != 0 ]; then
             timeout 300 build-dev/tests/gpu/test_kernels --no-bench --only pfb >"$dir/pfb.txt" 2>&1
             rc=$?
             grep -E 'FAIL|passed|checks,' "$dir/pfb.txt" | tail -n 6
@@ -108,6 +109,15 @@ for p in $parts; do
         DSV4_MOE_PFB_NVFP4=1 && export DSV4_MOE_PFB_NVFP4 && echo "== nvfp4: DSV4_MOE_PFB_NVFP4=1" | tee -a "$dir/nvfp4.txt"
         run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1 --context 4096 --prompt 8192 --steps 2
         unset DSV4_MOE_PFB_NVFP4
+        ;;
+    allsw)
+        # the suite again with every session-28/29 switch on (the new forms on the forward's path: fixtures, unseen
+        # shapes, test_decode), into DIR/allsw/
+        echo "== allsw: the suite with the session-28/29 switches on"
+        (export DSV4_CUDA_ATTN_TERMS=1 DSV4_LINEAR_TERMS_CAT=1 DSV4_MOE_PFB_PRODUCER=1 DSV4_MOE_PFB_XTOK=1 \
+            DSV4_HC_POST_MIX_BIG=1 DSV4_LINEAR_SPLIT4=1 DSV4_MOE_PFB_NVFP4=1 DSV4_TOPK_FAST=1
+         [ -f "$dir/pfb-hang" ] && export DSV4_MOE_PFB_PRODUCER=0 DSV4_TEST_PFB_NOPROD=1
+         DEVRUN_PFB_FIRST=0 OUT="$dir/allsw" sh "$0" suite) || fail=1
         ;;
     switch)
         echo "== switch: bench/ab.sh -r 2, Flash 8K prefill" | tee -a "$dir/switch.txt"
