@@ -125,14 +125,16 @@ fi
 #     model, bench/NOTES.md sessions 10 and 19), as far as the bar is from the typical value; over 8 x 48 positions
 #     the statistic measures the arithmetic, not the list.
 # (unseen 5: widths multiples of 256 and 80 tokens an expert in its 320-row pass, the first shape whose pass reaches the
-# BF16 prefill experts, src/cuda/moe_bf16.cuh)
+# BF16 prefill experts, src/cuda/moe_bf16.cuh; unseen 6: the same shape with its experts in NVFP4, the lossless cast of
+# the same draw: the NVFP4 kernels end to end, and with DSV4_MOE_PFB_NVFP4=1 its pass on the BF16 prefill experts)
 echo "== unseen shapes: dsv4 synth models, GPU against the CPU engine"
 i=0
 for shape in "--seed 11 --dim 256 --heads 8 --layers 4 --experts 16 --active 4 --window 32 --ratio 8 --index-topk 8" \
              "--seed 12 --dim 128 --heads 4 --head-dim 192 --layers 3 --hash-layers 0 --window 16 --ratio 32 --index-topk 4 --moe-dim 96" \
              "--seed 13 --dim 256 --heads 2 --head-dim 256 --layers 5 --hash-layers 2 --experts 8 --active 2 --window 8 --ratio 2" \
              "--seed 14 --dim 384 --heads 16 --layers 4 --experts 32 --active 6 --window 64 --ratio 16 --index-topk 16 --moe-dim 256" \
-             "--seed 15 --dim 512 --heads 4 --layers 3 --experts 8 --active 2 --moe-dim 256 --window 16 --ratio 8 --index-topk 8"; do
+             "--seed 15 --dim 512 --heads 4 --layers 3 --experts 8 --active 2 --moe-dim 256 --window 16 --ratio 8 --index-topk 8" \
+             "--seed 15 --dim 512 --heads 4 --layers 3 --experts 8 --active 2 --moe-dim 256 --window 16 --ratio 8 --index-topk 8 --expert-format nvfp4"; do
     i=$((i + 1)); total=$((total + 1))
     M="$OUT/unseen$i"
     # shellcheck disable=SC2086

@@ -31,8 +31,9 @@ static void rm_rf(const char *dir) {
     rmdir(dir);
 }
 
-/* A small synthetic model in a fresh temp dir; with_tok: the real vocabulary + tokenizer files. */
-static char *synth_tmp(int with_tok, uint64_t seed) {
+/* A small synthetic model in a fresh temp dir; with_tok: the real vocabulary + tokenizer files; nvfp4: its routed experts
+ * in NVFP4 (the lossless cast of the same draw). */
+static char *synth_tmp_fmt(int with_tok, uint64_t seed, int nvfp4) {
     char *dir = strdup("/tmp/dsv4-test-run-XXXXXX");
     cr_assert(mkdtemp(dir));
     dsv4_synth_opts o;
@@ -44,6 +45,7 @@ static char *synth_tmp(int with_tok, uint64_t seed) {
     o.window = 8;    /* small window: the compressed paths matter within a few tokens */
     o.index_topk = 2;
     o.max_position_embeddings = 256;
+    o.nvfp4 = nvfp4;
     char tok[PATH_MAX];
     if (with_tok) {
         snprintf(tok, sizeof tok, "%s/tokenizer", dsv4_test_fixtures());
@@ -56,6 +58,7 @@ static char *synth_tmp(int with_tok, uint64_t seed) {
     cr_assert_eq(rc, 0, "synth: %s", e.msg);
     return dir;
 }
+static char *synth_tmp(int with_tok, uint64_t seed) { return synth_tmp_fmt(with_tok, seed, 0); }
 
 /* Greedy decoding through the public API: n tokens after a fixed prompt. */
 static void greedy(dsv4_model *m, int n, int32_t *out) {
@@ -175,6 +178,50 @@ Test(cli_run, synth_is_deterministic_per_seed, .timeout = 120) {
     cr_expect(!same13, "different seeds must write different weights");
     rm_rf(d1), rm_rf(d2), rm_rf(d3);
     free(d1), free(d2), free(d3);
+}
+
+/* `dsv4 synth --expert-format nvfp4` writes NVIDIA's layout (F8_E4M3 weight_scale per 16, F32 weight_scale_2), the
+ * lossless cast of the MXFP4 draw: the same model, so the same logits (the NVFP4 dequantization's products are exact
+ * powers of two times the codes, as MXFP4's) at every position of a prefill and the decode steps after it. */
+Test(cli_run, synth_nvfp4_is_the_mxfp4_model, .timeout = 120) {
+    char *dm = synth_tmp_fmt(0, 21, 0), *dn = synth_tmp_fmt(0, 21, 1);
+    dsv4_st *st = NULL;
+    dsv4_err e = {{0}};
+    cr_assert_eq(dsv4_st_open_dir(dn, &st, &e), 0, "%s", e.msg);
+    const dsv4_st_tensor *ws = dsv4_st_find(st, "layers.1.ffn.experts.0.w1.weight_scale"),
+                         *w2 = dsv4_st_find(st, "layers.1.ffn.experts.0.w1.weight_scale_2");
+    cr_assert(ws && w2, "the NVFP4 experts' scales are missing");
+    cr_expect_eq(ws->dtype, DSV4_DT_F8_E4M3);
+    cr_expect_eq(w2->dtype, DSV4_DT_F32);
+    cr_expect_null(dsv4_st_find(st, "layers.1.ffn.experts.0.w1.scale"));
+    dsv4_st_close(st);
+    dsv4_model *mm = NULL, *mn = NULL;
+    char err[1024];
+    cr_assert_eq(dsv4_load(dm, &mm, err, sizeof err), 0, "dsv4_load: %s", err);
+    cr_assert_eq(dsv4_load(dn, &mn, err, sizeof err), 0, "dsv4_load: %s", err);
+    const int V = dsv4_model_info(mm).vocab_size;
+    float *la = malloc(sizeof(float) * (size_t)V * 20), *lb = malloc(sizeof(float) * (size_t)V * 20);
+    dsv4_seq *sa = dsv4_seq_new(mm), *sb = dsv4_seq_new(mn);
+    cr_assert(la && lb && sa && sb);
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = (int32_t)((i * 53 + 7) % V);
+    const int32_t *ta[1] = {toks}, *tb[1] = {toks};
+    int nt[1] = {16};
+    cr_assert_eq(dsv4_forward(mm, 1, &sa, ta, nt, la, DSV4_LOGITS_ALL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(dsv4_forward(mn, 1, &sb, tb, nt, lb, DSV4_LOGITS_ALL, err, sizeof err), 0, "%s", err);
+    for (int k = 16; k < 20; k++) { /* decode steps */
+        ta[0] = tb[0] = &toks[k], nt[0] = 1;
+        cr_assert_eq(dsv4_forward(mm, 1, &sa, ta, nt, la + (size_t)V * k, DSV4_LOGITS_LAST, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(dsv4_forward(mn, 1, &sb, tb, nt, lb + (size_t)V * k, DSV4_LOGITS_LAST, err, sizeof err), 0, "%s", err);
+    }
+    double md = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)V * 20; i++) md = fmax(md, fabs((double)la[i] - lb[i])), mx = fmax(mx, fabs((double)la[i]));
+    cr_expect(md <= 1e-6 * mx, "NVFP4 logits differ from MXFP4's by %g (largest logit %g)", md, mx);
+    dsv4_seq_free(sa), dsv4_seq_free(sb);
+    dsv4_free(mm), dsv4_free(mn);
+    free(la), free(lb);
+    rm_rf(dm), rm_rf(dn);
+    free(dm), free(dn);
 }
 
 /* The dsv4 binary next to the test binary's directory: BUILD/tests/test_x -> BUILD/dsv4. */

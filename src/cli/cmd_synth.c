@@ -38,7 +38,9 @@ static void usage(FILE *f) {
             "  --window N           sliding window (default %d)\n"
             "  --ratio R            the larger compress ratio R (default %d)\n"
             "  --index-topk N       indexer top-k (default %d)\n"
-            "  --max-pos N          max_position_embeddings (default %d)\n",
+            "  --max-pos N          max_position_embeddings (default %d)\n"
+            "  --expert-format F    routed experts in mxfp4 (default, DeepSeek's release) or nvfp4 (NVIDIA's\n"
+            "                       ModelOpt layout: the lossless cast of the same draw, so the same model)\n",
             (unsigned long long)d.seed, d.dim, d.n_layers, d.n_hash_layers, d.n_heads, d.head_dim,
             d.n_routed_experts, d.n_activated_experts, d.moe_inter_dim, d.window, d.hca_ratio, d.index_topk,
             d.max_position_embeddings);
@@ -94,6 +96,14 @@ int dsv4_cmd_synth(int argc, char **argv) {
         }
         if (!strcmp(a, "--tokenizer")) {
             tok = v;
+            continue;
+        }
+        if (!strcmp(a, "--expert-format")) {
+            if (strcmp(v, "mxfp4") && strcmp(v, "nvfp4")) {
+                fprintf(stderr, "dsv4 synth: --expert-format must be mxfp4 or nvfp4 (got '%s')\n", v);
+                return 2;
+            }
+            o.nvfp4 = !strcmp(v, "nvfp4");
             continue;
         }
         if (!strcmp(a, "--seed")) {

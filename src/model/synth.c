@@ -126,6 +126,7 @@ typedef struct {
     uint64_t seed;
     dsv4_err *err;
     int oom;
+    int nvfp4; /* the routed experts as NVFP4 */
 } tlist;
 
 static void *tl_add(tlist *L, const char *name, dsv4_dtype dt, int ndim, const int64_t *shape) {
@@ -224,16 +225,23 @@ static void add_fp8(tlist *L, const dsv4_ckpt_tensor *t) {
     free(w);
 }
 
-/* MXFP4 expert: weight uniform with std 1/sqrt(cols), e2m1 codes with a power-of-two scale per 32 */
+/* MXFP4 expert: weight uniform with std 1/sqrt(cols), e2m1 codes with a power-of-two scale 2^k per 32. NVFP4 (L->nvfp4):
+ * the same codes, spec 14.5's lossless cast: weight_scale_2 = 2^b with b = kmax - 8 (kmax: the largest k any block of
+ * this width can have, pow2_exp(a, 6), so the same b for w1 and w3) and E4M3 2^(k - b) for both 16-column halves of a
+ * block (k - b in [-9, 8]: E4M3's powers of two, subnormals from 2^-7 down) */
+static uint8_t e4m3_pow2(int e) { return e >= -6 ? (uint8_t)((e + 7) << 3) : (uint8_t)(1 << (e + 9)); }
 static void add_fp4(tlist *L, const dsv4_ckpt_tensor *t) {
     dsv4_ckpt_part p[3];
-    dsv4_ckpt_parts(t, 0, p);
+    const int np = dsv4_ckpt_parts(t, L->nvfp4, p);
     const int64_t rows = t->shape[0], cols = t->shape[1];
     rng r = rng_for(L->seed, p[0].name);
     uint8_t *q = tl_add(L, p[0].name, p[0].dtype, 2, p[0].shape);
     uint8_t *s = tl_add(L, p[1].name, p[1].dtype, 2, p[1].shape);
-    if (!q || !s) return;
+    float *s2 = np > 2 ? tl_add(L, p[2].name, p[2].dtype, p[2].ndim, p[2].shape) : NULL;
+    if (!q || !s || (np > 2 && !s2)) return;
     float a = sqrtf(3.0f / (float)cols), blk[32];
+    const int b2 = pow2_exp(a, 6.0f) - 8;
+    if (s2) s2[0] = ldexpf(1.0f, b2);
     for (int64_t i = 0; i < rows; i++)
         for (int64_t b = 0; b < cols / 32; b++) {
             float amax = 0;
@@ -242,7 +250,11 @@ static void add_fp4(tlist *L, const dsv4_ckpt_tensor *t) {
                 amax = fmaxf(amax, fabsf(blk[j]));
             }
             int k = pow2_exp(amax, 6.0f);
-            s[i * (cols / 32) + b] = (uint8_t)(k + 127);
+            if (!s2) s[i * (cols / 32) + b] = (uint8_t)(k + 127);
+            else { /* (k - b2 < -9 would need amax below a 2^-17: not a uniform draw's) */
+                const uint8_t e = e4m3_pow2(k - b2 < -9 ? -9 : k - b2);
+                s[i * (cols / 16) + 2 * b] = e, s[i * (cols / 16) + 2 * b + 1] = e;
+            }
             for (int j = 0; j < 32; j += 2) {
                 uint8_t lo = e2m1_encode(ldexpf(blk[j], -k)), hi = e2m1_encode(ldexpf(blk[j + 1], -k));
                 q[i * (cols / 2) + b * 16 + j / 2] = (uint8_t)(lo | (hi << 4));
@@ -445,13 +457,17 @@ static int write_readme(const char *path, const dsv4_synth_opts *o, dsv4_err *er
             "indexed attention, hash and learned MoE routing, tokenizer, chat template, sampler) can run\n"
             "end to end on any machine. The layout is the DeepSeek-V4 release layout: config.json in the\n"
             "Hugging Face release style, model.safetensors with native tensor names, FP8 e4m3 linears (wo_a\n"
-            "included) with F8_E8M0 128x128 block scales, MXFP4 routed experts (I8 packed, F8_E8M0 per 32),\n"
+            "included) with F8_E8M0 128x128 block scales, %s,\n"
             "BF16 embed / head / gate / compressors / indexer weights_proj, F32 norms / mHC / ape / sinks /\n"
             "gate bias, I64 tid2eid. The tokenizer is the real DeepSeek one (vocabulary 129280).\n"
             "\n"
             "Shape: hidden %d, %d layers (compress ratios 0, 4, %d, ...), %d heads of %d, %d routed experts\n"
             "(%d active) of width %d + 1 shared, sliding window %d.\n",
-            (unsigned long long)o->seed, o->dim, o->n_layers, o->hca_ratio, o->n_heads, o->head_dim,
+            (unsigned long long)o->seed,
+            o->nvfp4 ? "NVFP4 routed experts (NVIDIA ModelOpt: I8 packed, F8_E4M3 weight_scale per 16, F32 weight_scale_2; "
+                       "the lossless cast of the MXFP4 draw)"
+                     : "MXFP4 routed experts (I8 packed, F8_E8M0 per 32)",
+            o->dim, o->n_layers, o->hca_ratio, o->n_heads, o->head_dim,
             o->n_routed_experts, o->n_activated_experts, o->moe_inter_dim, o->window);
     if (ferror(f) | fclose(f)) return dsv4_errf(err, "%s: write failed", path);
     return 0;
@@ -491,7 +507,7 @@ static int check_opts(const dsv4_synth_opts *o, dsv4_err *err) {
 int dsv4_synth_write(const char *dir, const dsv4_synth_opts *o, uint64_t *bytes_out, dsv4_err *err) {
     if (check_opts(o, err)) return -1;
     if (mkdir_p(dir, err)) return -1;
-    tlist L = {.seed = o->seed, .err = err};
+    tlist L = {.seed = o->seed, .err = err, .nvfp4 = o->nvfp4};
     int rc = -1;
     char *p = NULL;
     build(&L, o);

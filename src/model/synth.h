@@ -32,6 +32,8 @@ typedef struct dsv4_synth_opts {
     int index_n_heads, index_head_dim, index_topk;
     int hca_ratio;             /* the larger compress ratio; layers go 0, 4, hca, 4, hca, ... */
     int max_position_embeddings;
+    int nvfp4;                 /* routed experts in NVIDIA's ModelOpt NVFP4 (spec 14.5's lossless cast of the MXFP4
+                                * draw: the same values, so the same model) instead of MXFP4 */
     const char *tokenizer_dir; /* holds tokenizer.json (+ tokenizer_config.json); NULL: none copied */
 } dsv4_synth_opts;
 
