@@ -229,7 +229,6 @@ static void add_fp8(tlist *L, const dsv4_ckpt_tensor *t) {
  * the same codes, spec 14.5's lossless cast: weight_scale_2 = 2^b with b = kmax - 8 (kmax: the largest k any block of
  * this width can have, pow2_exp(a, 6), so the same b for w1 and w3) and E4M3 2^(k - b) for both 16-column halves of a
  * block (k - b in [-9, 8]: E4M3's powers of two, subnormals from 2^-7 down) */
-static uint8_t e4m3_pow2(int e) { return e >= -6 ? (uint8_t)((e + 7) << 3) : (uint8_t)(1 << (e + 9)); }
 static void add_fp4(tlist *L, const dsv4_ckpt_tensor *t) {
     dsv4_ckpt_part p[3];
     const int np = dsv4_ckpt_parts(t, L->nvfp4, p);
@@ -252,7 +251,7 @@ static void add_fp4(tlist *L, const dsv4_ckpt_tensor *t) {
             int k = pow2_exp(amax, 6.0f);
             if (!s2) s[i * (cols / 32) + b] = (uint8_t)(k + 127);
             else { /* (k - b2 < -9 would need amax below a 2^-17: not a uniform draw's) */
-                const uint8_t e = e4m3_pow2(k - b2 < -9 ? -9 : k - b2);
+                const uint8_t e = e4m3_encode(ldexpf(1.0f, k - b2 < -9 ? -9 : k - b2)); /* (exact: a power of two) */
                 s[i * (cols / 16) + 2 * b] = e, s[i * (cols / 16) + 2 * b + 1] = e;
             }
             for (int j = 0; j < 32; j += 2) {
