@@ -140,6 +140,20 @@ __device__ __forceinline__ uint4 mb_piece(const float (&v)[8]) {
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+/* a row's pieces (this lane's of every unit), two unit pairs' loads in flight: store(u, piece) for each unit u < NU */
+template <typename F> __device__ __forceinline__ void mb_row_pieces(const float *xr, int NU, int pc, int uh, F store) {
+    for (int u0 = 0; u0 < NU; u0 += 4) {
+        float v[2][8];
+        mb_load2(xr, u0, NU, pc, uh, v);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int u = u0 + 2 * r + uh;
+            const uint4 w = mb_piece(v[r]);
+            if (u < NU) store(u, w);
+        }
+    }
+}
+
 __global__ void __launch_bounds__(256) mb_ximage_kernel(const float *x, dsv4_cuda_moe_plan p, int C, uint8_t *img) {
     const int ia = blockIdx.y;
     if (ia >= *p.nact) return;
@@ -149,16 +163,7 @@ __global__ void __launch_bounds__(256) mb_ximage_kernel(const float *x, dsv4_cud
         const float *xr = x + (int64_t)p.rows[off + j] * C;
         int ng;
         uint8_t *cb = mb_slot_piece(img, off, ia, C, j, cnt, pc, ng);
-        for (int u0 = 0; u0 < NU; u0 += 4) { /* two unit pairs' loads in flight */
-            float v[2][8];
-            mb_load2(xr, u0, NU, pc, uh, v);
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int u = u0 + 2 * r + uh;
-                const uint4 w = mb_piece(v[r]);
-                if (u < NU) *(uint4 *)(cb + (int64_t)u * ng * 2048) = w;
-            }
-        }
+        mb_row_pieces(xr, NU, pc, uh, [&](int u, uint4 w) { *(uint4 *)(cb + (int64_t)u * ng * 2048) = w; });
     }
 }
 
@@ -188,20 +193,11 @@ __global__ void __launch_bounds__(256, 3) mb_ximage_tok_kernel(const float *x, d
         ns++;
     }
     if (!ns) return;
-    const float *xr = x + (int64_t)t * C;
-    for (int u0 = 0; u0 < NU; u0 += 4) { /* two unit pairs' loads in flight */
-        float v[2][8];
-        mb_load2(xr, u0, NU, pc, uh, v);
+    mb_row_pieces(x + (int64_t)t * C, NU, pc, uh, [=](int u, uint4 w) {
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int u = u0 + 2 * r + uh;
-            const uint4 w = mb_piece(v[r]);
-            if (u < NU)
-#pragma unroll
-                for (int k = 0; k < MB_XK; k++)
-                    if (cb[k]) *(uint4 *)(cb[k] + (int64_t)u * ngs[k] * 2048) = w;
-        }
-    }
+        for (int k = 0; k < MB_XK; k++)
+            if (cb[k]) *(uint4 *)(cb[k] + (int64_t)u * ngs[k] * 2048) = w;
+    });
 }
 
 struct mb_params {
