@@ -9,13 +9,13 @@
 #            decode forms) and --only-dec (decode shapes, long lists) (~60 s; needs the suite's build or the pack)
 #     flash  Flash, 4 layers: batch 1, 8, 64 at 4K with the 8K prefill; batch 256 at 8K; batch 1 at 64K (~60 s)
 #     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
-#     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill, then the prefill
-#            with DSV4_MOE_PFB_NVFP4=1 (checkpoints removed afterwards)
-#     allsw  the suite with every session-28/29 switch exported as 1 (into DIR/allsw/)
-#     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~450 s): the defaults, every
-#            session-28/29 prefill switch on (DSV4_CUDA_ATTN_TERMS, DSV4_MOE_PFB_PRODUCER, DSV4_MOE_PFB_XTOK,
-#            DSV4_HC_POST_MIX_BIG, DSV4_LINEAR_SPLIT4, DSV4_LINEAR_TERMS_CAT, DSV4_TOPK_FAST = 1; DSV4_CUDA_Q16 is on with
-#            the terms; the cat needs the terms), all on but one, and all on in one 8192-row pass (DSV4_CUDA_TMAX=8192)
+#     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill (checkpoints
+#            removed afterwards)
+#     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
+#            DSV4_LINEAR_TERMS_CAT; into DIR/allsw/)
+#     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
+#            session-28/29 prefill switch that is on by default (session 30) off, each alone off, the two off by
+#            default on, and 8192-row passes (DSV4_CUDA_TMAX=8192)
 # DSV4=path picks the binary (default build-dev/dsv4, else build-cuda/dsv4). Exit status 1 if a part failed.
 set -u
 parts=${*:-flash pro}
@@ -65,7 +65,7 @@ for p in $parts; do
             grep -E 'FAIL|passed|checks,' "$dir/pfb.txt" | tail -n 6
             if [ "$rc" = 124 ]; then
                 echo "suite: test_kernels --only pfb timed out: the producer form is left out from here on"
-                export DSV4_TEST_PFB_NOPROD=1
+                export DSV4_TEST_PFB_NOPROD=1 DSV4_MOE_PFB_PRODUCER=0
                 : >"$dir/pfb-hang"
             fi
         fi
@@ -99,16 +99,8 @@ for p in $parts; do
         run pro --synthetic pro --layers 3 --batch 1,8 --context 4096 --prompt 8192 --steps 10 --keep
         ;;
     nvfp4)
-        # each checkpoint kept for the second run (DSV4_MOE_PFB_NVFP4=1: the prefill's NVFP4 experts on the BF16 kernels;
-        # session 29, off until measured), which removes it
-        run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10 --keep
-        DSV4_MOE_PFB_NVFP4=1 && export DSV4_MOE_PFB_NVFP4 && echo "== nvfp4: DSV4_MOE_PFB_NVFP4=1" | tee -a "$dir/nvfp4.txt"
-        run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1 --context 4096 --prompt 8192 --steps 2
-        unset DSV4_MOE_PFB_NVFP4
-        run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10 --keep
-        DSV4_MOE_PFB_NVFP4=1 && export DSV4_MOE_PFB_NVFP4 && echo "== nvfp4: DSV4_MOE_PFB_NVFP4=1" | tee -a "$dir/nvfp4.txt"
-        run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1 --context 4096 --prompt 8192 --steps 2
-        unset DSV4_MOE_PFB_NVFP4
+        run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
+        run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
         ;;
     allsw)
         # the suite again with every session-28/29 switch on (the new forms on the forward's path: fixtures, unseen
@@ -121,14 +113,11 @@ for p in $parts; do
         ;;
     switch)
         echo "== switch: bench/ab.sh -r 2, Flash 8K prefill" | tee -a "$dir/switch.txt"
-        st=DSV4_CUDA_ATTN_TERMS=1 sp=DSV4_MOE_PFB_PRODUCER=1 sx=DSV4_MOE_PFB_XTOK=1 sh4=DSV4_HC_POST_MIX_BIG=1 s4=DSV4_LINEAR_SPLIT4=1
-        sc=DSV4_LINEAR_TERMS_CAT=1 sk=DSV4_TOPK_FAST=1
-        [ -f "$dir/pfb-hang" ] && sp=DSV4_MOE_PFB_PRODUCER=0 # (the producer form hung in the suite's first check)
-        AB_DIR="$dir/switch-ab" timeout 590 sh bench/ab.sh -r 2 off="$bin" all="$bin,$st,$sp,$sx,$sh4,$s4,$sc,$sk" \
-            no_terms="$bin,$sp,$sx,$sh4,$s4,$sk" no_q16="$bin,$st,DSV4_CUDA_Q16=0,$sp,$sx,$sh4,$s4,$sc,$sk" \
-            no_prod="$bin,$st,$sx,$sh4,$s4,$sc,$sk" no_xtok="$bin,$st,$sp,$sh4,$s4,$sc,$sk" no_hc="$bin,$st,$sp,$sx,$s4,$sc,$sk" \
-            no_split4="$bin,$st,$sp,$sx,$sh4,$sc,$sk" no_cat="$bin,$st,$sp,$sx,$sh4,$s4,$sk" no_topk="$bin,$st,$sp,$sx,$sh4,$s4,$sc" \
-            all_tmax8k="$bin,$st,$sp,$sx,$sh4,$s4,$sc,$sk,DSV4_CUDA_TMAX=8192" -- \
+        st=DSV4_CUDA_ATTN_TERMS=0 sp=DSV4_MOE_PFB_PRODUCER=0 sh4=DSV4_HC_POST_MIX_BIG=0 s4=DSV4_LINEAR_SPLIT4=0
+        sk=DSV4_TOPK_FAST=0
+        AB_DIR="$dir/switch-ab" timeout 590 sh bench/ab.sh -r 2 default="$bin" old="$bin,$st,$sp,$sh4,$s4,$sk" \
+            no_terms="$bin,$st" no_q16="$bin,DSV4_CUDA_Q16=0" no_prod="$bin,$sp" no_hc="$bin,$sh4" no_split4="$bin,$s4" \
+            no_topk="$bin,$sk" xtok="$bin,DSV4_MOE_PFB_XTOK=1" cat="$bin,DSV4_LINEAR_TERMS_CAT=1" tmax8k="$bin,DSV4_CUDA_TMAX=8192" -- \
             --synthetic flash --layers 4 --batch 1 --context 4096 --prompt 8192 --steps 2 --keep >>"$dir/switch.txt" 2>&1 ||
             { echo "switch: ab.sh failed"; fail=1; }
         tail -n 14 "$dir/switch.txt"

@@ -436,9 +436,9 @@ extern "C" size_t dsv4_cuda_attn_kv8_wg_scratch(int nkv2, int Dh, int R) {
     return nkv2 > 0 ? (size_t)nkv2 * (size_t)dsv4_kv_row_bytes(Dh, R) : 0;
 }
 
-/* off until measured on an H200 (written in session 28 without a device: bench/NOTES.md "Session 28") */
+/* written in session 28 without a device (bench/NOTES.md "Session 28"), measured and turned on in session 30 */
 #ifndef DSV4_ATTN_TERMS_DEFAULT
-#define DSV4_ATTN_TERMS_DEFAULT 0
+#define DSV4_ATTN_TERMS_DEFAULT 1 /* on since session 30 (bench/NOTES.md "Session 30": 8K prefill 1.8 %) */
 #endif
 extern "C" int dsv4_cuda_attn_kv8_wg_terms_enabled(void) {
     static int on = -1;

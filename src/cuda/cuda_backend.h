@@ -209,7 +209,7 @@ size_t dsv4_cuda_hc_scratch_bytes(int T, int M, int D);
  * 8 tokens per block instead of the default (same bits). */
 extern int dsv4_cuda_hc_test_flags;
 /* hc_post_pre with many tokens: 1 the post inside the mixing kernel (hc_post_mix_big: X read once less, the same bits),
- * 0 the post then the mixing kernel, -1 the default (DSV4_HC_POST_MIX_BIG, 0 unless set until measured) */
+ * 0 the post then the mixing kernel, -1 the default (DSV4_HC_POST_MIX_BIG, 1 unless set to 0 since session 30) */
 void dsv4_cuda_hc_post_mix_big(int on);
 /* 1 when the last dsv4_cuda_hc_post_pre call took hc_post_mix_big (tests) */
 int dsv4_cuda_hc_post_mix_big_last(void);

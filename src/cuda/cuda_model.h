@@ -204,7 +204,7 @@ void dsv4_cuda_topk_set_exact_order(int on);
 /* 1: rows with at least k' causal entries rank those alone, a thread's keys of rows up to 2048 entries read once into
  * registers, the shared atomics of the histograms and the gather once a warp and bin, the sort's exchanges within a
  * warp by shuffles, masked picks dropped by a block-wide compaction instead of one thread's loop (the same picks in the
- * same order; DSV4_TOPK_FAST=1); 0: as before; -1: from the environment again (0 unless set, until measured). */
+ * same order; DSV4_TOPK_FAST=1); 0: as before; -1: from the environment again (1 unless set to 0: on since session 30). */
 void dsv4_cuda_topk_set_fast(int on);
 /* c = rows ranked, rows with order ties only, rows with boundary ties (the one-thread path) since the last reset. */
 int dsv4_cuda_topk_counts(unsigned long long c[3], int reset);

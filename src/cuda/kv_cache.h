@@ -107,8 +107,8 @@ int dsv4_cuda_attn_kv8_wg_terms(const float *q, int T, int H, int Dh, int R, con
                                 int nkv2, const int *idx, int nidx, const float *sink, float scale, const float *freq,
                                 const int *pos, int G, int nt, int qh, float *out, void *scratch, void *stream);
 int dsv4_cuda_attn_kv8_wg_terms_fits(int H, int Dh, int R, int G);
-/* whether the forward takes the terms form where it can (DSV4_CUDA_ATTN_TERMS=1; off by default until measured on an
- * H200; off: the fp32 output, dsv4_cuda_rope and the split; read once) */
+/* whether the forward takes the terms form where it can (DSV4_CUDA_ATTN_TERMS, on by default since session 30; =0: the
+ * fp32 output, dsv4_cuda_rope and the split; read once) */
 int dsv4_cuda_attn_kv8_wg_terms_enabled(void);
 /* The precision of a form (dec 0: prefill passes, dsv4_cuda_attn_kv8_tc; 1: decode steps, dsv4_cuda_attn_kv8_tc_dec):
  * on 0 q, p and the rope dims as one f16 term each, ~2^-12 relative per operand (the official model computes attention

@@ -548,13 +548,13 @@ extern "C" void dsv4_cuda_linear_gemm_split_bf16_terms(int n) { lg_terms[1] = n 
 static int lg_run_terms(lg_plan *p, const void *A, const __nv_bfloat16 *t0, size_t ps, int nt, float *y, void *ltws, cudaStream_t st,
                         const char *what);
 
-/* lg_split4 where it applies (DSV4_LINEAR_SPLIT4=1 or dsv4_cuda_linear_gemm_split4; off by default until measured) */
+/* lg_split4 where it applies (DSV4_LINEAR_SPLIT4, on by default since session 30, or dsv4_cuda_linear_gemm_split4) */
 static int lg_s4 = -1;
 extern "C" void dsv4_cuda_linear_gemm_split4(int on) { lg_s4 = on == 0 || on == 1 ? on : -1; }
 static int lg_split4_on(void) {
     static int env = -1;
     if (lg_s4 >= 0) return lg_s4;
-    if (env < 0) env = dsv4_env_int("DSV4_LINEAR_SPLIT4", 0) != 0;
+    if (env < 0) env = dsv4_env_int("DSV4_LINEAR_SPLIT4", 1) != 0;
     return env;
 }
 
@@ -640,7 +640,7 @@ static int lg_run_terms(lg_plan *p, const void *A, const __nv_bfloat16 *t0, size
 
 /* FP8 weights with two terms that lie side by side (ps == K: hi then mid in a row, as the attention writes them): one
  * GEMM with K 2K on [W | W] (the weight dequantized twice into the workspace) instead of two GEMMs and y read back once
- * (DSV4_LINEAR_TERMS_CAT=1 or dsv4_cuda_linear_gemm_terms_cat; off by default until measured: NOTES "Session 29").
+ * (DSV4_LINEAR_TERMS_CAT=1 or dsv4_cuda_linear_gemm_terms_cat; off by default: no faster on an H200, NOTES "Session 30").
  * Another summation order than the two GEMMs' (hi's and mid's products in one fp32 sum). */
 static int lg_cat = -1, lg_last_cat;
 extern "C" void dsv4_cuda_linear_gemm_terms_cat(int on) { lg_cat = on == 0 || on == 1 ? on : -1; }

@@ -80,7 +80,7 @@ int dsv4_cuda_linear_gemm_split_fits(const dsv4_cuda_weight *w, int T);
 int dsv4_cuda_linear_gemm_split(const dsv4_cuda_weight *w, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
                                 void *ws, size_t ws_bytes, void *stream);
 /* the split's bf16 terms four values a thread (lg_split4: the same bits): 1 on, 0 off, -1 the default
- * (DSV4_LINEAR_SPLIT4, 0 unless set until measured) */
+ * (DSV4_LINEAR_SPLIT4, 1 unless set to 0 since session 30) */
 void dsv4_cuda_linear_gemm_split4(int on);
 /* 1 when the last dsv4_cuda_linear_gemm_split call that ran took the f16 form (tests) */
 int dsv4_cuda_linear_gemm_split_last_f16(void);
@@ -96,7 +96,7 @@ int dsv4_cuda_linear_gemm_split_last_s4(void);
  * applicable (nothing enqueued), -1 error. Workspace: the split's for the same K and rows (it uses less). */
 int dsv4_cuda_linear_gemm_terms_nt(const dsv4_cuda_weight *w);
 /* FP8 weights, two terms side by side (ps == K): one GEMM with K 2K on the weight twice ([W | W]) instead of two (another
- * fp32 summation order): 1 on, 0 off, -1 the default (DSV4_LINEAR_TERMS_CAT, 0 unless set until measured); where the
+ * fp32 summation order): 1 on, 0 off, -1 the default (DSV4_LINEAR_TERMS_CAT, 0 unless set: no faster on an H200, NOTES "Session 30"); where the
  * workspace or cuBLASLt cannot, the two GEMMs run. _last_cat: 1 when the last dsv4_cuda_linear_gemm_terms call took it. */
 void dsv4_cuda_linear_gemm_terms_cat(int on);
 int dsv4_cuda_linear_gemm_terms_last_cat(void);

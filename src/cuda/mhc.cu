@@ -768,7 +768,7 @@ static int hc_post_run(const float *f, const float *Xin, float *X, int T, int M,
 /* hc_post_mix_big where it applies (DSV4_HC_POST_MIX_BIG=0: the post then hc_mix_big; read once) */
 static int hc_pmb = -1; /* dsv4_cuda_hc_post_mix_big */
 #ifndef DSV4_HC_POST_MIX_BIG_DEFAULT
-#define DSV4_HC_POST_MIX_BIG_DEFAULT 0 /* off until measured on an H200 (bench/NOTES.md "Session 28") */
+#define DSV4_HC_POST_MIX_BIG_DEFAULT 1 /* on since session 30 (bench/NOTES.md "Session 30") */
 #endif
 static int hc_pmb_on(void) {
     static int on = -1;

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(256) mb_ximage_kernel(const float *x, dsv4_cud
     }
 }
 
-/* 1'. The same image a token at a time (DSV4_MOE_PFB_XTOK=1; off by default until measured): warp t % 8 of block t / 8
+/* 1'. The same image a token at a time (DSV4_MOE_PFB_XTOK=1; off by default: slower on an H200, NOTES "Session 30"): warp t % 8 of block t / 8
  * reads token t's row once and writes its pieces (the same codes: one row, one act quant) to each of its slots
  * (tslot; a slot's active expert by a binary search of act_off), instead of reading and quantizing the row once a slot
  * (K times: Flash's 6 x 64 MB a 4096-row pass) */
@@ -221,7 +221,7 @@ struct mb_params {
 
 /* PROD: a third warpgroup whose warp 8 streams the x ring (setmaxnreg: 24 registers there, 240 for the consumers),
  * so that warp 0's refills (~570 cycles a unit, which its warpgroup's next wgmma waited for: session 26's trace) leave
- * the consumers' path (DSV4_MOE_PFB_PRODUCER=1; off by default until measured); PROD 0: warp 0 refills as it releases */
+ * the consumers' path (DSV4_MOE_PFB_PRODUCER, on by default since session 30); PROD 0: warp 0 refills as it releases */
 #define MB_PTHREADS 384
 /* NV: NVFP4 weights (e2m1 x an E4M3 scale per 16 columns x the matrix's F32 scale2): a nibble's bf16 times
  * s 2^119 (one factor per 16 columns, exact: s has 4 significant bits, 448 2^119 < 2^128) is e2m1 s 2^-7, exact in bf16

@@ -1521,10 +1521,10 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
 static int mb_on = -1; /* DSV4_MOE_PFB=0: 0, passes on the kernels of decode steps */
 static int mb_avg;     /* DSV4_MOE_PFB_AVG: from this many tokens an expert on average */
 static int mb_pz;      /* DSV4_MOE_PFB_PZ: blocks an (expert, row tile) that share its chunks */
-static int mb_prod;    /* DSV4_MOE_PFB_PRODUCER=1: a producer warpgroup streams the x ring (mb_kernel's PROD 1) */
+static int mb_prod;    /* DSV4_MOE_PFB_PRODUCER (default 1): a producer warpgroup streams the x ring (mb_kernel's PROD 1) */
 static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=1: the x image a token at a time (mb_ximage_tok_kernel) */
 
-static int mb_nv;       /* DSV4_MOE_PFB_NVFP4=1: NVFP4 experts (with the FP8 act quant) here too (mb_kernel's NV) */
+static int mb_nv;       /* DSV4_MOE_PFB_NVFP4 (default 1): NVFP4 experts (with the FP8 act quant) here too (mb_kernel's NV) */
 
 static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1;
 extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
@@ -1572,9 +1572,9 @@ static int mb_trace_run(void (*k)(mb_params), dim3 grid, int nth, mb_params P, c
 int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim,
                      float *h, float *y, cudaStream_t st) {
     if (mb_on < 0) mb_on = dsv4_env_int("DSV4_MOE_PFB", 1) != 0, mb_avg = dsv4_env_int("DSV4_MOE_PFB_AVG", 32),
-                     mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 0) != 0,
-                     mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 0) != 0, /* (both off until measured: NOTES "Session 28") */
-                     mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 0) != 0; /* (off until its tests ran on a GPU: NOTES "Session 29") */
+                     mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 1) != 0,
+                     mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 0) != 0, /* (the producer on, the x image a token at a time off: NOTES "Session 30") */
+                     mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 1) != 0; /* (on since session 30: NVFP4 8K prefill +33 %) */
     const int64_t slots = (int64_t)T * K;
     /* the images: at most T K + 8 maxslots rows of 2 D bytes (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in
      * h's T K rows of 4 I): they fit while 8 maxslots <= T K (always at the default DSV4_MOE_PFB_AVG) */

@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
 }
 
 static int tk_exact_order = -1; /* DSV4_TOPK_EXACT_ORDER, read at the first launch */
-static int tk_fast = -1;        /* DSV4_TOPK_FAST (0 unless set, until measured: bench/NOTES.md "Session 29") */
+static int tk_fast = -1;        /* DSV4_TOPK_FAST (default 1 since session 30: bench/NOTES.md) */
 
 extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel,
                               int *nsel, void *scratch, void *stream) {
@@ -287,7 +287,7 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
         const char *e = getenv("DSV4_TOPK_EXACT_ORDER");
         tk_exact_order = e && *e && *e != '0';
     }
-    if (tk_fast < 0) tk_fast = dsv4_env_int("DSV4_TOPK_FAST", 0) != 0;
+    if (tk_fast < 0) tk_fast = dsv4_env_int("DSV4_TOPK_FAST", 1) != 0;
     dev_launch(topk_kernel, T, TOPK_THREADS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k, tk_exact_order, tk_fast,
                sel, nsel, (tk_elem *)scratch);
     return dsv4_cuda_check_launch("topk");
