@@ -2,20 +2,21 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro nvfp4 allsw switch (default: flash pro)
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile nvfp4 allsw switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
 #     attn   tests/gpu/test_attn_kv8's tensor-core paths with their timings: --only-tc (prefill passes, the prefill and
 #            decode forms) and --only-dec (decode shapes, long lists) (~60 s; needs the suite's build or the pack)
 #     flash  Flash, 4 layers: batch 1, 8, 64 at 4K with the 8K prefill; batch 256 at 8K; batch 1 at 64K (~60 s)
 #     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
+#     profile  op profiles (`--profile`) of the Flash 8K prefill (4 layers) and of a batch-256 step at 8K (~40 s)
 #     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill (checkpoints
 #            removed afterwards)
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
 #            DSV4_LINEAR_TERMS_CAT; into DIR/allsw/)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
 #            session-28/29 prefill switch that is on by default (session 30) off, each alone off, the two off by
-#            default on, and 8192-row passes (DSV4_CUDA_TMAX=8192)
+#            default on, and 4096-row passes (DSV4_CUDA_TMAX=4096; the default is 8192 where it fits, session 30)
 # DSV4=path picks the binary (default build-dev/dsv4, else build-cuda/dsv4). Exit status 1 if a part failed.
 set -u
 parts=${*:-flash pro}
@@ -98,6 +99,11 @@ for p in $parts; do
     pro)
         run pro --synthetic pro --layers 3 --batch 1,8 --context 4096 --prompt 8192 --steps 10 --keep
         ;;
+    profile)
+        P="--synthetic flash --layers 4 --keep --profile"
+        run profile $P --batch 1 --context 4096 --prompt 8192 --steps 1
+        run profile $P --batch 256 --context 8192 --prompt 0 --steps 1
+        ;;
     nvfp4)
         run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
         run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
@@ -109,7 +115,7 @@ for p in $parts; do
         (export DSV4_CUDA_ATTN_TERMS=1 DSV4_LINEAR_TERMS_CAT=1 DSV4_MOE_PFB_PRODUCER=1 DSV4_MOE_PFB_XTOK=1 \
             DSV4_HC_POST_MIX_BIG=1 DSV4_LINEAR_SPLIT4=1 DSV4_MOE_PFB_NVFP4=1 DSV4_TOPK_FAST=1
          [ -f "$dir/pfb-hang" ] && export DSV4_MOE_PFB_PRODUCER=0 DSV4_TEST_PFB_NOPROD=1
-         DEVRUN_PFB_FIRST=0 OUT="$dir/allsw" sh "$0" suite) || fail=1
+         DEVRUN_PFB_FIRST=0 DEVRUN_NESTED=1 OUT="$dir/allsw" sh "$0" suite) || fail=1
         ;;
     switch)
         echo "== switch: bench/ab.sh -r 2, Flash 8K prefill" | tee -a "$dir/switch.txt"
@@ -117,15 +123,20 @@ for p in $parts; do
         sk=DSV4_TOPK_FAST=0
         AB_DIR="$dir/switch-ab" timeout 590 sh bench/ab.sh -r 2 default="$bin" old="$bin,$st,$sp,$sh4,$s4,$sk" \
             no_terms="$bin,$st" no_q16="$bin,DSV4_CUDA_Q16=0" no_prod="$bin,$sp" no_hc="$bin,$sh4" no_split4="$bin,$s4" \
-            no_topk="$bin,$sk" xtok="$bin,DSV4_MOE_PFB_XTOK=1" cat="$bin,DSV4_LINEAR_TERMS_CAT=1" tmax8k="$bin,DSV4_CUDA_TMAX=8192" -- \
+            no_topk="$bin,$sk" xtok="$bin,DSV4_MOE_PFB_XTOK=1" cat="$bin,DSV4_LINEAR_TERMS_CAT=1" tmax4k="$bin,DSV4_CUDA_TMAX=4096" -- \
             --synthetic flash --layers 4 --batch 1 --context 4096 --prompt 8192 --steps 2 --keep >>"$dir/switch.txt" 2>&1 ||
             { echo "switch: ab.sh failed"; fail=1; }
         tail -n 14 "$dir/switch.txt"
         ;;
     *)
-        sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
         ;;
     esac
 done
+# the device tool brings back 8 of $OUT's files (session 30 lost a profile that way): all of them in one archive too,
+# named to come first
+if [ -n "${OUT:-}" ] && [ -z "${DEVRUN_NESTED:-}" ]; then
+    tar czf /tmp/devrun-all.tgz -C "$dir" . && mv /tmp/devrun-all.tgz "$dir/0-all.tgz"
+fi
 exit $fail

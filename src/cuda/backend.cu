@@ -75,6 +75,10 @@ void *dsv4_cuda_alloc(size_t bytes) {
     return p;
 }
 
+int dsv4_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    return cuda_ok(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
+
 void dsv4_cuda_free(void *p) {
     if (p) cudaFree(p);
 }

@@ -40,6 +40,7 @@ int dsv4_cuda_init(int dev, dsv4_cuda_info *info, char *err, size_t errcap);
 const char *dsv4_cuda_last_error(void);
 
 void *dsv4_cuda_alloc(size_t bytes);   /* NULL on failure (message in dsv4_cuda_last_error) */
+int dsv4_cuda_mem_info(size_t *free_bytes, size_t *total_bytes); /* the current device's memory; -1 on failure */
 void dsv4_cuda_free(void *p);
 /* Synchronous copies (host memory need not be pinned). */
 int dsv4_cuda_upload(void *dst, const void *src, size_t bytes);

@@ -66,6 +66,7 @@ typedef struct gstepl {
 } gstepl;
 
 #define DSV4_CUDA_TMAX_DEFAULT 4096 /* rows of a prefill pass (DSV4_CUDA_TMAX overrides) */
+#define DSV4_CUDA_TMAX_BIG 8192     /* ... or this many where the workspace fits easily (gpu_model.c: tmax_default) */
 #define GW_ATTN 64 /* attention rows per call (bounds ascr) */
 #define DSV4_CUDA_HC_PP_T 32 /* passes of fewer rows keep a second copy of the mHC streams (w->X2): posts out of place, fused into the next pre */
 #define GW_ATTN_TC_MIN 64 /* rows from which a pass (not a decode step) runs its attention on tensor cores */

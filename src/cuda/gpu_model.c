@@ -251,6 +251,19 @@ static int bind_layer(dsv4_cuda_model *g, int L) {
     return 0;
 }
 
+/* The default rows of a pass once the weights are on the device: DSV4_CUDA_TMAX_BIG where that workspace is at most
+ * 1/16 of the device's memory and 1/4 of what is free (the KV caches come after: an H200 at Flash's shapes, 6.9 GB of
+ * 141; the 8K prefill 1.8-2.6 % faster than in 4096-row passes, bench/NOTES.md "Session 30"), else
+ * DSV4_CUDA_TMAX_DEFAULT. Per-token results do not depend on the passes' rows (forward_cuda.c). */
+static void tmax_default(dsv4_cuda_model *g) {
+    size_t fr = 0, tot = 0;
+    if (dsv4_cuda_mem_info(&fr, &tot)) return;
+    const int was = g->tmax;
+    g->tmax = DSV4_CUDA_TMAX_BIG; /* (gpu_ws_bytes reads tmax: the decode buckets it bounds) */
+    const size_t ws = gpu_ws_bytes(g, DSV4_CUDA_TMAX_BIG);
+    if (ws > tot / 16 || ws > fr / 4) g->tmax = was;
+}
+
 int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_cuda_model **out, char *err,
                         size_t errcap) {
     *out = NULL;
@@ -296,10 +309,12 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     const char *ce = getenv("DSV4_CUDA_COMBINE_DEFER");
     if (ce && *ce) g->combine_defer = atoi(ce) < 0 ? 0 : atoi(ce);
     /* passes of at most tmax rows (DSV4_CUDA_TMAX, 64 .. 16384: the workspace grows ~1 MB a row at Flash's shapes;
-     * longer passes read the routed experts' weights fewer times); the indexer scores at most ~64 MB at a time */
+     * longer passes read the routed experts' weights fewer times); the indexer scores at most ~64 MB at a time. Unset:
+     * tmax_default once the weights are on the device. */
     g->tmax = DSV4_CUDA_TMAX_DEFAULT;
     const char *te = getenv("DSV4_CUDA_TMAX");
-    if (te && *te) {
+    const int tmax_env = te && *te;
+    if (tmax_env) {
         const int v = atoi(te);
         g->tmax = v < 64 ? 64 : v > 16384 ? 16384 : v;
     }
@@ -330,6 +345,7 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
         g->hc_head_base = upf(g, m->hc_head_base, (size_t)c->hc_mult, &rc);
         g->hc_head_scale = upf(g, m->hc_head_scale, 1, &rc);
     }
+    if (!rc && !tmax_env) tmax_default(g);
     if (!rc) {
         gstepl l;
         gpu_step_layout(g->tmax, g->tmax, &l);
