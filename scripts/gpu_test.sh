@@ -205,6 +205,26 @@ if curl -sf -m 60 http://127.0.0.1:18123/v1/chat/completions -H 'content-type: a
 else
     echo "serve --device cuda: request failed"; tail -n 5 "$OUT/serve.log"; fail=$((fail + 1))
 fi
+# six seeded requests at once, prompts of different lengths (steps that mix prompt chunks with decodes; the host's
+# parallel draws), against each alone: informational, as the cpu / cuda text above (a decode row inside a prompt pass
+# takes the pass's kernels, not bitwise a decode step's, so a sampled token may differ)
+sbody() { printf '{"model":"synth","prompt":"%s","max_tokens":24,"temperature":0.8,"seed":%d,"ignore_eos":true}' "$1" "$2"; }
+sreq() { curl -sf -m 120 http://127.0.0.1:18123/v1/completions -H 'content-type: application/json' -d "$(sbody "$1" "$2")" |
+    sed 's/.*"text":"\([^"]*\)".*/\1/' >"$3"; }
+words="alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
+k=0
+for n in 1 3 40 7 90 12; do
+    k=$((k + 1)); p=$(for j in $(seq 1 "$n"); do printf '%s ' $words; done)
+    sreq "$p" "$k" "$OUT/serve-conc-$k.txt" &
+done
+wait
+same=0; k=0
+for n in 1 3 40 7 90 12; do
+    k=$((k + 1)); p=$(for j in $(seq 1 "$n"); do printf '%s ' $words; done)
+    sreq "$p" "$k" "$OUT/serve-solo-$k.txt"
+    [ -s "$OUT/serve-solo-$k.txt" ] && cmp -s "$OUT/serve-conc-$k.txt" "$OUT/serve-solo-$k.txt" && same=$((same + 1))
+done
+echo "serve --device cuda: 6 concurrent seeded requests (mixed prompt lengths): $same of 6 the same text as alone"
 kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null || true
 fail=$((fail + kfail))
 kruns=3

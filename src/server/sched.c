@@ -211,7 +211,7 @@ static void slot_end(srv_sched *S, int i, srv_finish f) {
     slot_release(S, i, f, stop_index, NULL);
 }
 
-/* Samples the next token of slot i from logits row (or takes dev_id >= 0, drawn on the device); returns 1
+/* Samples the next token of slot i from logits row (or takes dev_id >= 0, drawn on the device or by host_draws); returns 1
  * when the slot was released. */
 static int slot_sample(srv_sched *S, int i, float *row, int32_t dev_id) {
     slot *s = &S->slots[i];
@@ -286,6 +286,25 @@ static void abort_waiting(srv_sched *S) {
         S->wait_n--;
         req_finish(r, SRV_FIN_ABORT, -1, 0, NULL);
         srv_req_release(r);
+    }
+}
+
+/* A host step's draws (dsv4_forward's logits, not the device's sampler) into S->dids in batch order, in parallel: each
+ * slot has its own sampler and a draw reads its row only. ~0.3-1.5 ms a row at a real vocabulary on one core
+ * (src/engine/sample.h), so a GPU step that mixes prompt chunks with many decodes would otherwise wait on the host.
+ * -1: no draw (a prompt chunk that does not end its prompt) or a failed one (slot_sample draws again for the message).
+ * The same tokens as drawing in slot_sample: a draw depends on (seed, step) and the row alone. */
+static void host_draws(srv_sched *S, int nb) {
+#pragma omp parallel for schedule(dynamic, 1) if (nb > 1)
+    for (int b = 0; b < nb; b++) {
+        const slot *s = &S->slots[S->bslot[b]];
+        S->dids[b] = -1;
+        if (s->n_fed + s->chunk < s->r->n_prompt) continue;
+        float *row = S->logits + (size_t)b * S->V;
+        for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding rows: never sampled */
+        dsv4_err e = {{0}};
+        const int32_t t = dsv4_sampler_sample(s->smp, row, &e);
+        S->dids[b] = t >= 0 ? t : -1;
     }
 }
 
@@ -364,6 +383,7 @@ static void *engine_main(void *arg) {
             continue;
         }
         srv_metrics_step(ntok);
+        if (!on_dev) host_draws(S, nb);
         /* results: walk the batch; releasing slot i moves the last slot into i, so remember by request */
         srv_req *brq[nb > 0 ? nb : 1];
         for (int b = 0; b < nb; b++) brq[b] = S->slots[S->bslot[b]].r;
@@ -382,7 +402,7 @@ static void *engine_main(void *arg) {
                 if (s->n_fed < s->r->n_prompt) continue;
                 srv_metrics_tokens(s->r->n_prompt, 0);
             }
-            slot_sample(S, i, on_dev ? NULL : S->logits + (size_t)b * S->V, on_dev ? S->dids[b] : -1);
+            slot_sample(S, i, on_dev ? NULL : S->logits + (size_t)b * S->V, S->dids[b]);
         }
         for (int i = 0; i < S->n_slots; i++) used += dsv4_seq_pos(S->slots[i].seq);
         pthread_mutex_lock(&S->mu);
