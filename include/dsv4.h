@@ -91,6 +91,16 @@ int dsv4_decode_sample_max(const dsv4_model *m);
 int dsv4_decode_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *tokens,
                        const dsv4_device_sampling *sp, int n_vocab, int32_t *next, char *err, size_t errcap);
 
+/* dsv4_forward of any chunk sizes (a server's step of prompt chunks and decode tokens together) that samples on the
+ * device: sequence seqs[i] takes ntok[i] >= 1 tokens tokens[i][0..], and next[i] gets the token drawn with sp[i] from
+ * the first n_vocab logits of its last row (a chunk that does not end its prompt draws one the caller ignores). Only
+ * the ids come back. One token per sequence is a decode step (dsv4_decode_sample); anything else runs as passes.
+ * 1 .. dsv4_decode_sample_max sequences (at most 1024). -1 with a message as dsv4_decode_sample (the backend cannot
+ * sample: use dsv4_forward and the host sampler; or a row's logits are NaN, +inf or all -inf: the tokens are then
+ * consumed). */
+int dsv4_forward_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
+                        const dsv4_device_sampling *sp, int n_vocab, int32_t *next, char *err, size_t errcap);
+
 #ifdef __cplusplus
 }
 #endif

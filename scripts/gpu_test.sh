@@ -196,7 +196,9 @@ for dev in cpu cuda; do
 done
 if cmp -s "$OUT/run-cpu.txt" "$OUT/run-cuda.txt"; then echo "run: greedy text on cuda == cpu"
 else echo "run: greedy text differs between cpu and cuda (fp32 reduction order; check the first tokens):"; head -c 200 "$OUT/run-cpu.txt"; echo; head -c 200 "$OUT/run-cuda.txt"; echo; fi
-"$BUILD/dsv4" serve -m "$OUT/synth" --device cuda --port 18123 2>"$OUT/serve.log" &
+# (DSV4_SERVE_MIXED_DEVICE=1: steps with prompt chunks sample on the device too, dsv4_forward_sample; off by default
+# until this has run on a GPU)
+DSV4_SERVE_MIXED_DEVICE=1 "$BUILD/dsv4" serve -m "$OUT/synth" --device cuda --port 18123 2>"$OUT/serve.log" &
 spid=$!
 for i in $(seq 1 60); do grep -q "listening" "$OUT/serve.log" && break; sleep 1; done
 if curl -sf -m 60 http://127.0.0.1:18123/v1/chat/completions -H 'content-type: application/json' \
@@ -205,8 +207,8 @@ if curl -sf -m 60 http://127.0.0.1:18123/v1/chat/completions -H 'content-type: a
 else
     echo "serve --device cuda: request failed"; tail -n 5 "$OUT/serve.log"; fail=$((fail + 1))
 fi
-# six seeded requests at once, prompts of different lengths (steps that mix prompt chunks with decodes; the host's
-# parallel draws), against each alone: informational, as the cpu / cuda text above (a decode row inside a prompt pass
+# six seeded requests at once, prompts of different lengths (steps that mix prompt chunks with decodes, sampled on the
+# device), against each alone: informational, as the cpu / cuda text above (a decode row inside a prompt pass
 # takes the pass's kernels, not bitwise a decode step's, so a sampled token may differ)
 sbody() { printf '{"model":"synth","prompt":"%s","max_tokens":24,"temperature":0.8,"seed":%d,"ignore_eos":true}' "$1" "$2"; }
 sreq() { curl -sf -m 120 http://127.0.0.1:18123/v1/completions -H 'content-type: application/json' -d "$(sbody "$1" "$2")" |

@@ -198,6 +198,13 @@ Test(engine, bad_requests) {
     bad[0] = 3;
     cr_expect(dsv4_decode_sample(m, 1, &s, bad, &ds, 512, &next, err, sizeof err));
     cr_expect(strstr(err, "decode_sample"), "%s", err);
+    /* nor after chunks (dsv4_forward_sample), and the sequence is left as it was */
+    const int32_t *bp = bad;
+    const int pos0 = dsv4_seq_pos(s);
+    n = 1;
+    cr_expect(dsv4_forward_sample(m, 1, &s, &bp, &n, &ds, 512, &next, err, sizeof err));
+    cr_expect(strstr(err, "forward_sample") && strstr(err, "dsv4_forward"), "%s", err);
+    cr_expect(dsv4_seq_pos(s) == pos0);
     dsv4_seq_free(s);
     dsv4_free(m);
 }

@@ -69,6 +69,12 @@ int dsv4_cuda_decode_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *
                             const dsv4_cuda_sample_params *sp, int n_vocab, int32_t *next, char *err, size_t errcap);
 /* (returns 0; -2 when the step ran but a row's logits could not be sampled (the tokens are consumed); -1 when
  * it failed) */
+/* As dsv4_forward_sample (include/dsv4.h) for chunks of any sizes (ntok[s] >= 1, 1 .. DSV4_CUDA_DECODE_MAX
+ * sequences): the call runs as passes (dsv4_cuda_forward's prefill path, not a decode step's graphs), each sequence's
+ * last row sampled on the device with sp[s]; next [nseq] (host); returns as dsv4_cuda_decode_sample. */
+int dsv4_cuda_forward_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens,
+                             const int *ntok, const dsv4_cuda_sample_params *sp, int n_vocab, int32_t *next, char *err,
+                             size_t errcap);
 
 /* Benchmark: replays the graphs of the last decode step of `batch` sequences `iters` times (which
  * rewrites that step's state: only for benchmarks) and gives the median milliseconds of the layers graph

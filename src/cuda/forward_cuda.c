@@ -672,11 +672,22 @@ typedef struct gslot {
     const int32_t *tok;
     int p0, n, last; /* last: the slot's chunk ends the sequence's tokens of this call */
     int cend;        /* where the sequence's tokens of this call end */
+    int si;          /* the call's sequence index */
 } gslot;
 
+/* Sampling on the device instead of logits to the host (dsv4_cuda_forward_sample): each sequence's last row drawn
+ * with sp[si] from its first n_vocab logits, the id into next[si]. */
+typedef struct gsamp {
+    const dsv4_cuda_sample_params *sp;
+    int n_vocab;
+    int32_t *next;
+} gsamp;
+
 /* One pass of S slots, T rows. Logits rows (all rows, or the last row of each slot with `last`) go to
- * logits + *row * V; *row advances. */
-static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode, float *logits, size_t *row) {
+ * logits + *row * V; *row advances. With smp (mode DSV4_LOGITS_LAST, logits unused): the last rows are sampled on the
+ * device instead and only their ids come back (smp->next). */
+static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode, float *logits, size_t *row,
+                    const gsamp *smp) {
     const dsv4_config *c = &g->m->cfg;
     const int D = c->dim, V = c->vocab_size, M = c->hc_mult;
     gstepl l;
@@ -700,11 +711,12 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
     w.gemm = w.gemm_ws != NULL; /* not a decode step: the FP8 linears may take the tensor-core GEMM */
     w.attn_tc = T >= GW_ATTN_TC_MIN && dsv4_cuda_attn_tc_enabled(); /* not a decode step: attention on tensor cores */
     CK(gpu_run_layers(g, &w, &b));
-    if (mode != DSV4_LOGITS_NONE && logits) {
+    int nout = 0;
+    if (mode != DSV4_LOGITS_NONE && (logits || smp)) {
         CK(dsv4_cuda_hc_head(w.X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, g->norm,
                              w.hy, w.hcs, g->stream)); /* + the final RMSNorm, per row */
-        int nout = 0;
         for (int s = 0; s < S; s++) nout += mode == DSV4_LOGITS_ALL ? sl[s].n : sl[s].last;
+        if (smp && (mode != DSV4_LOGITS_LAST || nout > GB_MAX)) return gpu_fail("forward_cuda.c", __LINE__, "sampling: bad pass");
         for (int r0 = 0, s = 0, t = 0; r0 < nout; r0 += w.hr) {
             int k = nout - r0 < w.hr ? nout - r0 : w.hr;
             float *rows = w.hy + (size_t)r0 * D;
@@ -712,20 +724,30 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
                 rows = w.hrow;
                 for (int i = 0; i < k; s++) {
                     t += sl[s].n;
-                    if (sl[s].last) CK(dsv4_cuda_copy(w.hrow + (size_t)i++ * D, w.hy + (size_t)(t - 1) * D, sizeof(float) * D, g->stream));
+                    if (!sl[s].last) continue;
+                    if (smp) g->hsp[r0 + i] = smp->sp[sl[s].si];
+                    CK(dsv4_cuda_copy(w.hrow + (size_t)i++ * D, w.hy + (size_t)(t - 1) * D, sizeof(float) * D, g->stream));
                 }
             }
             CK(dsv4_cuda_linear_ws(&g->head, rows, 0, k, w.logits, w.lws, w.lwsb, g->stream));
-            CK(dsv4_cuda_download_async(logits + (*row + (size_t)r0) * V, w.logits, sizeof(float) * (size_t)k * V, g->stream));
+            if (smp) { /* the rows' parameters (pinned, each chunk its own part), the draws, the ids back */
+                CK(dsv4_cuda_upload_async(g->dsp + r0, g->hsp + r0, sizeof *g->hsp * (size_t)k, g->stream));
+                CK(dsv4_cuda_sample(w.logits, V, k, smp->n_vocab, g->dsp + r0, 0, g->dids + r0, g->stream));
+                CK(dsv4_cuda_download_async(g->hids + r0, g->dids + r0, sizeof(int32_t) * (size_t)k, g->stream));
+            } else
+                CK(dsv4_cuda_download_async(logits + (*row + (size_t)r0) * V, w.logits, sizeof(float) * (size_t)k * V, g->stream));
         }
-        *row += (size_t)nout;
+        if (!smp) *row += (size_t)nout;
     }
     CK(dsv4_cuda_stream_sync(g->stream)); /* the pinned step buffer is reused by the next pass */
+    if (smp)
+        for (int s = 0, i = 0; s < S; s++)
+            if (sl[s].last) smp->next[sl[s].si] = g->hids[i++];
     return 0;
 }
 
 static int gpu_prefill(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens,
-                       const int *ntok, float *logits, int mode) {
+                       const int *ntok, float *logits, int mode, const gsamp *smp) {
     gslot *sl = malloc(sizeof *sl * (size_t)g->tmax);
     if (!sl) return gpu_fail("forward_cuda.c", __LINE__, "out of memory");
     size_t row = 0;
@@ -744,9 +766,10 @@ static int gpu_prefill(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs,
             sl[S].n = take;
             sl[S].last = i + take == ntok[s];
             sl[S].cend = seqs[s]->pos + ntok[s];
+            sl[S].si = s;
             S++, T += take, i += take;
         }
-        if (T) rc = run_pass(g, sl, S, T, mode, logits, &row);
+        if (T) rc = run_pass(g, sl, S, T, mode, logits, &row, smp);
     }
     free(sl);
     return rc;
@@ -762,11 +785,40 @@ int dsv4_cuda_forward(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, 
     if (T == 0) return 0;
     gpu_err_clear();
     int rc = step && T <= dsv4_cuda_decode_max(g) ? gpu_decode(g, nseq, seqs, tokens, ntok, logits, mode)
-                                 : gpu_prefill(g, nseq, seqs, tokens, ntok, logits, mode);
+                                 : gpu_prefill(g, nseq, seqs, tokens, ntok, logits, mode, NULL);
     if (rc) {
         if (err && errcap) snprintf(err, errcap, "forward (GPU): %s", gpu_err());
         return -1;
     }
     for (int s = 0; s < nseq; s++) seqs[s]->pos += ntok[s];
+    return 0;
+}
+
+int dsv4_cuda_forward_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens,
+                             const int *ntok, const dsv4_cuda_sample_params *sp, int n_vocab, int32_t *next, char *err,
+                             size_t errcap) {
+    const int V = g->m->cfg.vocab_size;
+    if (nseq < 1 || nseq > GB_MAX || n_vocab < 1 || n_vocab > V) {
+        if (err && errcap) snprintf(err, errcap, "forward_sample: %d sequences (1 .. %d), n_vocab %d (1 .. %d)", nseq, GB_MAX, n_vocab, V);
+        return -1;
+    }
+    for (int s = 0; s < nseq; s++)
+        if (ntok[s] < 1) {
+            if (err && errcap) snprintf(err, errcap, "forward_sample: sequence %d has no tokens (each needs one to sample after)", s);
+            return -1;
+        }
+    gpu_err_clear();
+    const gsamp smp = {sp, n_vocab, next};
+    if (gpu_prefill(g, nseq, seqs, tokens, ntok, NULL, DSV4_LOGITS_LAST, &smp)) {
+        if (err && errcap) snprintf(err, errcap, "forward_sample (GPU): %s", gpu_err());
+        return -1;
+    }
+    for (int s = 0; s < nseq; s++) seqs[s]->pos += ntok[s];
+    for (int s = 0; s < nseq; s++)
+        if (next[s] < 0) { /* the pass itself ran: the tokens are consumed */
+            if (err && errcap)
+                snprintf(err, errcap, "forward_sample: sequence %d: the logits are %s", s, next[s] == -1 ? "NaN or +inf" : "all -inf");
+            return -2;
+        }
     return 0;
 }

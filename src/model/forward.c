@@ -225,3 +225,41 @@ int dsv4_decode_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int
     return -1;
 #endif
 }
+
+int dsv4_forward_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,
+                        const dsv4_device_sampling *sp, int n_vocab, int32_t *next, char *err, size_t errcap) {
+#ifdef DSV4_CUDA
+    if (!m || !m->gpu) {
+        if (err && errcap) snprintf(err, errcap, "forward_sample: the model does not sample on a device (use dsv4_forward)");
+        return -1;
+    }
+    if (nseq < 1 || nseq > DSV4_CUDA_DECODE_MAX || !seqs || !tokens || !ntok || !sp || !next) {
+        if (err && errcap)
+            snprintf(err, errcap, "forward_sample: %d sequences (1 .. %d) with tokens, counts, parameters and output", nseq,
+                     DSV4_CUDA_DECODE_MAX);
+        return -1;
+    }
+    int step = 1;
+    for (int s = 0; s < nseq; s++) step &= ntok[s] == 1 && tokens[s] != NULL;
+    if (step && nseq <= dsv4_cuda_decode_max(m->gpu)) { /* a decode step: its graphs */
+        int32_t t1[DSV4_CUDA_DECODE_MAX];
+        for (int s = 0; s < nseq; s++) t1[s] = tokens[s][0];
+        return dsv4_decode_sample(m, nseq, seqs, t1, sp, n_vocab, next, err, errcap);
+    }
+    if (dsv4_check_request(m, nseq, seqs, tokens, ntok, err, errcap) < 0) return -1;
+    dsv4_cuda_seq *gs[DSV4_CUDA_DECODE_MAX];
+    dsv4_cuda_sample_params p[DSV4_CUDA_DECODE_MAX];
+    for (int s = 0; s < nseq; s++) {
+        gs[s] = seqs[s]->gpu;
+        p[s] = (dsv4_cuda_sample_params){sp[s].temperature, sp[s].top_p, sp[s].min_p, sp[s].top_k, sp[s].seed, sp[s].step};
+    }
+    int rc = dsv4_cuda_forward_sample(m->gpu, nseq, gs, tokens, ntok, p, n_vocab, next, err, errcap);
+    if (rc == 0 || rc == -2)
+        for (int s = 0; s < nseq; s++) seqs[s]->pos += ntok[s];
+    return rc == 0 ? 0 : -1;
+#else
+    (void)m, (void)nseq, (void)seqs, (void)tokens, (void)ntok, (void)sp, (void)n_vocab, (void)next;
+    if (err && errcap) snprintf(err, errcap, "forward_sample: this build has only the cpu backend (use dsv4_forward)");
+    return -1;
+#endif
+}

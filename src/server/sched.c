@@ -64,6 +64,7 @@ struct srv_sched {
     int *bn, *bslot;
     int32_t *dtok, *dids;      /* device-sampled steps: the tokens fed, the ids drawn */
     dsv4_device_sampling *dsp; /* and the parameters of each sequence */
+    int mixed_dev;             /* steps with prompt chunks sample on the device too (dsv4_forward_sample) */
 };
 
 double srv_now(void) {
@@ -364,8 +365,9 @@ static void *engine_main(void *arg) {
             prefills++;
         }
         for (int b = 0; b < nb; b++) ntok += S->bn[b];
-        /* sampling on the device: decoding requests only, none needing the host's logits or history */
-        int on_dev = !prefills && nb > 0 && nb <= dsv4_decode_sample_max(S->m);
+        /* sampling on the device: no request needing the host's logits or history; decoding requests only, or prompt
+         * chunks too with mixed_dev (a chunk that does not end its prompt draws a token nobody reads) */
+        int on_dev = (!prefills || S->mixed_dev) && nb > 0 && nb <= dsv4_decode_sample_max(S->m);
         for (int b = 0; b < nb && on_dev; b++) {
             const slot *s = &S->slots[S->bslot[b]];
             const dsv4_sampling *p = &s->r->sp;
@@ -374,7 +376,8 @@ static void *engine_main(void *arg) {
             S->dtok[b] = s->last;
             S->dsp[b] = (dsv4_device_sampling){p->temperature, p->top_p, p->min_p, p->top_k, p->seed, dsv4_sampler_step(s->smp)};
         }
-        if (on_dev ? dsv4_decode_sample(S->m, nb, S->bseq, S->dtok, S->dsp, S->tok_vocab, S->dids, err, sizeof err)
+        if (on_dev ? prefills ? dsv4_forward_sample(S->m, nb, S->bseq, S->btok, S->bn, S->dsp, S->tok_vocab, S->dids, err, sizeof err)
+                              : dsv4_decode_sample(S->m, nb, S->bseq, S->dtok, S->dsp, S->tok_vocab, S->dids, err, sizeof err)
                    : dsv4_forward(S->m, nb, S->bseq, S->btok, S->bn, S->logits, DSV4_LOGITS_LAST, err, sizeof err)) {
             fprintf(stderr, "dsv4 serve: forward failed: %s\n", err);
             for (int b = nb - 1; b >= 0; b--) S->slots[S->bslot[b]].chunk = -1;
@@ -431,6 +434,10 @@ srv_sched *srv_sched_new(dsv4_model *m, const dsv4_tok *tok, const srv_config *c
     S->eos = info.eos_token_id;
     S->tok_vocab = dsv4_tok_vocab_size(tok);
     if (S->tok_vocab > S->V) S->tok_vocab = S->V;
+    /* DSV4_SERVE_MIXED_DEVICE=1: steps that mix prompt chunks with decodes sample on the device as well (off until it
+     * has run on a GPU: bench/NOTES.md "Session 30") */
+    const char *md = getenv("DSV4_SERVE_MIXED_DEVICE");
+    S->mixed_dev = md && *md && strcmp(md, "0") != 0;
     pthread_mutex_init(&S->mu, NULL);
     pthread_cond_init(&S->cv, NULL);
     pthread_cond_init(&S->idle_cv, NULL);
