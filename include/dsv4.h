@@ -95,7 +95,7 @@ int dsv4_decode_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int
  * device: sequence seqs[i] takes ntok[i] >= 1 tokens tokens[i][0..], and next[i] gets the token drawn with sp[i] from
  * the first n_vocab logits of its last row (a chunk that does not end its prompt draws one the caller ignores). Only
  * the ids come back. One token per sequence is a decode step (dsv4_decode_sample); anything else runs as passes.
- * 1 .. dsv4_decode_sample_max sequences (at most 1024). -1 with a message as dsv4_decode_sample (the backend cannot
+ * 1 .. 1024 sequences (more than dsv4_decode_sample_max of one token each run as passes too). -1 with a message as dsv4_decode_sample (the backend cannot
  * sample: use dsv4_forward and the host sampler; or a row's logits are NaN, +inf or all -inf: the tokens are then
  * consumed). */
 int dsv4_forward_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *const *tokens, const int *ntok,

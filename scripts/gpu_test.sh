@@ -196,40 +196,38 @@ for dev in cpu cuda; do
 done
 if cmp -s "$OUT/run-cpu.txt" "$OUT/run-cuda.txt"; then echo "run: greedy text on cuda == cpu"
 else echo "run: greedy text differs between cpu and cuda (fp32 reduction order; check the first tokens):"; head -c 200 "$OUT/run-cpu.txt"; echo; head -c 200 "$OUT/run-cuda.txt"; echo; fi
-# (DSV4_SERVE_MIXED_DEVICE=1: steps with prompt chunks sample on the device too, dsv4_forward_sample; off by default
-# until this has run on a GPU)
-DSV4_SERVE_MIXED_DEVICE=1 "$BUILD/dsv4" serve -m "$OUT/synth" --device cuda --port 18123 2>"$OUT/serve.log" &
-spid=$!
-for i in $(seq 1 60); do grep -q "listening" "$OUT/serve.log" && break; sleep 1; done
-if curl -sf -m 60 http://127.0.0.1:18123/v1/chat/completions -H 'content-type: application/json' \
-    -d '{"model":"synth","messages":[{"role":"user","content":"hi"}],"max_tokens":16,"stream":true}' >"$OUT/serve.txt"; then
-    echo "serve --device cuda: $(grep -c '^data:' "$OUT/serve.txt") SSE events, last: $(tail -n 1 "$OUT/serve.txt" | head -c 40)"
-else
-    echo "serve --device cuda: request failed"; tail -n 5 "$OUT/serve.log"; fail=$((fail + 1))
-fi
-# six seeded requests at once, prompts of different lengths (steps that mix prompt chunks with decodes, sampled on the
-# device), against each alone: informational, as the cpu / cuda text above (a decode row inside a prompt pass
-# takes the pass's kernels, not bitwise a decode step's, so a sampled token may differ)
+# The server twice: steps with prompt chunks sampled on the host (the default; their rows' draws in parallel), then on
+# the device (DSV4_SERVE_MIXED_DEVICE=1, dsv4_forward_sample; off by default until this has run on a GPU). Each: one
+# streamed request, then six seeded requests at once with prompts of different lengths (steps that mix prompt chunks
+# with decodes) against each alone: informational, as the cpu / cuda text above (a decode row inside a prompt pass
+# takes the pass's kernels, not bitwise a decode step's, so a sampled token may differ).
 sbody() { printf '{"model":"synth","prompt":"%s","max_tokens":24,"temperature":0.8,"seed":%d,"ignore_eos":true}' "$1" "$2"; }
 sreq() { curl -sf -m 120 http://127.0.0.1:18123/v1/completions -H 'content-type: application/json' -d "$(sbody "$1" "$2")" |
     sed 's/.*"text":"\([^"]*\)".*/\1/' >"$3"; }
-words="alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
-k=0
-for n in 1 3 40 7 90 12; do
-    k=$((k + 1)); p=$(for j in $(seq 1 "$n"); do printf '%s ' $words; done)
-    sreq "$p" "$k" "$OUT/serve-conc-$k.txt" &
+sprompt() { for j in $(seq 1 "$1"); do printf '%s ' alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu; done; }
+for md in 0 1; do
+    DSV4_SERVE_MIXED_DEVICE=$md "$BUILD/dsv4" serve -m "$OUT/synth" --device cuda --port 18123 2>"$OUT/serve-$md.log" &
+    spid=$!
+    for i in $(seq 1 60); do grep -q "listening" "$OUT/serve-$md.log" && break; sleep 1; done
+    if curl -sf -m 60 http://127.0.0.1:18123/v1/chat/completions -H 'content-type: application/json' \
+        -d '{"model":"synth","messages":[{"role":"user","content":"hi"}],"max_tokens":16,"stream":true}' >"$OUT/serve-$md.txt"; then
+        echo "serve --device cuda (mixed steps on the device $md): $(grep -c '^data:' "$OUT/serve-$md.txt") SSE events, last: $(tail -n 1 "$OUT/serve-$md.txt" | head -c 40)"
+    else
+        echo "serve --device cuda (mixed steps on the device $md): request failed"; tail -n 5 "$OUT/serve-$md.log"; fail=$((fail + 1))
+    fi
+    k=0; cpids=""
+    for n in 1 3 40 7 90 12; do k=$((k + 1)); sreq "$(sprompt $n)" $k "$OUT/serve-conc-$md-$k.txt" & cpids="$cpids $!"; done
+    wait $cpids # (not a bare wait: the server is a child too)
+    same=0; k=0
+    for n in 1 3 40 7 90 12; do
+        k=$((k + 1)); sreq "$(sprompt $n)" $k "$OUT/serve-solo-$md-$k.txt"
+        [ -s "$OUT/serve-solo-$md-$k.txt" ] && cmp -s "$OUT/serve-conc-$md-$k.txt" "$OUT/serve-solo-$md-$k.txt" && same=$((same + 1))
+    done
+    echo "serve --device cuda (mixed steps on the device $md): 6 concurrent seeded requests of mixed prompt lengths, $same of 6 the same text as alone"
+    kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null || true
 done
-wait
-same=0; k=0
-for n in 1 3 40 7 90 12; do
-    k=$((k + 1)); p=$(for j in $(seq 1 "$n"); do printf '%s ' $words; done)
-    sreq "$p" "$k" "$OUT/serve-solo-$k.txt"
-    [ -s "$OUT/serve-solo-$k.txt" ] && cmp -s "$OUT/serve-conc-$k.txt" "$OUT/serve-solo-$k.txt" && same=$((same + 1))
-done
-echo "serve --device cuda: 6 concurrent seeded requests (mixed prompt lengths): $same of 6 the same text as alone"
-kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null || true
 fail=$((fail + kfail))
 kruns=3
 [ "${GPU_TEST_KERNELS:-1}" = 0 ] && kruns=0
-echo "gpu tests: $((total + 5 + kruns - fail)) passed, $fail failed"
+echo "gpu tests: $((total + 6 + kruns - fail)) passed, $fail failed"
 [ $fail = 0 ]

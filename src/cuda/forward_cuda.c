@@ -716,7 +716,7 @@ static int run_pass(dsv4_cuda_model *g, const gslot *sl, int S, int T, int mode,
         CK(dsv4_cuda_hc_head(w.X, T, M, D, &g->hc_head_fn, g->hc_head_scale, g->hc_head_base, c->norm_eps, c->hc_eps, g->norm,
                              w.hy, w.hcs, g->stream)); /* + the final RMSNorm, per row */
         for (int s = 0; s < S; s++) nout += mode == DSV4_LOGITS_ALL ? sl[s].n : sl[s].last;
-        if (smp && (mode != DSV4_LOGITS_LAST || nout > GB_MAX)) return gpu_fail("forward_cuda.c", __LINE__, "sampling: bad pass");
+        /* (with smp: mode LAST and nout <= the call's sequences <= GB_MAX, dsv4_cuda_forward_sample's checks) */
         for (int r0 = 0, s = 0, t = 0; r0 < nout; r0 += w.hr) {
             int k = nout - r0 < w.hr ? nout - r0 : w.hr;
             float *rows = w.hy + (size_t)r0 * D;

@@ -139,49 +139,53 @@ static void test_sampling(dsv4_model *m, const char *fx, int graphs, const dsv4_
     free(prompt), free(lg);
 }
 
-/* Three sequences in two identical sets; per call one set goes through dsv4_forward (LOGITS_LAST) + the CPU sampler,
- * the other through dsv4_forward_sample: sequence 0 a prompt chunk that ends its prompt, 1 a chunk of a longer prompt
- * (its draw is compared too), 2 a decode token after its prompt. Two calls, then a plain decode step of all three. */
-static void test_forward_sample(dsv4_model *m, const char *fx, const dsv4_sampling *sp, const char *what) {
+/* N sequences in two identical sets; per call one set goes through dsv4_forward (LOGITS_LAST) + the CPU sampler, the
+ * other through dsv4_forward_sample. Sequence i: i % 3 == 0 a prompt chunk that ends its prompt, 1 a chunk of a longer
+ * prompt (its draw is compared too), 2 a decode token after its prompt; then the rest of the prompts with decodes, then
+ * a decode step of all (graphs on). N 300 with P 8: a pass of 1,300 rows, whose 300 last rows go through the head (and
+ * the sampler) in chunks of 256. */
+static void test_forward_sample(dsv4_model *m, const char *fx, const dsv4_sampling *sp, const char *what, int N, int P) {
     char err[1024], line[1600];
     const dsv4_info info = dsv4_model_info(m);
-    const int V = info.vocab_size, nv = V - 3, P = info.max_context / 8 > 8 ? info.max_context / 8 : 8;
-    dsv4_seq *a[3] = {0}, *b[3] = {0};
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P * 3);
-    float *lg = malloc(sizeof(float) * (size_t)V * 3);
-    dsv4_sampler *smp[3] = {0};
+    const int V = info.vocab_size, nv = V - 3;
+    dsv4_cuda_set_graphs(m->gpu, 1);
+    dsv4_seq **a = calloc((size_t)N, sizeof *a), **b = calloc((size_t)N, sizeof *b);
+    dsv4_sampler **smp = calloc((size_t)N, sizeof *smp);
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P * N), *last = calloc((size_t)N, sizeof(int32_t));
+    int32_t *gid = malloc(sizeof(int32_t) * (size_t)N);
+    int *fed = calloc((size_t)N, sizeof(int)), *nt = malloc(sizeof(int) * (size_t)N);
+    const int32_t **tp = malloc(sizeof *tp * (size_t)N);
+    dsv4_device_sampling *ds = malloc(sizeof *ds * (size_t)N);
+    float *lg = malloc(sizeof(float) * (size_t)V * N);
     dsv4_err e = {{0}};
-    int ok = prompt && lg, diff = 0, ncmp = 0;
-    for (int i = 0; i < 3 && ok; i++) {
+    int ok = a && b && smp && prompt && last && gid && fed && nt && tp && ds && lg, diff = 0, ncmp = 0;
+    for (int i = 0; i < N && ok; i++) {
         a[i] = dsv4_seq_new(m), b[i] = dsv4_seq_new(m);
         dsv4_sampling si = *sp;
         si.seed = sp->seed + (uint64_t)i;
         ok = a[i] && b[i] && !dsv4_sampler_init(&smp[i], &si, V, &e);
     }
-    for (int i = 0; ok && i < 3 * P; i++) prompt[i] = tok_at(55 + i / P, i % P, V);
-    /* sequence 2 has its prompt but the last token already in (it decodes); 0 and 1 start empty */
-    const int32_t *t2 = prompt + 2 * P;
-    int n2 = P - 1;
-    ok = ok && !dsv4_forward(m, 1, &a[2], &t2, &n2, NULL, DSV4_LOGITS_NONE, err, sizeof err) &&
-         !dsv4_forward(m, 1, &b[2], &t2, &n2, NULL, DSV4_LOGITS_NONE, err, sizeof err);
-    int fed[3] = {0, 0, P - 1};
-    const int chunk[3] = {P, P / 2, 1}; /* call 1: 0 ends its prompt, 1 does not, 2 decodes */
-    int32_t last[3] = {0, 0, prompt[3 * P - 1]};
+    for (int i = 0; ok && i < N * P; i++) prompt[i] = tok_at(55 + i / P, i % P, V);
+    /* the decoding ones (i % 3 == 2) have their prompts in but the last token */
+    for (int i = 2; ok && i < N; i += 3) {
+        const int32_t *t0 = prompt + (size_t)i * P;
+        int n0 = P - 1;
+        fed[i] = P - 1;
+        ok = !dsv4_forward(m, 1, &a[i], &t0, &n0, NULL, DSV4_LOGITS_NONE, err, sizeof err) &&
+             !dsv4_forward(m, 1, &b[i], &t0, &n0, NULL, DSV4_LOGITS_NONE, err, sizeof err);
+    }
     for (int call = 0; ok && call < 3; call++) {
-        const int32_t *tp[3];
-        int nt[3];
-        dsv4_device_sampling ds[3];
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < N; i++) {
             const int prompting = fed[i] < P;
-            nt[i] = call == 0 ? chunk[i] : prompting ? P - fed[i] : 1;
+            nt[i] = call == 0 ? (i % 3 == 0 ? P : i % 3 == 1 ? P / 2 : 1) : prompting ? P - fed[i] : 1;
             tp[i] = prompting ? prompt + (size_t)i * P + fed[i] : &last[i];
             ds[i] = (dsv4_device_sampling){sp->temperature, sp->top_p, sp->min_p, sp->top_k, sp->seed + (uint64_t)i,
                                            dsv4_sampler_step(smp[i])};
+            gid[i] = -1;
         }
-        int32_t gid[3] = {-1, -1, -1};
-        ok = !dsv4_forward(m, 3, a, tp, nt, lg, DSV4_LOGITS_LAST, err, sizeof err) &&
-             !dsv4_forward_sample(m, 3, b, tp, nt, ds, nv, gid, err, sizeof err);
-        for (int i = 0; ok && i < 3; i++) {
+        ok = !dsv4_forward(m, N, a, tp, nt, lg, DSV4_LOGITS_LAST, err, sizeof err) &&
+             !dsv4_forward_sample(m, N, b, tp, nt, ds, nv, gid, err, sizeof err);
+        for (int i = 0; ok && i < N; i++) {
             float *row = lg + (size_t)i * V;
             for (int v = nv; v < V; v++) row[v] = -INFINITY;
             const int32_t cid = dsv4_sampler_sample(smp[i], row, &e);
@@ -194,13 +198,17 @@ static void test_forward_sample(dsv4_model *m, const char *fx, const dsv4_sampli
             }
         }
     }
-    for (int i = 0; ok && i < 3; i++)
+    for (int i = 0; ok && i < N; i++)
         ok = dsv4_seq_pos(a[i]) == dsv4_seq_pos(b[i]) && dsv4_cuda_seq_device_len(b[i]->gpu) == dsv4_seq_pos(b[i]);
-    snprintf(line, sizeof line, "%s: forward_sample, prompt chunks with a decode (%s): %d draws, %d ids differ from the CPU sampler%s%s",
-             fx, what, ncmp, diff, ok ? "" : ": ", ok ? "" : err[0] ? err : e.msg);
-    report(ok && diff == 0 && ncmp == 9, line);
-    for (int i = 0; i < 3; i++) dsv4_sampler_free(smp[i]), dsv4_seq_free(a[i]), dsv4_seq_free(b[i]);
-    free(prompt), free(lg);
+    snprintf(line, sizeof line, "%s: forward_sample, %d sequences' prompt chunks with decodes (%s): %d draws, %d ids differ from the CPU sampler%s%s",
+             fx, N, what, ncmp, diff, ok ? "" : ": ", ok ? "" : err[0] ? err : e.msg);
+    report(ok && diff == 0 && ncmp == 3 * N, line);
+    for (int i = 0; i < N; i++) {
+        if (smp) dsv4_sampler_free(smp[i]);
+        if (a) dsv4_seq_free(a[i]);
+        if (b) dsv4_seq_free(b[i]);
+    }
+    free(a), free(b), free(smp), free(prompt), free(last), free(gid), free(fed), free(nt), free(tp), free(ds), free(lg);
 }
 
 /* Prompt (seed 77, P tokens), then steps decode tokens of seed cs; sequences: one fresh (fork 0), or the prompt
@@ -281,9 +289,13 @@ static int test_model(const char *dir) {
         sp.temperature = 1.0f, sp.top_p = 1.0f, sp.top_k = 20, sp.min_p = 0.05f, sp.seed = 12345;
         test_sampling(m, fx, 1, &sp, "top_k 20 min_p 0.05");
         test_sampling(m, fx, 0, &sp, "top_k 20 min_p 0.05");
-        test_forward_sample(m, fx, &sp, "top_k 20 min_p 0.05");
-        sp.temperature = 0;
-        test_forward_sample(m, fx, &sp, "greedy");
+        {
+            const int Pf = info.max_context / 8 > 8 ? info.max_context / 8 : 8;
+            test_forward_sample(m, fx, &sp, "top_k 20 min_p 0.05", 3, Pf);
+            sp.temperature = 0;
+            test_forward_sample(m, fx, &sp, "greedy", 3, Pf);
+            test_forward_sample(m, fx, &sp, "greedy", 300, 8);
+        }
     }
     if (!rc) {
         char w[128];
