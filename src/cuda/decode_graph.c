@@ -150,16 +150,19 @@ int dsv4_cuda_decode_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *
         SFAIL("decode_sample (GPU): %s", gpu_err()[0] ? gpu_err() : dsv4_cuda_last_error());
     g->last_bucket = k;
     for (int s = 0; s < nseq; s++) seqs[s]->pos += 1;
-    for (int t = 0; t < T; t++) {
-        next[t] = g->hids[t];
-        if (next[t] < 0) { /* the step itself ran: the token is consumed */
+    for (int t = 0; t < T; t++) next[t] = g->hids[t];
+    return gpu_ids_ok(next, T, "decode_sample", err, errcap); /* (-2: the step itself ran, the tokens are consumed) */
+#undef SFAIL
+}
+
+int gpu_ids_ok(const int32_t *next, int n, const char *what, char *err, size_t errcap) {
+    for (int s = 0; s < n; s++)
+        if (next[s] < 0) {
             if (err && errcap)
-                snprintf(err, errcap, "decode_sample: sequence %d: the logits are %s", t, next[t] == -1 ? "NaN or +inf" : "all -inf");
+                snprintf(err, errcap, "%s: sequence %d: the logits are %s", what, s, next[s] == -1 ? "NaN or +inf" : "all -inf");
             return -2;
         }
-    }
     return 0;
-#undef SFAIL
 }
 
 int dsv4_cuda_graphs_captured(const dsv4_cuda_model *g) {

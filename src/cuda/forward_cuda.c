@@ -814,11 +814,5 @@ int dsv4_cuda_forward_sample(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const 
         return -1;
     }
     for (int s = 0; s < nseq; s++) seqs[s]->pos += ntok[s];
-    for (int s = 0; s < nseq; s++)
-        if (next[s] < 0) { /* the pass itself ran: the tokens are consumed */
-            if (err && errcap)
-                snprintf(err, errcap, "forward_sample: sequence %d: the logits are %s", s, next[s] == -1 ? "NaN or +inf" : "all -inf");
-            return -2;
-        }
-    return 0;
+    return gpu_ids_ok(next, nseq, "forward_sample", err, errcap); /* (-2: the passes ran, the tokens are consumed) */
 }

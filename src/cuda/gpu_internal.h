@@ -137,6 +137,9 @@ int gpu_run_head(dsv4_cuda_model *g, const gws *w, int T);
 int gpu_fail(const char *file, int line, const char *what);
 const char *gpu_err(void);
 void gpu_err_clear(void);
+/* 0 when every id of next [n] is a token; else -2 with "<what>: sequence s: the logits are NaN or +inf | all -inf" for
+ * the first that is not (dsv4_cuda_sample's -1 / -2) */
+int gpu_ids_ok(const int32_t *next, int n, const char *what, char *err, size_t errcap);
 
 /* decode_graph.c: a step of nseq sequences with one token each at most (count of tokens 1 .. GB_MAX) */
 int gpu_decode(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, const int32_t *const *tokens, const int *ntok,

@@ -193,6 +193,12 @@ int dsv4_decode_sample_max(const dsv4_model *m) {
 #endif
 }
 
+#ifdef DSV4_CUDA
+static dsv4_cuda_sample_params cuda_params(const dsv4_device_sampling *d) {
+    return (dsv4_cuda_sample_params){d->temperature, d->top_p, d->min_p, d->top_k, d->seed, d->step};
+}
+#endif
+
 int dsv4_decode_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int32_t *tokens,
                        const dsv4_device_sampling *sp, int n_vocab, int32_t *next, char *err, size_t errcap) {
 #ifdef DSV4_CUDA
@@ -211,10 +217,7 @@ int dsv4_decode_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const int
     dsv4_cuda_sample_params p[DSV4_CUDA_DECODE_MAX];
     for (int s = 0; s < nseq; s++) tp[s] = &tokens[s], nt[s] = 1;
     if (dsv4_check_request(m, nseq, seqs, tp, nt, err, errcap) < 0) return -1;
-    for (int s = 0; s < nseq; s++) {
-        gs[s] = seqs[s]->gpu;
-        p[s] = (dsv4_cuda_sample_params){sp[s].temperature, sp[s].top_p, sp[s].min_p, sp[s].top_k, sp[s].seed, sp[s].step};
-    }
+    for (int s = 0; s < nseq; s++) gs[s] = seqs[s]->gpu, p[s] = cuda_params(&sp[s]);
     int rc = dsv4_cuda_decode_sample(m->gpu, nseq, gs, tokens, p, n_vocab, next, err, errcap);
     if (rc == 0 || rc == -2)
         for (int s = 0; s < nseq; s++) seqs[s]->pos += 1;
@@ -249,10 +252,7 @@ int dsv4_forward_sample(dsv4_model *m, int nseq, dsv4_seq *const *seqs, const in
     if (dsv4_check_request(m, nseq, seqs, tokens, ntok, err, errcap) < 0) return -1;
     dsv4_cuda_seq *gs[DSV4_CUDA_DECODE_MAX];
     dsv4_cuda_sample_params p[DSV4_CUDA_DECODE_MAX];
-    for (int s = 0; s < nseq; s++) {
-        gs[s] = seqs[s]->gpu;
-        p[s] = (dsv4_cuda_sample_params){sp[s].temperature, sp[s].top_p, sp[s].min_p, sp[s].top_k, sp[s].seed, sp[s].step};
-    }
+    for (int s = 0; s < nseq; s++) gs[s] = seqs[s]->gpu, p[s] = cuda_params(&sp[s]);
     int rc = dsv4_cuda_forward_sample(m->gpu, nseq, gs, tokens, ntok, p, n_vocab, next, err, errcap);
     if (rc == 0 || rc == -2)
         for (int s = 0; s < nseq; s++) seqs[s]->pos += ntok[s];

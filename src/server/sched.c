@@ -212,14 +212,12 @@ static void slot_end(srv_sched *S, int i, srv_finish f) {
     slot_release(S, i, f, stop_index, NULL);
 }
 
-/* Samples the next token of slot i from logits row (or takes dev_id >= 0, drawn on the device or by host_draws); returns 1
- * when the slot was released. */
+/* Samples the next token of slot i from logits row (its padding ids already -inf: host_draws) or takes dev_id >= 0,
+ * drawn on the device or by host_draws; returns 1 when the slot was released. */
 static int slot_sample(srv_sched *S, int i, float *row, int32_t dev_id) {
     slot *s = &S->slots[i];
     srv_req *r = s->r;
     dsv4_err e = {{0}};
-    if (row)
-        for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding rows: never sampled */
     /* tool_choice: the answer opens a tool call; chat mode from the first token, thinking mode once
      * the reasoning has closed */
     if (r->n_force && !s->forcing && s->n_forced == 0 &&
