@@ -2,7 +2,7 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile nvfp4 allsw switch (default: flash pro)
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile nvfp4 serve allsw switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
 #     attn   tests/gpu/test_attn_kv8's tensor-core paths with their timings: --only-tc (prefill passes, the prefill and
@@ -12,6 +12,8 @@
 #     profile  op profiles (`--profile`) of the Flash 8K prefill (4 layers) and of a batch-256 step at 8K (~40 s)
 #     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill (checkpoints
 #            removed afterwards)
+#     serve  dsv4 serve --device cuda on the Flash 4-layer synthetic checkpoint, loaded by bench/serve_load.py with 1,
+#            64 and 256 clients (1,024-token prompts, 128-256 output tokens); SERVE_ARGS adds serve options (~2 min)
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
 #            DSV4_LINEAR_TERMS_CAT; into DIR/allsw/)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
@@ -107,6 +109,28 @@ for p in $parts; do
     nvfp4)
         run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
         run nvfp4 --synthetic pro --layers 3 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
+        ;;
+    serve)
+        # dsv4 serve on the Flash 4-layer synthetic checkpoint (made by `flash` or here) with the tokenizer of the
+        # fixtures, under bench/serve_load.py: one client, then 64 and 256 at once (1,024-token prompts)
+        ck=$(ls -d "$TMPDIR"/dsv4-bench-flash-4L-mxfp4-* 2>/dev/null | head -n 1)
+        if [ -z "$ck" ]; then
+            run serve --synthetic flash --layers 4 --batch 1 --context 4096 --prompt 0 --steps 2 --keep
+            ck=$(ls -d "$TMPDIR"/dsv4-bench-flash-4L-mxfp4-* 2>/dev/null | head -n 1)
+        fi
+        cp tests/fixtures/tokenizer/tokenizer.json tests/fixtures/tokenizer/tokenizer_config.json "$ck"/ 2>/dev/null
+        "$bin" serve -m "$ck" --device cuda --port 18300 --max-context 8192 ${SERVE_ARGS:-} 2>"$dir/serve.log" &
+        spid=$!
+        for i in $(seq 1 120); do grep -q "listening" "$dir/serve.log" && break; sleep 1; done
+        grep -h "loaded in" "$dir/serve.log" | tee -a "$dir/serve.txt"
+        for cr in "1 8 128" "64 256 256" "256 512 256"; do
+            set -- $cr
+            echo "== serve: serve_load.py --concurrency $1 --requests $2 --prompt-tokens 1024 --max-tokens $3" | tee -a "$dir/serve.txt"
+            timeout 200 python3 bench/serve_load.py --url http://127.0.0.1:18300 --concurrency $1 --requests $2 \
+                --prompt-tokens 1024 --max-tokens $3 2>>"$dir/serve.txt" | tee -a "$dir/serve.txt" || fail=1
+        done
+        kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+        tail -n 3 "$dir/serve.log"
         ;;
     allsw)
         # the suite again with every session-28/29 switch on (the new forms on the forward's path: fixtures, unseen

@@ -83,6 +83,12 @@ int dsv4_can_decode_sample(const dsv4_model *m);
  * backend cannot sample. */
 int dsv4_decode_sample_max(const dsv4_model *m);
 
+/* What the model's device can run at once, for sizing a server: *pass_rows, the token rows one forward pass takes (a
+ * GPU's workspace; larger calls run as several passes); *seqs, how many more sequences of the context capacity fit
+ * in its memory now (freed sequences' states included: a GPU keeps them for the next ones). The CPU has neither
+ * limit: 0 rows and -1 sequences. 0, or -1 when the device cannot say. */
+int dsv4_device_limits(const dsv4_model *m, int *pass_rows, long *seqs);
+
 /* A decode step that also samples on the device: sequence seqs[i] takes the one token tokens[i]; next[i]
  * gets the token drawn with sp[i] from the first n_vocab logits of its row (ids >= n_vocab, e.g. padding
  * rows past the tokenizer's vocabulary, are never drawn). The whole step, sampling included, replays the

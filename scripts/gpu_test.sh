@@ -196,8 +196,8 @@ for dev in cpu cuda; do
 done
 if cmp -s "$OUT/run-cpu.txt" "$OUT/run-cuda.txt"; then echo "run: greedy text on cuda == cpu"
 else echo "run: greedy text differs between cpu and cuda (fp32 reduction order; check the first tokens):"; head -c 200 "$OUT/run-cpu.txt"; echo; head -c 200 "$OUT/run-cuda.txt"; echo; fi
-# The server twice: steps with prompt chunks sampled on the host (the default; their rows' draws in parallel), then on
-# the device (DSV4_SERVE_MIXED_DEVICE=1, dsv4_forward_sample; off by default until this has run on a GPU). Each: one
+# The server twice: steps with prompt chunks sampled on the host (DSV4_SERVE_MIXED_DEVICE=0; their rows' draws in
+# parallel), then on the device (the default, dsv4_forward_sample). Each: one
 # streamed request, then six seeded requests at once with prompts of different lengths (steps that mix prompt chunks
 # with decodes) against each alone: informational, as the cpu / cuda text above (a decode row inside a prompt pass
 # takes the pass's kernels, not bitwise a decode step's, so a sampled token may differ).
@@ -211,7 +211,8 @@ for md in 0 1; do
     for i in $(seq 1 60); do grep -q "listening" "$OUT/serve-$md.log" && break; sleep 1; done
     if curl -sf -m 60 http://127.0.0.1:18123/v1/chat/completions -H 'content-type: application/json' \
         -d '{"model":"synth","messages":[{"role":"user","content":"hi"}],"max_tokens":16,"stream":true}' >"$OUT/serve-$md.txt"; then
-        echo "serve --device cuda (mixed steps on the device $md): $(grep -c '^data:' "$OUT/serve-$md.txt") SSE events, last: $(tail -n 1 "$OUT/serve-$md.txt" | head -c 40)"
+        echo "serve --device cuda (mixed steps on the device $md): $(grep -c '^data:' "$OUT/serve-$md.txt") SSE events, last: $(grep '^data:' "$OUT/serve-$md.txt" | tail -n 1 | head -c 40)"
+        grep -h "loaded in" "$OUT/serve-$md.log" | sed 's/^dsv4 serve: /serve: /' 
     else
         echo "serve --device cuda (mixed steps on the device $md): request failed"; tail -n 5 "$OUT/serve-$md.log"; fail=$((fail + 1))
     fi

@@ -205,6 +205,10 @@ Test(engine, bad_requests) {
     cr_expect(dsv4_forward_sample(m, 1, &s, &bp, &n, &ds, 512, &next, err, sizeof err));
     cr_expect(strstr(err, "forward_sample") && strstr(err, "dsv4_forward"), "%s", err);
     cr_expect(dsv4_seq_pos(s) == pos0);
+    /* the CPU has no pass size or sequence limit to size a server by */
+    int rows = 7;
+    long seqs = 7;
+    cr_expect(dsv4_device_limits(m, &rows, &seqs) == 0 && rows == 0 && seqs == -1, "rows %d seqs %ld", rows, seqs);
     dsv4_seq_free(s);
     dsv4_free(m);
 }

@@ -24,12 +24,14 @@ static void usage(FILE *f) {
             "                          (default: $DSV4_API_KEY if set)\n"
             "  --served-model-name S   the model id clients use (default: the model directory's name)\n"
             "  --device cpu|cuda       backend (cuda: builds made with make CUDA=1)\n"
-            "  --max-seqs N            sequences decoding at once (default 16)\n"
+            "  --max-seqs N            sequences decoding at once (default: cpu 16; cuda 256, fewer if the GPU's\n"
+            "                          memory holds fewer of --max-context)\n"
             "  --max-context T         tokens per sequence, prompt + output (default: the model's)\n"
             "  --max-queue N           requests waiting for a slot before 503 (default 256)\n"
             "  --kv-tokens N           KV budget over running sequences, in tokens (default max-seqs * context)\n"
-            "  --step-tokens N         tokens per engine step (default 512)\n"
-            "  --prefill-chunk N       prompt tokens per chunk (default 256)\n"
+            "  --step-tokens N         tokens per engine step (default: cpu 512; cuda 8192, or the rows of one\n"
+            "                          GPU pass if fewer)\n"
+            "  --prefill-chunk N       prompt tokens per chunk (default: cpu 256; cuda --step-tokens)\n"
             "  --max-body BYTES        request body limit (default 8388608)\n"
             "  --timeout S             idle / slow-client timeout in seconds (default 60)\n"
             "  --drain-timeout S       SIGTERM: seconds in-flight requests may still run (default 30)\n"
@@ -37,6 +39,27 @@ static void usage(FILE *f) {
             "  --thinking              thinking mode for requests that do not choose (default: chat mode)\n"
             "  --threads N             CPU threads for the forward pass (default: all cores)\n"
             "  -v, --verbose           log every request\n");
+}
+
+/* The batch sizes a device runs well unless the command line chose: the CPU engine's step is a few hundred tokens;
+ * a GPU's (vLLM's and SGLang's defaults on Hopper) up to 8192 tokens in one pass, 256 sequences, a prompt chunk the
+ * whole step, and no more sequences than its memory holds at the context capacity. */
+static void serve_sizes(const dsv4_model *m, srv_config *c, int set_seqs, int set_step, int set_chunk) {
+    int rows = 0;
+    long fit = -1;
+    if (dsv4_device_limits(m, &rows, &fit)) rows = 0, fit = -1;
+    if (rows > 0) { /* a GPU */
+        if (!set_step) c->step_tokens = rows < 8192 ? rows : 8192;
+        if (!set_chunk) c->prefill_chunk = c->step_tokens;
+        if (!set_seqs) c->max_seqs = 256;
+    }
+    if (fit >= 0 && c->max_seqs > fit) {
+        const int n = fit > 0 ? (int)fit : 1;
+        fprintf(stderr, "dsv4 serve: the device's memory holds %ld sequence(s) of %d positions%s: max %d sequences\n", fit,
+                dsv4_model_info(m).max_context, set_seqs ? " (fewer than --max-seqs)" : "", n);
+        c->max_seqs = n;
+    }
+    if (c->prefill_chunk > c->step_tokens) c->prefill_chunk = c->step_tokens;
 }
 
 int dsv4_cmd_serve(int argc, char **argv) {
@@ -56,6 +79,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
     c->api_key = getenv("DSV4_API_KEY");
     if (c->api_key && !*c->api_key) c->api_key = NULL;
     long max_ctx = 0, kv = 0, threads = 0;
+    int set_seqs = 0, set_step = 0, set_chunk = 0; /* given on the command line (else the device's defaults) */
     const char *device = "cpu";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -79,12 +103,12 @@ int dsv4_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--served-model-name")) c->model_name = v;
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--port")) c->port = (int)NUM(0, 65535);
-        else if (!strcmp(a, "--max-seqs")) c->max_seqs = (int)NUM(1, 4096);
+        else if (!strcmp(a, "--max-seqs")) c->max_seqs = (int)NUM(1, 4096), set_seqs = 1;
         else if (!strcmp(a, "--max-context")) max_ctx = NUM(2, 1L << 30);
         else if (!strcmp(a, "--max-queue")) c->max_queue = (int)NUM(1, 1 << 20);
         else if (!strcmp(a, "--kv-tokens")) kv = NUM(2, 1L << 40);
-        else if (!strcmp(a, "--step-tokens")) c->step_tokens = (int)NUM(1, 1 << 20);
-        else if (!strcmp(a, "--prefill-chunk")) c->prefill_chunk = (int)NUM(1, 1 << 20);
+        else if (!strcmp(a, "--step-tokens")) c->step_tokens = (int)NUM(1, 1 << 20), set_step = 1;
+        else if (!strcmp(a, "--prefill-chunk")) c->prefill_chunk = (int)NUM(1, 1 << 20), set_chunk = 1;
         else if (!strcmp(a, "--max-body")) c->max_body = (size_t)NUM(1024, 1L << 32);
         else if (!strcmp(a, "--timeout")) c->timeout_s = (int)NUM(1, 86400);
         else if (!strcmp(a, "--drain-timeout")) c->drain_s = (int)NUM(0, 86400);
@@ -110,8 +134,6 @@ int dsv4_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "dsv4 serve: --device %s: expected cpu or cuda\n", device);
         return 2;
     }
-    if (c->prefill_chunk > c->step_tokens) c->prefill_chunk = c->step_tokens;
-
     /* signals: every thread started below inherits this mask; the main thread takes them with sigwait */
     sigset_t set;
     sigemptyset(&set);
@@ -142,6 +164,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
         return 1;
     }
     S.info = dsv4_model_info(S.model);
+    serve_sizes(S.model, c, set_seqs, set_step, set_chunk);
     char tpath[4096];
     snprintf(tpath, sizeof tpath, "%s/tokenizer.json", c->model_dir);
     dsv4_err e = {{0}};
@@ -169,9 +192,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
     if (srv_http_start(&S)) goto done;
     fprintf(stderr,
             "dsv4 serve: model '%s' loaded in %.2f s (%d layers, dim %d, context %d); max %d sequences, KV budget %ld "
-            "tokens%s\n",
+            "tokens, %d tokens a step, prompt chunks of %d%s\n",
             c->model_name, dsv4_cli_now() - t0, S.info.n_layers, S.info.dim, c->max_context, c->max_seqs, c->kv_tokens,
-            c->api_key ? ", API key required" : "");
+            c->step_tokens, c->prefill_chunk, c->api_key ? ", API key required" : "");
     fprintf(stderr, "dsv4 serve: listening on http://%s%s%s:%d\n", strchr(c->host, ':') ? "[" : "", c->host,
             strchr(c->host, ':') ? "]" : "", c->port);
     fflush(stderr);

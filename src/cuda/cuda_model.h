@@ -46,6 +46,10 @@ int dsv4_cuda_set_attn_fork(dsv4_cuda_model *g, int on);
 int dsv4_cuda_graphs_captured(const dsv4_cuda_model *g);
 
 dsv4_cuda_seq *dsv4_cuda_seq_new(dsv4_cuda_model *g); /* NULL when out of device memory */
+/* Device bytes of one sequence's state (its whole context capacity). */
+size_t dsv4_cuda_seq_bytes(const dsv4_cuda_model *g);
+/* As dsv4_device_limits (include/dsv4.h). 0, or -1 when the device cannot say. */
+int dsv4_cuda_limits(const dsv4_cuda_model *g, int *pass_rows, long *seqs);
 /* A new sequence holding a copy of src's state (enqueued on the model's stream, after src's steps). */
 dsv4_cuda_seq *dsv4_cuda_seq_fork(const dsv4_cuda_seq *src);
 void dsv4_cuda_seq_free(dsv4_cuda_seq *s);

@@ -115,6 +115,9 @@ struct dsv4_cuda_model {
     dsv4_cuda_sample_params *dsp, *hsp; /* [GB_MAX] sampling parameters of a step: device, pinned host */
     int32_t *dids, *hids;               /* [GB_MAX] sampled ids: device, pinned host */
     struct gprof *prof;                 /* an open op profile (op_profile.c), else NULL */
+    void **spool;       /* freed sequences' device states, kept for the next sequences (gpu_seq.c): a server's
+                         * admissions and completions then allocate and free nothing on the device */
+    int nspool, capspool;
 };
 
 struct dsv4_cuda_seq {
@@ -123,6 +126,9 @@ struct dsv4_cuda_seq {
     void *mem;             /* one device allocation: the seqdev, its layer states, every cache */
     dsv4_cuda_seqdev *dev; /* at the start of mem */
 };
+
+/* gpu_seq.c: frees the pool of freed sequences' states (the model's end) */
+void gpu_seq_pool_free(dsv4_cuda_model *g);
 
 /* forward_cuda.c */
 size_t gpu_ws_bytes(const dsv4_cuda_model *g, int T);

@@ -369,6 +369,20 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     return 0;
 }
 
+/* How much a server can run: the rows of one pass, and how many more sequences fit: the pool's states plus the free
+ * memory, less a reserve for what later calls allocate (cuBLASLt's plans, decode graphs, the sampler's workspace: the
+ * larger of 2 GB and 4 % of the device), in states of dsv4_cuda_seq_bytes. */
+int dsv4_cuda_limits(const dsv4_cuda_model *g, int *pass_rows, long *seqs) {
+    size_t fr = 0, tot = 0;
+    if (dsv4_cuda_mem_info(&fr, &tot)) return -1;
+    size_t reserve = tot / 25;
+    if (reserve < ((size_t)2 << 30)) reserve = (size_t)2 << 30;
+    const size_t sb = dsv4_cuda_seq_bytes(g);
+    if (pass_rows) *pass_rows = g->tmax;
+    if (seqs) *seqs = g->nspool + (long)(fr > reserve && sb ? (fr - reserve) / sb : 0);
+    return 0;
+}
+
 void dsv4_cuda_set_graphs(dsv4_cuda_model *g, int on) { g->graphs = on != 0; }
 int dsv4_cuda_set_attn_fork(dsv4_cuda_model *g, int on) {
     const int was = g->attn_fork;
@@ -380,6 +394,7 @@ void dsv4_cuda_model_free(dsv4_cuda_model *g) {
     if (!g) return;
     if (g->stream) dsv4_cuda_stream_sync(g->stream);
     if (g->prof) gprof_close(g, NULL, NULL, NULL); /* a profile left open: freed */
+    gpu_seq_pool_free(g);
     for (int i = 0; i < GB_N; i++)
         dsv4_cuda_graph_free(g->bk[i].layers), dsv4_cuda_graph_free(g->bk[i].head), dsv4_cuda_graph_free(g->bk[i].samp);
     if (g->L)

@@ -2,7 +2,9 @@
  * capacity when the sequence is created, in one device allocation: the dsv4_cuda_seqdev (the device
  * length), its per-layer dsv4_cuda_lstate array, then per layer the window ring + compressed entries
  * (abuf), the indexer keys (ibuf) and the compressors' pending rows. Nothing grows later; a forward call
- * past the capacity is rejected by dsv4_forward before it gets here. */
+ * past the capacity is rejected by dsv4_forward before it gets here. A freed sequence's allocation goes to the
+ * model's pool (all have one size) and the next sequence takes it, reset on the stream: no cudaMalloc / cudaFree
+ * (which synchronizes the device) while a server admits and retires requests. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +58,8 @@ static size_t layout(const dsv4_cuda_model *g, uint8_t *base, dsv4_cuda_seqdev *
     return o;
 }
 
+size_t dsv4_cuda_seq_bytes(const dsv4_cuda_model *g) { return layout(g, NULL, NULL, NULL, NULL, NULL, NULL); }
+
 dsv4_cuda_seq *dsv4_cuda_seq_new(dsv4_cuda_model *g) {
     const int NL = g->m->cfg.n_layers;
     dsv4_cuda_seq *s = calloc(1, sizeof *s);
@@ -65,17 +69,26 @@ dsv4_cuda_seq *dsv4_cuda_seq_new(dsv4_cuda_model *g) {
     if (!s || !ls || !neg || !nneg) goto fail;
     s->g = g;
     size_t bytes = layout(g, NULL, NULL, NULL, NULL, NULL, NULL);
-    if (!(s->mem = dsv4_cuda_alloc(bytes))) goto fail;
+    /* a freed sequence's state when there is one: the same layout at the same address, so its header and layer table
+     * already hold what this sequence's would; everything after them is reset on the stream, after every step that
+     * used it (each forward ends with its side streams joined to the main stream) */
+    const int pooled = g->nspool > 0;
+    if (pooled) s->mem = g->spool[--g->nspool];
+    else if (!(s->mem = dsv4_cuda_alloc(bytes))) goto fail;
     dsv4_cuda_seqdev hdr;
     int nn = 0;
     layout(g, s->mem, &hdr, ls, neg, nneg, &nn);
     s->dev = (dsv4_cuda_seqdev *)s->mem;
-    /* zeros everywhere (pending kv, caches), -inf in the pending scores, then the header and layer table */
-    if (dsv4_cuda_memset(s->mem, 0, bytes, g->stream)) goto fail;
+    /* zeros everywhere (pending kv, caches), -inf in the pending scores, then the header and layer table (a pooled
+     * state: its length only) */
+    const size_t head = pooled ? head_bytes(NL) : 0;
+    if (dsv4_cuda_memset((uint8_t *)s->mem + head, 0, bytes - head, g->stream)) goto fail;
     for (int i = 0; i < nn; i++)
         if (dsv4_cuda_fill(neg[i], (int64_t)nneg[i], -INFINITY, g->stream)) goto fail;
-    if (dsv4_cuda_upload_async(hdr.L, ls, sizeof *ls * (size_t)NL, g->stream) ||
-        dsv4_cuda_upload_async(s->dev, &hdr, sizeof hdr, g->stream) || dsv4_cuda_stream_sync(g->stream))
+    if (pooled) {
+        if (dsv4_cuda_memset(&s->dev->len, 0, sizeof s->dev->len, g->stream)) goto fail;
+    } else if (dsv4_cuda_upload_async(hdr.L, ls, sizeof *ls * (size_t)NL, g->stream) ||
+               dsv4_cuda_upload_async(s->dev, &hdr, sizeof hdr, g->stream) || dsv4_cuda_stream_sync(g->stream))
         goto fail;
     free(ls), free(neg), free(nneg);
     return s;
@@ -103,10 +116,26 @@ dsv4_cuda_seq *dsv4_cuda_seq_fork(const dsv4_cuda_seq *src) {
 
 void dsv4_cuda_seq_free(dsv4_cuda_seq *s) {
     if (!s) return;
-    /* a step in flight may still use the state */
-    if (s->mem) dsv4_cuda_stream_sync(s->g->stream);
-    dsv4_cuda_free(s->mem);
+    dsv4_cuda_model *g = s->g;
+    if (s->mem && g->nspool == g->capspool) { /* room for one more in the pool */
+        const int cap = g->capspool ? 2 * g->capspool : 16;
+        void **p = realloc(g->spool, sizeof *p * (size_t)cap);
+        if (p) g->spool = p, g->capspool = cap;
+    }
+    if (s->mem && g->nspool < g->capspool) {
+        g->spool[g->nspool++] = s->mem; /* kept: the next sequence's reset is ordered after this one's steps */
+    } else if (s->mem) {
+        dsv4_cuda_stream_sync(g->stream); /* a step in flight may still use the state */
+        dsv4_cuda_free(s->mem);
+    }
     free(s);
+}
+
+/* the pool's device memory, at the model's end */
+void gpu_seq_pool_free(dsv4_cuda_model *g) {
+    for (int i = 0; i < g->nspool; i++) dsv4_cuda_free(g->spool[i]);
+    free(g->spool);
+    g->spool = NULL, g->nspool = g->capspool = 0;
 }
 
 int dsv4_cuda_seq_pos(const dsv4_cuda_seq *s) { return s->pos; }

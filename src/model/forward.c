@@ -193,6 +193,17 @@ int dsv4_decode_sample_max(const dsv4_model *m) {
 #endif
 }
 
+int dsv4_device_limits(const dsv4_model *m, int *pass_rows, long *seqs) {
+    if (pass_rows) *pass_rows = 0;
+    if (seqs) *seqs = -1;
+#ifdef DSV4_CUDA
+    if (m && m->gpu) return dsv4_cuda_limits(m->gpu, pass_rows, seqs);
+#else
+    (void)m;
+#endif
+    return 0;
+}
+
 #ifdef DSV4_CUDA
 static dsv4_cuda_sample_params cuda_params(const dsv4_device_sampling *d) {
     return (dsv4_cuda_sample_params){d->temperature, d->top_p, d->min_p, d->top_k, d->seed, d->step};

@@ -10,12 +10,16 @@
  *      in the batch, so a request is computed the same way under any load;
  *   4. one dsv4_forward call (LOGITS_LAST), then each request that finished its prompt or decoded a
  *      token samples with its own sampler (seeded Philox: depends on seed + step only), detokenizes,
- *      scans stop strings and appends the text it may emit to its output queue. On the GPU, a step of
- *      decoding requests only, none of which needs the host's logits (logprobs), token history
- *      (penalties) or a forced tool-call opening, samples on the device instead (dsv4_decode_sample: the
- *      same algorithm and draw, inside the step's CUDA graphs; only the ids come back).
- * Since a sequence's logits do not depend on the rest of the batch, a seeded request returns the same
- * text whatever runs beside it. */
+ *      scans stop strings and appends the text it may emit to its output queue. On the GPU, a step none
+ *      of whose requests needs the host's logits (logprobs), token history (penalties) or a forced
+ *      tool-call opening samples on the device instead (the same algorithm and draw; only the ids come
+ *      back): a step of decodes with dsv4_decode_sample (inside the step's CUDA graphs), a step with
+ *      prompt chunks with dsv4_forward_sample.
+ * On the CPU a sequence's logits do not depend on the rest of the batch, so a seeded request returns the
+ * same text whatever runs beside it. On the GPU that holds for steps of decodes only (decode steps are
+ * batch invariant); a decode row inside a step with prompt chunks runs on the prompt pass's kernels, and
+ * those passes' FP8 GEMMs take cuBLASLt algorithms by the pass's size, so under load a seeded request's
+ * text may differ from the same request alone (bench/NOTES.md "Session 31"). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -432,10 +436,10 @@ srv_sched *srv_sched_new(dsv4_model *m, const dsv4_tok *tok, const srv_config *c
     S->eos = info.eos_token_id;
     S->tok_vocab = dsv4_tok_vocab_size(tok);
     if (S->tok_vocab > S->V) S->tok_vocab = S->V;
-    /* DSV4_SERVE_MIXED_DEVICE=1: steps that mix prompt chunks with decodes sample on the device as well (off until it
-     * has run on a GPU: bench/NOTES.md "Session 30") */
+    /* steps that mix prompt chunks with decodes sample on the device as well (dsv4_forward_sample; the GPU suite
+     * checks its draws against the host sampler's); DSV4_SERVE_MIXED_DEVICE=0: on the host (every row's logits back) */
     const char *md = getenv("DSV4_SERVE_MIXED_DEVICE");
-    S->mixed_dev = md && *md && strcmp(md, "0") != 0;
+    S->mixed_dev = !(md && !strcmp(md, "0"));
     pthread_mutex_init(&S->mu, NULL);
     pthread_cond_init(&S->cv, NULL);
     pthread_cond_init(&S->idle_cv, NULL);

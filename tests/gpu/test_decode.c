@@ -325,6 +325,20 @@ static int test_model(const char *dir) {
         free(s1o), free(s5o);
         for (int gr = 0; gr < 2; gr++) free(a[gr]), free(b3[gr]), free(b5[gr]), free(b8[gr]), free(b40[gr]), free(b300[gr]);
     }
+    { /* freed sequences' states stay in the model's pool: every run above after the first took them (so "graph == no
+       * graph, batch 1" compared a fresh allocation with a reused state); a sequence made and freed leaves the room
+       * dsv4_device_limits reports as it was */
+        int rows = 0, rows2 = 0;
+        long fit = 0, fit2 = 0;
+        int lrc = dsv4_device_limits(m, &rows, &fit);
+        dsv4_seq *t = dsv4_seq_new(m);
+        dsv4_seq_free(t);
+        lrc = lrc || !t || dsv4_device_limits(m, &rows2, &fit2);
+        char line[256];
+        snprintf(line, sizeof line, "%s: device limits: passes of %d rows, room for %ld sequences (%ld after one made and freed)",
+                 fx, rows, fit, fit2);
+        report(!lrc && rows > 0 && fit > 0 && fit2 == fit && rows2 == rows, line);
+    }
     { /* dsv4_seq_fork: a forked prompt continues as a fresh sequence fed the same tokens (graphs on) */
         float *fr = malloc(sizeof(float) * n), *fk = malloc(sizeof(float) * n);
         dsv4_cuda_set_graphs(m->gpu, 1);
