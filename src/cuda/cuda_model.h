@@ -245,7 +245,10 @@ void dsv4_cuda_experts_free(dsv4_cuda_experts *x);
 typedef struct dsv4_cuda_moe_plan {
     int *nact, *act_e, *act_off, *act_cnt, *rows, *tslot;
     float *rw;
+    int *gcnt; /* NULL, or scratch of DSV4_MOE_GROUP_GCNT(T, E) ints: large groups (more than 2048 picks) are then
+                * planned by many blocks instead of one (the same plan) */
 } dsv4_cuda_moe_plan;
+#define DSV4_MOE_GROUP_GCNT(T, E) ((size_t)(((T) + 255) / 256) * (size_t)(E))
 
 /* Builds the plan from the router's picks sel [T, K] (expert ids) and weights w [T, K]; rows t with
  * sid[t] < 0 (idle) pick nothing. T <= dsv4_cuda_moe_group_maxt(K, E) <= DSV4_MOE_GROUP_MAXT. */

@@ -151,6 +151,7 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     w->plan.rows = take(base, &o, sizeof(int) * tgk);
     w->plan.tslot = take(base, &o, sizeof(int) * tgk);
     w->plan.rw = take(base, &o, sizeof(float) * tgk);
+    w->plan.gcnt = take(base, &o, sizeof(int) * DSV4_MOE_GROUP_GCNT(w->tg, E));
     if (T >= DSV4_CUDA_LINEAR_WS_MIN_T) { /* the widest call: wo_a's groups (16 a call), or up to 5 linears of x */
         const int64_t gcols = (int64_t)(G > 16 ? 16 : (G ? G : 1)) * gin, xcols = (int64_t)5 * D;
         w->lwsb = dsv4_cuda_linear_ws_bytes(T, gcols > xcols ? gcols : xcols, 16);

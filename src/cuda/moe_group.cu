@@ -188,6 +188,113 @@ __global__ void __launch_bounds__(GROUP_THREADS) moe_route_group_kernel(const fl
     moe_group_block<1>(ssel, sw, sid, T, K, E, p, gsm);
 }
 
+/* ---- 1b. grouping of a large pass over many blocks (plan.gcnt set, more than GROUP_CACHE picks) ----
+ * The single block above walks every pick of a 4096-token pass on one SM (~176 us a call in session 30's 8K prefill
+ * profile, two calls a layer). Here block b takes tokens [b GB_T, (b + 1) GB_T): moe_gcount_kernel counts each expert's
+ * tokens in it (gcnt [NB][E]); moe_gscatter_kernel then has every block scan those counts (the experts' first slots,
+ * the tokens of blocks before its own) and place its tokens. The plan is the single block's, value for value: each
+ * expert's tokens in increasing order (blocks in order, a token's rank in its block from the block's bitmap), the
+ * active experts in increasing id, each token's slots in increasing expert id. */
+#define GB_T 256 /* tokens a block (8 bitmap words an expert) */
+#define GB_W (GB_T / 32)
+
+/* the block's [E][GB_W] token bitmap (zeroed by the caller) from its picks */
+__device__ __forceinline__ void gb_bitmap(const int *sel, const int *sid, int t0, int nt, int K, int E, uint32_t *bm) {
+    for (int q = threadIdx.x; q < nt * K; q += blockDim.x) {
+        const int tl = q / K;
+        int e;
+        if (pick_used(sel, sid, t0 + tl, q - tl * K, K, E, &e)) atomicOr(&bm[e * GB_W + (tl >> 5)], 1u << (tl & 31));
+    }
+}
+
+__global__ void __launch_bounds__(256) moe_gcount_kernel(const int *sel, const int *sid, int T, int K, int E, dsv4_cuda_moe_plan p) {
+    dev_pdl_enter();
+    extern __shared__ uint32_t gsm[];
+    const int t0 = blockIdx.x * GB_T, nt = T - t0 < GB_T ? T - t0 : GB_T;
+    for (int i = threadIdx.x; i < E * GB_W; i += blockDim.x) gsm[i] = 0;
+    __syncthreads();
+    gb_bitmap(sel, sid, t0, nt, K, E, gsm);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int c = 0;
+#pragma unroll
+        for (int w = 0; w < GB_W; w++) c += __popc(gsm[e * GB_W + w]);
+        p.gcnt[(int64_t)blockIdx.x * E + e] = c;
+    }
+}
+
+__global__ void __launch_bounds__(256) moe_gscatter_kernel(const int *sel, const float *ew, const int *sid, int T, int K, int E,
+                                                           dsv4_cuda_moe_plan p) {
+    dev_pdl_enter();
+    extern __shared__ uint32_t gsm[];
+    uint32_t *bm = gsm;                        /* [E][GB_W] */
+    int *off = (int *)(bm + (size_t)E * GB_W); /* [E]: this block's first slot of each expert */
+    int *tot = off + E;                        /* [E]: each expert's tokens in the pass */
+    const int NB = gridDim.x, b = blockIdx.x, tid = threadIdx.x, nth = blockDim.x;
+    const int t0 = b * GB_T, nt = T - t0 < GB_T ? T - t0 : GB_T;
+    for (int i = tid; i < E * GB_W; i += nth) bm[i] = 0;
+    __syncthreads();
+    gb_bitmap(sel, sid, t0, nt, K, E, bm);
+    /* each expert's tokens in all blocks and in the blocks before this one; then the experts' first slots (a scan over
+     * the experts: a contiguous run of them a thread, as moe_group_block's) */
+    const int per = (E + nth - 1) / nth, e0 = tid * per, e1 = e0 + per < E ? e0 + per : E;
+    int cnt = 0, act = 0;
+    for (int e = e0; e < e1; e++) {
+        int all = 0, below = 0;
+        for (int j = 0; j < NB; j++) {
+            const int c = p.gcnt[(int64_t)j * E + e];
+            all += c;
+            below += j < b ? c : 0;
+        }
+        off[e] = below, tot[e] = all;
+        cnt += all;
+        act += all > 0;
+    }
+    int ca, aa, tc, ta;
+    block_scan2(cnt, act, &ca, &aa, &tc, &ta);
+    for (int e = e0; e < e1; e++) {
+        const int c = tot[e];
+        off[e] += ca;
+        if (b == 0 && c) {
+            p.act_e[aa] = e;
+            p.act_off[aa] = ca;
+            p.act_cnt[aa] = c;
+            aa++;
+        }
+        ca += c;
+    }
+    if (b == 0 && tid == 0) *p.nact = ta;
+    __syncthreads();
+    /* this block's picks: slot = the expert's first slot for this block + the tokens below in the block's bitmap */
+    for (int q = tid; q < nt * K; q += nth) {
+        const int tl = q / K, t = t0 + tl;
+        int e;
+        if (!pick_used(sel, sid, t, q - tl * K, K, E, &e)) continue;
+        const uint32_t *r = bm + e * GB_W;
+        int rank = __popc(r[tl >> 5] & ((1u << (tl & 31)) - 1u));
+        for (int v = 0; v < (tl >> 5); v++) rank += __popc(r[v]);
+        const int slot = off[e] + rank;
+        p.rows[slot] = t;
+        p.rw[slot] = ew[(int64_t)t * K + (q - tl * K)];
+    }
+    /* each token's slots in increasing expert id (= increasing slot) */
+    for (int tl = tid; tl < nt; tl += nth) {
+        const int t = t0 + tl;
+        int sl[GROUP_MAXK], ns = 0;
+        for (int k = 0; k < K; k++) {
+            int e;
+            if (!pick_used(sel, sid, t, k, K, E, &e)) continue;
+            const uint32_t *r = bm + e * GB_W;
+            int rank = __popc(r[tl >> 5] & ((1u << (tl & 31)) - 1u));
+            for (int v = 0; v < (tl >> 5); v++) rank += __popc(r[v]);
+            int v = off[e] + rank, i = ns++;
+            while (i > 0 && sl[i - 1] > v) sl[i] = sl[i - 1], i--;
+            sl[i] = v;
+        }
+        for (int k = 0; k < K; k++) p.tslot[(int64_t)t * K + k] = k < ns ? sl[k] : -1;
+    }
+}
+
 /* The kernel's shared memory for T tokens: the [E][NW] bitmap, the experts' first slots, the cached picks, the
  * [E][NW / 4] prefix counts. */
 static size_t group_smem(int T, int K, int E) {
@@ -209,6 +316,20 @@ extern "C" int dsv4_cuda_moe_group(const int *sel, const float *w, const int *si
         return dsv4_cuda_fail("moe_group: bad arguments (T %d K %d E %d)", T, K, E);
     if (!T) return dsv4_cuda_memset(p->nact, 0, sizeof(int), stream);
     const int cache = T * K <= GROUP_CACHE;
+    if (!cache && p->gcnt && dsv4_env_int("DSV4_MOE_GROUP_BLOCKS", 1)) { /* many blocks (1b) */
+        const int nb = (T + GB_T - 1) / GB_T;
+        const size_t sm1 = sizeof(uint32_t) * (size_t)E * GB_W, sm2 = sm1 + 2 * sizeof(int) * (size_t)E;
+        if (sm2 > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("moe_group: %d experts do not fit its blocks", E);
+        if (sm2 > 48 * 1024 && (cudaFuncSetAttribute((const void *)moe_gcount_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     (int)sm1) != cudaSuccess ||
+                                cudaFuncSetAttribute((const void *)moe_gscatter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     (int)sm2) != cudaSuccess))
+            return dsv4_cuda_fail("moe_group: cannot raise shared memory to %zu bytes", sm2);
+        dev_launch(moe_gcount_kernel, nb, 256, sm1, DSV4_STREAM(stream), sel, sid, T, K, E, *p);
+        if (dsv4_cuda_check_launch("moe_group (counts)")) return -1;
+        dev_launch(moe_gscatter_kernel, nb, 256, sm2, DSV4_STREAM(stream), sel, w, sid, T, K, E, *p);
+        return dsv4_cuda_check_launch("moe_group (scatter)");
+    }
     const size_t smem = group_smem(T, K, E);
     if (smem > (size_t)dsv4_cuda_dev.smem_optin)
         return dsv4_cuda_fail("moe_group: %d experts x %d tokens do not fit (at most %d tokens a group)", E, T,

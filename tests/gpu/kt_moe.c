@@ -146,12 +146,12 @@ static void hplan_free(hplan *p) { free(p->act_e), free(p->act_off), free(p->act
 dsv4_cuda_moe_plan dplan_new(int T, int K, int E) {
     dsv4_cuda_moe_plan p = {dsv4_cuda_alloc(sizeof(int)), dsv4_cuda_alloc(sizeof(int) * E), dsv4_cuda_alloc(sizeof(int) * E),
                             dsv4_cuda_alloc(sizeof(int) * E), dsv4_cuda_alloc(sizeof(int) * (size_t)T * K),
-                            dsv4_cuda_alloc(sizeof(int) * (size_t)T * K), dsv4_cuda_alloc(sizeof(float) * (size_t)T * K)};
+                            dsv4_cuda_alloc(sizeof(int) * (size_t)T * K), dsv4_cuda_alloc(sizeof(float) * (size_t)T * K), NULL};
     return p;
 }
 void dplan_free(dsv4_cuda_moe_plan *p) {
     dsv4_cuda_free(p->nact), dsv4_cuda_free(p->act_e), dsv4_cuda_free(p->act_off), dsv4_cuda_free(p->act_cnt);
-    dsv4_cuda_free(p->rows), dsv4_cuda_free(p->tslot), dsv4_cuda_free(p->rw);
+    dsv4_cuda_free(p->rows), dsv4_cuda_free(p->tslot), dsv4_cuda_free(p->rw), dsv4_cuda_free(p->gcnt);
 }
 
 /* random picks: some repeated within a token, some out of range, some tokens idle */
@@ -227,7 +227,8 @@ void test_moe_route(int T, int E, int K, int hash) {
     free(lg), free(bias), free(tok), free(tid2eid), free(sid), free(vr), free(vg);
 }
 
-void test_moe_group(int T, int K, int E) {
+/* blocks: the plan with its gcnt scratch, so that groups of more than 2048 picks take the many-block kernels */
+void test_moe_group(int T, int K, int E, int blocks) {
     int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
     float *w = malloc(sizeof(float) * (size_t)T * K);
     rand_picks(T, K, E, sel, w, sid);
@@ -236,6 +237,7 @@ void test_moe_group(int T, int K, int E) {
     int *dsel = dup_to_dev(sel, sizeof(int) * (size_t)T * K), *dsid = dup_to_dev(sid, sizeof(int) * T);
     float *dw = dup_to_dev(w, sizeof(float) * (size_t)T * K);
     dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    if (blocks) dp.gcnt = dsv4_cuda_alloc(sizeof(int) * DSV4_MOE_GROUP_GCNT(T, E));
     op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
     sync_ok();
     from_dev(&g.nact, dp.nact, sizeof(int));
@@ -255,7 +257,8 @@ void test_moe_group(int T, int K, int E) {
     for (int i = 0; i < ns; i++, o += 2) vr[o] = (float)r.rows[i], vr[o + 1] = r.rw[i], vg[o] = (float)g.rows[i], vg[o + 1] = g.rw[i];
     for (int i = 0; i < T * K; i++, o++) vr[o] = (float)r.tslot[i], vg[o] = (float)g.tslot[i];
     char name[128];
-    snprintf(name, sizeof name, "moe_group T=%d K=%d E=%d (%d active, exact)", T, K, E, r.nact);
+    snprintf(name, sizeof name, "moe_group T=%d K=%d E=%d (%d active, exact)%s", T, K, E, r.nact,
+             blocks && T * K > 2048 ? " many blocks" : "");
     check(name, vg, vr, n, 0, 0);
     dsv4_cuda_free(dsel), dsv4_cuda_free(dsid), dsv4_cuda_free(dw), dplan_free(&dp);
     hplan_free(&r), hplan_free(&g), free(sel), free(sid), free(w), free(vr), free(vg);
@@ -273,8 +276,8 @@ void test_moe_group_limit(void) {
     printf("%-4s moe_group_maxt: %d tokens for 640 experts, %d for 384, %d for 256%s\n", ok ? "ok" : "FAIL", gmax, gpro, gflash,
            ok ? "" : " <<<");
     if (!ok || gmax + 32 > DSV4_MOE_GROUP_MAXT) return;
-    test_moe_group(DSV4_MOE_GROUP_MAXT, 6, 384);
-    test_moe_group(gmax, 6, 640);
+    test_moe_group(DSV4_MOE_GROUP_MAXT, 6, 384, 0);
+    test_moe_group(gmax, 6, 640, 0);
     const int T = gmax + 32, K = 6, E = 640;
     int *sel = malloc(sizeof(int) * (size_t)T * K), *sid = malloc(sizeof(int) * T);
     float *w = malloc(sizeof(float) * (size_t)T * K);

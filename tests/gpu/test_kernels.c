@@ -343,11 +343,11 @@ moe_checks:
     test_moe_route(5, 37, 5, 0);
     test_moe_route(9, 256, 6, 0);
     test_moe_route(3, 384, 6, 0);
-    test_moe_group(1, 6, 256);
-    test_moe_group(8, 6, 256);
-    test_moe_group(256, 6, 256);
-    test_moe_group(100, 8, 384);
-    test_moe_group(33, 2, 8);
+    test_moe_group(1, 6, 256, 0);
+    test_moe_group(8, 6, 256, 0);
+    test_moe_group(256, 6, 256, 0);
+    test_moe_group(100, 8, 384, 0);
+    test_moe_group(33, 2, 8, 0);
     test_moe_experts("flash", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 0, 0, 3, 6, 8, 4096, 2048);
     test_moe_experts("batch", DSV4_WF_MXFP4, DSV4_WF_MXFP4, 0, 0, 40, 2, 8, 512, 256); /* > 8 rows per expert */
     test_moe_experts("", DSV4_WF_NVFP4, DSV4_WF_NVFP4, 0, 0, 9, 3, 8, 512, 256);
@@ -360,8 +360,15 @@ moe_checks:
     test_moe_experts("batch", DSV4_WF_NVFP4, DSV4_WF_NVFP4, 0, 1, 40, 2, 8, 512, 256);
     test_moe_experts("", DSV4_WF_BF16, DSV4_WF_BF16, 0, 1, 4, 2, 8, 64, 32);
     test_moe_experts("odd", DSV4_WF_FP8, DSV4_WF_BF16, 0, 1, 6, 2, 5, 200, 72);
-    test_moe_group(2048, 6, 256);
-    test_moe_group(4096, 6, 256); /* the largest group: bitmap + prefix counts in shared memory */
+    test_moe_group(2048, 6, 256, 0);
+    test_moe_group(4096, 6, 256, 0); /* the largest group: bitmap + prefix counts in shared memory */
+    /* the many-block grouping (the forward's plans carry its scratch): partial last blocks, Pro's experts, 640 experts
+     * past the single block's limit, 8 picks */
+    test_moe_group(4096, 6, 256, 1);
+    test_moe_group(401, 6, 256, 1);
+    test_moe_group(2050, 6, 384, 1);
+    test_moe_group(4096, 8, 384, 1);
+    test_moe_group(3001, 6, 640, 1);
     test_moe_group_limit();
     /* tensor cores: act quant at decode sizes (8 / 16 tokens a chunk) and on the pre-quantized 64-token path (>= 16
      * rows per expert on average; more than 64 rows: several chunks), every format */
