@@ -251,13 +251,17 @@ typedef struct dsv4_cuda_moe_plan {
 #define DSV4_MOE_GROUP_GCNT(T, E) ((size_t)(((T) + 255) / 256) * (size_t)(E))
 
 /* Builds the plan from the router's picks sel [T, K] (expert ids) and weights w [T, K]; rows t with
- * sid[t] < 0 (idle) pick nothing. T <= dsv4_cuda_moe_group_maxt(K, E) <= DSV4_MOE_GROUP_MAXT. */
+ * sid[t] < 0 (idle) pick nothing. T <= dsv4_cuda_moe_group_maxt(K, E) <= DSV4_MOE_GROUP_MAXT, or with p->gcnt,
+ * T <= dsv4_cuda_moe_group_maxt_plan(K, E). */
 #define DSV4_MOE_GROUP_MAXT 4096
 int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                         const dsv4_cuda_moe_plan *p, void *stream);
 /* The most tokens one moe_group call takes for E experts (a multiple of 32; its token bitmaps live in shared memory:
  * 4096 for Flash's 256 experts and Pro's 384, 2528 for 640); 0 when none fit. */
 int dsv4_cuda_moe_group_maxt(int K, int E);
+/* The most tokens one moe_group call takes for a plan with its gcnt scratch: any number with the many-block grouping
+ * (DSV4_MOE_GROUP_BLOCKS=0 turns it off; DSV4_MOE_GROUP_T=N caps it), else dsv4_cuda_moe_group_maxt. */
+int dsv4_cuda_moe_group_maxt_plan(int K, int E);
 /* dsv4_cuda_router (cuda_backend.h) into sel / weight, then dsv4_cuda_moe_group of those picks into p: the same values.
  * Few tokens (T <= 8, E <= 256) in one kernel (one launch fewer on the decode chain; DSV4_CUDA_ROUTE_GROUP=0: two). */
 int dsv4_cuda_moe_route(const float *logits, int T, int E, int K, const float *bias, const int *tid2eid, const int *tokens,

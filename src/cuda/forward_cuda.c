@@ -111,8 +111,9 @@ static size_t ws_layout(const dsv4_cuda_model *g, int T, uint8_t *base, gws *w) 
     memset(w, 0, sizeof *w);
     w->T = T;
     w->qg = T < g->qgmax ? T : g->qgmax;
-    {   /* routed experts' token groups (weights read once a group; 4096 tokens for Flash's and Pro's experts) */
-        const int gmax = dsv4_cuda_moe_group_maxt(K, E);
+    {   /* routed experts' token groups (weights read once a group): the whole pass with the many-block grouping (the
+         * plan's gcnt below), else what one block's bitmaps hold (4096 tokens for Flash's and Pro's experts) */
+        const int gmax = dsv4_cuda_moe_group_maxt_plan(K, E);
         w->tg = T < gmax ? T : gmax;
     }
     w->hr = T <= GB_MAX ? T : 256; /* a decode step's head: all of its bucket's rows in one call */

@@ -310,16 +310,29 @@ extern "C" int dsv4_cuda_moe_group_maxt(int K, int E) {
     return 0;
 }
 
+/* the many-block grouping: on unless DSV4_MOE_GROUP_BLOCKS=0, for E experts whose block bitmaps fit */
+static int gb_usable(int K, int E) {
+    static int on = -1;
+    if (on < 0) on = dsv4_env_int("DSV4_MOE_GROUP_BLOCKS", 1) != 0;
+    return on && K >= 1 && K <= GROUP_MAXK && E >= 1 &&
+           sizeof(uint32_t) * (size_t)E * GB_W + 2 * sizeof(int) * (size_t)E <= (size_t)dsv4_cuda_dev.smem_optin;
+}
+
+extern "C" int dsv4_cuda_moe_group_maxt_plan(int K, int E) {
+    if (!gb_usable(K, E)) return dsv4_cuda_moe_group_maxt(K, E);
+    const int lim = dsv4_env_int("DSV4_MOE_GROUP_T", 0); /* (A/B: groups of at most this many tokens) */
+    return lim >= 32 ? lim / 32 * 32 : 1 << 20;
+}
+
 extern "C" int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                                    const dsv4_cuda_moe_plan *p, void *stream) {
-    if (T < 0 || T > GROUP_MAXT || K < 1 || K > GROUP_MAXK || E < 1)
+    const int cache = T * K <= GROUP_CACHE, blocks = !cache && p->gcnt && gb_usable(K, E);
+    if (T < 0 || (T > GROUP_MAXT && !blocks) || K < 1 || K > GROUP_MAXK || E < 1)
         return dsv4_cuda_fail("moe_group: bad arguments (T %d K %d E %d)", T, K, E);
     if (!T) return dsv4_cuda_memset(p->nact, 0, sizeof(int), stream);
-    const int cache = T * K <= GROUP_CACHE;
-    if (!cache && p->gcnt && dsv4_env_int("DSV4_MOE_GROUP_BLOCKS", 1)) { /* many blocks (1b) */
+    if (blocks) { /* many blocks (1b) */
         const int nb = (T + GB_T - 1) / GB_T;
         const size_t sm1 = sizeof(uint32_t) * (size_t)E * GB_W, sm2 = sm1 + 2 * sizeof(int) * (size_t)E;
-        if (sm2 > (size_t)dsv4_cuda_dev.smem_optin) return dsv4_cuda_fail("moe_group: %d experts do not fit its blocks", E);
         if (sm2 > 48 * 1024 && (cudaFuncSetAttribute((const void *)moe_gcount_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                      (int)sm1) != cudaSuccess ||
                                 cudaFuncSetAttribute((const void *)moe_gscatter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -369,6 +369,7 @@ moe_checks:
     test_moe_group(2050, 6, 384, 1);
     test_moe_group(4096, 8, 384, 1);
     test_moe_group(3001, 6, 640, 1);
+    test_moe_group(8192, 6, 256, 1); /* an 8192-row pass in one group (forward_cuda.c: the whole pass) */
     test_moe_group_limit();
     /* tensor cores: act quant at decode sizes (8 / 16 tokens a chunk) and on the pre-quantized 64-token path (>= 16
      * rows per expert on average; more than 64 rows: several chunks), every format */
