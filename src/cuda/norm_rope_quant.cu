@@ -293,6 +293,63 @@ __global__ void __launch_bounds__(RMS_NT) row_prep2_kernel(float *x, int rows, i
     if (ok) row_out<POST>(r4, sx4, u, nq, HT);
 }
 
+/* The f16 form (POST 3: the prefill attention's q) for rows of at most 128 quads, a warp a row, 8 rows a block. Lane l
+ * holds quads l, l + 32, l + 64, l + 96: quad 32 k + l is what warp k of the one-row kernel held, so the four warp sums
+ * are its four, added as rms_sum8 adds them (((s0 + s1) + (s2 + s3)) + 0: its other warps hold no quad), the same
+ * bits; a RoPE pair lies inside a quad (pairs start at n - 2 npairs, even), and every element takes the same
+ * operations as there. The f16 values go to the first half of the row's bytes after the warp barrier (every lane's
+ * loads ordered before them). No shared memory and no block barrier: the row kernels' short blocks (two barriers and a
+ * shared-memory round trip for 3 KB of traffic) kept too few bytes in flight: 786 us a 8192-row layer pass for 1.6 GB,
+ * ~2 TB/s (RESULTS "Session 31"). */
+template <int NORM>
+__global__ void __launch_bounds__(256) row_h16_warp_kernel(float *x, int rows, int n, int H, const float *w, float eps,
+                                                           int npairs, const float *freq, const int *pos) {
+    dev_pdl_enter();
+    const int lane = threadIdx.x & 31, nq = n >> 2;
+    const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return; /* (the whole warp) */
+    const int t = (int)(r / H), r0 = n - 2 * npairs;
+    float4 *r4 = (float4 *)(x + r * n);
+    float4 v[4], wv[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int q = lane + 32 * k;
+        v[k] = wv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (q < nq) {
+            v[k] = r4[q];
+            if (NORM && w) wv[k] = ((const float4 *)w)[q];
+        }
+    }
+    float rr = 1.0f;
+    if (NORM) {
+        double sk[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) sk[k] = warp_sum_d(lane + 32 * k < nq ? rms_sq4(0.0, v[k]) : 0.0);
+        const double ss = ((sk[0] + sk[1]) + (sk[2] + sk[3])) + 0.0;
+        rr = 1.0f / sqrtf((float)(ss / n) + eps);
+    }
+    const float pp = (float)pos[t];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int j = 4 * (lane + 32 * k);
+        float4 a = NORM ? rms_apply4(v[k], w ? &wv[k] : NULL, rr) : v[k];
+        if (j < n) {
+            if (j >= r0) rope_pair(a.x, a.y, pp, freq[(j - r0) >> 1], 0);
+            if (j + 2 >= r0) rope_pair(a.z, a.w, pp, freq[(j + 2 - r0) >> 1], 0);
+        }
+        v[k] = a;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int q = lane + 32 * k;
+        if (q < nq) {
+            const __half2 a = __floats2half2_rn(v[k].x, v[k].y), b = __floats2half2_rn(v[k].z, v[k].w);
+            ((uint2 *)r4)[q] = make_uint2(*(const uint32_t *)&a, *(const uint32_t *)&b);
+        }
+    }
+}
+
 /* The Hadamard form for short rows, n = 32 E (E = 4, 8, 16; RMSNorm only at E = 4): a warp a row, lane l holding
  * elements l E .. l E + E - 1 (hadamard_warp_kernel's layout, so its butterflies), 8 rows a block. The same bits as
  * row_prep_kernel<., NORM, 2>: the norm's sum is lane l's quad through warp_sum_d, which is rmsnorm_kernel's for
@@ -356,6 +413,15 @@ static int row_prep2_on(int rows) {
     return row_prep2_mode == 1 || (row_prep2_mode == -1 && rows >= 4096);
 }
 
+/* the f16 form a warp a row (row_h16_warp_kernel: the same bits) wherever the two-row kernel would run; DSV4_ROW_H16_WARP=0
+ * (read once) or dsv4_cuda_row_h16_warp(0): the two-row kernel */
+static int row_h16_warp_mode = -2;
+extern "C" void dsv4_cuda_row_h16_warp(int mode) { row_h16_warp_mode = mode == 0 || mode == 1 ? mode : -2; }
+static int row_h16_warp_on(void) {
+    if (row_h16_warp_mode == -2) row_h16_warp_mode = dsv4_env_int("DSV4_ROW_H16_WARP", 1) != 0;
+    return row_h16_warp_mode;
+}
+
 template <int NORM, int POST>
 static int row_prep(const char *op, float *x, int T, int H, int n, const float *w, float eps, int npairs, const float *freq,
                     const int *pos, int qn, int qb, void *stream) {
@@ -364,7 +430,9 @@ static int row_prep(const char *op, float *x, int T, int H, int n, const float *
     const int vec = n % 4 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15) && smem <= 48 * 1024 - 256 /* + part[] */ &&
                     (POST != 2 || (n & (n - 1)) == 0);
     cudaStream_t st = DSV4_STREAM(stream);
-    if (vec && nq <= RMS_NT / 2 && POST != 2 && row_prep2_on(rows))
+    if (POST == 3 && vec && nq <= RMS_NT / 2 && row_prep2_on(rows) && row_h16_warp_on())
+        dev_launch(row_h16_warp_kernel<NORM>, (rows + 7) / 8, 256, 0, st, x, rows, n, H, w, eps, npairs, freq, pos);
+    else if (vec && nq <= RMS_NT / 2 && POST != 2 && row_prep2_on(rows))
         dev_launch(row_prep2_kernel<NORM, POST == 2 ? 0 : POST>, (rows + 1) / 2, RMS_NT, 2 * smem, st, x, rows, n, H, w, eps,
                    npairs, freq, pos, qn, qb);
     else if (POST == 3 && !(vec && nq <= 4 * RMS_NT)) /* no f16 form of the separate kernels (dsv4_cuda_norm_rope_h16_fits) */

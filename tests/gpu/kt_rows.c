@@ -121,9 +121,11 @@ void test_norm_rope_h16(int T, int H, int n, int npairs, int weighted) {
     float *ref = malloc(sizeof(float) * c.N), *got = malloc(sizeof(float) * c.N);
     sync_ok();
     from_dev(ref, c.da, sizeof(float) * c.N);
-    for (int mode = 0; mode < 2; mode++) {
-        float *d = mode ? d1 : c.db;
-        dsv4_cuda_row_prep2(!mode);
+    float *d2 = dup_to_dev(c.x, sizeof(float) * c.N);
+    for (int mode = 0; mode < 3; mode++) { /* a warp a row, two rows a block, one row a block */
+        float *d = mode == 2 ? d2 : mode ? d1 : c.db;
+        dsv4_cuda_row_prep2(mode != 2);
+        dsv4_cuda_row_h16_warp(mode == 0);
         op_ok(!dsv4_cuda_norm_rope_h16_fits(d, n, c.dw) || dsv4_cuda_norm_rope_h16(d, T, H, n, c.dw, 1e-6f, npairs, c.df, c.dp, NULL),
               "norm_rope_h16");
         sync_ok();
@@ -136,11 +138,12 @@ void test_norm_rope_h16(int T, int H, int n, int npairs, int weighted) {
         }
         g_checks++, g_fail += nd != 0;
         printf("%-4s norm_rope_h16 T=%d H=%d n=%d pairs=%d %s%s: %ld of %zu values differ from rmsnorm + rope in f16%s\n",
-               nd ? "FAIL" : "ok", T, H, n, npairs, weighted ? "w" : "-", mode ? " one row a block" : " two rows a block", nd,
-               c.N, nd ? " <<<" : "");
+               nd ? "FAIL" : "ok", T, H, n, npairs, weighted ? "w" : "-",
+               mode == 2 ? " one row a block" : mode ? " two rows a block" : " a warp a row", nd, c.N, nd ? " <<<" : "");
     }
     dsv4_cuda_row_prep2(-1);
-    free(ref), free(got), dsv4_cuda_free(d1);
+    dsv4_cuda_row_h16_warp(-1);
+    free(ref), free(got), dsv4_cuda_free(d1), dsv4_cuda_free(d2);
     dsv4_cuda_free(c.da), dsv4_cuda_free(c.db), dsv4_cuda_free(c.dw), dsv4_cuda_free(c.df), dsv4_cuda_free(c.dp);
     free(c.x), free(c.w), free(c.freq), free(c.pos);
 }

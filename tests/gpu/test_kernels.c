@@ -258,6 +258,8 @@ gemm_checks:
     test_norm_rope_h16(3, 64, 512, 32, 0);           /* the prefill attention's q (f16) */
     test_norm_rope_h16(2, 3, 4096, 32, 1);           /* RQ 4 */
     test_norm_rope_h16(5, 2, 136, 4, 1);
+    test_norm_rope_h16(4, 5, 136, 3, 1);             /* the first rotated pair in a quad's second half */
+    test_norm_rope_h16(3, 7, 512, 32, 1);            /* weighted; rows not a multiple of a block's 8 warps */
     test_rope_hq4(3, 64, 128, 32, 0, 0);  /* the indexer's queries (Flash) */
     test_rope_hq4(1, 64, 128, 32, 0, 0);
     test_rope_hq4(5, 1, 128, 32, 1, 1);   /* an indexer compressor entry */
