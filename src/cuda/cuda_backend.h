@@ -183,8 +183,9 @@ int dsv4_cuda_norm_rope_h16_enabled(void);
  * has at most 128 quads, 0 one a block, -1 the default (two for passes of >= 4096 rows: prefill 8K 0.985x; one below,
  * where it measured 1.005x at batch 1; DSV4_ROW_PREP2=0 / 1 overrides). */
 void dsv4_cuda_row_prep2(int mode);
-/* Tests: the f16 form (dsv4_cuda_norm_rope_h16) where two rows a block would run: 1 a warp a row (the default), 0 the
- * two-row kernel, -1 the default (DSV4_ROW_H16_WARP=0 overrides). The same bits either way. */
+/* Tests: the f16 form (dsv4_cuda_norm_rope_h16) where two rows a block would run: 1 a warp a row, 0 the two-row kernel,
+ * -1 the default (the two-row kernel until the warp form has run on a GPU; DSV4_ROW_H16_WARP=1 takes it). The same
+ * bits either way. */
 void dsv4_cuda_row_h16_warp(int mode);
 /* [dsv4_cuda_rmsnorm(x, T * H, n, n, w, eps) when norm], dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0),
  * dsv4_cuda_hadamard(x, T * H, n, n) and dsv4_cuda_act_quant_fp4(x, T * H, n, n, 32) in one launch, the same bits
