@@ -120,16 +120,32 @@ for p in $parts; do
             run serve --synthetic flash --layers 4 --batch 1 --context 4096 --prompt 0 --steps 2 --keep
             ck=$(ls -d "$TMPDIR"/dsv4-bench-flash-4L-mxfp4-* 2>/dev/null | head -n 1)
         fi
-        cp tests/fixtures/tokenizer/tokenizer.json tests/fixtures/tokenizer/tokenizer_config.json "$ck"/ 2>/dev/null
+        if [ -z "$ck" ] || ! cp tests/fixtures/tokenizer/tokenizer.json tests/fixtures/tokenizer/tokenizer_config.json "$ck"/; then
+            echo "serve: no Flash 4-layer checkpoint (or the tokenizer could not be copied into it)"
+            fail=1
+            continue
+        fi
+        # shellcheck disable=SC2086
         "$bin" serve -m "$ck" --device cuda --port 18300 --max-context 8192 ${SERVE_ARGS:-} 2>"$dir/serve.log" &
         spid=$!
-        for i in $(seq 1 120); do grep -q "listening" "$dir/serve.log" && break; sleep 1; done
+        for i in $(seq 1 120); do
+            grep -q "listening" "$dir/serve.log" && break
+            kill -0 $spid 2>/dev/null || break
+            sleep 1
+        done
+        if ! grep -q "listening" "$dir/serve.log"; then
+            echo "serve: the server did not start: $(tail -n 1 "$dir/serve.log")"
+            kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+            fail=1
+            continue
+        fi
         grep -h "loaded in" "$dir/serve.log" | tee -a "$dir/serve.txt"
         for cr in "1 8 128" "64 256 256" "256 512 256"; do
             set -- $cr
             echo "== serve: serve_load.py --concurrency $1 --requests $2 --prompt-tokens 1024 --max-tokens $3" | tee -a "$dir/serve.txt"
             timeout 200 python3 bench/serve_load.py --url http://127.0.0.1:18300 --concurrency $1 --requests $2 \
-                --prompt-tokens 1024 --max-tokens $3 2>>"$dir/serve.txt" | tee -a "$dir/serve.txt" || fail=1
+                --prompt-tokens 1024 --max-tokens $3 >"$dir/serve-load.txt" 2>&1 || fail=1
+            cat "$dir/serve-load.txt" | tee -a "$dir/serve.txt"
         done
         kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
         tail -n 3 "$dir/serve.log"
@@ -144,7 +160,7 @@ for p in $parts; do
         done
         echo "== ab: bench/ab.sh -r 2$vs" | tee -a "$dir/ab.txt"
         # shellcheck disable=SC2086
-        AB_DIR="$dir/ab" timeout 400 sh bench/ab.sh -r 2 $vs -- --synthetic flash --layers 4 --batch 1 --context 4096 \
+        AB_DIR="$dir/ab" timeout 560 sh bench/ab.sh -r 2 $vs -- --synthetic flash --layers 4 --batch 1 --context 4096 \
             --prompt 8192 --steps 2 --keep >>"$dir/ab.txt" 2>&1 || { echo "ab: ab.sh failed"; fail=1; }
         tail -n 8 "$dir/ab.txt"
         ;;
@@ -169,7 +185,7 @@ for p in $parts; do
         tail -n 14 "$dir/switch.txt"
         ;;
     *)
-        sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
         exit 2
         ;;
     esac

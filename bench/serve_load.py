@@ -7,7 +7,9 @@ and inter-token latency (median, p90, p99) to stdout; a JSON line with --json. P
   python3 bench/serve_load.py --url http://127.0.0.1:8000 --concurrency 64 --requests 256 \\
       --prompt-tokens 1024 --max-tokens 256 [--model NAME] [--vocab 128000] [--seed 1] [--json]
 
-Prompt token ids are drawn at random below --vocab (seeded per request), so requests share no prefix."""
+Prompt token ids are drawn at random below --vocab (seeded per request), so requests share no prefix. TTFT and ITL are
+timed per streamed event that carries text (a token whose text is held back, e.g. part of a UTF-8 character, shows as a
+longer gap); output tokens are the server's usage counts. Only http:// URLs; the path part is ignored."""
 import argparse
 import http.client
 import json

@@ -212,7 +212,7 @@ for md in 0 1; do
     if curl -sf -m 60 http://127.0.0.1:18123/v1/chat/completions -H 'content-type: application/json' \
         -d '{"model":"synth","messages":[{"role":"user","content":"hi"}],"max_tokens":16,"stream":true}' >"$OUT/serve-$md.txt"; then
         echo "serve --device cuda (mixed steps on the device $md): $(grep -c '^data:' "$OUT/serve-$md.txt") SSE events, last: $(grep '^data:' "$OUT/serve-$md.txt" | tail -n 1 | head -c 40)"
-        grep -h "loaded in" "$OUT/serve-$md.log" | sed 's/^dsv4 serve: /serve: /' 
+        grep -h "loaded in" "$OUT/serve-$md.log" | sed 's/^dsv4 serve: /serve: /'
     else
         echo "serve --device cuda (mixed steps on the device $md): request failed"; tail -n 5 "$OUT/serve-$md.log"; fail=$((fail + 1))
     fi

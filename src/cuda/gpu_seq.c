@@ -66,13 +66,15 @@ dsv4_cuda_seq *dsv4_cuda_seq_new(dsv4_cuda_model *g) {
     dsv4_cuda_lstate *ls = calloc((size_t)NL, sizeof *ls);
     float **neg = calloc((size_t)NL * 2 + 1, sizeof *neg);
     size_t *nneg = calloc((size_t)NL * 2 + 1, sizeof *nneg);
+    int pooled = 0;
     if (!s || !ls || !neg || !nneg) goto fail;
     s->g = g;
     size_t bytes = layout(g, NULL, NULL, NULL, NULL, NULL, NULL);
     /* a freed sequence's state when there is one: the same layout at the same address, so its header and layer table
      * already hold what this sequence's would; everything after them is reset on the stream, after every step that
-     * used it (each forward ends with its side streams joined to the main stream) */
-    const int pooled = g->nspool > 0;
+     * used it (each forward ends with its side streams joined to the main stream; seq_free waits for side-stream work
+     * a failed forward may have left) */
+    pooled = g->nspool > 0;
     if (pooled) s->mem = g->spool[--g->nspool];
     else if (!(s->mem = dsv4_cuda_alloc(bytes))) goto fail;
     dsv4_cuda_seqdev hdr;
@@ -94,6 +96,11 @@ dsv4_cuda_seq *dsv4_cuda_seq_new(dsv4_cuda_model *g) {
     return s;
 fail:
     free(ls), free(neg), free(nneg);
+    if (s && s->mem && !pooled) { /* a fresh allocation whose header may not be on the device: not for the pool */
+        dsv4_cuda_stream_sync(g->stream);
+        dsv4_cuda_free(s->mem);
+        s->mem = NULL;
+    }
     dsv4_cuda_seq_free(s);
     return NULL;
 }
@@ -123,7 +130,12 @@ void dsv4_cuda_seq_free(dsv4_cuda_seq *s) {
         if (p) g->spool = p, g->capspool = cap;
     }
     if (s->mem && g->nspool < g->capspool) {
-        g->spool[g->nspool++] = s->mem; /* kept: the next sequence's reset is ordered after this one's steps */
+        /* kept: the next sequence's reset (on the main stream) is ordered after this one's steps, which end joined to
+         * it; a forward that failed part-way may have left work on the side streams (the window ring's store, the
+         * compressors' rows) that writes this state, so those are waited for here (idle otherwise: microseconds) */
+        if (g->stream2) dsv4_cuda_stream_sync(g->stream2);
+        if (g->stream3) dsv4_cuda_stream_sync(g->stream3);
+        g->spool[g->nspool++] = s->mem;
     } else if (s->mem) {
         dsv4_cuda_stream_sync(g->stream); /* a step in flight may still use the state */
         dsv4_cuda_free(s->mem);

@@ -320,7 +320,8 @@ static int gb_usable(int K, int E) {
 
 extern "C" int dsv4_cuda_moe_group_maxt_plan(int K, int E) {
     if (!gb_usable(K, E)) return dsv4_cuda_moe_group_maxt(K, E);
-    const int lim = dsv4_env_int("DSV4_MOE_GROUP_T", 0); /* (A/B: groups of at most this many tokens) */
+    static int lim = -1; /* (A/B: groups of at most this many tokens, a multiple of 32; read once, as the arena is sized once) */
+    if (lim < 0) lim = dsv4_env_int("DSV4_MOE_GROUP_T", 0);
     return lim >= 32 ? lim / 32 * 32 : 1 << 20;
 }
 

@@ -10,9 +10,9 @@
  *      in the batch, so a request is computed the same way under any load;
  *   4. one dsv4_forward call (LOGITS_LAST), then each request that finished its prompt or decoded a
  *      token samples with its own sampler (seeded Philox: depends on seed + step only), detokenizes,
- *      scans stop strings and appends the text it may emit to its output queue. On the GPU, a step none
- *      of whose requests needs the host's logits (logprobs), token history (penalties) or a forced
- *      tool-call opening samples on the device instead (the same algorithm and draw; only the ids come
+ *      scans stop strings and appends the text it may emit to its output queue. On the GPU, a step of at
+ *      most dsv4_decode_sample_max sequences none of whose requests needs the host's logits (logprobs),
+ *      token history (penalties) or a forced tool-call opening samples on the device instead (the same algorithm and draw; only the ids come
  *      back): a step of decodes with dsv4_decode_sample (inside the step's CUDA graphs), a step with
  *      prompt chunks with dsv4_forward_sample.
  * On the CPU a sequence's logits do not depend on the rest of the batch, so a seeded request returns the

@@ -760,7 +760,7 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
         printf("     the first by more: [%zu] got %.9g ref %.9g (its block's subnormal step %.3g)\n", ifar, hq[ifar], hr[ifar],
                hst[ifar / I * nb + ifar % I / 128]);
     snprintf(name, sizeof name, "moe bf16 prefill %s T=%d E=%d D=%d I=%d%s y (own h) vs CPU", dsv4_wfmt_name(fmt), T, E, D, I, big ? " big" : "");
-    /* the bar: 3e-5 of the rms, or 1e-5 of the value itself. Two fp32 sums of the same products in other orders (and,
+    /* the bar: 3e-5 of the rms plus 1e-5 of the value itself. Two fp32 sums of the same products in other orders (and,
      * NVFP4, scale2 applied to each weight or to the sum) differ by rounding that grows with the terms' size, so the
      * few values many times the rms need the relative part: session 31 saw 3.9e-3 on a value of 1,029 (8x the rms,
      * 3.8e-6 of it) in an NVFP4 case after other tests' draws had moved its random data; a wrong product or scale

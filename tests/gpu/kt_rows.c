@@ -139,7 +139,8 @@ void test_norm_rope_h16(int T, int H, int n, int npairs, int weighted) {
         g_checks++, g_fail += nd != 0;
         printf("%-4s norm_rope_h16 T=%d H=%d n=%d pairs=%d %s%s: %ld of %zu values differ from rmsnorm + rope in f16%s\n",
                nd ? "FAIL" : "ok", T, H, n, npairs, weighted ? "w" : "-",
-               mode == 2 ? " one row a block" : mode ? " two rows a block" : " a warp a row", nd, c.N, nd ? " <<<" : "");
+               n / 4 > 128 ? (mode ? " (quads of a long row a thread)" : " (quads of a long row a thread, again)")
+               : mode == 2 ? " one row a block" : mode ? " two rows a block" : " a warp a row", nd, c.N, nd ? " <<<" : "");
     }
     dsv4_cuda_row_prep2(-1);
     dsv4_cuda_row_h16_warp(-1);
