@@ -127,6 +127,7 @@ void test_swiglu(int T, int I, int ld, float lim, int weighted);
 dsv4_cuda_moe_plan dplan_new(int T, int K, int E);
 void dplan_free(dsv4_cuda_moe_plan *p);
 void test_moe_group(int T, int K, int E, int blocks);
+void test_moe_combine(int T, int K, int D, int with_shared);
 void test_moe_route(int T, int E, int K, int hash);
 void test_moe_f8(int T, int K, int E, int D, int I);
 void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, int big, int T2);

@@ -264,6 +264,44 @@ void test_moe_group(int T, int K, int E, int blocks) {
     hplan_free(&r), hplan_free(&g), free(sel), free(sid), free(w), free(vr), free(vg);
 }
 
+/* moe_combine, one column a thread and four, against the CPU's order (each token's slots in order up to the first -1,
+ * fp32 additions, then + shared): bitwise. Slots: a random number of distinct ascending ones a token, -1 after. */
+void test_moe_combine(int T, int K, int D, int with_shared) {
+    const int S = T * K;
+    float *y = randn((size_t)S * D, 1.0f), *sh = randn((size_t)T * D, 0.5f), *ref = malloc(sizeof(float) * (size_t)T * D),
+          *got = malloc(sizeof(float) * (size_t)T * D);
+    int *ts = malloc(sizeof(int) * (size_t)S);
+    for (int t = 0; t < T; t++) {
+        const int n = (int)(rnd_u32() % (uint32_t)(K + 1));
+        int last = -1;
+        for (int k = 0; k < K; k++) {
+            if (k < n) last += 1 + (int)(rnd_u32() % (uint32_t)((S - 1 - last) / (n - k) > 1 ? (S - 1 - last) / (n - k) : 1));
+            ts[t * K + k] = k < n ? last : -1;
+        }
+        for (int d = 0; d < D; d++) {
+            float a = 0.0f;
+            for (int k = 0; k < K && ts[t * K + k] >= 0; k++) a += y[(size_t)ts[t * K + k] * D + d];
+            ref[(size_t)t * D + d] = with_shared ? a + sh[(size_t)t * D + d] : a;
+        }
+    }
+    float *dy = dup_to_dev(y, sizeof(float) * (size_t)S * D), *dsh = dup_to_dev(sh, sizeof(float) * (size_t)T * D),
+          *dout = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
+    int *dts = dup_to_dev(ts, sizeof(int) * (size_t)S);
+    for (int vec = 0; vec < 2; vec++) {
+        dsv4_cuda_moe_combine_vec(vec);
+        op_ok(dsv4_cuda_moe_combine(dy, dts, T, K, D, with_shared ? dsh : NULL, dout, NULL), "moe_combine");
+        sync_ok();
+        from_dev(got, dout, sizeof(float) * (size_t)T * D);
+        char name[128];
+        snprintf(name, sizeof name, "moe_combine T=%d K=%d D=%d%s, %s", T, K, D, with_shared ? " + shared" : "",
+                 vec && D % 4 == 0 ? "four columns a thread" : "a column a thread");
+        check_same(name, got, ref, (size_t)T * D);
+    }
+    dsv4_cuda_moe_combine_vec(-1);
+    dsv4_cuda_free(dy), dsv4_cuda_free(dsh), dsv4_cuda_free(dout), dsv4_cuda_free(dts);
+    free(y), free(sh), free(ref), free(got), free(ts);
+}
+
 /* Flash's 256 and Pro's 384 experts take a whole 4096-token group (the token bitmaps and one prefix count per 4 bitmap
  * words fit in shared memory), exact at Pro's 4096; 640 experts: the largest group that fits (forward_cuda.c splits a
  * pass into groups of at most that many tokens), exact there, and a clean error one group size past it. */

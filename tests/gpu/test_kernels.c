@@ -372,6 +372,10 @@ moe_checks:
     test_moe_group(4096, 8, 384, 1);
     test_moe_group(3001, 6, 640, 1);
     test_moe_group(8192, 6, 256, 1); /* an 8192-row pass in one group (forward_cuda.c: the whole pass) */
+    test_moe_combine(37, 6, 4096, 1);
+    test_moe_combine(300, 6, 1024, 0);
+    test_moe_combine(5, 9, 2052, 1); /* K past one round of 8; 513 column quads */
+    test_moe_combine(3, 2, 70, 1);   /* D % 4 != 0: one column a thread either way */
     test_moe_group_limit();
     /* tensor cores: act quant at decode sizes (8 / 16 tokens a chunk) and on the pre-quantized 64-token path (>= 16
      * rows per expert on average; more than 64 rows: several chunks), every format */
