@@ -32,6 +32,9 @@ static void usage(FILE *f) {
             "  --step-tokens N         tokens per engine step (default: cpu 512; cuda 8192, or the rows of one\n"
             "                          GPU pass if fewer)\n"
             "  --prefill-chunk N       prompt tokens per chunk (default: cpu 256; cuda --step-tokens)\n"
+            "  --prefix-cache N        keep the states of the last N prompts (of 16+ tokens); a prompt that extends one\n"
+            "                          (a chat's next turn) starts from it (default: cpu 0; cuda 32, fewer if the GPU's\n"
+            "                          memory is short; each is one sequence's state)\n"
             "  --max-body BYTES        request body limit (default 8388608)\n"
             "  --timeout S             idle / slow-client timeout in seconds (default 60)\n"
             "  --drain-timeout S       SIGTERM: seconds in-flight requests may still run (default 30)\n"
@@ -44,7 +47,7 @@ static void usage(FILE *f) {
 /* The batch sizes a device runs well unless the command line chose: the CPU engine's step is a few hundred tokens;
  * a GPU's (vLLM's and SGLang's defaults on Hopper) up to 8192 tokens in one pass, 256 sequences, a prompt chunk the
  * whole step, and no more sequences than its memory holds at the context capacity. */
-static void serve_sizes(const dsv4_model *m, srv_config *c, int set_seqs, int set_step, int set_chunk) {
+static void serve_sizes(const dsv4_model *m, srv_config *c, int set_seqs, int set_step, int set_chunk, int set_pc) {
     int rows = 0;
     long fit = -1;
     if (dsv4_device_limits(m, &rows, &fit)) rows = 0, fit = -1;
@@ -52,10 +55,18 @@ static void serve_sizes(const dsv4_model *m, srv_config *c, int set_seqs, int se
         if (!set_step) c->step_tokens = rows < 8192 ? rows : 8192;
         if (!set_chunk) c->prefill_chunk = c->step_tokens;
         if (!set_seqs) c->max_seqs = 256;
+        if (!set_pc) c->prefix_cache = 32;
     }
+    if (fit >= 0 && c->prefix_cache > fit / 4) { /* cached prompts: at most a quarter of the room */
+        if (set_pc)
+            fprintf(stderr, "dsv4 serve: --prefix-cache %d: the device's memory holds %ld sequence(s): %ld cached prompts\n",
+                    c->prefix_cache, fit, fit / 4);
+        c->prefix_cache = (int)(fit / 4);
+    }
+    if (fit >= 0) fit -= c->prefix_cache;
     if (fit >= 0 && c->max_seqs > fit) {
         const int n = fit > 0 ? (int)fit : 1;
-        fprintf(stderr, "dsv4 serve: the device's memory holds %ld sequence(s) of %d positions%s: max %d sequences\n", fit,
+        fprintf(stderr, "dsv4 serve: the device's memory holds %ld more sequence(s) of %d positions%s: max %d sequences\n", fit,
                 dsv4_model_info(m).max_context, set_seqs ? " (fewer than --max-seqs)" : "", n);
         c->max_seqs = n;
     }
@@ -79,7 +90,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
     c->api_key = getenv("DSV4_API_KEY");
     if (c->api_key && !*c->api_key) c->api_key = NULL;
     long max_ctx = 0, kv = 0, threads = 0;
-    int set_seqs = 0, set_step = 0, set_chunk = 0; /* given on the command line (else the device's defaults) */
+    int set_seqs = 0, set_step = 0, set_chunk = 0, set_pc = 0; /* given on the command line (else the device's defaults) */
     const char *device = "cpu";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -109,6 +120,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--kv-tokens")) kv = NUM(2, 1L << 40);
         else if (!strcmp(a, "--step-tokens")) c->step_tokens = (int)NUM(1, 1 << 20), set_step = 1;
         else if (!strcmp(a, "--prefill-chunk")) c->prefill_chunk = (int)NUM(1, 1 << 20), set_chunk = 1;
+        else if (!strcmp(a, "--prefix-cache")) c->prefix_cache = (int)NUM(0, 1 << 16), set_pc = 1;
         else if (!strcmp(a, "--max-body")) c->max_body = (size_t)NUM(1024, 1L << 32);
         else if (!strcmp(a, "--timeout")) c->timeout_s = (int)NUM(1, 86400);
         else if (!strcmp(a, "--drain-timeout")) c->drain_s = (int)NUM(0, 86400);
@@ -164,7 +176,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
         return 1;
     }
     S.info = dsv4_model_info(S.model);
-    serve_sizes(S.model, c, set_seqs, set_step, set_chunk);
+    serve_sizes(S.model, c, set_seqs, set_step, set_chunk, set_pc);
     char tpath[4096];
     snprintf(tpath, sizeof tpath, "%s/tokenizer.json", c->model_dir);
     dsv4_err e = {{0}};
@@ -192,9 +204,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
     if (srv_http_start(&S)) goto done;
     fprintf(stderr,
             "dsv4 serve: model '%s' loaded in %.2f s (%d layers, dim %d, context %d); max %d sequences, KV budget %ld "
-            "tokens, %d tokens a step, prompt chunks of %d%s\n",
+            "tokens, %d tokens a step, prompt chunks of %d, %d cached prompts%s\n",
             c->model_name, dsv4_cli_now() - t0, S.info.n_layers, S.info.dim, c->max_context, c->max_seqs, c->kv_tokens,
-            c->step_tokens, c->prefill_chunk, c->api_key ? ", API key required" : "");
+            c->step_tokens, c->prefill_chunk, c->prefix_cache, c->api_key ? ", API key required" : "");
     fprintf(stderr, "dsv4 serve: listening on http://%s%s%s:%d\n", strchr(c->host, ':') ? "[" : "", c->host,
             strchr(c->host, ':') ? "]" : "", c->port);
     fflush(stderr);

@@ -28,7 +28,7 @@ static const char *fin_names[] = {"none", "eos", "stop", "length", "abort", "err
 static struct {
     pthread_mutex_t mu;
     unsigned long req[SRV_EP_COUNT][NCODES + 1];
-    unsigned long prompt_tokens, gen_tokens, steps, step_tokens;
+    unsigned long prompt_tokens, gen_tokens, steps, step_tokens, prefix_hits, prefix_tokens;
     unsigned long fin[6];
     hist ttft, tpot, e2e;
 } M = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -61,6 +61,13 @@ void srv_metrics_tokens(long prompt, long generated) {
     pthread_mutex_lock(&M.mu);
     M.prompt_tokens += (unsigned long)prompt;
     M.gen_tokens += (unsigned long)generated;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void srv_metrics_prefix(long tokens) {
+    pthread_mutex_lock(&M.mu);
+    M.prefix_hits++;
+    M.prefix_tokens += (unsigned long)tokens;
     pthread_mutex_unlock(&M.mu);
 }
 
@@ -130,6 +137,10 @@ char *srv_metrics_render(srv_sched *S, size_t *len) {
         dsv4_sb_printf(&b, "dsv4_request_finish_total{reason=\"%s\"} %lu\n", fin_names[f], M.fin[f]);
     put_metric(&b, "dsv4_prompt_tokens_total", "counter", "Prompt tokens processed.", (double)M.prompt_tokens);
     put_metric(&b, "dsv4_generation_tokens_total", "counter", "Tokens generated.", (double)M.gen_tokens);
+    put_metric(&b, "dsv4_prefix_cache_hits_total", "counter", "Requests that started from a cached prompt's state.",
+               (double)M.prefix_hits);
+    put_metric(&b, "dsv4_prefix_cache_tokens_total", "counter", "Prompt tokens taken from the prefix cache (not computed).",
+               (double)M.prefix_tokens);
     put_metric(&b, "dsv4_engine_steps_total", "counter", "Engine steps (forward calls).", (double)M.steps);
     put_metric(&b, "dsv4_engine_step_tokens_total", "counter", "Tokens fed over all engine steps.",
                (double)M.step_tokens);

@@ -15,8 +15,11 @@
  *      token history (penalties) or a forced tool-call opening samples on the device instead (the same algorithm and draw; only the ids come
  *      back): a step of decodes with dsv4_decode_sample (inside the step's CUDA graphs), a step with
  *      prompt chunks with dsv4_forward_sample.
+ * With a prefix cache (srv_config.prefix_cache), a prompt's state is kept right after its last token, and a
+ * later prompt that extends a kept one (a chat's next turn) starts from a copy of it and feeds the rest.
  * On the CPU a sequence's logits do not depend on the rest of the batch, so a seeded request returns the
- * same text whatever runs beside it. On the GPU that holds for steps of decodes only (decode steps are
+ * same text whatever runs beside it (a request started from the prefix cache feeds its prompt in other
+ * chunks: ~1e-6 relative, as chunked against one-shot prefill; the CPU's default is no cache). On the GPU that holds for steps of decodes only (decode steps are
  * batch invariant); a decode row inside a step with prompt chunks runs on the prompt pass's kernels, and
  * those passes' FP8 GEMMs take cuBLASLt algorithms by the pass's size, so under load a seeded request's
  * text may differ from the same request alone (bench/NOTES.md "Session 31"). */
@@ -43,7 +46,17 @@ typedef struct slot {
     int chunk;            /* tokens in the current batch */
     int n_forced;         /* forced tokens (srv_req.force) fed so far */
     int forcing;          /* feeding forced tokens instead of sampling */
+    int n_cached;         /* prompt tokens taken from the prefix cache */
 } slot;
+
+/* A prompt's state kept for later prompts that extend it (a chat's next turn): the prompt's tokens and a copy of its
+ * sequence right after them (dsv4_seq_fork; never fed). */
+typedef struct pc_ent {
+    int32_t *tok;
+    int n;
+    dsv4_seq *seq;
+    unsigned long used; /* last use (least recently used goes first) */
+} pc_ent;
 
 struct srv_sched {
     dsv4_model *m;
@@ -69,6 +82,9 @@ struct srv_sched {
     int32_t *dtok, *dids;      /* device-sampled steps: the tokens fed, the ids drawn */
     dsv4_device_sampling *dsp; /* and the parameters of each sequence */
     int mixed_dev;             /* steps with prompt chunks sample on the device too (dsv4_forward_sample) */
+    pc_ent *pc;                /* the prefix cache: cfg.prefix_cache entries at most */
+    int n_pc;
+    unsigned long pc_clock;
 };
 
 double srv_now(void) {
@@ -166,6 +182,52 @@ static void slot_release(srv_sched *S, int i, srv_finish f, int stop_index, cons
     srv_req_release(r);
 }
 
+/* ---- the prefix cache ---- */
+
+#define PC_MIN_TOKENS 16 /* shorter prompts are not kept: their prefill is a fraction of a step */
+
+/* the entry whose prompt is the longest proper prefix of prompt[0..n) (a token at least is left to feed: its logits
+ * are the first draw's), or -1 */
+static int pc_find(const srv_sched *S, const int32_t *prompt, int n) {
+    int best = -1;
+    for (int i = 0; i < S->n_pc; i++) {
+        const pc_ent *e = &S->pc[i];
+        if (e->n < n && (best < 0 || e->n > S->pc[best].n) && !memcmp(e->tok, prompt, sizeof(int32_t) * (size_t)e->n))
+            best = i;
+    }
+    return best;
+}
+
+/* Keeps a copy of seq, which has just been fed prompt[0..n): an entry of the same prompt is only marked used; else a
+ * free entry, else the least recently used one's place (freed first: on the GPU its device state is then the one the
+ * copy takes). Out of memory: nothing is kept. */
+static void pc_put(srv_sched *S, const int32_t *prompt, int n, const dsv4_seq *seq) {
+    if (S->cfg.prefix_cache <= 0 || n < PC_MIN_TOKENS) return;
+    for (int i = 0; i < S->n_pc; i++)
+        if (S->pc[i].n == n && !memcmp(S->pc[i].tok, prompt, sizeof(int32_t) * (size_t)n)) {
+            S->pc[i].used = ++S->pc_clock;
+            return;
+        }
+    int at = S->n_pc;
+    if (at == S->cfg.prefix_cache) {
+        at = 0;
+        for (int i = 1; i < S->n_pc; i++)
+            if (S->pc[i].used < S->pc[at].used) at = i;
+        free(S->pc[at].tok);
+        dsv4_seq_free(S->pc[at].seq);
+        S->pc[at] = S->pc[--S->n_pc];
+        at = S->n_pc;
+    }
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
+    dsv4_seq *c = tok ? dsv4_seq_fork(seq) : NULL;
+    if (!c) {
+        free(tok);
+        return;
+    }
+    memcpy(tok, prompt, sizeof(int32_t) * (size_t)n);
+    S->pc[S->n_pc++] = (pc_ent){tok, n, c, ++S->pc_clock};
+}
+
 /* Called with S->mu held. Returns 0, or -1 (the request was finished with an error). */
 static int slot_open(srv_sched *S, srv_req *r) {
     slot *s = &S->slots[S->n_slots];
@@ -174,7 +236,14 @@ static int slot_open(srv_sched *S, srv_req *r) {
     s->reserve = (long)r->n_prompt + r->max_tokens;
     dsv4_err e = {{0}};
     const char *why = "out of memory";
-    if (!(s->seq = dsv4_seq_new(S->m)) || !(s->ts = dsv4_tok_stream_new(S->tok, 0))) goto fail;
+    /* a prompt that extends a cached one starts from its state (the rest of the prompt is fed as usual) */
+    const int hit = pc_find(S, r->prompt, r->n_prompt);
+    if (hit >= 0 && (s->seq = dsv4_seq_fork(S->pc[hit].seq))) {
+        s->n_fed = s->n_cached = S->pc[hit].n;
+        S->pc[hit].used = ++S->pc_clock;
+        srv_metrics_prefix(s->n_cached);
+    }
+    if ((!s->seq && !(s->seq = dsv4_seq_new(S->m))) || !(s->ts = dsv4_tok_stream_new(S->tok, 0))) goto fail;
     if (dsv4_sampler_init(&s->smp, &r->sp, S->V, &e) || dsv4_sampler_add_prompt(s->smp, r->prompt, r->n_prompt, &e)) {
         why = e.msg;
         goto fail;
@@ -405,7 +474,8 @@ static void *engine_main(void *arg) {
             if (s->n_fed < s->r->n_prompt) {
                 s->n_fed += s->chunk;
                 if (s->n_fed < s->r->n_prompt) continue;
-                srv_metrics_tokens(s->r->n_prompt, 0);
+                srv_metrics_tokens(s->r->n_prompt - s->n_cached, 0);
+                pc_put(S, s->r->prompt, s->r->n_prompt, s->seq); /* the state right after the prompt */
             }
             slot_sample(S, i, on_dev ? NULL : S->logits + (size_t)b * S->V, S->dids[b]);
         }
@@ -455,8 +525,9 @@ srv_sched *srv_sched_new(dsv4_model *m, const dsv4_tok *tok, const srv_config *c
     S->dtok = calloc((size_t)n, sizeof *S->dtok);
     S->dids = calloc((size_t)n, sizeof *S->dids);
     S->dsp = calloc((size_t)n, sizeof *S->dsp);
+    S->pc = calloc((size_t)(cfg->prefix_cache > 0 ? cfg->prefix_cache : 1), sizeof *S->pc);
     if (!S->wait || !S->slots || !S->logits || !S->bseq || !S->btok || !S->bn || !S->bslot || !S->dtok || !S->dids ||
-        !S->dsp) {
+        !S->dsp || !S->pc) {
         snprintf(err, errcap, "out of memory");
         srv_sched_free(S);
         return NULL;
@@ -545,6 +616,8 @@ void srv_sched_free(srv_sched *S) {
     free(S->dtok);
     free(S->dids);
     free(S->dsp);
+    for (int i = 0; S->pc && i < S->n_pc; i++) free(S->pc[i].tok), dsv4_seq_free(S->pc[i].seq);
+    free(S->pc);
     free(S);
 }
 

@@ -44,6 +44,7 @@ typedef struct srv_config {
     int timeout_s;      /* idle / slow-client connection timeout */
     int drain_s;        /* SIGTERM: how long in-flight requests may run before they are cancelled */
     int max_conns;
+    int prefix_cache;   /* cached prompt states (sched.c: a prompt that extends a cached one starts from it); 0: none */
     int default_thinking; /* thinking mode when a request does not say */
     int verbose;
 } srv_config;
@@ -122,6 +123,7 @@ void srv_metrics_tpot(double s);
 void srv_metrics_e2e(double s);
 void srv_metrics_finish(srv_finish f);
 void srv_metrics_step(int ntok);
+void srv_metrics_prefix(long tokens); /* a request started from the prefix cache, skipping this many prompt tokens */
 /* Prometheus text exposition (malloc'd). */
 struct srv_sched;
 char *srv_metrics_render(struct srv_sched *S, size_t *len);
