@@ -6,8 +6,8 @@
  *   2. cancelled requests (client gone, shutdown) are finished and their sequence freed;
  *   3. the batch: one token for every decoding request, then prompt chunks of prefilling requests in
  *      admission order while the step's token budget lasts (at least one chunk per step, so a prompt
- *      always progresses). A chunk is always min(prefill_chunk, rest of the prompt), whatever else is
- *      in the batch, so a request is computed the same way under any load;
+ *      always progresses). A chunk is always min(prefill_chunk, rest of the prompt or up to the prefix
+ *      cache's cut), whatever else is in the batch, so a request is computed the same way under any load;
  *   4. one dsv4_forward call (LOGITS_LAST), then each request that finished its prompt or decoded a
  *      token samples with its own sampler (seeded Philox: depends on seed + step only), detokenizes,
  *      scans stop strings and appends the text it may emit to its output queue. On the GPU, a step of at
@@ -16,7 +16,9 @@
  *      back): a step of decodes with dsv4_decode_sample (inside the step's CUDA graphs), a step with
  *      prompt chunks with dsv4_forward_sample.
  * With a prefix cache (srv_config.prefix_cache), a prompt's state is kept right after its last token, and a
- * later prompt that extends a kept one (a chat's next turn) starts from a copy of it and feeds the rest.
+ * later prompt that extends a kept one (a chat's next turn) starts from a copy of it and feeds the rest; a
+ * prompt that shares a longer prefix with a kept one (a system prompt) ends a chunk there and keeps that
+ * state too, for the conversations after it.
  * On the CPU a sequence's logits do not depend on the rest of the batch, so a seeded request returns the
  * same text whatever runs beside it (a request started from the prefix cache feeds its prompt in other
  * chunks: ~1e-6 relative, as chunked against one-shot prefill; the CPU's default is no cache). On the GPU that holds for steps of decodes only (decode steps are
@@ -47,6 +49,7 @@ typedef struct slot {
     int n_forced;         /* forced tokens (srv_req.force) fed so far */
     int forcing;          /* feeding forced tokens instead of sampling */
     int n_cached;         /* prompt tokens taken from the prefix cache */
+    int cut;              /* > n_fed: a chunk ends there and the state is kept (a prefix shared with a kept prompt) */
 } slot;
 
 /* A prompt's state kept for later prompts that extend it (a chat's next turn): the prompt's tokens and a copy of its
@@ -184,7 +187,20 @@ static void slot_release(srv_sched *S, int i, srv_finish f, int stop_index, cons
 
 /* ---- the prefix cache ---- */
 
-#define PC_MIN_TOKENS 16 /* shorter prompts are not kept: their prefill is a fraction of a step */
+#define PC_MIN_TOKENS 16  /* shorter prompts are not kept: their prefill is a fraction of a step */
+#define PC_MIN_SHARED 32  /* a prefix shared with a kept prompt (a system prompt) is kept from this many tokens */
+
+/* the longest prefix prompt[0..n) shares with a kept prompt that is not the whole kept prompt (those are pc_find's) */
+static int pc_shared(const srv_sched *S, const int32_t *prompt, int n) {
+    int best = 0;
+    for (int i = 0; i < S->n_pc; i++) {
+        const pc_ent *e = &S->pc[i];
+        int l = 0;
+        while (l < e->n && l < n && e->tok[l] == prompt[l]) l++;
+        if (l < e->n && l > best) best = l;
+    }
+    return best;
+}
 
 /* the entry whose prompt is the longest proper prefix of prompt[0..n) (a token at least is left to feed: its logits
  * are the first draw's), or -1 */
@@ -242,6 +258,12 @@ static int slot_open(srv_sched *S, srv_req *r) {
         s->n_fed = s->n_cached = S->pc[hit].n;
         S->pc[hit].used = ++S->pc_clock;
         srv_metrics_prefix(s->n_cached);
+    }
+    /* a longer prefix shared with a kept prompt (another conversation with the same system prompt): a chunk ends
+     * there and that state is kept too, for the next one */
+    if (S->cfg.prefix_cache > 0) {
+        const int sh = pc_shared(S, r->prompt, r->n_prompt);
+        if (sh >= PC_MIN_SHARED && sh > s->n_fed && sh < r->n_prompt) s->cut = sh;
     }
     if ((!s->seq && !(s->seq = dsv4_seq_new(S->m))) || !(s->ts = dsv4_tok_stream_new(S->tok, 0))) goto fail;
     if (dsv4_sampler_init(&s->smp, &r->sp, S->V, &e) || dsv4_sampler_add_prompt(s->smp, r->prompt, r->n_prompt, &e)) {
@@ -424,7 +446,7 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < S->n_slots; i++) {
             slot *s = &S->slots[i];
             if (s->n_fed >= s->r->n_prompt) continue;
-            int c = s->r->n_prompt - s->n_fed;
+            int c = (s->cut > s->n_fed ? s->cut : s->r->n_prompt) - s->n_fed;
             if (c > S->cfg.prefill_chunk) c = S->cfg.prefill_chunk;
             if (c > budget && prefills) continue;
             s->chunk = c;
@@ -473,6 +495,7 @@ static void *engine_main(void *arg) {
             slot *s = &S->slots[i];
             if (s->n_fed < s->r->n_prompt) {
                 s->n_fed += s->chunk;
+                if (s->n_fed == s->cut) pc_put(S, s->r->prompt, s->cut, s->seq); /* the shared prefix's state */
                 if (s->n_fed < s->r->n_prompt) continue;
                 srv_metrics_tokens(s->r->n_prompt - s->n_cached, 0);
                 pc_put(S, s->r->prompt, s->r->n_prompt, s->seq); /* the state right after the prompt */

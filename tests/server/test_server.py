@@ -582,3 +582,28 @@ def test_prefix_cache(model_dir):
         assert _metric(s, "dsv4_prefix_cache_tokens_total") == 3 * len(p1)
     finally:
         assert s.stop() == 0, "".join(s.log)
+
+
+def test_prefix_cache_shared_system_prompt(model_dir):
+    """Conversations that share a system prompt but not a turn: the second ends a chunk at the shared prefix and keeps
+    that state, the third starts from it; greedy text equal to a server without the cache."""
+    a = list(range(1000, 1040))
+    q1, q2, q3 = a + list(range(2000, 2010)), a + list(range(3000, 3010)), a + list(range(4000, 4010))
+    body = lambda p: {"prompt": p, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    ref = Server(model_dir, "--max-context", "1024")
+    try:
+        want = [httpx.post(ref.base + "/v1/completions", json=body(q), timeout=120).json()["choices"][0]["text"]
+                for q in (q2, q3)]
+    finally:
+        assert ref.stop() == 0
+    s = Server(model_dir, "--max-context", "1024", "--prefix-cache", "4")
+    try:
+        post1 = lambda p: httpx.post(s.base + "/v1/completions", json=body(p), timeout=120).json()["choices"][0]["text"]
+        post1(q1)
+        assert post1(q2) == want[0]
+        assert _metric(s, "dsv4_prefix_cache_hits_total") == 0
+        assert post1(q3) == want[1]
+        assert _metric(s, "dsv4_prefix_cache_hits_total") == 1
+        assert _metric(s, "dsv4_prefix_cache_tokens_total") == len(a)
+    finally:
+        assert s.stop() == 0, "".join(s.log)
