@@ -206,7 +206,11 @@ sreq() { curl -sf -m 120 http://127.0.0.1:18123/v1/completions -H 'content-type:
     sed 's/.*"text":"\([^"]*\)".*/\1/' >"$3"; }
 sprompt() { for j in $(seq 1 "$1"); do printf '%s ' alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu; done; }
 for md in 0 1; do
-    DSV4_SERVE_MIXED_DEVICE=$md "$BUILD/dsv4" serve -m "$OUT/synth" --device cuda --port 18123 2>"$OUT/serve-$md.log" &
+    # (md 0 without the prefix cache, so that its concurrent check measures the batches alone; md 1 with the default)
+    pc=""
+    [ "$md" = 0 ] && pc="--prefix-cache 0"
+    # shellcheck disable=SC2086
+    DSV4_SERVE_MIXED_DEVICE=$md "$BUILD/dsv4" serve -m "$OUT/synth" --device cuda --port 18123 $pc 2>"$OUT/serve-$md.log" &
     spid=$!
     for i in $(seq 1 60); do grep -q "listening" "$OUT/serve-$md.log" && break; sleep 1; done
     if curl -sf -m 60 http://127.0.0.1:18123/v1/chat/completions -H 'content-type: application/json' \

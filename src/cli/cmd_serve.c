@@ -57,6 +57,8 @@ static void serve_sizes(const dsv4_model *m, srv_config *c, int set_seqs, int se
         if (!set_seqs) c->max_seqs = 256;
         if (!set_pc) c->prefix_cache = 32;
     }
+    if (fit >= 0 && !set_pc && set_seqs && c->prefix_cache > fit - c->max_seqs) /* the given --max-seqs first */
+        c->prefix_cache = fit > c->max_seqs ? (int)(fit - c->max_seqs) : 0;
     if (fit >= 0 && c->prefix_cache > fit / 4) { /* cached prompts: at most a quarter of the room */
         if (set_pc)
             fprintf(stderr, "dsv4 serve: --prefix-cache %d: the device's memory holds %ld sequence(s): %ld cached prompts\n",

@@ -18,10 +18,14 @@
  * With a prefix cache (srv_config.prefix_cache), a prompt's state is kept right after its last token, and a
  * later prompt that extends a kept one (a chat's next turn) starts from a copy of it and feeds the rest; a
  * prompt that shares a longer prefix with a kept one (a system prompt) ends a chunk there and keeps that
- * state too, for the conversations after it.
+ * state too, for the conversations after it. A kept state's tokens were computed as a prompt that ended
+ * there (dsv4_seq_set_prefill): the indexer's top-k ranked shorter lists than a one-shot prefill of the
+ * longer prompt would, which changes the order of exactly tied scores only (a score is 0 where every
+ * indexer head's ReLU is: ~1/16 of the entries with the synthetic models' 4 heads, rare with the real
+ * models' 64); the attention then sums those keys in another order.
  * On the CPU a sequence's logits do not depend on the rest of the batch, so a seeded request returns the
- * same text whatever runs beside it (a request started from the prefix cache feeds its prompt in other
- * chunks: ~1e-6 relative, as chunked against one-shot prefill; the CPU's default is no cache). On the GPU that holds for steps of decodes only (decode steps are
+ * same text whatever runs beside it; with the prefix cache (off by default there) it may depend on what
+ * ran before it, through those ties. On the GPU that holds for steps of decodes only (decode steps are
  * batch invariant); a decode row inside a step with prompt chunks runs on the prompt pass's kernels, and
  * those passes' FP8 GEMMs take cuBLASLt algorithms by the pass's size, so under load a seeded request's
  * text may differ from the same request alone (bench/NOTES.md "Session 31"). */
@@ -257,13 +261,12 @@ static int slot_open(srv_sched *S, srv_req *r) {
     if (hit >= 0 && (s->seq = dsv4_seq_fork(S->pc[hit].seq))) {
         s->n_fed = s->n_cached = S->pc[hit].n;
         S->pc[hit].used = ++S->pc_clock;
-        srv_metrics_prefix(s->n_cached);
     }
     /* a longer prefix shared with a kept prompt (another conversation with the same system prompt): a chunk ends
-     * there and that state is kept too, for the next one */
+     * there and that state is kept too, for the next one (not for a few tokens past a hit: a near copy of it) */
     if (S->cfg.prefix_cache > 0) {
         const int sh = pc_shared(S, r->prompt, r->n_prompt);
-        if (sh >= PC_MIN_SHARED && sh > s->n_fed && sh < r->n_prompt) s->cut = sh;
+        if (sh >= PC_MIN_SHARED && sh >= s->n_fed + PC_MIN_SHARED && sh < r->n_prompt) s->cut = sh;
     }
     if ((!s->seq && !(s->seq = dsv4_seq_new(S->m))) || !(s->ts = dsv4_tok_stream_new(S->tok, 0))) goto fail;
     if (dsv4_sampler_init(&s->smp, &r->sp, S->V, &e) || dsv4_sampler_add_prompt(s->smp, r->prompt, r->n_prompt, &e)) {
@@ -271,6 +274,7 @@ static int slot_open(srv_sched *S, srv_req *r) {
         goto fail;
     }
     dsv4_seq_set_prefill(s->seq, r->n_prompt);
+    if (s->n_cached) srv_metrics_prefix(s->n_cached);
     S->kv_reserved += s->reserve;
     S->n_slots++;
     return 0;
