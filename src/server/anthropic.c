@@ -308,7 +308,9 @@ static cJSON *message_head(srv_out *o, int final) {
 
 static cJSON *usage(const srv_out *o) {
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "input_tokens", o->r->n_prompt);
+    /* Anthropic's split: input_tokens are the ones computed, cache_read_input_tokens the ones read from a cache */
+    cJSON_AddNumberToObject(u, "input_tokens", o->r->n_prompt - o->r->n_cached);
+    if (o->r->n_cached > 0) cJSON_AddNumberToObject(u, "cache_read_input_tokens", o->r->n_cached);
     cJSON_AddNumberToObject(u, "output_tokens", o->n_gen);
     return u;
 }

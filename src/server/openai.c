@@ -436,6 +436,11 @@ static cJSON *usage_json(const srv_out *o) {
     cJSON_AddNumberToObject(u, "prompt_tokens", o->r->n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", o->n_gen);
     cJSON_AddNumberToObject(u, "total_tokens", o->r->n_prompt + o->n_gen);
+    if (o->r->n_cached > 0) { /* vLLM's and OpenAI's field for prompt tokens served from a cache */
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddNumberToObject(d, "cached_tokens", o->r->n_cached);
+        cJSON_AddItemToObject(u, "prompt_tokens_details", d);
+    }
     return u;
 }
 

@@ -275,6 +275,7 @@ static int slot_open(srv_sched *S, srv_req *r) {
     }
     dsv4_seq_set_prefill(s->seq, r->n_prompt);
     if (s->n_cached) srv_metrics_prefix(s->n_cached);
+    r->n_cached = s->n_cached; /* (the usage objects read it after req_finish, under r->mu) */
     S->kv_reserved += s->reserve;
     S->n_slots++;
     return 0;

@@ -96,6 +96,7 @@ typedef struct srv_req {
     srv_lp *lps;
     size_t n_lp, cap_lp;
     int n_gen;               /* tokens generated */
+    int n_cached;            /* prompt tokens taken from the prefix cache (set at admission, read once done) */
     int done;
     srv_finish finish;
     int stop_index;

@@ -567,6 +567,7 @@ def test_prefix_cache(model_dir):
         assert _metric(s, "dsv4_prefix_cache_hits_total") == 0
         r = post1(p2)
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(p2)
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == len(p1)
         assert r.json()["choices"][0]["text"] == want2
         assert _metric(s, "dsv4_prefix_cache_hits_total") == 1
         assert _metric(s, "dsv4_prefix_cache_tokens_total") == len(p1)
@@ -606,5 +607,22 @@ def test_prefix_cache_shared_system_prompt(model_dir):
         assert post1(q3) == want[1]
         assert _metric(s, "dsv4_prefix_cache_hits_total") == 1
         assert _metric(s, "dsv4_prefix_cache_tokens_total") == len(a)
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_prefix_cache_usage_anthropic(model_dir):
+    """A chat's next turn through /v1/messages: the cached tokens reported as Anthropic does (cache_read_input_tokens,
+    input_tokens the rest)."""
+    s = Server(model_dir, "--max-context", "1024", "--prefix-cache", "2")
+    try:
+        msgs = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and the sea, please."}]
+        name = httpx.get(s.base + "/v1/models").json()["data"][0]["id"]
+        b = {"model": name, "max_tokens": 4, "temperature": 0, "system": "You are a careful storyteller who writes calm prose."}
+        u1 = httpx.post(s.base + "/v1/messages", json={**b, "messages": msgs}, timeout=120).json()["usage"]
+        assert "cache_read_input_tokens" not in u1 and u1["input_tokens"] >= 16
+        msgs += [{"role": "assistant", "content": "Once upon a time."}, {"role": "user", "content": "Go on."}]
+        u2 = httpx.post(s.base + "/v1/messages", json={**b, "messages": msgs}, timeout=120).json()["usage"]
+        assert u2["cache_read_input_tokens"] == u1["input_tokens"] and u2["input_tokens"] > 0
     finally:
         assert s.stop() == 0, "".join(s.log)
