@@ -603,73 +603,47 @@ extern "C" int dsv4_cuda_moe_experts_pass(const dsv4_cuda_experts *ex, const flo
 
 /* ---- 3. combine ---- */
 
-/* the token's slots and then their values are loaded 8 at a time, all in flight, then added in order */
+/* the token's slots and then their values are loaded 8 at a time, all in flight, then added in order. V = float: a
+ * column a thread; V = float4: four (16-byte loads and stores; D % 4 == 0, 16-byte aligned rows), each column's
+ * additions exactly as with float, so the same bits. (The 8K prefill's combine read ~1 GB a layer at ~2.6 TB/s with
+ * one 4-byte load a thread and slot: RESULTS "Session 31".) */
+__device__ __forceinline__ float cb_zero(float) { return 0.0f; }
+__device__ __forceinline__ float4 cb_zero(float4) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+__device__ __forceinline__ float cb_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float4 cb_add(float4 a, float4 b) {
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+template <typename V>
 __global__ void moe_combine_kernel(const float *y, const int *tslot, int K, int D, const float *shared, float *out) {
     dev_pdl_enter();
+    constexpr int VW = sizeof(V) / sizeof(float);
     const int t = blockIdx.y;
-    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    const int d = VW * (blockIdx.x * blockDim.x + threadIdx.x);
     if (d >= D) return;
     const int *ts = tslot + (int64_t)t * K;
-    const float sh = shared ? shared[(int64_t)t * D + d] : 0.0f;
-    float acc = 0.0f;
+    const V z = cb_zero(V()), sh = shared ? *(const V *)(shared + (int64_t)t * D + d) : z;
+    V acc = z;
     for (int k0 = 0; k0 < K; k0 += 8) {
         int s[8];
-        float v[8];
+        V v[8];
         bool live = true;
 #pragma unroll
         for (int u = 0; u < 8; u++) s[u] = k0 + u < K ? ts[k0 + u] : -1;
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             live = live && s[u] >= 0;
-            v[u] = live ? y[(int64_t)s[u] * D + d] : 0.0f;
+            v[u] = live ? *(const V *)(y + (int64_t)s[u] * D + d) : z;
         }
         bool add = true;
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             add = add && s[u] >= 0;
-            if (add) acc = __fadd_rn(acc, v[u]);
+            if (add) acc = cb_add(acc, v[u]);
         }
         if (!live) break;
     }
-    if (shared) acc = __fadd_rn(acc, sh);
-    out[(int64_t)t * D + d] = acc;
-}
-
-/* moe_combine_kernel with four columns a thread (16-byte loads and stores; D % 4 == 0, 16-byte aligned rows): each
- * column's additions exactly as there (the slots in order, stopping at the first -1, then + shared), so the same bits.
- * The 8K prefill's combine read ~1 GB a layer at ~2.6 TB/s with one 4-byte load a thread and slot (RESULTS "Session
- * 31"). */
-__global__ void moe_combine4_kernel(const float *y, const int *tslot, int K, int D, const float *shared, float *out) {
-    dev_pdl_enter();
-    const int t = blockIdx.y;
-    const int d = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
-    if (d >= D) return;
-    const int *ts = tslot + (int64_t)t * K;
-    const float4 sh = shared ? *(const float4 *)(shared + (int64_t)t * D + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int k0 = 0; k0 < K; k0 += 8) {
-        int s[8];
-        float4 v[8];
-        bool live = true;
-#pragma unroll
-        for (int u = 0; u < 8; u++) s[u] = k0 + u < K ? ts[k0 + u] : -1;
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            live = live && s[u] >= 0;
-            v[u] = live ? *(const float4 *)(y + (int64_t)s[u] * D + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        bool add = true;
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            add = add && s[u] >= 0;
-            if (add)
-                acc = make_float4(__fadd_rn(acc.x, v[u].x), __fadd_rn(acc.y, v[u].y), __fadd_rn(acc.z, v[u].z),
-                                  __fadd_rn(acc.w, v[u].w));
-        }
-        if (!live) break;
-    }
-    if (shared) acc = make_float4(__fadd_rn(acc.x, sh.x), __fadd_rn(acc.y, sh.y), __fadd_rn(acc.z, sh.z), __fadd_rn(acc.w, sh.w));
-    *(float4 *)(out + (int64_t)t * D + d) = acc;
+    if (shared) acc = cb_add(acc, sh);
+    *(V *)(out + (int64_t)t * D + d) = acc;
 }
 
 /* the four-column form: DSV4_MOE_COMBINE_VEC=1 (read once) or dsv4_cuda_moe_combine_vec(1); off by default until it has
@@ -683,10 +657,10 @@ extern "C" int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, in
     if (!T) return 0;
     if (combine_vec_mode == -2) combine_vec_mode = dsv4_env_int("DSV4_MOE_COMBINE_VEC", 0) != 0;
     if (combine_vec_mode && D % 4 == 0 && !((uintptr_t)y & 15) && !((uintptr_t)out & 15) && !((uintptr_t)shared & 15)) {
-        dev_launch(moe_combine4_kernel, dim3((D / 4 + 255) / 256, T), 256, 0, DSV4_STREAM(stream), y, tslot, K, D, shared, out);
+        dev_launch(moe_combine_kernel<float4>, dim3((D / 4 + 255) / 256, T), 256, 0, DSV4_STREAM(stream), y, tslot, K, D, shared, out);
         return dsv4_cuda_check_launch("moe_combine");
     }
-    dev_launch(moe_combine_kernel, dim3((D + 255) / 256, T), 256, 0, DSV4_STREAM(stream), y, tslot, K, D, shared, out);
+    dev_launch(moe_combine_kernel<float>, dim3((D + 255) / 256, T), 256, 0, DSV4_STREAM(stream), y, tslot, K, D, shared, out);
     return dsv4_cuda_check_launch("moe_combine");
 }
 
