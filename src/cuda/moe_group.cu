@@ -207,6 +207,13 @@ __device__ __forceinline__ void gb_bitmap(const int *sel, const int *sid, int t0
     }
 }
 
+/* a block token's rank among the block's tokens of one expert (its bitmap row r) */
+__device__ __forceinline__ int gb_rank(const uint32_t *r, int tl) {
+    int rank = __popc(r[tl >> 5] & ((1u << (tl & 31)) - 1u));
+    for (int v = 0; v < (tl >> 5); v++) rank += __popc(r[v]);
+    return rank;
+}
+
 __global__ void __launch_bounds__(256) moe_gcount_kernel(const int *sel, const int *sid, int T, int K, int E, dsv4_cuda_moe_plan p) {
     dev_pdl_enter();
     extern __shared__ uint32_t gsm[];
@@ -270,10 +277,7 @@ __global__ void __launch_bounds__(256) moe_gscatter_kernel(const int *sel, const
         const int tl = q / K, t = t0 + tl;
         int e;
         if (!pick_used(sel, sid, t, q - tl * K, K, E, &e)) continue;
-        const uint32_t *r = bm + e * GB_W;
-        int rank = __popc(r[tl >> 5] & ((1u << (tl & 31)) - 1u));
-        for (int v = 0; v < (tl >> 5); v++) rank += __popc(r[v]);
-        const int slot = off[e] + rank;
+        const int slot = off[e] + gb_rank(bm + e * GB_W, tl);
         p.rows[slot] = t;
         p.rw[slot] = ew[(int64_t)t * K + (q - tl * K)];
     }
@@ -284,10 +288,7 @@ __global__ void __launch_bounds__(256) moe_gscatter_kernel(const int *sel, const
         for (int k = 0; k < K; k++) {
             int e;
             if (!pick_used(sel, sid, t, k, K, E, &e)) continue;
-            const uint32_t *r = bm + e * GB_W;
-            int rank = __popc(r[tl >> 5] & ((1u << (tl & 31)) - 1u));
-            for (int v = 0; v < (tl >> 5); v++) rank += __popc(r[v]);
-            int v = off[e] + rank, i = ns++;
+            int v = off[e] + gb_rank(bm + e * GB_W, tl), i = ns++;
             while (i > 0 && sl[i - 1] > v) sl[i] = sl[i - 1], i--;
             sl[i] = v;
         }
