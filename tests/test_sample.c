@@ -708,6 +708,62 @@ Test(sample_penalties, many_distinct_tokens) {
     dsv4_sampler_free(s);
 }
 
+Test(sample_logit_bias, added_before_the_penalties) {
+    const float l[6] = {1.0f, 2.0f, -1.5f, 0.5f, -INFINITY, 0.0f};
+    const int32_t bt[4] = {0, 2, 4, 2};
+    const float bv[4] = {3.0f, 1.0f, 100.0f, 0.5f}; /* token 2 twice: both added, in order */
+    dsv4_sampling p;
+    dsv4_sampling_defaults(&p);
+    p.temperature = 0;
+    p.repetition_penalty = 2.0f;
+    p.bias_tok = bt, p.bias_val = bv, p.n_bias = 4;
+    dsv4_sampler *s = mk(&p, 6);
+    int32_t pr = 2;
+    dsv4_err e = {{0}};
+    cr_assert_eq(dsv4_sampler_add_prompt(s, &pr, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(draw(s, l), 0); /* 1 + 3 = 4 beats 2 */
+    const float *z = dsv4_sampler_processed_logits(s);
+    cr_assert_eq(z[0], 4.0f);
+    cr_assert_eq(z[2], (-1.5f + 1.0f + 0.5f) * 2.0f); /* bias, then the repetition penalty of a prompt token */
+    cr_assert(z[4] == -INFINITY, "a masked token stays masked");
+    cr_assert_eq(z[1], 2.0f);
+    dsv4_sampler_free(s);
+    /* -100 keeps a token out of greedy and practically out of a draw */
+    const int32_t ban = 1;
+    const float m100 = -100.0f;
+    dsv4_sampling q;
+    dsv4_sampling_defaults(&q);
+    q.bias_tok = &ban, q.bias_val = &m100, q.n_bias = 1;
+    q.seed = 9;
+    s = mk(&q, 6);
+    for (int i = 0; i < 200; i++) {
+        cr_assert_neq(draw(s, l), 1);
+        accept(s, 0);
+    }
+    dsv4_sampler_free(s);
+    /* bad entries */
+    float big = 100.5f, nan = NAN;
+    int32_t neg = -1, out = 6;
+    dsv4_sampling b;
+    dsv4_sampling_defaults(&b);
+    b.n_bias = 1;
+    b.bias_tok = &ban, b.bias_val = &big;
+    cr_assert_neq(dsv4_sampling_validate(&b, &e), 0);
+    cr_assert(strstr(e.msg, "logit_bias"), "%s", e.msg);
+    b.bias_val = &nan;
+    cr_assert_neq(dsv4_sampling_validate(&b, &e), 0);
+    b.bias_val = &m100, b.bias_tok = &neg;
+    cr_assert_neq(dsv4_sampling_validate(&b, &e), 0);
+    b.bias_tok = &out;
+    cr_assert_eq(dsv4_sampling_validate(&b, &e), 0, "%s", e.msg);
+    dsv4_sampler *x = NULL;
+    cr_assert_neq(dsv4_sampler_init(&x, &b, 6, &e), 0);
+    cr_assert(strstr(e.msg, "outside the vocabulary"), "%s", e.msg);
+    cr_assert_null(x);
+    b.bias_tok = NULL;
+    cr_assert_neq(dsv4_sampling_validate(&b, &e), 0);
+}
+
 /* ---- log-probabilities -------------------------------------------------------------------- */
 
 Test(sample_logprobs, log_softmax_and_top_n) {

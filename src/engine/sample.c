@@ -77,6 +77,16 @@ int dsv4_sampling_validate(const dsv4_sampling *p, dsv4_err *err) {
                          (double)p->frequency_penalty);
     if (p->max_tokens < 0)
         return dsv4_errf(err, "max_tokens must be >= 0 (0 = no limit), got %d", p->max_tokens);
+    if (p->n_bias > DSV4_LOGIT_BIAS_MAX)
+        return dsv4_errf(err, "logit_bias has %zu entries; at most %d", p->n_bias, DSV4_LOGIT_BIAS_MAX);
+    if (p->n_bias > 0 && (!p->bias_tok || !p->bias_val))
+        return dsv4_errf(err, "logit_bias: %zu entries but no arrays", p->n_bias);
+    for (size_t i = 0; i < p->n_bias; i++) {
+        if (p->bias_tok[i] < 0) return dsv4_errf(err, "logit_bias: token %d is negative", (int)p->bias_tok[i]);
+        if (!(p->bias_val[i] >= -100.0f && p->bias_val[i] <= 100.0f))
+            return dsv4_errf(err, "logit_bias of token %d must be in [-100, 100], got %g", (int)p->bias_tok[i],
+                             (double)p->bias_val[i]);
+    }
     if (p->n_stop > 0 && !p->stop) return dsv4_errf(err, "stop: %zu strings but no array", p->n_stop);
     for (size_t i = 0; i < p->n_stop; i++) {
         if (!p->stop[i]) return dsv4_errf(err, "stop[%zu] is NULL", i);
@@ -269,6 +279,10 @@ int dsv4_sampler_init(dsv4_sampler **out, const dsv4_sampling *params, int vocab
     *out = NULL;
     if (dsv4_sampling_validate(params, err)) return -1;
     if (vocab <= 0) return dsv4_errf(err, "sampler: vocab must be > 0, got %d", vocab);
+    for (size_t i = 0; i < params->n_bias; i++)
+        if (params->bias_tok[i] >= vocab)
+            return dsv4_errf(err, "logit_bias: token %d is outside the vocabulary [0, %d)", (int)params->bias_tok[i],
+                             vocab);
     dsv4_sampler *s = calloc(1, sizeof *s);
     if (!s) return dsv4_errf(err, "sampler: out of memory");
     s->p = *params;
@@ -406,6 +420,7 @@ int32_t dsv4_sampler_sample(dsv4_sampler *s, const float *logits, dsv4_err *err)
                 return dsv4_errf(err, "sampler: logit of token %d is %s", i,
                                  isnan(logits[i]) ? "NaN" : "+inf");
     memcpy(s->work, logits, (size_t)V * sizeof *s->work);
+    for (size_t i = 0; i < s->p.n_bias; i++) s->work[s->p.bias_tok[i]] += s->p.bias_val[i];
     apply_penalties(s);
     float *z = s->work;
 

@@ -31,6 +31,8 @@
  *
  * ---------------------------------------------------------------------------------------------
  * Sampling one token from logits l[0..V) (the order is vLLM's):
+ *  0. logit_bias: l_t = l_t + bias_t (float) for each listed token, in list order (OpenAI's logit_bias;
+ *     vLLM applies it before the penalties too). -inf stays -inf.
  *  1. Penalties (only tokens in the sampler's history are touched):
  *       repetition_penalty r, for every token seen in prompt or output:
  *           l = l > 0 ? l / r : l * r                                        (float)
@@ -92,7 +94,12 @@ typedef struct dsv4_sampling {
     const char *const *stop;  /* n_stop stop strings (borrowed; non-empty, at most 1024 bytes). */
     size_t n_stop;
     bool ignore_eos;          /* keep generating past the end-of-sequence token */
+    const int32_t *bias_tok;  /* logit_bias: n_bias token ids in [0, vocab) (borrowed), */
+    const float *bias_val;    /* and what to add to their logits, in [-100, 100] (borrowed) */
+    size_t n_bias;
 } dsv4_sampling;
+
+#define DSV4_LOGIT_BIAS_MAX 1024 /* entries */
 
 #define DSV4_STOP_MAX_LEN 1024
 
@@ -108,7 +115,8 @@ int dsv4_sampling_validate(const dsv4_sampling *p, dsv4_err *err);
 typedef struct dsv4_sampler dsv4_sampler;
 
 /* Validates params, allocates a sampler for a vocabulary of `vocab` tokens (> 0). The params
- * are copied (the stop strings stay borrowed). Returns 0, or -1 with *out = NULL. */
+ * are copied (the stop strings and the logit_bias arrays stay borrowed); a bias token outside [0, vocab) is an
+ * error. Returns 0, or -1 with *out = NULL. */
 int dsv4_sampler_init(dsv4_sampler **out, const dsv4_sampling *params, int vocab, dsv4_err *err);
 void dsv4_sampler_free(dsv4_sampler *s); /* NULL is fine */
 

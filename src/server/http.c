@@ -22,12 +22,21 @@ typedef struct conn {
     srv_ep ep;
 } conn;
 
+/* A request's choices (n of them: OpenAI's n; 1 for most requests) and their consumers. The engine bumps the
+ * leader's gen (under its mu) on every push or finish of any choice, so one wait covers them all. */
+typedef struct reply {
+    int n;
+    srv_req **r;  /* r[0]: the leader; a reference each */
+    srv_out *out; /* out[i] drains r[i] */
+} reply;
+
 typedef struct stream {
     srv_ctx *S;
-    srv_req *r;
-    srv_out out;
+    reply rp;
     int fd;
-    double last_sent; /* when the reader last handed bytes to MHD */
+    int ended;          /* every choice ended and the tail (n > 1) was appended */
+    unsigned long seen; /* the leader's gen at the last pump */
+    double last_sent;   /* when the reader last handed bytes to MHD */
 } stream;
 
 /* A stream that waits (queued behind other requests, or a long prefill) sends an SSE comment this
@@ -154,12 +163,61 @@ static enum MHD_Result models(srv_ctx *S, struct MHD_Connection *c, conn *k, con
 
 /* ---- generation ---- */
 
+static void reply_cancel(reply *rp) {
+    for (int i = 0; i < rp->n; i++) atomic_store(&rp->r[i]->cancel, 1);
+}
+
+static void reply_free(reply *rp) {
+    for (int i = 0; rp->out && i < rp->n; i++) srv_out_free(&rp->out[i]);
+    for (int i = 0; rp->r && i < rp->n; i++) srv_req_release(rp->r[i]);
+    free(rp->out);
+    free(rp->r);
+    rp->out = NULL;
+    rp->r = NULL;
+}
+
+/* Choices 1..n-1 of a parsed leader r (which the reply takes over), and their consumers. 0, or -1: out of memory (r
+ * released with the rest). */
+static int reply_init(reply *rp, srv_req *r) {
+    const int n = r->n_choices;
+    rp->n = 0;
+    rp->r = calloc((size_t)n, sizeof *rp->r);
+    rp->out = calloc((size_t)n, sizeof *rp->out);
+    if (!rp->r || !rp->out) {
+        free(rp->r), free(rp->out);
+        rp->r = NULL, rp->out = NULL;
+        srv_req_release(r);
+        return -1;
+    }
+    rp->r[rp->n++] = r;
+    for (int i = 1; i < n; i++) {
+        if (!(rp->r[i] = srv_req_clone(r, i))) {
+            reply_free(rp);
+            return -1;
+        }
+        rp->n++;
+    }
+    return 0;
+}
+
+/* The consumers (after the submit: the chat parsers' tool-call ids are drawn here). 0, or -1: out of memory. */
+static int reply_outs(reply *rp, srv_ctx *S) {
+    for (int i = 0; i < rp->n; i++) {
+        if (srv_out_init(&rp->out[i], S, rp->r[i])) return -1;
+        rp->out[i].multi = rp->n > 1;
+    }
+    return 0;
+}
+
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     stream *st = cls;
-    srv_out *o = &st->out;
-    srv_req *r = st->r;
+    reply *rp = &st->rp;
+    srv_req *lead = rp->r[0];
     for (;;) {
-        if (o->sse_off < o->sse.n) {
+        /* a choice's events go out whole before another's: new ones are only made once every buffer is empty */
+        for (int i = 0; i < rp->n; i++) {
+            srv_out *o = &rp->out[i];
+            if (o->sse_off >= o->sse.n) continue;
             size_t n = o->sse.n - o->sse_off;
             if (n > max) n = max;
             memcpy(buf, o->sse.p + o->sse_off, n);
@@ -174,33 +232,39 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             st->last_sent = srv_now();
             return (ssize_t)(sizeof ka - 1);
         }
-        if (o->ended) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (o->oom) {
-            atomic_store(&r->cancel, 1);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        pthread_mutex_lock(&r->mu);
-        if (!r->done && r->text.n == o->text_off && r->n_lp == o->lp_off) {
+        if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        for (int i = 0; i < rp->n; i++)
+            if (rp->out[i].oom) {
+                reply_cancel(rp);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+        pthread_mutex_lock(&lead->mu);
+        if (lead->gen == st->seen) {
             struct timespec dl;
             clock_gettime(CLOCK_REALTIME, &dl);
             dl.tv_nsec += 200 * 1000000L;
             if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-            pthread_cond_timedwait(&r->cv, &r->mu, &dl);
+            pthread_cond_timedwait(&lead->cv, &lead->mu, &dl);
         }
-        pthread_mutex_unlock(&r->mu);
+        st->seen = lead->gen; /* before the pumps: a push after this read wakes the next wait at once */
+        pthread_mutex_unlock(&lead->mu);
         if (client_gone(st->fd)) {
-            atomic_store(&r->cancel, 1);
+            reply_cancel(rp);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        srv_out_pump(o);
+        int ended = 0;
+        for (int i = 0; i < rp->n; i++) ended += srv_out_pump(&rp->out[i]);
+        if (ended == rp->n) {
+            if (rp->n > 1) srv_openai_stream_tail(&rp->out[0], rp->n);
+            st->ended = 1;
+        }
     }
 }
 
 static void sse_free(void *cls) {
     stream *st = cls;
-    if (!st->out.ended) atomic_store(&st->r->cancel, 1);
-    srv_out_free(&st->out);
-    srv_req_release(st->r);
+    if (!st->ended) reply_cancel(&st->rp);
+    reply_free(&st->rp);
     atomic_fetch_sub(&st->S->active, 1);
     free(st);
 }
@@ -252,29 +316,30 @@ static enum MHD_Result generate(srv_ctx *S, struct MHD_Connection *c, conn *k, s
         srv_req_release(r);
         return send_error(c, k, &e);
     }
-    int st = srv_sched_submit(S->sched, r, e.msg, sizeof e.msg);
+    reply rp;
+    if (reply_init(&rp, r)) return fail(c, k, 500, "out of memory");
+    int st = srv_sched_submit(S->sched, rp.r, rp.n, e.msg, sizeof e.msg);
     if (st) {
         e.status = st;
-        srv_req_release(r);
+        reply_free(&rp);
         return send_error(c, k, &e);
     }
     if (S->cfg.verbose)
-        fprintf(stderr, "dsv4 serve: %s: prompt %d tokens, max_tokens %d, %s\n", r->id, r->n_prompt, r->max_tokens,
-                r->stream ? "stream" : "no stream");
+        fprintf(stderr, "dsv4 serve: %s: prompt %d tokens, max_tokens %d, n %d, %s\n", r->id, r->n_prompt,
+                r->max_tokens, rp.n, r->stream ? "stream" : "no stream");
     atomic_fetch_add(&S->active, 1);
     int fd = conn_fd(c);
     if (r->stream) {
         stream *sm = calloc(1, sizeof *sm);
-        if (!sm || srv_out_init(&sm->out, S, r)) {
-            if (sm) srv_out_free(&sm->out);
+        if (!sm || reply_outs(&rp, S)) {
             free(sm);
-            atomic_store(&r->cancel, 1);
-            srv_req_release(r);
+            reply_cancel(&rp);
+            reply_free(&rp);
             atomic_fetch_sub(&S->active, 1);
             return fail(c, k, 500, "out of memory");
         }
         sm->S = S;
-        sm->r = r;
+        sm->rp = rp;
         sm->fd = fd;
         sm->last_sent = srv_now();
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, sm, sse_free);
@@ -291,35 +356,51 @@ static enum MHD_Result generate(srv_ctx *S, struct MHD_Connection *c, conn *k, s
         srv_metrics_request(k->ep, 200);
         return q;
     }
-    srv_out o;
-    if (srv_out_init(&o, S, r)) {
-        srv_out_free(&o);
-        atomic_store(&r->cancel, 1);
-        srv_req_release(r);
+    if (reply_outs(&rp, S)) {
+        reply_cancel(&rp);
+        reply_free(&rp);
         atomic_fetch_sub(&S->active, 1);
         return fail(c, k, 500, "out of memory");
     }
-    enum MHD_Result q;
-    if (wait_done(r, fd)) {
+    enum MHD_Result q = MHD_YES;
+    int gone = 0;
+    /* the last choice first (the leader's cv wakes for every choice); a choice that failed or was cancelled ends the
+     * others (the response is an error then) */
+    for (int i = rp.n - 1; i >= 0 && !gone; i--) {
+        gone = wait_done(rp.r[i], fd) != 0;
+        pthread_mutex_lock(&rp.r[i]->mu);
+        const int bad = rp.r[i]->finish == SRV_FIN_ERROR || rp.r[i]->finish == SRV_FIN_ABORT;
+        pthread_mutex_unlock(&rp.r[i]->mu);
+        if (bad && rp.n > 1) reply_cancel(&rp);
+    }
+    if (gone) {
+        reply_cancel(&rp);
         q = MHD_NO; /* the client is gone */
         srv_metrics_request(k->ep, 499);
     } else {
-        srv_out_pump(&o);
-        if (o.finish == SRV_FIN_ERROR) {
-            srv_fail(&e, 500, "generation failed: %s", o.errmsg);
+        int err = -1, aborted = 0, oom = 0;
+        for (int i = 0; i < rp.n; i++) {
+            srv_out *o = &rp.out[i];
+            srv_out_pump(o);
+            if (o->finish == SRV_FIN_ERROR && err < 0) err = i;
+            aborted |= o->finish == SRV_FIN_ABORT;
+            oom |= o->oom;
+        }
+        if (err >= 0) {
+            srv_fail(&e, 500, "generation failed: %s", rp.out[err].errmsg);
             q = send_error(c, k, &e);
-        } else if (o.finish == SRV_FIN_ABORT) {
+        } else if (aborted) {
             q = fail(c, k, 503, "the request was cancelled: the server is shutting down");
-        } else if (o.oom) {
+        } else if (oom) {
             q = fail(c, k, 500, "out of memory");
         } else {
             size_t len = 0;
-            char *out = api == SRV_API_ANTHROPIC ? srv_anthropic_body(&o, &len) : srv_openai_body(&o, &len);
+            char *out = api == SRV_API_ANTHROPIC ? srv_anthropic_body(&rp.out[0], &len)
+                                                 : srv_openai_body(rp.out, rp.n, &len);
             q = send_json(c, k, 200, out, len);
         }
     }
-    srv_out_free(&o);
-    srv_req_release(r);
+    reply_free(&rp);
     atomic_fetch_sub(&S->active, 1);
     return q;
 }

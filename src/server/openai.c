@@ -1,6 +1,7 @@
 /* openai.c - the OpenAI wire format: POST /v1/chat/completions and POST /v1/completions request parsing
  * and validation (-> srv_req), response bodies, SSE chunks, error objects. Also the parameter readers
  * the Anthropic front end shares. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,7 +84,34 @@ static int get_seed(const cJSON *o, srv_req *r, srv_error *e) {
     return 1;
 }
 
-/* temperature, top_p, top_k, min_p, penalties, seed, stop, ignore_eos. */
+/* OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}; the ids are checked against the vocabulary in
+ * srv_finalize_sampling. */
+static int get_logit_bias(const cJSON *b, srv_req *r, srv_error *e) {
+    const cJSON *o = get(b, "logit_bias");
+    if (absent(o)) return 0;
+    if (!cJSON_IsObject(o)) return srv_fail(e, 400, "logit_bias: expected an object of token id -> bias");
+    const int n = cJSON_GetArraySize(o);
+    if (n > DSV4_LOGIT_BIAS_MAX) return srv_fail(e, 400, "logit_bias: %d entries; at most %d", n, DSV4_LOGIT_BIAS_MAX);
+    if (!n) return 0;
+    if (!(r->bias_tok = malloc(sizeof(int32_t) * (size_t)n)) || !(r->bias_val = malloc(sizeof(float) * (size_t)n)))
+        return srv_fail(e, 500, "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        const char *k = it->string;
+        char *end = NULL;
+        errno = 0;
+        const long id = k && *k && strspn(k, "0123456789") == strlen(k) ? strtol(k, &end, 10) : -1;
+        if (id < 0 || errno || id > INT32_MAX) return srv_fail(e, 400, "logit_bias: key '%.64s' is not a token id", k ? k : "");
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return srv_fail(e, 400, "logit_bias['%s']: expected a number in [-100, 100]", k);
+        r->bias_tok[r->n_bias] = (int32_t)id;
+        r->bias_val[r->n_bias++] = (float)it->valuedouble;
+    }
+    r->sp.bias_tok = r->bias_tok, r->sp.bias_val = r->bias_val, r->sp.n_bias = r->n_bias;
+    return 0;
+}
+
+/* temperature, top_p, top_k, min_p, penalties, seed, stop, ignore_eos, logit_bias. */
 int srv_parse_sampling(const cJSON *b, srv_req *r, double max_temp, const char *stop_key, srv_error *e) {
     double d;
     long l;
@@ -109,7 +137,7 @@ int srv_parse_sampling(const cJSON *b, srv_req *r, double max_temp, const char *
     if (x == 1) r->sp.ignore_eos = true;
     if (get_seed(b, r, e) < 0) return -1;
     if (srv_get_stops(b, stop_key, r, e) < 0) return -1;
-    return 0;
+    return get_logit_bias(b, r, e);
 }
 
 int srv_check_model(srv_ctx *S, const cJSON *b, srv_req *r, int required, srv_error *e) {
@@ -139,7 +167,8 @@ static int parse_stream(const cJSON *b, srv_req *r, srv_error *e) {
         r->include_usage = x;
     }
     long n = 1;
-    if (srv_get_int(b, "n", 1, 1, &n, e) < 0) return srv_fail(e, 400, "n: only n = 1 is supported");
+    if (srv_get_int(b, "n", 1, SRV_MAX_CHOICES, &n, e) < 0) return -1;
+    r->n_choices = (int)n;
     return 0;
 }
 
@@ -296,7 +325,9 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *b, srv_req *r, srv_erro
     if (x) return srv_fail(e, 400, "echo: not supported");
     if (!absent(get(b, "suffix"))) return srv_fail(e, 400, "suffix: not supported");
     long bo = 1;
-    if (srv_get_int(b, "best_of", 1, 1, &bo, e) < 0) return -1;
+    if (srv_get_int(b, "best_of", 1, SRV_MAX_CHOICES, &bo, e) < 0) return -1;
+    if (get(b, "best_of") && !cJSON_IsNull(get(b, "best_of")) && bo != r->n_choices)
+        return srv_fail(e, 400, "best_of: only best_of = n is supported (got best_of %ld, n %d)", bo, r->n_choices);
     long lp = -1;
     int rc = srv_get_int(b, "logprobs", 0, 5, &lp, e);
     if (rc < 0) return -1;
@@ -431,11 +462,14 @@ static const char *finish_reason(const srv_out *o, int tools) {
     }
 }
 
-static cJSON *usage_json(const srv_out *o) {
+/* the usage of n choices o[0..n): the prompt once (they share it), every choice's completion */
+static cJSON *usage_json(const srv_out *o, int n) {
     cJSON *u = cJSON_CreateObject();
+    long gen = 0;
+    for (int i = 0; i < n; i++) gen += o[i].n_gen;
     cJSON_AddNumberToObject(u, "prompt_tokens", o->r->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", o->n_gen);
-    cJSON_AddNumberToObject(u, "total_tokens", o->r->n_prompt + o->n_gen);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)gen);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(o->r->n_prompt + gen));
     if (o->r->n_cached > 0) { /* vLLM's and OpenAI's field for prompt tokens served from a cache */
         cJSON *d = cJSON_CreateObject();
         cJSON_AddNumberToObject(d, "cached_tokens", o->r->n_cached);
@@ -456,7 +490,7 @@ static cJSON *chunk_head(srv_out *o) {
 
 static void chat_chunk(srv_out *o, cJSON *delta, const char *finish, cJSON *logprobs) {
     cJSON *c = chunk_head(o), *ch = cJSON_CreateArray(), *c0 = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c0, "index", 0);
+    cJSON_AddNumberToObject(c0, "index", o->r->index);
     cJSON_AddItemToObject(c0, "delta", delta);
     if (logprobs) {
         cJSON *l = cJSON_CreateObject();
@@ -509,7 +543,7 @@ void srv_openai_stream_text(srv_out *o, const char *t, size_t n) {
     char *s = strndup(t, n);
     cJSON_AddStringToObject(c0, "text", s ? s : "");
     free(s);
-    cJSON_AddNumberToObject(c0, "index", 0);
+    cJSON_AddNumberToObject(c0, "index", o->r->index);
     if (o->r->logprobs) cJSON_AddItemToObject(c0, "logprobs", lp_completion(o, o->raw.n));
     else cJSON_AddNullToObject(c0, "logprobs");
     cJSON_AddNullToObject(c0, "finish_reason");
@@ -535,7 +569,7 @@ void srv_openai_stream_end(srv_out *o) {
     } else {
         cJSON *c = chunk_head(o), *ch = cJSON_CreateArray(), *c0 = cJSON_CreateObject();
         cJSON_AddStringToObject(c0, "text", "");
-        cJSON_AddNumberToObject(c0, "index", 0);
+        cJSON_AddNumberToObject(c0, "index", r->index);
         if (r->logprobs && o->n_lps) cJSON_AddItemToObject(c0, "logprobs", lp_completion(o, 0));
         else cJSON_AddNullToObject(c0, "logprobs");
         cJSON_AddStringToObject(c0, "finish_reason", finish_reason(o, 0));
@@ -543,24 +577,25 @@ void srv_openai_stream_end(srv_out *o) {
         cJSON_AddItemToObject(c, "choices", ch);
         srv_sse(&o->sse, NULL, c);
     }
-    if (r->include_usage) {
-        cJSON *c = chunk_head(o);
-        cJSON_AddItemToObject(c, "choices", cJSON_CreateArray());
-        cJSON_AddItemToObject(c, "usage", usage_json(o));
-        srv_sse(&o->sse, NULL, c);
-    }
-    dsv4_sb_puts(&o->sse, "data: [DONE]\n\n");
+    if (!o->multi) srv_openai_stream_tail(o, 1);
 }
 
-char *srv_openai_body(srv_out *o, size_t *len) {
+void srv_openai_stream_tail(srv_out *o, int n) {
+    dsv4_sb *to = &o[n - 1].sse; /* the last one a reader drains */
+    if (o->r->include_usage) {
+        cJSON *c = chunk_head(o);
+        cJSON_AddItemToObject(c, "choices", cJSON_CreateArray());
+        cJSON_AddItemToObject(c, "usage", usage_json(o, n));
+        srv_sse(to, NULL, c);
+    }
+    dsv4_sb_puts(to, "data: [DONE]\n\n");
+}
+
+/* one choice of a response */
+static cJSON *choice_json(srv_out *o) {
     srv_req *r = o->r;
-    cJSON *c = cJSON_CreateObject(), *ch = cJSON_CreateArray(), *c0 = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "id", r->id);
-    cJSON_AddStringToObject(c, "object", r->api == SRV_API_CHAT ? "chat.completion" : "text_completion");
-    cJSON_AddNumberToObject(c, "created", (double)r->created);
-    cJSON_AddStringToObject(c, "model", r->model);
-    cJSON_AddStringToObject(c, "system_fingerprint", "dsv4");
-    cJSON_AddNumberToObject(c0, "index", 0);
+    cJSON *c0 = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c0, "index", r->index);
     int tools = 0;
     if (r->api == SRV_API_CHAT) {
         const dsv4_chat_parsed *m = dsv4_chat_parser_result(o->parser);
@@ -586,8 +621,19 @@ char *srv_openai_body(srv_out *o, size_t *len) {
         else cJSON_AddNullToObject(c0, "logprobs");
     }
     cJSON_AddStringToObject(c0, "finish_reason", finish_reason(o, tools));
-    cJSON_AddItemToArray(ch, c0);
+    return c0;
+}
+
+char *srv_openai_body(srv_out *o, int n, size_t *len) {
+    const srv_req *r = o->r;
+    cJSON *c = cJSON_CreateObject(), *ch = cJSON_CreateArray();
+    cJSON_AddStringToObject(c, "id", r->id);
+    cJSON_AddStringToObject(c, "object", r->api == SRV_API_CHAT ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(c, "created", (double)r->created);
+    cJSON_AddStringToObject(c, "model", r->model);
+    cJSON_AddStringToObject(c, "system_fingerprint", "dsv4");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(ch, choice_json(&o[i]));
     cJSON_AddItemToObject(c, "choices", ch);
-    cJSON_AddItemToObject(c, "usage", usage_json(o));
+    cJSON_AddItemToObject(c, "usage", usage_json(o, n));
     return srv_json_print(c, len);
 }

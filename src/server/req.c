@@ -134,6 +134,10 @@ int srv_finalize_sampling(srv_ctx *S, srv_req *r, int max_tokens, srv_error *e) 
     r->sp.max_tokens = r->max_tokens;
     r->sp.stop = (const char *const *)r->stops;
     r->sp.n_stop = r->n_stop;
+    for (size_t i = 0; i < r->n_bias; i++)
+        if (r->bias_tok[i] >= S->tok_vocab)
+            return srv_fail(e, 400, "logit_bias: token %d is outside the vocabulary [0, %d)", (int)r->bias_tok[i],
+                            S->tok_vocab);
     dsv4_err de = {{0}};
     if (dsv4_sampling_validate(&r->sp, &de)) return srv_fail(e, 400, "%s", de.msg);
     snprintf(r->id + strlen(r->id), sizeof r->id - strlen(r->id), "%lx", (unsigned long)atomic_fetch_add(&S->next_id, 1));

@@ -15,6 +15,10 @@
  *      token history (penalties) or a forced tool-call opening samples on the device instead (the same algorithm and draw; only the ids come
  *      back): a step of decodes with dsv4_decode_sample (inside the step's CUDA graphs), a step with
  *      prompt chunks with dsv4_forward_sample.
+ * A request of n > 1 choices (OpenAI's n) queues as n requests admitted together: the leader (choice 0) feeds its
+ * prompt up to its last token, the other choices start from copies of that state (dsv4_seq_fork), and each then feeds
+ * the last prompt token itself and samples with its own seed (the leader's + its index), so choice i is what the same
+ * request alone with that seed gives on the CPU.
  * With a prefix cache (srv_config.prefix_cache), a prompt's state is kept right after its last token, and a
  * later prompt that extends a kept one (a chat's next turn) starts from a copy of it and feeds the rest; a
  * prompt that shares a longer prefix with a kept one (a system prompt) ends a chunk there and keeps that
@@ -54,6 +58,9 @@ typedef struct slot {
     int forcing;          /* feeding forced tokens instead of sampling */
     int n_cached;         /* prompt tokens taken from the prefix cache */
     int cut;              /* > n_fed: a chunk ends there and the state is kept (a prefix shared with a kept prompt) */
+    int fork_at;          /* the leader of n > 1 choices: a chunk ends there (n_prompt - 1) and the others fork */
+    int n_forked;         /* another choice: prompt tokens taken from the leader's state */
+    int orphan;           /* another choice whose fork failed: starts on its own (slot_adopt) */
 } slot;
 
 /* A prompt's state kept for later prompts that extend it (a chat's next turn): the prompt's tokens and a copy of its
@@ -106,6 +113,7 @@ srv_req *srv_req_new(srv_api api) {
     srv_req *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->api = api;
+    r->n_choices = 1;
     r->refs = 1;
     r->stop_index = -1;
     pthread_mutex_init(&r->mu, NULL);
@@ -123,13 +131,79 @@ void srv_req_release(srv_req *r) {
     if (left > 0) return;
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
+    srv_req_release(r->lead);
     free(r->model);
     free(r->prompt);
     free(r->force);
+    free(r->bias_tok);
+    free(r->bias_val);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stops[i]);
     dsv4_sb_free(&r->text);
     free(r->lps);
     free(r);
+}
+
+static char *dup_or(const char *s, int *fail) {
+    char *d = s ? strdup(s) : NULL;
+    if (s && !d) *fail = 1;
+    return d;
+}
+
+srv_req *srv_req_clone(srv_req *r, int index) {
+    srv_req *c = srv_req_new(r->api);
+    if (!c) return NULL;
+    int fail = 0;
+    c->stream = r->stream, c->include_usage = r->include_usage;
+    memcpy(c->id, r->id, sizeof c->id);
+    c->created = r->created;
+    c->model = dup_or(r->model, &fail);
+    if (r->n_prompt && (c->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt)))
+        memcpy(c->prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    else if (r->n_prompt) fail = 1;
+    c->n_prompt = r->n_prompt;
+    c->max_tokens = r->max_tokens;
+    c->sp = r->sp;
+    c->sp.seed = r->sp.seed + (uint64_t)index;
+    for (size_t i = 0; i < r->n_stop; i++) c->stops[i] = dup_or(r->stops[i], &fail);
+    c->n_stop = r->n_stop;
+    c->sp.stop = (const char *const *)c->stops;
+    if (r->n_bias && (c->bias_tok = malloc(sizeof(int32_t) * r->n_bias)) && (c->bias_val = malloc(sizeof(float) * r->n_bias))) {
+        memcpy(c->bias_tok, r->bias_tok, sizeof(int32_t) * r->n_bias);
+        memcpy(c->bias_val, r->bias_val, sizeof(float) * r->n_bias);
+    } else if (r->n_bias) {
+        fail = 1;
+    }
+    c->n_bias = r->n_bias;
+    c->sp.bias_tok = c->bias_tok, c->sp.bias_val = c->bias_val, c->sp.n_bias = c->n_bias;
+    c->chat = r->chat, c->mode = r->mode;
+    c->logprobs = r->logprobs, c->top_logprobs = r->top_logprobs, c->want_tools = r->want_tools;
+    if (r->n_force && (c->force = malloc(sizeof(int32_t) * (size_t)r->n_force)))
+        memcpy(c->force, r->force, sizeof(int32_t) * (size_t)r->n_force);
+    else if (r->n_force) fail = 1;
+    c->n_force = r->n_force;
+    c->index = index;
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+    c->lead = r;
+    if (fail) {
+        srv_req_release(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* A push or finish of r: wakes its waiters, and its leader's (which a stream of n choices waits on). Called with r->mu
+ * held; takes the leader's mu after r's (the only nesting: a leader's own mu is never held while taking a choice's). */
+static void req_wake(srv_req *r) {
+    r->gen++;
+    pthread_cond_broadcast(&r->cv);
+    if (r->lead) {
+        pthread_mutex_lock(&r->lead->mu);
+        r->lead->gen++;
+        pthread_cond_broadcast(&r->lead->cv);
+        pthread_mutex_unlock(&r->lead->mu);
+    }
 }
 
 /* Appends emitted text (and a logprob record) to the request's output. Engine thread. */
@@ -149,7 +223,7 @@ static int req_push(srv_req *r, const char *t, size_t n, const srv_lp *lp) {
         }
         if (!rc) r->lps[r->n_lp++] = *lp;
     }
-    pthread_cond_broadcast(&r->cv);
+    req_wake(r);
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
@@ -163,7 +237,7 @@ static void req_finish(srv_req *r, srv_finish f, int stop_index, int n_gen, cons
         r->n_gen = n_gen;
         if (err) snprintf(r->errmsg, sizeof r->errmsg, "%.255s", err);
     }
-    pthread_cond_broadcast(&r->cv);
+    req_wake(r);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -248,7 +322,50 @@ static void pc_put(srv_sched *S, const int32_t *prompt, int n, const dsv4_seq *s
     S->pc[S->n_pc++] = (pc_ent){tok, n, c, ++S->pc_clock};
 }
 
-/* Called with S->mu held. Returns 0, or -1 (the request was finished with an error). */
+/* the slot of choice r's leader, or -1 */
+static int slot_of_lead(const srv_sched *S, const srv_req *r) {
+    for (int k = 0; r->lead && k < S->n_slots; k++)
+        if (S->slots[k].r == r->lead) return k;
+    return -1;
+}
+
+/* The leader in slot li has fed its prompt up to fork_at: its other choices waiting for it start from a copy of its
+ * state (a failed copy: an orphan, which slot_adopt starts on its own). Slots do not move. */
+static void fork_choices(srv_sched *S, int li) {
+    const slot *L = &S->slots[li];
+    for (int k = 0; k < S->n_slots; k++) {
+        slot *c = &S->slots[k];
+        if (c->seq || c->orphan || c->r->lead != L->r) continue;
+        if ((c->seq = dsv4_seq_fork(L->seq))) {
+            dsv4_seq_set_prefill(c->seq, c->r->n_prompt);
+            c->n_fed = c->n_forked = L->n_fed;
+        } else {
+            c->orphan = 1;
+        }
+    }
+}
+
+/* Before a batch: a choice that waits for a leader that is gone (released before it fed its prompt), or whose copy
+ * failed, starts a sequence of its own; released when that fails. Returns 1 when slot i was released. */
+static int slot_adopt(srv_sched *S, int i) {
+    slot *s = &S->slots[i];
+    if (s->seq) return 0;
+    const int li = slot_of_lead(S, s->r);
+    if (!s->orphan && li >= 0 && S->slots[li].fork_at > S->slots[li].n_fed) return 0; /* still coming */
+    if (!(s->seq = dsv4_seq_new(S->m))) {
+        slot_release(S, i, SRV_FIN_ERROR, -1, "out of memory");
+        return 1;
+    }
+    dsv4_seq_set_prefill(s->seq, s->r->n_prompt);
+    s->n_fed = s->n_forked = 0;
+    s->orphan = 0;
+    return 0;
+}
+
+/* Called with S->mu held. Returns 0, or -1 (the request was finished with an error). Another choice of n (r->lead set)
+ * opens without a sequence when its leader (opened just before it) has a prompt left to feed: it forks the leader's state
+ * at fork_at (fork_choices); its own last prompt token is then fed like the leader's, so each choice draws its first
+ * token from its own row. */
 static int slot_open(srv_sched *S, srv_req *r) {
     slot *s = &S->slots[S->n_slots];
     memset(s, 0, sizeof *s);
@@ -256,24 +373,33 @@ static int slot_open(srv_sched *S, srv_req *r) {
     s->reserve = (long)r->n_prompt + r->max_tokens;
     dsv4_err e = {{0}};
     const char *why = "out of memory";
+    const int li = slot_of_lead(S, r);
+    if (r->lead && li >= 0 && S->slots[li].fork_at > 0) {
+        slot *L = &S->slots[li];
+        if (L->n_fed == L->fork_at && !(s->seq = dsv4_seq_fork(L->seq))) s->orphan = 1;
+        if (s->seq) s->n_fed = s->n_forked = L->n_fed;
+    } else if (r->n_choices > 1) {
+        s->fork_at = r->n_prompt - 1;
+    }
     /* a prompt that extends a cached one starts from its state (the rest of the prompt is fed as usual) */
-    const int hit = pc_find(S, r->prompt, r->n_prompt);
+    const int hit = r->lead ? -1 : pc_find(S, r->prompt, r->n_prompt);
     if (hit >= 0 && (s->seq = dsv4_seq_fork(S->pc[hit].seq))) {
         s->n_fed = s->n_cached = S->pc[hit].n;
         S->pc[hit].used = ++S->pc_clock;
     }
     /* a longer prefix shared with a kept prompt (another conversation with the same system prompt): a chunk ends
      * there and that state is kept too, for the next one (not for a few tokens past a hit: a near copy of it) */
-    if (S->cfg.prefix_cache > 0) {
+    if (S->cfg.prefix_cache > 0 && !r->lead) {
         const int sh = pc_shared(S, r->prompt, r->n_prompt);
         if (sh >= PC_MIN_SHARED && sh >= s->n_fed + PC_MIN_SHARED && sh < r->n_prompt) s->cut = sh;
     }
-    if ((!s->seq && !(s->seq = dsv4_seq_new(S->m))) || !(s->ts = dsv4_tok_stream_new(S->tok, 0))) goto fail;
+    const int waits = r->lead && li >= 0 && !s->seq && S->slots[li].fork_at > 0; /* forks later */
+    if ((!s->seq && !waits && !(s->seq = dsv4_seq_new(S->m))) || !(s->ts = dsv4_tok_stream_new(S->tok, 0))) goto fail;
     if (dsv4_sampler_init(&s->smp, &r->sp, S->V, &e) || dsv4_sampler_add_prompt(s->smp, r->prompt, r->n_prompt, &e)) {
         why = e.msg;
         goto fail;
     }
-    dsv4_seq_set_prefill(s->seq, r->n_prompt);
+    if (s->seq) dsv4_seq_set_prefill(s->seq, r->n_prompt);
     if (s->n_cached) srv_metrics_prefix(s->n_cached);
     r->n_cached = s->n_cached; /* (the usage objects read it after req_finish, under r->mu) */
     S->kv_reserved += s->reserve;
@@ -415,11 +541,15 @@ static void *engine_main(void *arg) {
         for (;;) {
             while (S->wait_n && S->n_slots < S->cfg.max_seqs) {
                 srv_req *r = S->wait[S->wait_head];
-                long need = (long)r->n_prompt + r->max_tokens;
-                if (S->kv_reserved + need > S->cfg.kv_tokens && S->n_slots) break;
-                S->wait_head = (S->wait_head + 1) % S->wait_cap;
-                S->wait_n--;
-                slot_open(S, r);
+                const int g = r->n_choices; /* a request's choices are admitted together (queued one after another) */
+                long need = ((long)r->n_prompt + r->max_tokens) * g;
+                if (S->n_slots + g > S->cfg.max_seqs || (S->kv_reserved + need > S->cfg.kv_tokens && S->n_slots)) break;
+                for (int j = 0; j < g; j++) {
+                    r = S->wait[S->wait_head];
+                    S->wait_head = (S->wait_head + 1) % S->wait_cap;
+                    S->wait_n--;
+                    slot_open(S, r);
+                }
             }
             if (S->n_slots || S->stop) break;
             pthread_cond_broadcast(&S->idle_cv);
@@ -430,8 +560,12 @@ static void *engine_main(void *arg) {
         if (stop && !S->n_slots) break;
 
         /* cancellations */
-        for (int i = S->n_slots - 1; i >= 0; i--)
-            if (cancel_all || atomic_load(&S->slots[i].r->cancel)) slot_release(S, i, SRV_FIN_ABORT, -1, NULL);
+        for (int i = S->n_slots - 1; i >= 0; i--) {
+            const srv_req *r = S->slots[i].r; /* a request's choices go with it (its leader is cancelled first) */
+            if (cancel_all || atomic_load(&r->cancel) || (r->lead && atomic_load(&r->lead->cancel)))
+                slot_release(S, i, SRV_FIN_ABORT, -1, NULL);
+        }
+        for (int i = S->n_slots - 1; i >= 0; i--) slot_adopt(S, i);
         if (!S->n_slots) continue;
 
         /* the batch: decoding requests first, then prompt chunks */
@@ -439,7 +573,7 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < S->n_slots; i++) {
             slot *s = &S->slots[i];
             s->chunk = 0;
-            if (s->n_fed < s->r->n_prompt) continue;
+            if (!s->seq || s->n_fed < s->r->n_prompt) continue;
             s->chunk = 1;
             S->bseq[nb] = s->seq;
             S->btok[nb] = &s->last;
@@ -450,8 +584,11 @@ static void *engine_main(void *arg) {
         int prefills = 0;
         for (int i = 0; i < S->n_slots; i++) {
             slot *s = &S->slots[i];
-            if (s->n_fed >= s->r->n_prompt) continue;
-            int c = (s->cut > s->n_fed ? s->cut : s->r->n_prompt) - s->n_fed;
+            if (!s->seq || s->n_fed >= s->r->n_prompt) continue;
+            int end = s->r->n_prompt;
+            if (s->cut > s->n_fed && s->cut < end) end = s->cut;
+            if (s->fork_at > s->n_fed && s->fork_at < end) end = s->fork_at;
+            int c = end - s->n_fed;
             if (c > S->cfg.prefill_chunk) c = S->cfg.prefill_chunk;
             if (c > budget && prefills) continue;
             s->chunk = c;
@@ -470,7 +607,7 @@ static void *engine_main(void *arg) {
             const slot *s = &S->slots[S->bslot[b]];
             const dsv4_sampling *p = &s->r->sp;
             on_dev = !s->r->logprobs && !s->r->n_force && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-                     p->frequency_penalty == 0.0f;
+                     p->frequency_penalty == 0.0f && !p->n_bias;
             S->dtok[b] = s->last;
             S->dsp[b] = (dsv4_device_sampling){p->temperature, p->top_p, p->min_p, p->top_k, p->seed, dsv4_sampler_step(s->smp)};
         }
@@ -501,13 +638,14 @@ static void *engine_main(void *arg) {
             if (s->n_fed < s->r->n_prompt) {
                 s->n_fed += s->chunk;
                 if (s->n_fed == s->cut) pc_put(S, s->r->prompt, s->cut, s->seq); /* the shared prefix's state */
+                if (s->n_fed == s->fork_at && s->fork_at > 0) fork_choices(S, i); /* the other choices start here */
                 if (s->n_fed < s->r->n_prompt) continue;
-                srv_metrics_tokens(s->r->n_prompt - s->n_cached, 0);
+                srv_metrics_tokens(s->r->n_prompt - s->n_cached - s->n_forked, 0);
                 pc_put(S, s->r->prompt, s->r->n_prompt, s->seq); /* the state right after the prompt */
             }
             slot_sample(S, i, on_dev ? NULL : S->logits + (size_t)b * S->V, S->dids[b]);
         }
-        for (int i = 0; i < S->n_slots; i++) used += dsv4_seq_pos(S->slots[i].seq);
+        for (int i = 0; i < S->n_slots; i++) used += S->slots[i].seq ? dsv4_seq_pos(S->slots[i].seq) : 0;
         pthread_mutex_lock(&S->mu);
         S->kv_used = used;
         pthread_mutex_unlock(&S->mu);
@@ -569,11 +707,24 @@ srv_sched *srv_sched_new(dsv4_model *m, const dsv4_tok *tok, const srv_config *c
     return S;
 }
 
-int srv_sched_submit(srv_sched *S, srv_req *r, char *err, size_t errcap) {
+int srv_sched_submit(srv_sched *S, srv_req **rs, int n, char *err, size_t errcap) {
+    const srv_req *r = rs[0];
     long need = (long)r->n_prompt + r->max_tokens;
-    if (need > S->cfg.kv_tokens) {
-        snprintf(err, errcap, "the request needs %ld tokens of KV cache (prompt %d + max_tokens %d); the server's budget is %ld",
-                 need, r->n_prompt, r->max_tokens, S->cfg.kv_tokens);
+    if (n != r->n_choices) { /* the engine admits r->n_choices entries from the queue's head together */
+        snprintf(err, errcap, "internal error: %d requests submitted for %d choices", n, r->n_choices);
+        return 500;
+    }
+    if (n > S->wait_cap) {
+        snprintf(err, errcap, "n = %d: the server queues at most %d requests (--max-queue)", n, S->wait_cap);
+        return 400;
+    }
+    if (n > S->cfg.max_seqs) {
+        snprintf(err, errcap, "n = %d: the server runs at most %d sequences at once (--max-seqs)", n, S->cfg.max_seqs);
+        return 400;
+    }
+    if (need * n > S->cfg.kv_tokens) {
+        snprintf(err, errcap, "the request needs %ld tokens of KV cache (%s(prompt %d + max_tokens %d)); the server's budget is %ld",
+                 need * n, n > 1 ? "n x " : "", r->n_prompt, r->max_tokens, S->cfg.kv_tokens);
         return 400;
     }
     pthread_mutex_lock(&S->mu);
@@ -581,16 +732,19 @@ int srv_sched_submit(srv_sched *S, srv_req *r, char *err, size_t errcap) {
     if (S->draining || S->stop) {
         snprintf(err, errcap, "the server is shutting down");
         rc = 503;
-    } else if (S->wait_n >= S->wait_cap) {
+    } else if (S->wait_n + n > S->wait_cap) {
         snprintf(err, errcap, "the server is overloaded (%d requests waiting); retry later", S->wait_n);
         rc = 503;
     } else {
-        pthread_mutex_lock(&r->mu);
-        r->refs++;
-        pthread_mutex_unlock(&r->mu);
-        r->t_submit = srv_now();
-        S->wait[(S->wait_head + S->wait_n) % S->wait_cap] = r;
-        S->wait_n++;
+        const double now = srv_now();
+        for (int i = 0; i < n; i++) {
+            pthread_mutex_lock(&rs[i]->mu);
+            rs[i]->refs++;
+            pthread_mutex_unlock(&rs[i]->mu);
+            rs[i]->t_submit = now;
+            S->wait[(S->wait_head + S->wait_n) % S->wait_cap] = rs[i];
+            S->wait_n++;
+        }
         pthread_cond_signal(&S->cv);
     }
     pthread_mutex_unlock(&S->mu);

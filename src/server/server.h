@@ -30,6 +30,7 @@
 
 #define SRV_MAX_STOPS 16
 #define SRV_MAX_TOP_LOGPROBS 20
+#define SRV_MAX_CHOICES 128 /* OpenAI's limit on n */
 
 typedef struct srv_config {
     const char *model_dir, *model_name, *host, *api_key;
@@ -71,6 +72,9 @@ typedef enum srv_finish {
 typedef struct srv_req {
     /* ---- set by the HTTP side before submit; read-only afterwards ---- */
     srv_api api;
+    int n_choices;           /* OpenAI's n: this request is choice 0 (the leader) of n; 1 otherwise */
+    int index;               /* the choice's index: choices 1..n-1 are srv_req_clone copies of the leader */
+    struct srv_req *lead;    /* choices 1..n-1: the leader (a reference held until this one is freed); else NULL */
     int stream, include_usage;
     char id[64];
     long created;
@@ -81,6 +85,9 @@ typedef struct srv_req {
     dsv4_sampling sp;        /* sp.stop points at stops */
     char *stops[SRV_MAX_STOPS];
     size_t n_stop;
+    int32_t *bias_tok;       /* logit_bias (sp.bias_tok / bias_val point here) */
+    float *bias_val;
+    size_t n_bias;
     int chat;                /* parse the completion with the chat parser */
     dsv4_chat_mode mode;
     int logprobs, top_logprobs; /* logprobs: record srv_lp per token */
@@ -102,11 +109,15 @@ typedef struct srv_req {
     int stop_index;
     char errmsg[256];
     int refs;
+    unsigned long gen;       /* bumped on every push / finish; a leader's also on those of its other choices */
 
     atomic_int cancel;       /* set by the HTTP side: client gone */
 } srv_req;
 
 srv_req *srv_req_new(srv_api api); /* refs = 1 (the caller's) */
+/* Choice `index` of the leader r (n > 1): a copy of everything the HTTP side set, its seed r's + index (so a seeded
+ * choice i draws what a request with seed + i alone would), lead = r (referenced). NULL: out of memory. */
+srv_req *srv_req_clone(srv_req *r, int index);
 void srv_req_release(srv_req *r);  /* drops one reference; frees on the last */
 
 /* ---- metrics (metrics.c) ---- */
@@ -134,9 +145,10 @@ char *srv_metrics_render(struct srv_sched *S, size_t *len);
 typedef struct srv_sched srv_sched;
 
 srv_sched *srv_sched_new(dsv4_model *m, const dsv4_tok *tok, const srv_config *cfg, char *err, size_t errcap);
-/* Queues r for the engine (takes a reference). 0, or an HTTP status (503 queue full / shutting down,
- * 400 too large for the KV budget) with a message in err. */
-int srv_sched_submit(srv_sched *S, srv_req *r, char *err, size_t errcap);
+/* Queues r[0..n) for the engine (a reference each): one request, or a leader and its other choices (srv_req_clone),
+ * admitted together; the prompt is fed once and the others start from a copy of its state. 0, or an HTTP status (503
+ * queue full / shutting down, 400 too large for the KV budget or the sequences) with a message in err. */
+int srv_sched_submit(srv_sched *S, srv_req **r, int n, char *err, size_t errcap);
 /* Stops taking requests; waits up to timeout_s for running / queued requests to finish, then cancels
  * what is left. Returns the number cancelled. */
 int srv_sched_drain(srv_sched *S, double timeout_s);
@@ -221,6 +233,7 @@ typedef struct srv_out {
     int stop_index;
     char errmsg[256];
     int started, ended;
+    int multi;              /* one of n > 1 choices: the stream's usage and [DONE] come after all (srv_openai_stream_tail) */
     int n_tools;
     int oom;
     /* Anthropic streaming: the open content block */
@@ -239,7 +252,11 @@ void srv_openai_stream_start(srv_out *o);
 void srv_openai_stream_delta(srv_out *o, const dsv4_chat_delta *d);
 void srv_openai_stream_text(srv_out *o, const char *t, size_t n); /* completions */
 void srv_openai_stream_end(srv_out *o);
-char *srv_openai_body(srv_out *o, size_t *len);
+/* n > 1 choices o[0..n), all ended: the usage chunk (when asked) and [DONE], appended to o[n - 1].sse (a reader sends
+ * the buffers in index order, each whole: so after every choice's last events) */
+void srv_openai_stream_tail(srv_out *o, int n);
+/* the response of n >= 1 choices (o[i] of choice i) */
+char *srv_openai_body(srv_out *o, int n, size_t *len);
 void srv_anthropic_stream_start(srv_out *o);
 void srv_anthropic_stream_delta(srv_out *o, const dsv4_chat_delta *d);
 void srv_anthropic_stream_end(srv_out *o);

@@ -35,21 +35,24 @@ def rss_kb(pid):
 def one(base, rng, i):
     kind = rng.randrange(10)
     seed = rng.randrange(1 << 30)
+    n = rng.choice([1, 1, 2, 3])  # OpenAI's n: choices forked from one prompt
     chat = {"model": MODEL, "messages": [{"role": "user", "content": f"req {i}"}], "max_tokens": rng.randint(1, 3),
             "seed": seed}
     with httpx.Client(base_url=base, timeout=120) as c:
         if kind == 0:
-            r = c.post("/v1/chat/completions", json=chat)
+            r = c.post("/v1/chat/completions", json={**chat, "n": n})
             assert r.status_code == 200, r.text
+            assert len(r.json()["choices"]) == n
         elif kind == 1:
-            with c.stream("POST", "/v1/chat/completions", json={**chat, "stream": True,
+            with c.stream("POST", "/v1/chat/completions", json={**chat, "stream": True, "n": n,
                                                                 "reasoning_effort": "high"}) as r:
                 assert r.status_code == 200
                 body = "".join(r.iter_text())
                 assert body.rstrip().endswith("data: [DONE]")
         elif kind == 2:
             r = c.post("/v1/completions", json={"model": MODEL, "prompt": f"p{i}", "max_tokens": 2, "seed": seed,
-                                                "logprobs": 2})
+                                                "logprobs": 2, "n": n,
+                                                "logit_bias": {str(rng.randrange(1000)): rng.uniform(-100, 100)}})
             assert r.status_code == 200, r.text
         elif kind == 3:
             r = c.post("/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": chat["messages"],
@@ -70,7 +73,7 @@ def one(base, rng, i):
             assert r.status_code == 400
         elif kind == 8:  # a client that hangs up mid-stream
             with c.stream("POST", "/v1/chat/completions", json={**chat, "max_tokens": 50, "ignore_eos": True,
-                                                                "stream": True}) as r:
+                                                                "stream": True, "n": n}) as r:
                 for k, _ in enumerate(r.iter_lines()):
                     if k >= 2:
                         break

@@ -361,7 +361,7 @@ def test_errors(server):
     err("/v1/chat/completions", b"{not json", 400)
     err("/v1/chat/completions", b"[]", 400)
     err("/v1/chat/completions", json.dumps({"messages": "hi"}).encode(), 400)
-    for bad in [{"temperature": -1}, {"temperature": "hot"}, {"top_p": 0}, {"n": 2}, {"max_tokens": 0},
+    for bad in [{"temperature": -1}, {"temperature": "hot"}, {"top_p": 0}, {"n": 0}, {"n": 129}, {"n": 17}, {"max_tokens": 0},
                 {"max_tokens": 1.5}, {"top_logprobs": 3}, {"stop": [1]}, {"reasoning_effort": "extreme"},
                 {"tools": "x"}, {"tool_choice": "sometimes"}, {"stream": "yes"}]:
         err("/v1/chat/completions", json.dumps(chat_body(1, **bad)).encode(), 400)
@@ -369,6 +369,7 @@ def test_errors(server):
         400)
     err("/v1/chat/completions", json.dumps(chat_body(1, model="gpt-4")).encode(), 404)
     err("/v1/completions", json.dumps({"prompt": 5}).encode(), 400)
+    err("/v1/completions", json.dumps({"prompt": "hi", "n": 2, "best_of": 3}).encode(), 400)
     err("/v1/completions", json.dumps({"prompt": [1, -2]}).encode(), 400)
     err("/v1/messages", b"{", 400)
     # body limit (server runs with --max-body 65536)
@@ -404,6 +405,101 @@ def test_concurrent_streams_match_solo(server):
             assert (rs, cs) == solo[i][:2], f"client {i}: concurrent stream differs from the same request alone"
     m = httpx.get(server.base + "/metrics", headers=HDR).text
     assert "dsv4_num_requests_running 0" in m
+
+
+def test_n_choices(server):
+    """n > 1: the prompt fed once, each choice a copy of its state with seed + index; choice i is the text of the
+    same request alone with seed + i (OpenAI's and vLLM's n), in bodies, streams (index per chunk, one usage, one
+    [DONE]) and completions with logprobs."""
+    body = chat_body(21, "Tell me three things about the sea", 10, temperature=1.0, ignore_eos=True)
+    r = post(server, "/v1/chat/completions", {**body, "n": 3})
+    assert r.status_code == 200, r.text
+    j = r.json()
+    assert [c["index"] for c in j["choices"]] == [0, 1, 2]
+    texts = [c["message"]["content"] for c in j["choices"]]
+    alone = [post(server, "/v1/chat/completions", {**body, "seed": 21 + i}).json() for i in range(3)]
+    assert texts == [a["choices"][0]["message"]["content"] for a in alone]
+    assert len(set(texts)) > 1
+    assert j["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"]
+    assert j["usage"]["completion_tokens"] == 30
+    # streamed: every chunk names its choice; one usage chunk and one [DONE] after all of them
+    acc, usage, dones, finishes = {}, [], 0, {}
+    with httpx.stream("POST", server.base + "/v1/chat/completions", json={**body, "n": 3, "stream": True,
+                      "stream_options": {"include_usage": True}}, headers=HDR, timeout=300) as s:
+        assert s.status_code == 200
+        for line in s.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                dones += 1
+                continue
+            assert dones == 0, "data after [DONE]"
+            c = json.loads(line[6:])
+            if c.get("usage"):
+                assert not c["choices"]
+                usage.append(c["usage"])
+            for ch in c["choices"]:
+                acc[ch["index"]] = acc.get(ch["index"], "") + (ch["delta"].get("content") or "")
+                if ch.get("finish_reason"):
+                    finishes[ch["index"]] = ch["finish_reason"]
+    assert dones == 1 and len(usage) == 1 and usage[0]["completion_tokens"] == 30
+    assert [acc[i] for i in range(3)] == texts
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    # completions (a one-token prompt: nothing to share), best_of = n, logprobs per choice
+    cb = {"model": MODEL, "prompt": [7], "max_tokens": 5, "seed": 5, "temperature": 1.0, "ignore_eos": True}
+    c = post(server, "/v1/completions", {**cb, "n": 2, "best_of": 2, "logprobs": 1}).json()
+    assert [x["index"] for x in c["choices"]] == [0, 1]
+    for i in range(2):
+        a = post(server, "/v1/completions", {**cb, "seed": 5 + i}).json()
+        assert c["choices"][i]["text"] == a["choices"][0]["text"]
+        assert len(c["choices"][i]["logprobs"]["tokens"]) == 5
+    # the official client
+    client = openai_client(server)
+    out = client.chat.completions.create(model=MODEL, messages=body["messages"], max_tokens=10, seed=21, n=2,
+                                         temperature=1.0, extra_body={"ignore_eos": True})
+    assert [ch.message.content for ch in out.choices] == texts[:2]
+    m = httpx.get(server.base + "/metrics", headers=HDR).text
+    assert "dsv4_num_requests_running 0" in m
+
+
+def test_logit_bias(server):
+    """OpenAI's logit_bias: +100 on a token makes greedy decoding repeat it; -100 takes a token out."""
+    cb = {"model": MODEL, "prompt": [11, 12, 13], "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+    forced = post(server, "/v1/completions", {**cb, "logit_bias": {"42": 100}}).json()["choices"][0]
+    toks = forced["logprobs"]["tokens"]
+    assert len(toks) == 3 and len(set(toks)) == 1 and forced["text"] == toks[0] * 3
+    r = post(server, "/v1/completions", {**cb, "max_tokens": 1, "logit_bias": {"42": 100}, "n": 2, "temperature": 1.0})
+    assert [c["text"] for c in r.json()["choices"]] == [toks[0]] * 2
+    # -100 against +100: the other token wins either way round
+    one = {**cb, "max_tokens": 1}
+    b77 = post(server, "/v1/completions", {**one, "logit_bias": {"77": 100}}).json()["choices"][0]["text"]
+    assert b77 != toks[0]
+    assert post(server, "/v1/completions", {**one, "logit_bias": {"42": 100, "77": -100}}).json()["choices"][0]["text"] == toks[0]
+    assert post(server, "/v1/completions", {**one, "logit_bias": {"42": -100, "77": 100}}).json()["choices"][0]["text"] == b77
+    c = post(server, "/v1/chat/completions", chat_body(1, max_tokens=2, temperature=0, logit_bias={"42": 100}))
+    assert c.status_code == 200, c.text
+    for bad in [{"logit_bias": [1]}, {"logit_bias": {"x": 1}}, {"logit_bias": {"5": 101}}, {"logit_bias": {"5": "a"}},
+                {"logit_bias": {"-3": 1}}, {"logit_bias": {"99999999": 1}}]:
+        r = post(server, "/v1/completions", {**cb, **bad})
+        assert r.status_code == 400 and "logit_bias" in r.json()["error"]["message"], (bad, r.text)
+
+
+def test_n_choices_cancel(server):
+    """A client that leaves a stream of n choices cancels all of them."""
+    import socket
+    body = json.dumps(chat_body(3, "x", 600, n=4, stream=True, ignore_eos=True)).encode()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode() +
+              b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert s.recv(64).startswith(b"HTTP/1.1 200")
+    s.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if "dsv4_num_requests_running 0" in httpx.get(server.base + "/metrics", headers=HDR).text:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the choices of a dropped stream kept running")
 
 
 def test_cancel_on_disconnect(server):
