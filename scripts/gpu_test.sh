@@ -229,6 +229,17 @@ for md in 0 1; do
         [ -s "$OUT/serve-solo-$md-$k.txt" ] && cmp -s "$OUT/serve-conc-$md-$k.txt" "$OUT/serve-solo-$md-$k.txt" && same=$((same + 1))
     done
     echo "serve --device cuda (mixed steps on the device $md): 6 concurrent seeded requests of mixed prompt lengths, $same of 6 the same text as alone"
+    # n choices (forks of the prompt's device state), with and without logit_bias (which samples on the host)
+    for lb in '' ',"logit_bias":{"42":5}'; do
+        if curl -sf -m 120 http://127.0.0.1:18123/v1/completions -H 'content-type: application/json' \
+            -d "{\"model\":\"synth\",\"prompt\":\"$(sprompt 2)\",\"max_tokens\":16,\"n\":3,\"seed\":5$lb}" \
+            >"$OUT/serve-n-$md.json" && [ "$(grep -o '"index":' "$OUT/serve-n-$md.json" | wc -l)" = 3 ]; then
+            echo "serve --device cuda (mixed steps on the device $md): n = 3${lb:+ with logit_bias}: 3 choices"
+        else
+            echo "serve --device cuda (mixed steps on the device $md): n = 3${lb:+ with logit_bias} failed"; head -c 300 "$OUT/serve-n-$md.json"
+            tail -n 5 "$OUT/serve-$md.log"; fail=$((fail + 1))
+        fi
+    done
     kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null || true
 done
 fail=$((fail + kfail))
