@@ -111,7 +111,25 @@ static int get_logit_bias(const cJSON *b, srv_req *r, srv_error *e) {
     return 0;
 }
 
-/* temperature, top_p, top_k, min_p, penalties, seed, stop, ignore_eos, logit_bias. */
+/* vLLM's stop_token_ids: [id, ...]; checked against the vocabulary in srv_finalize_sampling. */
+static int get_stop_ids(const cJSON *b, srv_req *r, srv_error *e) {
+    const cJSON *a = get(b, "stop_token_ids");
+    if (absent(a)) return 0;
+    if (!cJSON_IsArray(a)) return srv_fail(e, 400, "stop_token_ids: expected an array of token ids");
+    const int n = cJSON_GetArraySize(a);
+    if (n > SRV_MAX_STOP_IDS) return srv_fail(e, 400, "stop_token_ids: %d entries; at most %d", n, SRV_MAX_STOP_IDS);
+    if (!n) return 0;
+    if (!(r->stop_ids = malloc(sizeof(int32_t) * (size_t)n))) return srv_fail(e, 500, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const cJSON *t = cJSON_GetArrayItem(a, i);
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble > INT32_MAX)
+            return srv_fail(e, 400, "stop_token_ids[%d]: expected a token id", i);
+        r->stop_ids[r->n_stop_ids++] = (int32_t)t->valuedouble;
+    }
+    return 0;
+}
+
+/* temperature, top_p, top_k, min_p, penalties, seed, stop, ignore_eos, logit_bias, stop_token_ids, min_tokens. */
 int srv_parse_sampling(const cJSON *b, srv_req *r, double max_temp, const char *stop_key, srv_error *e) {
     double d;
     long l;
@@ -137,6 +155,9 @@ int srv_parse_sampling(const cJSON *b, srv_req *r, double max_temp, const char *
     if (x == 1) r->sp.ignore_eos = true;
     if (get_seed(b, r, e) < 0) return -1;
     if (srv_get_stops(b, stop_key, r, e) < 0) return -1;
+    if ((rc = srv_get_int(b, "min_tokens", 0, 1L << 30, &l, e)) < 0) return -1;
+    if (rc) r->min_tokens = (int)l;
+    if (get_stop_ids(b, r, e)) return -1;
     return get_logit_bias(b, r, e);
 }
 

@@ -134,6 +134,12 @@ int srv_finalize_sampling(srv_ctx *S, srv_req *r, int max_tokens, srv_error *e) 
     r->sp.max_tokens = r->max_tokens;
     r->sp.stop = (const char *const *)r->stops;
     r->sp.n_stop = r->n_stop;
+    if (r->min_tokens > r->max_tokens)
+        return srv_fail(e, 400, "min_tokens (%d) must be at most max_tokens (%d)", r->min_tokens, r->max_tokens);
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] >= S->tok_vocab)
+            return srv_fail(e, 400, "stop_token_ids: token %d is outside the vocabulary [0, %d)", (int)r->stop_ids[i],
+                            S->tok_vocab);
     for (size_t i = 0; i < r->n_bias; i++)
         if (r->bias_tok[i] >= S->tok_vocab)
             return srv_fail(e, 400, "logit_bias: token %d is outside the vocabulary [0, %d)", (int)r->bias_tok[i],

@@ -137,6 +137,7 @@ void srv_req_release(srv_req *r) {
     free(r->force);
     free(r->bias_tok);
     free(r->bias_val);
+    free(r->stop_ids);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stops[i]);
     dsv4_sb_free(&r->text);
     free(r->lps);
@@ -174,6 +175,11 @@ srv_req *srv_req_clone(srv_req *r, int index) {
         fail = 1;
     }
     c->n_bias = r->n_bias;
+    if (r->n_stop_ids && (c->stop_ids = malloc(sizeof(int32_t) * (size_t)r->n_stop_ids)))
+        memcpy(c->stop_ids, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop_ids);
+    else if (r->n_stop_ids) fail = 1;
+    c->n_stop_ids = r->n_stop_ids;
+    c->min_tokens = r->min_tokens;
     c->sp.bias_tok = c->bias_tok, c->sp.bias_val = c->bias_val, c->sp.n_bias = c->n_bias;
     c->chat = r->chat, c->mode = r->mode;
     c->logprobs = r->logprobs, c->top_logprobs = r->top_logprobs, c->want_tools = r->want_tools;
@@ -438,6 +444,18 @@ static void slot_end(srv_sched *S, int i, srv_finish f) {
     slot_release(S, i, f, stop_index, NULL);
 }
 
+static int is_stop_id(const srv_req *r, int32_t t) {
+    for (int k = 0; k < r->n_stop_ids; k++)
+        if (r->stop_ids[k] == t) return 1;
+    return 0;
+}
+
+/* min_tokens: the slot's next draw may not end the answer (the end-of-sequence token and stop_token_ids masked; on the
+ * host, so such a step samples there) */
+static int slot_masks_end(const srv_sched *S, const slot *s) {
+    return s->n_gen < s->r->min_tokens && (!s->r->sp.ignore_eos || s->r->n_stop_ids);
+}
+
 /* Samples the next token of slot i from logits row (its padding ids already -inf: host_draws) or takes dev_id >= 0,
  * drawn on the device or by host_draws; returns 1 when the slot was released. */
 static int slot_sample(srv_sched *S, int i, float *row, int32_t dev_id) {
@@ -468,7 +486,7 @@ static int slot_sample(srv_sched *S, int i, float *row, int32_t dev_id) {
         lp.n_top = nt < 0 ? 0 : nt;
         lpp = &lp;
     }
-    if (t == S->eos && !r->sp.ignore_eos) {
+    if ((t == S->eos && !r->sp.ignore_eos) || is_stop_id(r, t)) {
         if (lpp) req_push(r, NULL, 0, lpp);
         slot_end(S, i, SRV_FIN_EOS);
         return 1;
@@ -527,8 +545,17 @@ static void host_draws(srv_sched *S, int nb) {
         if (s->n_fed + s->chunk < s->r->n_prompt) continue;
         float *row = S->logits + (size_t)b * S->V;
         for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding rows: never sampled */
+        /* min_tokens: the answer's end masked for this draw, the row restored after it (logprobs read it raw) */
+        const int mask = slot_masks_end(S, s), me = mask && !s->r->sp.ignore_eos && S->eos >= 0 && S->eos < S->V;
+        const float eos_l = me ? row[S->eos] : 0.0f;
+        float *keep = mask && s->r->n_stop_ids ? malloc(sizeof(float) * (size_t)s->r->n_stop_ids) : NULL;
+        if (me) row[S->eos] = -INFINITY;
+        for (int k = 0; keep && k < s->r->n_stop_ids; k++) keep[k] = row[s->r->stop_ids[k]], row[s->r->stop_ids[k]] = -INFINITY;
         dsv4_err e = {{0}};
-        const int32_t t = dsv4_sampler_sample(s->smp, row, &e);
+        const int32_t t = mask && s->r->n_stop_ids && !keep ? -1 : dsv4_sampler_sample(s->smp, row, &e);
+        for (int k = (keep ? s->r->n_stop_ids : 0) - 1; k >= 0; k--) row[s->r->stop_ids[k]] = keep[k];
+        free(keep);
+        if (me) row[S->eos] = eos_l;
         S->dids[b] = t >= 0 ? t : -1;
     }
 }
@@ -607,7 +634,7 @@ static void *engine_main(void *arg) {
             const slot *s = &S->slots[S->bslot[b]];
             const dsv4_sampling *p = &s->r->sp;
             on_dev = !s->r->logprobs && !s->r->n_force && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-                     p->frequency_penalty == 0.0f && !p->n_bias;
+                     p->frequency_penalty == 0.0f && !p->n_bias && !slot_masks_end(S, s);
             S->dtok[b] = s->last;
             S->dsp[b] = (dsv4_device_sampling){p->temperature, p->top_p, p->min_p, p->top_k, p->seed, dsv4_sampler_step(s->smp)};
         }

@@ -31,6 +31,7 @@
 #define SRV_MAX_STOPS 16
 #define SRV_MAX_TOP_LOGPROBS 20
 #define SRV_MAX_CHOICES 128 /* OpenAI's limit on n */
+#define SRV_MAX_STOP_IDS 1024
 
 typedef struct srv_config {
     const char *model_dir, *model_name, *host, *api_key;
@@ -88,6 +89,9 @@ typedef struct srv_req {
     int32_t *bias_tok;       /* logit_bias (sp.bias_tok / bias_val point here) */
     float *bias_val;
     size_t n_bias;
+    int32_t *stop_ids;       /* stop_token_ids (vLLM's): a drawn one ends the answer like the end-of-sequence token */
+    int n_stop_ids;
+    int min_tokens;          /* vLLM's: neither the end-of-sequence token nor stop_token_ids before this many tokens */
     int chat;                /* parse the completion with the chat parser */
     dsv4_chat_mode mode;
     int logprobs, top_logprobs; /* logprobs: record srv_lp per token */

@@ -52,7 +52,8 @@ def one(base, rng, i):
         elif kind == 2:
             r = c.post("/v1/completions", json={"model": MODEL, "prompt": f"p{i}", "max_tokens": 2, "seed": seed,
                                                 "logprobs": 2, "n": n,
-                                                "logit_bias": {str(rng.randrange(1000)): rng.uniform(-100, 100)}})
+                                                "logit_bias": {str(rng.randrange(1000)): rng.uniform(-100, 100)},
+                                                "stop_token_ids": [rng.randrange(1000)], "min_tokens": rng.randint(0, 2)})
             assert r.status_code == 200, r.text
         elif kind == 3:
             r = c.post("/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": chat["messages"],

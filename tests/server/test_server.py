@@ -484,6 +484,34 @@ def test_logit_bias(server):
         assert r.status_code == 400 and "logit_bias" in r.json()["error"]["message"], (bad, r.text)
 
 
+def test_min_tokens_and_stop_token_ids(server, model_dir):
+    """vLLM's stop_token_ids end the answer like the end-of-sequence token; min_tokens holds both off."""
+    eos = json.load(open(os.path.join(model_dir, "config.json")))["eos_token_id"]
+    cb = {"model": MODEL, "prompt": [11, 12, 13], "max_tokens": 8, "temperature": 0}
+
+    def comp(**kw):
+        r = post(server, "/v1/completions", {**cb, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0], r.json()["usage"]["completion_tokens"]
+
+    c, n = comp(logit_bias={"42": 100}, stop_token_ids=[42])
+    assert (c["text"], c["finish_reason"], n) == ("", "stop", 1)
+    c, n = comp(logit_bias={"42": 100}, stop_token_ids=[42], min_tokens=3)
+    assert (c["finish_reason"], n) == ("stop", 4) and c["text"]
+    c, n = comp(logit_bias={str(eos): 100})
+    assert (c["finish_reason"], n) == ("stop", 1)
+    c, n = comp(logit_bias={str(eos): 100}, min_tokens=2, temperature=1.0, seed=3, n=2)
+    assert (c["finish_reason"], n) == ("stop", 6)  # 2 choices x (2 + the end)
+    # streamed chat: the same rule
+    _, content, fin, usage = stream_chat_text(server, chat_body(2, max_tokens=8, temperature=0, min_tokens=5,
+                                                                logit_bias={"42": 100}, stop_token_ids=[42]))
+    assert (fin, usage["completion_tokens"]) == ("stop", 6)
+    for bad in [{"min_tokens": -1}, {"min_tokens": 9}, {"stop_token_ids": 5}, {"stop_token_ids": [1.5]},
+                {"stop_token_ids": [99999999]}]:
+        r = post(server, "/v1/completions", {**cb, **bad})
+        assert r.status_code == 400, (bad, r.text)
+
+
 def test_n_choices_cancel(server):
     """A client that leaves a stream of n choices cancels all of them."""
     import socket
