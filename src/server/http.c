@@ -69,6 +69,8 @@ static srv_ep endpoint_of(const char *url) {
     if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return SRV_EP_MODELS;
     if (!strcmp(url, "/health")) return SRV_EP_HEALTH;
     if (!strcmp(url, "/metrics")) return SRV_EP_METRICS;
+    if (!strcmp(url, "/tokenize")) return SRV_EP_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return SRV_EP_DETOKENIZE;
     return SRV_EP_OTHER;
 }
 
@@ -405,6 +407,23 @@ static enum MHD_Result generate(srv_ctx *S, struct MHD_Connection *c, conn *k, s
     return q;
 }
 
+/* ---- /tokenize, /detokenize ---- */
+
+static enum MHD_Result tokenize(srv_ctx *S, struct MHD_Connection *c, conn *k) {
+    srv_error e = {0};
+    if (k->too_large) return fail(c, k, 413, "the request body is too large");
+    dsv4_err je = {{0}};
+    cJSON *body = dsv4_pyjson_parse(k->body.p ? k->body.p : "", k->body.n, &je);
+    if (!body) {
+        srv_fail(&e, 400, "the request body is not valid JSON: %s", je.msg);
+        return send_error(c, k, &e);
+    }
+    size_t len = 0;
+    char *out = k->ep == SRV_EP_TOKENIZE ? srv_tokenize_body(S, body, &len, &e) : srv_detokenize_body(S, body, &len, &e);
+    cJSON_Delete(body);
+    return out ? send_json(c, k, 200, out, len) : send_error(c, k, &e);
+}
+
 /* ---- the access handler ---- */
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -469,6 +488,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case SRV_EP_MESSAGES:
         if (!post) break;
         return generate(S, c, k, SRV_API_ANTHROPIC);
+    case SRV_EP_TOKENIZE:
+    case SRV_EP_DETOKENIZE:
+        if (!post) break;
+        return tokenize(S, c, k);
     default: {
         char msg[512];
         snprintf(msg, sizeof msg, "no such endpoint: %s %.300s", method, url);

@@ -210,6 +210,27 @@ int srv_openai_parse_chat(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) 
     if (!cJSON_IsArray(msgs) || !cJSON_GetArraySize(msgs))
         return srv_fail(e, 400, "messages: expected a non-empty array of message objects");
     if (parse_stream(b, r, e)) return -1;
+    if (srv_openai_chat_prompt(S, b, r, e)) return -1;
+
+    /* logprobs */
+    int lp = 0;
+    long top = 0;
+    if (srv_get_bool(b, "logprobs", &lp, e) < 0) return -1;
+    if (srv_get_int(b, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e) < 0) return -1;
+    if (top && !lp) return srv_fail(e, 400, "top_logprobs requires logprobs: true");
+    r->logprobs = lp;
+    r->top_logprobs = (int)top;
+
+    long mt = 0;
+    if (parse_max_tokens(b, &mt, e)) return -1;
+    if (srv_parse_sampling(b, r, 2, "stop", e)) return -1;
+    return srv_finalize_sampling(S, r, (int)mt, e);
+}
+
+int srv_openai_chat_prompt(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) {
+    const cJSON *msgs = get(b, "messages");
+    if (!cJSON_IsArray(msgs) || !cJSON_GetArraySize(msgs))
+        return srv_fail(e, 400, "messages: expected a non-empty array of message objects");
 
     /* thinking on or off */
     int think = S->cfg.default_thinking;
@@ -310,28 +331,9 @@ int srv_openai_parse_chat(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) 
         }
     }
 
-    /* logprobs */
-    int lp = 0;
-    long top = 0;
-    if (srv_get_bool(b, "logprobs", &lp, e) < 0) goto fail;
-    if (srv_get_int(b, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &top, e) < 0) goto fail;
-    if (top && !lp) {
-        srv_fail(e, 400, "top_logprobs requires logprobs: true");
-        goto fail;
-    }
-    r->logprobs = lp;
-    r->top_logprobs = (int)top;
-
-    long mt = 0;
-    if (parse_max_tokens(b, &mt, e)) goto fail;
-    if (srv_parse_sampling(b, r, 2, "stop", e)) goto fail;
-    if (srv_render_chat(S, r, copy ? copy : msgs, tools, effort, e)) goto fail;
-    if (force && srv_force_tool_call(S, r, force_name, e)) goto fail;
+    int rc = srv_render_chat(S, r, copy ? copy : msgs, tools, effort, e) || (force && srv_force_tool_call(S, r, force_name, e));
     cJSON_Delete(copy);
-    return srv_finalize_sampling(S, r, (int)mt, e);
-fail:
-    cJSON_Delete(copy);
-    return -1;
+    return rc ? -1 : 0;
 }
 
 /* ---- completions ---- */

@@ -89,12 +89,6 @@ int srv_tokenize_prompt(srv_ctx *S, srv_req *r, const char *text, size_t len, in
     free(r->prompt);
     r->prompt = ids;
     r->n_prompt = (int)n;
-    if (n == 0) return srv_fail(e, 400, "the prompt is empty");
-    if ((long)n >= S->cfg.max_context)
-        return srv_fail(e, 400,
-                        "This model's maximum context length is %d tokens. However, your prompt has %zu tokens "
-                        "(no room left to generate). Please reduce the length of the messages or prompt.",
-                        S->cfg.max_context, n);
     return 0;
 }
 
@@ -129,6 +123,12 @@ int srv_render_chat(srv_ctx *S, srv_req *r, const cJSON *messages, const cJSON *
 }
 
 int srv_finalize_sampling(srv_ctx *S, srv_req *r, int max_tokens, srv_error *e) {
+    if (r->n_prompt == 0) return srv_fail(e, 400, "the prompt is empty");
+    if (r->n_prompt >= S->cfg.max_context)
+        return srv_fail(e, 400,
+                        "This model's maximum context length is %d tokens. However, your prompt has %d tokens "
+                        "(no room left to generate). Please reduce the length of the messages or prompt.",
+                        S->cfg.max_context, r->n_prompt);
     int room = S->cfg.max_context - r->n_prompt;
     r->max_tokens = max_tokens > 0 && max_tokens < room ? max_tokens : room;
     r->sp.max_tokens = r->max_tokens;

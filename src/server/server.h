@@ -128,7 +128,7 @@ void srv_req_release(srv_req *r);  /* drops one reference; frees on the last */
 
 typedef enum srv_ep {
     SRV_EP_CHAT = 0, SRV_EP_COMPLETIONS, SRV_EP_MESSAGES, SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS,
-    SRV_EP_OTHER, SRV_EP_COUNT
+    SRV_EP_TOKENIZE, SRV_EP_DETOKENIZE, SRV_EP_OTHER, SRV_EP_COUNT
 } srv_ep;
 
 void srv_metrics_init(void);
@@ -195,9 +195,11 @@ int srv_fail(srv_error *e, int status, const char *fmt, ...) __attribute__((form
 /* Builds r (prompt tokens, sampling, mode...) from an OpenAI chat / completions or Anthropic messages
  * body. 0, or -1 with e set. */
 int srv_openai_parse_chat(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
+/* A chat body's prompt only (messages, thinking mode, tools, tool_choice, response_format): r->prompt, mode, force. */
+int srv_openai_chat_prompt(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
 int srv_openai_parse_completion(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
 int srv_anthropic_parse(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
-/* Shared by both: prompt text -> tokens with the context check; sampling validation. */
+/* Shared by both: prompt text -> tokens; the context check and sampling validation (srv_finalize_sampling). */
 int srv_tokenize_prompt(srv_ctx *S, srv_req *r, const char *text, size_t len, int add_bos, srv_error *e);
 int srv_finalize_sampling(srv_ctx *S, srv_req *r, int max_tokens, srv_error *e);
 /* A chat prompt: renders messages (+ tools) in the given mode and tokenizes. */
@@ -216,6 +218,10 @@ int srv_get_stops(const cJSON *o, const char *k, srv_req *r, srv_error *e);
 int srv_parse_sampling(const cJSON *b, srv_req *r, double max_temp, const char *stop_key, srv_error *e);
 /* "model": must be the served name (404 otherwise); sets r->model. */
 int srv_check_model(srv_ctx *S, const cJSON *b, srv_req *r, int required, srv_error *e);
+
+/* vLLM's /tokenize and /detokenize (tokenize.c): the response body, or NULL with e set. */
+char *srv_tokenize_body(srv_ctx *S, const cJSON *body, size_t *len, srv_error *e);
+char *srv_detokenize_body(srv_ctx *S, const cJSON *body, size_t *len, srv_error *e);
 
 /* Error bodies. */
 char *srv_openai_error_body(const srv_error *e);

@@ -68,6 +68,10 @@ def one(base, rng, i):
         elif kind == 6:
             r = c.get(rng.choice(["/health", "/v1/models", "/metrics", "/nope"]))
             assert r.status_code in (200, 404)
+            t = c.post("/tokenize", json={"prompt": f"p{i}"})
+            assert t.status_code == 200, t.text
+            d = c.post("/detokenize", json={"tokens": t.json()["tokens"] + [rng.randrange(-1, 2)]})
+            assert d.status_code in (200, 400), d.text
         elif kind == 7:
             r = c.post("/v1/messages", json={"model": MODEL, "messages": [{"role": "user", "content": [
                 {"type": "image", "source": {}}]}], "max_tokens": 1})

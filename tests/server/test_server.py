@@ -512,6 +512,31 @@ def test_min_tokens_and_stop_token_ids(server, model_dir):
         assert r.status_code == 400, (bad, r.text)
 
 
+def test_tokenize_detokenize(server):
+    """vLLM's /tokenize and /detokenize: the counts a generation request reports, and the text back."""
+    text = "Hello there, tokenizer: ünïcödé and 数字 123"
+    t = post(server, "/tokenize", {"model": MODEL, "prompt": text}).json()
+    u = post(server, "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 1}).json()["usage"]
+    assert t["count"] == len(t["tokens"]) == u["prompt_tokens"] and t["max_model_len"] == 1024
+    bare = post(server, "/tokenize", {"prompt": text, "add_special_tokens": False, "return_token_strs": True}).json()
+    assert bare["tokens"] == t["tokens"][1:] and len(bare["token_strs"]) == bare["count"]
+    assert post(server, "/detokenize", {"tokens": bare["tokens"]}).json() == {"prompt": text}
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    for kw in [{}, {"reasoning_effort": "high"}]:
+        c = post(server, "/tokenize", {"messages": msgs, **kw}).json()
+        g = post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, **kw}).json()["usage"]
+        assert c["count"] == g["prompt_tokens"], kw
+    long = post(server, "/tokenize", {"prompt": "word " * 1500}).json()  # counted, not refused
+    assert long["count"] > long["max_model_len"]
+    for path, body in [("/tokenize", {}), ("/tokenize", {"prompt": 5}), ("/tokenize", {"prompt": "a", "messages": msgs}),
+                       ("/tokenize", {"prompt": "a", "model": "other"}), ("/detokenize", {"tokens": [-1]}),
+                       ("/detokenize", {"tokens": "x"}), ("/detokenize", {"tokens": [1.5]})]:
+        r = post(server, path, body)
+        assert r.status_code in (400, 404) and r.json()["error"]["message"], (path, body, r.text)
+    assert httpx.get(server.base + "/tokenize", headers=HDR).status_code == 405
+    assert httpx.post(server.base + "/tokenize", json={"prompt": "x"}).status_code == 401  # the API key holds here too
+
+
 def test_n_choices_cancel(server):
     """A client that leaves a stream of n choices cancels all of them."""
     import socket
