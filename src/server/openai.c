@@ -345,14 +345,14 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *b, srv_req *r, srv_erro
     if (parse_stream(b, r, e)) return -1;
     int x = 0;
     if (srv_get_bool(b, "echo", &x, e) < 0) return -1;
-    if (x) return srv_fail(e, 400, "echo: not supported");
+    r->echo = x;
     if (!absent(get(b, "suffix"))) return srv_fail(e, 400, "suffix: not supported");
     long bo = 1;
     if (srv_get_int(b, "best_of", 1, SRV_MAX_CHOICES, &bo, e) < 0) return -1;
     if (get(b, "best_of") && !cJSON_IsNull(get(b, "best_of")) && bo != r->n_choices)
         return srv_fail(e, 400, "best_of: only best_of = n is supported (got best_of %ld, n %d)", bo, r->n_choices);
     long lp = -1;
-    int rc = srv_get_int(b, "logprobs", 0, 5, &lp, e);
+    int rc = srv_get_int(b, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &lp, e);
     if (rc < 0) return -1;
     if (rc) {
         r->logprobs = 1;
@@ -383,10 +383,16 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *b, srv_req *r, srv_erro
         return srv_fail(e, 400, "prompt: expected a string, an array of one string, or an array of token ids");
     }
     long mt = 16; /* the OpenAI default for completions */
-    if (srv_get_int(b, "max_tokens", 1, 1L << 30, &mt, e) < 0) return -1;
+    if (srv_get_int(b, "max_tokens", 0, 1L << 30, &mt, e) < 0) return -1;
+    if (mt == 0 && !r->echo) return srv_fail(e, 400, "max_tokens must be at least 1 (0 only with echo: the prompt scored)");
     if (srv_parse_sampling(b, r, 2, "stop", e)) return -1;
     r->chat = 0;
-    return srv_finalize_sampling(S, r, (int)mt, e);
+    if (srv_finalize_sampling(S, r, (int)mt, e)) return -1;
+    if (mt == 0) { /* echo only: the prompt's text (and logprobs), nothing generated */
+        if (r->min_tokens) return srv_fail(e, 400, "min_tokens (%d) must be at most max_tokens (0)", r->min_tokens);
+        r->max_tokens = r->sp.max_tokens = 0;
+    }
+    return 0;
 }
 
 /* ---- errors ---- */
@@ -440,21 +446,27 @@ cJSON *srv_openai_lp_content(srv_out *o) {
     return a;
 }
 
-/* Completions format: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. */
+/* Completions format: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}: the echoed prompt's records first
+ * (o->pl; the first token's logprob and top_logprobs null: nothing precedes it), then the generated ones. */
 static cJSON *lp_completion(srv_out *o, size_t base_offset) {
     cJSON *j = cJSON_CreateObject(), *toks = cJSON_CreateArray(), *lps = cJSON_CreateArray(),
           *tops = cJSON_CreateArray(), *offs = cJSON_CreateArray();
     size_t off = base_offset;
-    for (size_t i = 0; i < o->n_lps; i++) {
-        const srv_lp *l = &o->lps[i];
+    for (size_t i = 0; i < (size_t)o->n_pl + o->n_lps; i++) {
+        const srv_lp *l = i < (size_t)o->n_pl ? &o->pl[i] : &o->lps[i - (size_t)o->n_pl];
         size_t n = 0;
         const char *s = dsv4_tok_token_bytes(o->S->tok, l->token, &n);
         char *str = s ? strndup(s, n) : NULL;
         cJSON_AddItemToArray(toks, cJSON_CreateString(str ? str : ""));
         free(str);
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(isfinite(l->logprob) ? l->logprob : -9999.0));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         off += n;
+        if (isnan(l->logprob)) {
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            continue;
+        }
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(isfinite(l->logprob) ? l->logprob : -9999.0));
         cJSON *top = cJSON_CreateObject();
         for (int k = 0; k < l->n_top && k < o->r->top_logprobs; k++) {
             size_t m = 0;
@@ -471,6 +483,7 @@ static cJSON *lp_completion(srv_out *o, size_t base_offset) {
     cJSON_AddItemToObject(j, "top_logprobs", tops);
     cJSON_AddItemToObject(j, "text_offset", offs);
     o->n_lps = 0;
+    o->n_pl = 0;
     return j;
 }
 
@@ -567,8 +580,9 @@ void srv_openai_stream_text(srv_out *o, const char *t, size_t n) {
     cJSON_AddStringToObject(c0, "text", s ? s : "");
     free(s);
     cJSON_AddNumberToObject(c0, "index", o->r->index);
-    if (o->r->logprobs) cJSON_AddItemToObject(c0, "logprobs", lp_completion(o, o->raw.n));
+    if (o->r->logprobs) cJSON_AddItemToObject(c0, "logprobs", lp_completion(o, o->text_total));
     else cJSON_AddNullToObject(c0, "logprobs");
+    o->text_total += n;
     cJSON_AddNullToObject(c0, "finish_reason");
     cJSON_AddItemToArray(ch, c0);
     cJSON_AddItemToObject(c, "choices", ch);

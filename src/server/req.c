@@ -190,6 +190,26 @@ int srv_out_pump(srv_out *o) {
         if (r->api == SRV_API_ANTHROPIC) srv_anthropic_stream_start(o);
         else srv_openai_stream_start(o);
     }
+    /* completions' echo: the prompt's text (with its records once the engine has them) before anything generated */
+    if (r->echo && !o->echoed) {
+        pthread_mutex_lock(&r->mu);
+        const int ready = !r->logprobs || r->plp_done || r->done, have = r->plp_done && r->plps;
+        pthread_mutex_unlock(&r->mu);
+        if (ready) {
+            dsv4_err de = {{0}};
+            size_t el = 0;
+            char *et = dsv4_tok_decode(o->S->tok, r->prompt, (size_t)r->n_prompt, 0, &el, &de);
+            if (!et) {
+                o->oom = 1;
+            } else {
+                o->echoed = 1;
+                if (r->logprobs && have) o->pl = r->plps, o->n_pl = r->n_prompt;
+                if (r->stream) srv_openai_stream_text(o, et, el);
+                else if (dsv4_sb_put(&o->raw, et, el)) o->oom = 1;
+                free(et);
+            }
+        }
+    }
     pthread_mutex_lock(&r->mu);
     size_t tn = r->text.n - o->text_off;
     char *text = NULL;

@@ -61,6 +61,7 @@ typedef struct slot {
     int fork_at;          /* the leader of n > 1 choices: a chunk ends there (n_prompt - 1) and the others fork */
     int n_forked;         /* another choice: prompt tokens taken from the leader's state */
     int orphan;           /* another choice whose fork failed: starts on its own (slot_adopt) */
+    int echo_lp;          /* echo with logprobs: the prompt's rows go through step_all_logits (every row's logits) */
 } slot;
 
 /* A prompt's state kept for later prompts that extend it (a chat's next turn): the prompt's tokens and a copy of its
@@ -96,6 +97,7 @@ struct srv_sched {
     int32_t *dtok, *dids;      /* device-sampled steps: the tokens fed, the ids drawn */
     dsv4_device_sampling *dsp; /* and the parameters of each sequence */
     int mixed_dev;             /* steps with prompt chunks sample on the device too (dsv4_forward_sample) */
+    float *alogits;            /* step_all_logits' rows (ALL_ROWS x V, allocated on first use) */
     pc_ent *pc;                /* the prefix cache: cfg.prefix_cache entries at most */
     int n_pc;
     unsigned long pc_clock;
@@ -138,6 +140,7 @@ void srv_req_release(srv_req *r) {
     free(r->bias_tok);
     free(r->bias_val);
     free(r->stop_ids);
+    free(r->plps);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stops[i]);
     dsv4_sb_free(&r->text);
     free(r->lps);
@@ -180,6 +183,7 @@ srv_req *srv_req_clone(srv_req *r, int index) {
     else if (r->n_stop_ids) fail = 1;
     c->n_stop_ids = r->n_stop_ids;
     c->min_tokens = r->min_tokens;
+    c->echo = r->echo;
     c->sp.bias_tok = c->bias_tok, c->sp.bias_val = c->bias_val, c->sp.n_bias = c->n_bias;
     c->chat = r->chat, c->mode = r->mode;
     c->logprobs = r->logprobs, c->top_logprobs = r->top_logprobs, c->want_tools = r->want_tools;
@@ -335,6 +339,17 @@ static int slot_of_lead(const srv_sched *S, const srv_req *r) {
     return -1;
 }
 
+/* A choice forked from its leader at fork_at = n_prompt - 1: the leader's prompt records are complete; they are the
+ * choice's too. */
+static void choice_echo(const slot *L, slot *c) {
+    if (!c->echo_lp || !L->r->plps || !c->r->plps) return;
+    memcpy(c->r->plps, L->r->plps, sizeof(srv_lp) * (size_t)c->r->n_prompt);
+    pthread_mutex_lock(&c->r->mu);
+    c->r->plp_done = 1;
+    req_wake(c->r);
+    pthread_mutex_unlock(&c->r->mu);
+}
+
 /* The leader in slot li has fed its prompt up to fork_at: its other choices waiting for it start from a copy of its
  * state (a failed copy: an orphan, which slot_adopt starts on its own). Slots do not move. */
 static void fork_choices(srv_sched *S, int li) {
@@ -345,6 +360,7 @@ static void fork_choices(srv_sched *S, int li) {
         if ((c->seq = dsv4_seq_fork(L->seq))) {
             dsv4_seq_set_prefill(c->seq, c->r->n_prompt);
             c->n_fed = c->n_forked = L->n_fed;
+            choice_echo(L, c);
         } else {
             c->orphan = 1;
         }
@@ -379,23 +395,35 @@ static int slot_open(srv_sched *S, srv_req *r) {
     s->reserve = (long)r->n_prompt + r->max_tokens;
     dsv4_err e = {{0}};
     const char *why = "out of memory";
+    /* echo with logprobs: every prompt row's logits (no prefix cache: its rows' logits are not kept) */
+    s->echo_lp = r->echo && r->logprobs;
+    if (s->echo_lp) {
+        if (!(r->plps = calloc((size_t)r->n_prompt, sizeof *r->plps))) goto fail;
+        r->plps[0].token = r->prompt[0];
+        r->plps[0].logprob = NAN;
+    }
+    if (!s->echo_lp || r->n_prompt == 1) {
+        pthread_mutex_lock(&r->mu);
+        r->plp_done = 1;
+        pthread_mutex_unlock(&r->mu);
+    }
     const int li = slot_of_lead(S, r);
     if (r->lead && li >= 0 && S->slots[li].fork_at > 0) {
         slot *L = &S->slots[li];
         if (L->n_fed == L->fork_at && !(s->seq = dsv4_seq_fork(L->seq))) s->orphan = 1;
-        if (s->seq) s->n_fed = s->n_forked = L->n_fed;
+        if (s->seq) s->n_fed = s->n_forked = L->n_fed, choice_echo(L, s);
     } else if (r->n_choices > 1) {
         s->fork_at = r->n_prompt - 1;
     }
     /* a prompt that extends a cached one starts from its state (the rest of the prompt is fed as usual) */
-    const int hit = r->lead ? -1 : pc_find(S, r->prompt, r->n_prompt);
+    const int hit = r->lead || s->echo_lp ? -1 : pc_find(S, r->prompt, r->n_prompt);
     if (hit >= 0 && (s->seq = dsv4_seq_fork(S->pc[hit].seq))) {
         s->n_fed = s->n_cached = S->pc[hit].n;
         S->pc[hit].used = ++S->pc_clock;
     }
     /* a longer prefix shared with a kept prompt (another conversation with the same system prompt): a chunk ends
      * there and that state is kept too, for the next one (not for a few tokens past a hit: a near copy of it) */
-    if (S->cfg.prefix_cache > 0 && !r->lead) {
+    if (S->cfg.prefix_cache > 0 && !r->lead && !s->echo_lp) {
         const int sh = pc_shared(S, r->prompt, r->n_prompt);
         if (sh >= PC_MIN_SHARED && sh >= s->n_fed + PC_MIN_SHARED && sh < r->n_prompt) s->cut = sh;
     }
@@ -519,6 +547,70 @@ static int slot_sample(srv_sched *S, int i, float *row, int32_t dev_id) {
     return 0;
 }
 
+/* ---- every row's logits: echo with logprobs ---- */
+
+#define ALL_ROWS 256 /* prompt rows a step of step_all_logits (its logits: ALL_ROWS x V floats) */
+
+/* the slot's next prompt chunk needs every row's logits: the records of prompt tokens 1 .. n_prompt - 1 */
+static int needs_all(const slot *s) { return s->seq && s->echo_lp && s->n_fed < s->r->n_prompt - 1; }
+
+/* Feeds the prompt chunks of slots that need every row's logits (needs_all) in a forward of their own (LOGITS_ALL, at
+ * most ALL_ROWS rows) and records each prompt token's logprob from the row before it. A chunk ends at n_prompt - 1 (the
+ * last prompt token then goes with the main batch, whose row is the first draw's) and at fork_at. Returns 1 when the
+ * forward failed (its slots were released with the error). */
+static int step_all_logits(srv_sched *S, char *err, size_t errcap) {
+    int nb = 0, rows = 0;
+    for (int i = 0; i < S->n_slots; i++) {
+        slot *s = &S->slots[i];
+        if (!needs_all(s)) continue;
+        int c = s->r->n_prompt - 1 - s->n_fed;
+        if (s->fork_at > s->n_fed && s->fork_at - s->n_fed < c) c = s->fork_at - s->n_fed;
+        if (c > S->cfg.prefill_chunk) c = S->cfg.prefill_chunk;
+        if (c > ALL_ROWS) c = ALL_ROWS;
+        if (rows + c > ALL_ROWS) continue;
+        s->chunk = c;
+        S->bseq[nb] = s->seq;
+        S->btok[nb] = s->r->prompt + s->n_fed;
+        S->bn[nb] = c;
+        S->bslot[nb++] = i;
+        rows += c;
+    }
+    if (!nb) return 0;
+    if (!S->alogits && !(S->alogits = malloc(sizeof(float) * ALL_ROWS * (size_t)S->V))) snprintf(err, errcap, "out of memory");
+    if (!S->alogits || dsv4_forward(S->m, nb, S->bseq, S->btok, S->bn, S->alogits, DSV4_LOGITS_ALL, err, errcap)) {
+        fprintf(stderr, "dsv4 serve: forward failed: %s\n", err);
+        for (int i = 0; i < S->n_slots; i++) S->slots[i].chunk = 0;
+        for (int b = 0; b < nb; b++) S->slots[S->bslot[b]].chunk = -1;
+        for (int i = S->n_slots - 1; i >= 0; i--)
+            if (S->slots[i].chunk == -1) slot_release(S, i, SRV_FIN_ERROR, -1, err);
+        return 1;
+    }
+    srv_metrics_step(rows);
+    float *row = S->alogits;
+    for (int b = 0; b < nb; b++) { /* (no slot moves in this loop) */
+        slot *s = &S->slots[S->bslot[b]];
+        srv_req *r = s->r;
+        for (int j = 0; j < s->chunk; j++, row += S->V) {
+            for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding ids */
+            srv_lp *l = &r->plps[s->n_fed + j + 1];
+            dsv4_err e = {{0}};
+            l->token = r->prompt[s->n_fed + j + 1];
+            const int nt = dsv4_logprobs(row, S->V, l->token, r->top_logprobs, &l->logprob, l->top, &e);
+            l->n_top = nt < 0 ? 0 : nt;
+        }
+        s->n_fed += s->chunk;
+        s->chunk = 0;
+        if (s->n_fed == r->n_prompt - 1) {
+            pthread_mutex_lock(&r->mu);
+            r->plp_done = 1;
+            req_wake(r);
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (s->n_fed == s->fork_at && s->fork_at > 0) fork_choices(S, S->bslot[b]);
+    }
+    return 0;
+}
+
 /* ---- the loop ---- */
 
 /* Finishes every waiting request as aborted and drops it from the queue. Called with S->mu held. */
@@ -593,6 +685,14 @@ static void *engine_main(void *arg) {
                 slot_release(S, i, SRV_FIN_ABORT, -1, NULL);
         }
         for (int i = S->n_slots - 1; i >= 0; i--) slot_adopt(S, i);
+        if (step_all_logits(S, err, sizeof err)) continue;
+        for (int i = S->n_slots - 1; i >= 0; i--) { /* max_tokens 0 (echo): done once the prompt's records are */
+            const slot *s = &S->slots[i];
+            if (s->seq && !s->r->max_tokens && !needs_all(s)) {
+                srv_metrics_tokens(s->r->n_prompt - s->n_cached - s->n_forked, 0);
+                slot_end(S, i, SRV_FIN_LENGTH);
+            }
+        }
         if (!S->n_slots) continue;
 
         /* the batch: decoding requests first, then prompt chunks */
@@ -611,7 +711,7 @@ static void *engine_main(void *arg) {
         int prefills = 0;
         for (int i = 0; i < S->n_slots; i++) {
             slot *s = &S->slots[i];
-            if (!s->seq || s->n_fed >= s->r->n_prompt) continue;
+            if (!s->seq || s->n_fed >= s->r->n_prompt || needs_all(s)) continue;
             int end = s->r->n_prompt;
             if (s->cut > s->n_fed && s->cut < end) end = s->cut;
             if (s->fork_at > s->n_fed && s->fork_at < end) end = s->fork_at;
@@ -626,6 +726,7 @@ static void *engine_main(void *arg) {
             budget -= c;
             prefills++;
         }
+        if (!nb) continue; /* (every prompt in step_all_logits) */
         for (int b = 0; b < nb; b++) ntok += S->bn[b];
         /* sampling on the device: no request needing the host's logits or history; decoding requests only, or prompt
          * chunks too with mixed_dev (a chunk that does not end its prompt draws a token nobody reads) */
@@ -825,6 +926,7 @@ void srv_sched_free(srv_sched *S) {
     free(S->dtok);
     free(S->dids);
     free(S->dsp);
+    free(S->alogits);
     for (int i = 0; S->pc && i < S->n_pc; i++) free(S->pc[i].tok), dsv4_seq_free(S->pc[i].seq);
     free(S->pc);
     free(S);

@@ -92,6 +92,7 @@ typedef struct srv_req {
     int32_t *stop_ids;       /* stop_token_ids (vLLM's): a drawn one ends the answer like the end-of-sequence token */
     int n_stop_ids;
     int min_tokens;          /* vLLM's: neither the end-of-sequence token nor stop_token_ids before this many tokens */
+    int echo;                /* completions: the prompt's text first, with logprobs its tokens' too; max_tokens may be 0 */
     int chat;                /* parse the completion with the chat parser */
     dsv4_chat_mode mode;
     int logprobs, top_logprobs; /* logprobs: record srv_lp per token */
@@ -108,6 +109,8 @@ typedef struct srv_req {
     size_t n_lp, cap_lp;
     int n_gen;               /* tokens generated */
     int n_cached;            /* prompt tokens taken from the prefix cache (set at admission, read once done) */
+    srv_lp *plps;            /* echo with logprobs: the prompt's records (token 0's logprob NAN: none), n_prompt of them, */
+    int plp_done;            /* complete once this is set (the engine writes them before; read-only after) */
     int done;
     srv_finish finish;
     int stop_index;
@@ -243,6 +246,10 @@ typedef struct srv_out {
     int stop_index;
     char errmsg[256];
     int started, ended;
+    int echoed;             /* completions with echo: the prompt's text went out (first) */
+    const srv_lp *pl;       /* echo: the prompt's records, put before o->lps by the next completions logprobs object */
+    int n_pl;
+    size_t text_total;      /* bytes of text streamed so far (the next chunk's text_offset) */
     int multi;              /* one of n > 1 choices: the stream's usage and [DONE] come after all (srv_openai_stream_tail) */
     int n_tools;
     int oom;

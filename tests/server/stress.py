@@ -50,10 +50,11 @@ def one(base, rng, i):
                 body = "".join(r.iter_text())
                 assert body.rstrip().endswith("data: [DONE]")
         elif kind == 2:
-            r = c.post("/v1/completions", json={"model": MODEL, "prompt": f"p{i}", "max_tokens": 2, "seed": seed,
-                                                "logprobs": 2, "n": n,
+            mt = rng.randint(0, 2)  # 0: echo only (a prompt scored)
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": f"p{i} and more words", "max_tokens": mt,
+                                                "seed": seed, "logprobs": 2, "n": n, "echo": mt == 0 or rng.random() < 0.3,
                                                 "logit_bias": {str(rng.randrange(1000)): rng.uniform(-100, 100)},
-                                                "stop_token_ids": [rng.randrange(1000)], "min_tokens": rng.randint(0, 2)})
+                                                "stop_token_ids": [rng.randrange(1000)], "min_tokens": rng.randint(0, mt)})
             assert r.status_code == 200, r.text
         elif kind == 3:
             r = c.post("/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": chat["messages"],

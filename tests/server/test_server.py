@@ -537,6 +537,51 @@ def test_tokenize_detokenize(server):
     assert httpx.post(server.base + "/tokenize", json={"prompt": "x"}).status_code == 401  # the API key holds here too
 
 
+def test_echo_prompt_logprobs(server):
+    """Completions' echo (lm-eval-harness's loglikelihood requests): the prompt's text first and, with logprobs, every
+    prompt token's logprob (the first null), equal to what a request ending just before that token reports for it;
+    max_tokens 0 scores the prompt only."""
+    prompt = [0, 19923, 2058, 11, 441, 344, 260, 1198, 6541]
+    e = post(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 0, "echo": True,
+                                         "logprobs": 3}).json()
+    ch = e["choices"][0]
+    lp = ch["logprobs"]
+    assert e["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt)}
+    assert ch["finish_reason"] == "length"
+    assert ch["text"] == post(server, "/detokenize", {"tokens": prompt}).json()["prompt"]
+    assert len(lp["tokens"]) == len(prompt) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["text_offset"][0] == 0 and all(len(t) == 3 for t in lp["top_logprobs"][1:])
+    for k in (1, 4, len(prompt) - 1):
+        # the raw logprob of prompt[k] after prompt[:k]: a one-token answer forced to it (logit_bias does not move raw
+        # logprobs)
+        g = post(server, "/v1/completions", {"model": MODEL, "prompt": prompt[:k], "max_tokens": 1, "logprobs": 0,
+                                             "temperature": 0, "logit_bias": {str(prompt[k]): 100}}).json()
+        gl = g["choices"][0]["logprobs"]
+        assert gl["tokens"][0] == lp["tokens"][k] and gl["token_logprobs"][0] == lp["token_logprobs"][k], k
+    # with generation after it, n choices, and streamed: the same prompt records first
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 3, "echo": True, "logprobs": 1, "temperature": 0,
+            "ignore_eos": True}
+    g = post(server, "/v1/completions", {**body, "n": 2}).json()
+    for c in g["choices"]:
+        assert c["logprobs"]["token_logprobs"][:len(prompt)] == lp["token_logprobs"]
+        assert len(c["logprobs"]["tokens"]) == len(prompt) + 3 and c["text"].startswith(ch["text"])
+    text, lps = "", []
+    with httpx.stream("POST", server.base + "/v1/completions", json={**body, "stream": True}, headers=HDR,
+                      timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                c = json.loads(line[6:])["choices"][0]
+                text += c["text"]
+                lps += (c["logprobs"] or {}).get("token_logprobs", [])
+    assert text == g["choices"][0]["text"] and lps == g["choices"][0]["logprobs"]["token_logprobs"]
+    # echo without logprobs, and the refusals
+    t = post(server, "/v1/completions", {"model": MODEL, "prompt": "Hi there", "max_tokens": 0, "echo": True}).json()
+    assert t["choices"][0]["text"].endswith("Hi there") and t["choices"][0]["logprobs"] is None
+    assert post(server, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 0}).status_code == 400
+    assert post(server, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 0, "echo": True,
+                                            "min_tokens": 1}).status_code == 400
+
+
 def test_n_choices_cancel(server):
     """A client that leaves a stream of n choices cancels all of them."""
     import socket
@@ -731,6 +776,12 @@ def test_prefix_cache(model_dir):
         r = post1(p2 + [42])
         assert r.status_code == 200
         assert _metric(s, "dsv4_prefix_cache_tokens_total") == 3 * len(p1)
+        # echo with logprobs scores every prompt token, so it never starts from a kept state
+        e = httpx.post(s.base + "/v1/completions", json={"prompt": p1 + [5, 6], "max_tokens": 0, "echo": True,
+                                                         "logprobs": 1}, timeout=120).json()
+        lp = e["choices"][0]["logprobs"]["token_logprobs"]
+        assert len(lp) == len(p1) + 2 and lp[0] is None and all(x is not None for x in lp[1:])
+        assert "prompt_tokens_details" not in e["usage"]
     finally:
         assert s.stop() == 0, "".join(s.log)
 
