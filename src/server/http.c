@@ -22,8 +22,8 @@ typedef struct conn {
     srv_ep ep;
 } conn;
 
-/* A request's choices (n of them: OpenAI's n; 1 for most requests) and their consumers. The engine bumps the
- * leader's gen (under its mu) on every push or finish of any choice, so one wait covers them all. */
+/* A request's choices (OpenAI's n for each of its prompts; 1 for most requests) and their consumers. The engine bumps
+ * r[0]'s gen (under its mu) on every push or finish of any of them (their root), so one wait covers them all. */
 typedef struct reply {
     int n;
     srv_req **r;  /* r[0]: the leader; a reference each */
@@ -178,13 +178,13 @@ static void reply_free(reply *rp) {
     rp->r = NULL;
 }
 
-/* Choices 1..n-1 of a parsed leader r (which the reply takes over), and their consumers. 0, or -1: out of memory (r
- * released with the rest). */
+/* The requests of a parsed r (which the reply takes over): for each of its prompts (completions may have a list) a
+ * leader and its choices 1..n-1, in the order of their indices. 0, or -1: out of memory (r released with the rest). */
 static int reply_init(reply *rp, srv_req *r) {
-    const int n = r->n_choices;
+    const int n = r->n_choices, total = n * (1 + r->n_more_prompts);
     rp->n = 0;
-    rp->r = calloc((size_t)n, sizeof *rp->r);
-    rp->out = calloc((size_t)n, sizeof *rp->out);
+    rp->r = calloc((size_t)total, sizeof *rp->r);
+    rp->out = calloc((size_t)total, sizeof *rp->out);
     if (!rp->r || !rp->out) {
         free(rp->r), free(rp->out);
         rp->r = NULL, rp->out = NULL;
@@ -192,14 +192,19 @@ static int reply_init(reply *rp, srv_req *r) {
         return -1;
     }
     rp->r[rp->n++] = r;
-    for (int i = 1; i < n; i++) {
-        if (!(rp->r[i] = srv_req_clone(r, i))) {
-            reply_free(rp);
-            return -1;
+    for (int k = -1; k < r->n_more_prompts; k++) {
+        srv_req *lead = k < 0 ? r : srv_req_for_prompt(r, k);
+        if (!lead) goto oom;
+        if (k >= 0) rp->r[rp->n++] = lead;
+        for (int j = 1; j < n; j++) {
+            if (!(rp->r[rp->n] = srv_req_clone(lead, j))) goto oom;
+            rp->n++;
         }
-        rp->n++;
     }
     return 0;
+oom:
+    reply_free(rp);
+    return -1;
 }
 
 /* The consumers (after the submit: the chat parsers' tool-call ids are drawn here). 0, or -1: out of memory. */
@@ -214,7 +219,7 @@ static int reply_outs(reply *rp, srv_ctx *S) {
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     stream *st = cls;
     reply *rp = &st->rp;
-    srv_req *lead = rp->r[0];
+    srv_req *lead = rp->r[0]; /* the root */
     for (;;) {
         /* a choice's events go out whole before another's: new ones are only made once every buffer is empty */
         for (int i = 0; i < rp->n; i++) {

@@ -360,27 +360,50 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *b, srv_req *r, srv_erro
     }
     int add_special = 1;
     if (srv_get_bool(b, "add_special_tokens", &add_special, e) < 0) return -1;
+    /* the prompt: a string or an array of token ids; or a list of those (a choice set each, in order) */
     const cJSON *p = get(b, "prompt");
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(cJSON_GetArrayItem(p, 0)))
-        p = cJSON_GetArrayItem(p, 0);
-    if (cJSON_IsString(p)) {
-        if (srv_tokenize_prompt(S, r, p->valuestring, strlen(p->valuestring), add_special, e)) return -1;
-    } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0) {
-        int n = cJSON_GetArraySize(p);
-        if (!(r->prompt = malloc(sizeof(int32_t) * (size_t)n))) return srv_fail(e, 500, "out of memory");
-        for (int i = 0; i < n; i++) {
-            const cJSON *t = cJSON_GetArrayItem(p, i);
-            if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
-                t->valuedouble >= S->tok_vocab)
-                return srv_fail(e, 400, "prompt[%d]: expected a token id in [0, %d)", i, S->tok_vocab);
-            r->prompt[i] = (int32_t)t->valuedouble;
+    const int list = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && !cJSON_IsNumber(cJSON_GetArrayItem(p, 0));
+    const int np = list ? cJSON_GetArraySize(p) : 1;
+    if (np > SRV_MAX_PROMPTS) return srv_fail(e, 400, "prompt: a list of %d prompts; at most %d", np, SRV_MAX_PROMPTS);
+    if (np > 1 && (!(r->more = calloc((size_t)np - 1, sizeof *r->more)) || !(r->n_more = calloc((size_t)np - 1, sizeof(int))) ||
+                   !(r->more_max = calloc((size_t)np - 1, sizeof(int)))))
+        return srv_fail(e, 500, "out of memory");
+    for (int k = 0; k < np; k++) {
+        const cJSON *q = list ? cJSON_GetArrayItem(p, k) : p;
+        char at[24] = "";
+        if (list) snprintf(at, sizeof at, "[%d]", k);
+        int32_t *ids = NULL;
+        int n = 0;
+        if (cJSON_IsString(q)) {
+            size_t cnt = 0;
+            if (!(ids = srv_encode_prompt(S, q->valuestring, strlen(q->valuestring), add_special, &cnt, e))) return -1;
+            n = (int)cnt;
+        } else if (cJSON_IsArray(q) && cJSON_GetArraySize(q) > 0) {
+            n = cJSON_GetArraySize(q);
+            if (!(ids = malloc(sizeof(int32_t) * (size_t)n))) return srv_fail(e, 500, "out of memory");
+            for (int i = 0; i < n; i++) {
+                const cJSON *t = cJSON_GetArrayItem(q, i);
+                if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
+                    t->valuedouble >= S->tok_vocab) {
+                    free(ids);
+                    return srv_fail(e, 400, "prompt%s[%d]: expected a token id in [0, %d)", at, i, S->tok_vocab);
+                }
+                ids[i] = (int32_t)t->valuedouble;
+            }
+        } else {
+            return srv_fail(e, 400, "prompt%s: expected a string or an array of token ids%s", at,
+                            list ? "" : " (or a list of those)");
         }
-        r->n_prompt = n;
+        if (k == 0) {
+            r->prompt = ids, r->n_prompt = n;
+        } else {
+            r->more[k - 1] = ids, r->n_more[k - 1] = n;
+            r->n_more_prompts = k;
+        }
+        if (n == 0) return srv_fail(e, 400, "prompt%s is empty", at);
         if (n >= S->cfg.max_context)
-            return srv_fail(e, 400, "This model's maximum context length is %d tokens. However, your prompt has %d tokens.",
-                            S->cfg.max_context, n);
-    } else {
-        return srv_fail(e, 400, "prompt: expected a string, an array of one string, or an array of token ids");
+            return srv_fail(e, 400, "This model's maximum context length is %d tokens. However, your prompt%s has %d tokens.",
+                            S->cfg.max_context, at, n);
     }
     long mt = 16; /* the OpenAI default for completions */
     if (srv_get_int(b, "max_tokens", 0, 1L << 30, &mt, e) < 0) return -1;
@@ -391,6 +414,13 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *b, srv_req *r, srv_erro
     if (mt == 0) { /* echo only: the prompt's text (and logprobs), nothing generated */
         if (r->min_tokens) return srv_fail(e, 400, "min_tokens (%d) must be at most max_tokens (0)", r->min_tokens);
         r->max_tokens = r->sp.max_tokens = 0;
+    }
+    for (int k = 0; k < r->n_more_prompts; k++) { /* the other prompts' max_tokens: each its own room */
+        const int room = S->cfg.max_context - r->n_more[k];
+        r->more_max[k] = mt == 0 ? 0 : mt < room ? (int)mt : room;
+        if (r->min_tokens > r->more_max[k])
+            return srv_fail(e, 400, "min_tokens (%d) must be at most max_tokens (%d, prompt[%d]'s room)", r->min_tokens,
+                            r->more_max[k], k + 1);
     }
     return 0;
 }
@@ -498,17 +528,23 @@ static const char *finish_reason(const srv_out *o, int tools) {
     }
 }
 
-/* the usage of n choices o[0..n): the prompt once (they share it), every choice's completion */
+/* the usage of the choices o[0..n): each prompt once (its choices share it: counted at its leader), every choice's
+ * completion */
 static cJSON *usage_json(const srv_out *o, int n) {
     cJSON *u = cJSON_CreateObject();
-    long gen = 0;
-    for (int i = 0; i < n; i++) gen += o[i].n_gen;
-    cJSON_AddNumberToObject(u, "prompt_tokens", o->r->n_prompt);
+    long gen = 0, prompt = 0, cached = 0;
+    for (int i = 0; i < n; i++) {
+        gen += o[i].n_gen;
+        if (o[i].r->lead) continue;
+        prompt += o[i].r->n_prompt;
+        cached += o[i].r->n_cached;
+    }
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)gen);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(o->r->n_prompt + gen));
-    if (o->r->n_cached > 0) { /* vLLM's and OpenAI's field for prompt tokens served from a cache */
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + gen));
+    if (cached > 0) { /* vLLM's and OpenAI's field for prompt tokens served from a cache */
         cJSON *d = cJSON_CreateObject();
-        cJSON_AddNumberToObject(d, "cached_tokens", o->r->n_cached);
+        cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
         cJSON_AddItemToObject(u, "prompt_tokens_details", d);
     }
     return u;

@@ -70,22 +70,30 @@ const char *srv_stop_string(const srv_req *r, int idx) {
 
 /* ---- prompt ---- */
 
-int srv_tokenize_prompt(srv_ctx *S, srv_req *r, const char *text, size_t len, int add_bos, srv_error *e) {
+int32_t *srv_encode_prompt(srv_ctx *S, const char *text, size_t len, int add_bos, size_t *n_out, srv_error *e) {
     dsv4_err de = {{0}};
     size_t n = 0;
     int32_t *ids = dsv4_tok_encode(S->tok, text, len, 0, &n, &de);
-    if (!ids) return srv_fail(e, 500, "tokenizing the prompt: %s", de.msg);
+    if (!ids) return srv_fail(e, 500, "tokenizing the prompt: %s", de.msg), NULL;
     if (add_bos) {
         int32_t *p = realloc(ids, (n + 1) * sizeof *p);
         if (!p) {
             free(ids);
-            return srv_fail(e, 500, "out of memory");
+            return srv_fail(e, 500, "out of memory"), NULL;
         }
         ids = p;
         memmove(ids + 1, ids, n * sizeof *ids);
         ids[0] = S->info.bos_token_id;
         n++;
     }
+    *n_out = n;
+    return ids;
+}
+
+int srv_tokenize_prompt(srv_ctx *S, srv_req *r, const char *text, size_t len, int add_bos, srv_error *e) {
+    size_t n = 0;
+    int32_t *ids = srv_encode_prompt(S, text, len, add_bos, &n, e);
+    if (!ids) return -1;
     free(r->prompt);
     r->prompt = ids;
     r->n_prompt = (int)n;

@@ -134,6 +134,7 @@ void srv_req_release(srv_req *r) {
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     srv_req_release(r->lead);
+    srv_req_release(r->root);
     free(r->model);
     free(r->prompt);
     free(r->force);
@@ -141,6 +142,10 @@ void srv_req_release(srv_req *r) {
     free(r->bias_val);
     free(r->stop_ids);
     free(r->plps);
+    for (int k = 0; k < r->n_more_prompts; k++) free(r->more[k]);
+    free(r->more);
+    free(r->n_more);
+    free(r->more_max);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stops[i]);
     dsv4_sb_free(&r->text);
     free(r->lps);
@@ -153,7 +158,18 @@ static char *dup_or(const char *s, int *fail) {
     return d;
 }
 
-srv_req *srv_req_clone(srv_req *r, int index) {
+/* c's reference to r's root (r itself when r is one) */
+static void req_set_root(srv_req *c, srv_req *r) {
+    srv_req *root = r->root ? r->root : r;
+    pthread_mutex_lock(&root->mu);
+    root->refs++;
+    pthread_mutex_unlock(&root->mu);
+    c->root = root;
+}
+
+/* A copy of what the HTTP side set on r for another prompt (r's own or one of its extra prompts): no leader link, no
+ * extra prompts, the engine's fields fresh. NULL: out of memory. */
+static srv_req *req_copy(const srv_req *r, const int32_t *prompt, int n_prompt) {
     srv_req *c = srv_req_new(r->api);
     if (!c) return NULL;
     int fail = 0;
@@ -161,13 +177,12 @@ srv_req *srv_req_clone(srv_req *r, int index) {
     memcpy(c->id, r->id, sizeof c->id);
     c->created = r->created;
     c->model = dup_or(r->model, &fail);
-    if (r->n_prompt && (c->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt)))
-        memcpy(c->prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
-    else if (r->n_prompt) fail = 1;
-    c->n_prompt = r->n_prompt;
+    if (n_prompt && (c->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt)))
+        memcpy(c->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    else if (n_prompt) fail = 1;
+    c->n_prompt = n_prompt;
     c->max_tokens = r->max_tokens;
     c->sp = r->sp;
-    c->sp.seed = r->sp.seed + (uint64_t)index;
     for (size_t i = 0; i < r->n_stop; i++) c->stops[i] = dup_or(r->stops[i], &fail);
     c->n_stop = r->n_stop;
     c->sp.stop = (const char *const *)c->stops;
@@ -191,11 +206,6 @@ srv_req *srv_req_clone(srv_req *r, int index) {
         memcpy(c->force, r->force, sizeof(int32_t) * (size_t)r->n_force);
     else if (r->n_force) fail = 1;
     c->n_force = r->n_force;
-    c->index = index;
-    pthread_mutex_lock(&r->mu);
-    r->refs++;
-    pthread_mutex_unlock(&r->mu);
-    c->lead = r;
     if (fail) {
         srv_req_release(c);
         return NULL;
@@ -203,18 +213,42 @@ srv_req *srv_req_clone(srv_req *r, int index) {
     return c;
 }
 
-/* A push or finish of r: wakes its waiters, and its leader's (which a stream of n choices waits on). Called with r->mu
- * held; takes the leader's mu after r's (the only nesting: a leader's own mu is never held while taking a choice's). */
+srv_req *srv_req_clone(srv_req *r, int j) {
+    srv_req *c = req_copy(r, r->prompt, r->n_prompt);
+    if (!c) return NULL;
+    c->sp.seed = r->sp.seed + (uint64_t)j;
+    c->index = r->index + j;
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+    c->lead = r;
+    req_set_root(c, r);
+    return c;
+}
+
+srv_req *srv_req_for_prompt(srv_req *r, int k) {
+    srv_req *c = req_copy(r, r->more[k], r->n_more[k]);
+    if (!c) return NULL;
+    c->n_choices = r->n_choices;
+    c->index = (k + 1) * r->n_choices;
+    c->max_tokens = c->sp.max_tokens = r->more_max[k];
+    req_set_root(c, r);
+    return c;
+}
+
+/* A push or finish of r: wakes its waiters, and its root's (which a stream of several choices waits on). Called with
+ * r->mu held; takes the root's mu after r's (the only nesting: a root's own mu is never held while taking another's). */
 static void req_wake(srv_req *r) {
     r->gen++;
     pthread_cond_broadcast(&r->cv);
-    if (r->lead) {
-        pthread_mutex_lock(&r->lead->mu);
-        r->lead->gen++;
-        pthread_cond_broadcast(&r->lead->cv);
-        pthread_mutex_unlock(&r->lead->mu);
+    if (r->root) {
+        pthread_mutex_lock(&r->root->mu);
+        r->root->gen++;
+        pthread_cond_broadcast(&r->root->cv);
+        pthread_mutex_unlock(&r->root->mu);
     }
 }
+
 
 /* Appends emitted text (and a logprob record) to the request's output. Engine thread. */
 static int req_push(srv_req *r, const char *t, size_t n, const srv_lp *lp) {
@@ -836,23 +870,30 @@ srv_sched *srv_sched_new(dsv4_model *m, const dsv4_tok *tok, const srv_config *c
 }
 
 int srv_sched_submit(srv_sched *S, srv_req **rs, int n, char *err, size_t errcap) {
-    const srv_req *r = rs[0];
-    long need = (long)r->n_prompt + r->max_tokens;
-    if (n != r->n_choices) { /* the engine admits r->n_choices entries from the queue's head together */
-        snprintf(err, errcap, "internal error: %d requests submitted for %d choices", n, r->n_choices);
-        return 500;
+    /* groups: a leader (r->n_choices of them from it are admitted together by the engine) and its choices */
+    for (int i = 0; i < n;) {
+        const srv_req *r = rs[i];
+        const int g = r->n_choices;
+        int ok = !r->lead && g >= 1 && i + g <= n;
+        for (int j = 1; ok && j < g; j++) ok = rs[i + j]->lead == r;
+        if (!ok) {
+            snprintf(err, errcap, "internal error: request %d of %d is not a group of its choices", i, n);
+            return 500;
+        }
+        if (g > S->cfg.max_seqs) {
+            snprintf(err, errcap, "n = %d: the server runs at most %d sequences at once (--max-seqs)", g, S->cfg.max_seqs);
+            return 400;
+        }
+        const long need = (long)r->n_prompt + r->max_tokens;
+        if (need * g > S->cfg.kv_tokens) {
+            snprintf(err, errcap, "the request needs %ld tokens of KV cache (%s(prompt %d + max_tokens %d)); the server's budget is %ld",
+                     need * g, g > 1 ? "n x " : "", r->n_prompt, r->max_tokens, S->cfg.kv_tokens);
+            return 400;
+        }
+        i += g;
     }
     if (n > S->wait_cap) {
-        snprintf(err, errcap, "n = %d: the server queues at most %d requests (--max-queue)", n, S->wait_cap);
-        return 400;
-    }
-    if (n > S->cfg.max_seqs) {
-        snprintf(err, errcap, "n = %d: the server runs at most %d sequences at once (--max-seqs)", n, S->cfg.max_seqs);
-        return 400;
-    }
-    if (need * n > S->cfg.kv_tokens) {
-        snprintf(err, errcap, "the request needs %ld tokens of KV cache (%s(prompt %d + max_tokens %d)); the server's budget is %ld",
-                 need * n, n > 1 ? "n x " : "", r->n_prompt, r->max_tokens, S->cfg.kv_tokens);
+        snprintf(err, errcap, "%d sequences (prompts x n): the server queues at most %d requests (--max-queue)", n, S->wait_cap);
         return 400;
     }
     pthread_mutex_lock(&S->mu);

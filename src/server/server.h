@@ -32,6 +32,7 @@
 #define SRV_MAX_TOP_LOGPROBS 20
 #define SRV_MAX_CHOICES 128 /* OpenAI's limit on n */
 #define SRV_MAX_STOP_IDS 1024
+#define SRV_MAX_PROMPTS 2048 /* prompts in one completions request (OpenAI's limit) */
 
 typedef struct srv_config {
     const char *model_dir, *model_name, *host, *api_key;
@@ -76,6 +77,8 @@ typedef struct srv_req {
     int n_choices;           /* OpenAI's n: this request is choice 0 (the leader) of n; 1 otherwise */
     int index;               /* the choice's index: choices 1..n-1 are srv_req_clone copies of the leader */
     struct srv_req *lead;    /* choices 1..n-1: the leader (a reference held until this one is freed); else NULL */
+    struct srv_req *root;    /* a request's other requests (choices, prompts): its first one, which their pushes wake
+                              * too (a reference); NULL for the first */
     int stream, include_usage;
     char id[64];
     long created;
@@ -93,6 +96,9 @@ typedef struct srv_req {
     int n_stop_ids;
     int min_tokens;          /* vLLM's: neither the end-of-sequence token nor stop_token_ids before this many tokens */
     int echo;                /* completions: the prompt's text first, with logprobs its tokens' too; max_tokens may be 0 */
+    int32_t **more;          /* completions with a list of prompts: prompts 1.. (r has prompt 0), their lengths and */
+    int *n_more, *more_max;  /* max_tokens (each capped by its own room in the context) */
+    int n_more_prompts;
     int chat;                /* parse the completion with the chat parser */
     dsv4_chat_mode mode;
     int logprobs, top_logprobs; /* logprobs: record srv_lp per token */
@@ -116,15 +122,18 @@ typedef struct srv_req {
     int stop_index;
     char errmsg[256];
     int refs;
-    unsigned long gen;       /* bumped on every push / finish; a leader's also on those of its other choices */
+    unsigned long gen;       /* bumped on every push / finish; a root's also on those of its other requests */
 
     atomic_int cancel;       /* set by the HTTP side: client gone */
 } srv_req;
 
 srv_req *srv_req_new(srv_api api); /* refs = 1 (the caller's) */
-/* Choice `index` of the leader r (n > 1): a copy of everything the HTTP side set, its seed r's + index (so a seeded
- * choice i draws what a request with seed + i alone would), lead = r (referenced). NULL: out of memory. */
-srv_req *srv_req_clone(srv_req *r, int index);
+/* Choice j > 0 of the leader r (n > 1): a copy of everything the HTTP side set, index r's + j, seed r's + j (so a
+ * seeded choice j draws what the request with seed + j alone would), lead = r (referenced). NULL: out of memory. */
+srv_req *srv_req_clone(srv_req *r, int j);
+/* The leader of r's extra prompt k (completions with a list of prompts): r's settings with that prompt, its choices'
+ * indices from (k + 1) n. NULL: out of memory. */
+srv_req *srv_req_for_prompt(srv_req *r, int k);
 void srv_req_release(srv_req *r);  /* drops one reference; frees on the last */
 
 /* ---- metrics (metrics.c) ---- */
@@ -204,6 +213,8 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *body, srv_req *r, srv_e
 int srv_anthropic_parse(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
 /* Shared by both: prompt text -> tokens; the context check and sampling validation (srv_finalize_sampling). */
 int srv_tokenize_prompt(srv_ctx *S, srv_req *r, const char *text, size_t len, int add_bos, srv_error *e);
+/* the tokens of a prompt text (malloc'd, *n_out of them), or NULL with e set */
+int32_t *srv_encode_prompt(srv_ctx *S, const char *text, size_t len, int add_bos, size_t *n_out, srv_error *e);
 int srv_finalize_sampling(srv_ctx *S, srv_req *r, int max_tokens, srv_error *e);
 /* A chat prompt: renders messages (+ tools) in the given mode and tokenizes. */
 /* tool_choice "required" (name NULL) or a named function: the answer is made to open a DSML tool

@@ -51,7 +51,8 @@ def one(base, rng, i):
                 assert body.rstrip().endswith("data: [DONE]")
         elif kind == 2:
             mt = rng.randint(0, 2)  # 0: echo only (a prompt scored)
-            r = c.post("/v1/completions", json={"model": MODEL, "prompt": f"p{i} and more words", "max_tokens": mt,
+            prompt = f"p{i} and more words" if rng.random() < 0.7 else [f"p{i} one", [0, 5 + i % 100, 7]]
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": mt,
                                                 "seed": seed, "logprobs": 2, "n": n, "echo": mt == 0 or rng.random() < 0.3,
                                                 "logit_bias": {str(rng.randrange(1000)): rng.uniform(-100, 100)},
                                                 "stop_token_ids": [rng.randrange(1000)], "min_tokens": rng.randint(0, mt)})

@@ -582,6 +582,38 @@ def test_echo_prompt_logprobs(server):
                                             "min_tokens": 1}).status_code == 400
 
 
+def test_completions_prompt_list(server):
+    """A list of prompts (strings or token lists): a choice set each, indices prompt x n + choice, each what the prompt
+    alone gives; usage counts each prompt once."""
+    prompts = ["The sea is", [0, 441, 344, 260], "Once upon a time there"]
+    body = {"model": MODEL, "max_tokens": 4, "seed": 8, "temperature": 1.0, "ignore_eos": True, "logprobs": 0}
+    j = post(server, "/v1/completions", {**body, "prompt": prompts, "n": 2}).json()
+    assert [c["index"] for c in j["choices"]] == list(range(6))
+    total_prompt = 0
+    for k, p in enumerate(prompts):
+        a = post(server, "/v1/completions", {**body, "prompt": p, "n": 2}).json()
+        total_prompt += a["usage"]["prompt_tokens"]
+        assert [c["text"] for c in a["choices"]] == [c["text"] for c in j["choices"][2 * k:2 * k + 2]], k
+    assert j["usage"] == {"prompt_tokens": total_prompt, "completion_tokens": 24, "total_tokens": total_prompt + 24}
+    # streamed, with echo and a scored-only batch (lm-eval-harness's batched loglikelihood requests)
+    got = {}
+    with httpx.stream("POST", server.base + "/v1/completions", json={**body, "prompt": prompts, "stream": True,
+                      "echo": True, "max_tokens": 0, "logprobs": 1}, headers=HDR, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                c = json.loads(line[6:])["choices"][0]
+                got.setdefault(c["index"], []).extend((c["logprobs"] or {}).get("token_logprobs", []))
+    for k, p in enumerate(prompts):
+        a = post(server, "/v1/completions", {"model": MODEL, "prompt": p, "echo": True, "max_tokens": 0,
+                                             "logprobs": 1}).json()
+        assert got[k] == a["choices"][0]["logprobs"]["token_logprobs"], k
+    for bad in [[], ["a", 5], ["a", []], ["a", [1, -1]], ["a", "word " * 1500]]:
+        r = post(server, "/v1/completions", {**body, "prompt": bad})
+        assert r.status_code == 400 and "prompt" in r.json()["error"]["message"], (bad, r.text)
+    r = post(server, "/v1/completions", {**body, "prompt": ["a"] * 300})  # more sequences than the queue takes
+    assert r.status_code == 400 and "queue" in r.json()["error"]["message"]
+
+
 def test_n_choices_cancel(server):
     """A client that leaves a stream of n choices cancels all of them."""
     import socket
