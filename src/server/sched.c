@@ -19,6 +19,10 @@
  * prompt up to its last token, the other choices start from copies of that state (dsv4_seq_fork), and each then feeds
  * the last prompt token itself and samples with its own seed (the leader's + its index), so choice i is what the same
  * request alone with that seed gives on the CPU.
+ * Completions with several prompts queue a choice set per prompt, in order. A request whose prompt must be scored
+ * (echo with logprobs) feeds its prompt rows in a forward of their own with every row's logits (step_all_logits) and
+ * records each prompt token's logprob; with max_tokens 0 it ends there. min_tokens masks the end-of-sequence token and
+ * stop_token_ids in the host's draws until that many tokens are out.
  * With a prefix cache (srv_config.prefix_cache), a prompt's state is kept right after its last token, and a
  * later prompt that extends a kept one (a chat's next turn) starts from a copy of it and feeds the rest; a
  * prompt that shares a longer prefix with a kept one (a system prompt) ends a chunk there and keeps that
