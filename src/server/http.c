@@ -70,6 +70,7 @@ static srv_ep endpoint_of(const char *url) {
     if (!strcmp(url, "/health")) return SRV_EP_HEALTH;
     if (!strcmp(url, "/metrics")) return SRV_EP_METRICS;
     if (!strcmp(url, "/tokenize")) return SRV_EP_TOKENIZE;
+    if (!strcmp(url, "/v1/responses") || !strncmp(url, "/v1/responses/", 14)) return SRV_EP_RESPONSES;
     if (!strcmp(url, "/detokenize")) return SRV_EP_DETOKENIZE;
     return SRV_EP_OTHER;
 }
@@ -317,6 +318,7 @@ static enum MHD_Result generate(srv_ctx *S, struct MHD_Connection *c, conn *k, s
     }
     int rc = api == SRV_API_CHAT         ? srv_openai_parse_chat(S, body, r, &e)
              : api == SRV_API_COMPLETION ? srv_openai_parse_completion(S, body, r, &e)
+             : api == SRV_API_RESPONSES  ? srv_responses_parse(S, body, r, &e)
                                          : srv_anthropic_parse(S, body, r, &e);
     cJSON_Delete(body);
     if (rc) {
@@ -402,8 +404,9 @@ static enum MHD_Result generate(srv_ctx *S, struct MHD_Connection *c, conn *k, s
             q = fail(c, k, 500, "out of memory");
         } else {
             size_t len = 0;
-            char *out = api == SRV_API_ANTHROPIC ? srv_anthropic_body(&rp.out[0], &len)
-                                                 : srv_openai_body(rp.out, rp.n, &len);
+            char *out = api == SRV_API_ANTHROPIC   ? srv_anthropic_body(&rp.out[0], &len)
+                        : api == SRV_API_RESPONSES ? srv_responses_body(&rp.out[0], &len)
+                                                   : srv_openai_body(rp.out, rp.n, &len);
             q = send_json(c, k, 200, out, len);
         }
     }
@@ -493,6 +496,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case SRV_EP_MESSAGES:
         if (!post) break;
         return generate(S, c, k, SRV_API_ANTHROPIC);
+    case SRV_EP_RESPONSES:
+        if (strcmp(url, "/v1/responses")) { /* /v1/responses/{id}: nothing is stored */
+            char msg[512];
+            snprintf(msg, sizeof msg, "No response with id '%.300s' (this server stores no responses)", url + 14);
+            return fail(c, k, 404, msg);
+        }
+        if (!post) break;
+        return generate(S, c, k, SRV_API_RESPONSES);
     case SRV_EP_TOKENIZE:
     case SRV_EP_DETOKENIZE:
         if (!post) break;

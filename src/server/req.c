@@ -167,6 +167,7 @@ static void on_delta(void *user, const dsv4_chat_delta *d) {
     srv_out *o = user;
     if (!o->r->stream) return; /* non-stream: the parser accumulates the message */
     if (o->r->api == SRV_API_ANTHROPIC) srv_anthropic_stream_delta(o, d);
+    else if (o->r->api == SRV_API_RESPONSES) srv_responses_stream_delta(o, d);
     else srv_openai_stream_delta(o, d);
 }
 
@@ -196,6 +197,7 @@ int srv_out_pump(srv_out *o) {
     if (!o->started && r->stream) {
         o->started = 1;
         if (r->api == SRV_API_ANTHROPIC) srv_anthropic_stream_start(o);
+        else if (r->api == SRV_API_RESPONSES) srv_responses_stream_start(o);
         else srv_openai_stream_start(o);
     }
     /* completions' echo: the prompt's text (with its records once the engine has them) before anything generated */
@@ -268,6 +270,7 @@ int srv_out_pump(srv_out *o) {
     if (o->parser && dsv4_chat_parser_finish(o->parser, &de)) o->oom = 1;
     if (r->stream) {
         if (r->api == SRV_API_ANTHROPIC) srv_anthropic_stream_end(o);
+        else if (r->api == SRV_API_RESPONSES) srv_responses_stream_end(o);
         else srv_openai_stream_end(o);
     }
     o->ended = 1;

@@ -150,6 +150,7 @@ void srv_req_release(srv_req *r) {
     free(r->more);
     free(r->n_more);
     free(r->more_max);
+    cJSON_Delete(r->echo_fields);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stops[i]);
     dsv4_sb_free(&r->text);
     free(r->lps);

@@ -52,7 +52,7 @@ typedef struct srv_config {
     int verbose;
 } srv_config;
 
-typedef enum srv_api { SRV_API_CHAT = 0, SRV_API_COMPLETION = 1, SRV_API_ANTHROPIC = 2 } srv_api;
+typedef enum srv_api { SRV_API_CHAT = 0, SRV_API_COMPLETION = 1, SRV_API_ANTHROPIC = 2, SRV_API_RESPONSES = 3 } srv_api;
 
 /* One generated token's log-probabilities (raw model distribution). */
 typedef struct srv_lp {
@@ -99,6 +99,7 @@ typedef struct srv_req {
     int32_t **more;          /* completions with a list of prompts: prompts 1.. (r has prompt 0), their lengths and */
     int *n_more, *more_max;  /* max_tokens (each capped by its own room in the context) */
     int n_more_prompts;
+    cJSON *echo_fields;      /* Responses API: the request's settings a response object repeats (owned) */
     int chat;                /* parse the completion with the chat parser */
     dsv4_chat_mode mode;
     int logprobs, top_logprobs; /* logprobs: record srv_lp per token */
@@ -140,7 +141,7 @@ void srv_req_release(srv_req *r);  /* drops one reference; frees on the last */
 
 typedef enum srv_ep {
     SRV_EP_CHAT = 0, SRV_EP_COMPLETIONS, SRV_EP_MESSAGES, SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS,
-    SRV_EP_TOKENIZE, SRV_EP_DETOKENIZE, SRV_EP_OTHER, SRV_EP_COUNT
+    SRV_EP_TOKENIZE, SRV_EP_DETOKENIZE, SRV_EP_RESPONSES, SRV_EP_OTHER, SRV_EP_COUNT
 } srv_ep;
 
 void srv_metrics_init(void);
@@ -237,6 +238,10 @@ int srv_check_model(srv_ctx *S, const cJSON *b, srv_req *r, int required, srv_er
 char *srv_tokenize_body(srv_ctx *S, const cJSON *body, size_t *len, srv_error *e);
 char *srv_detokenize_body(srv_ctx *S, const cJSON *body, size_t *len, srv_error *e);
 
+/* OpenAI's Responses API (responses.c): the request as a chat request (r->api SRV_API_RESPONSES); its output functions
+ * are with the other formatters below. */
+int srv_responses_parse(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
+
 /* Error bodies. */
 char *srv_openai_error_body(const srv_error *e);
 char *srv_anthropic_error_body(const srv_error *e);
@@ -265,7 +270,8 @@ typedef struct srv_out {
     int n_tools;
     int oom;
     /* Anthropic streaming: the open content block */
-    int blk_index, blk_open; /* blk_open: 0 none, 1 thinking, 2 text */
+    int blk_index, blk_open; /* blk_open: 0 none, 1 thinking, 2 text (Responses: the output item's index and kind) */
+    int seq, n_msg;          /* Responses streaming: the next sequence_number; a message item was opened */
     char tool_prefix[32];
 } srv_out;
 
@@ -289,6 +295,10 @@ void srv_anthropic_stream_start(srv_out *o);
 void srv_anthropic_stream_delta(srv_out *o, const dsv4_chat_delta *d);
 void srv_anthropic_stream_end(srv_out *o);
 char *srv_anthropic_body(srv_out *o, size_t *len);
+char *srv_responses_body(srv_out *o, size_t *len);
+void srv_responses_stream_start(srv_out *o);
+void srv_responses_stream_delta(srv_out *o, const dsv4_chat_delta *d);
+void srv_responses_stream_end(srv_out *o);
 
 /* Helpers. */
 void srv_sse(dsv4_sb *b, const char *event, cJSON *data); /* deletes data */

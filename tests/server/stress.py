@@ -40,9 +40,16 @@ def one(base, rng, i):
             "seed": seed}
     with httpx.Client(base_url=base, timeout=120) as c:
         if kind == 0:
-            r = c.post("/v1/chat/completions", json={**chat, "n": n})
-            assert r.status_code == 200, r.text
-            assert len(r.json()["choices"]) == n
+            if rng.random() < 0.3:  # the Responses API, body or stream
+                st = rng.random() < 0.5
+                r = c.post("/v1/responses", json={"model": MODEL, "input": chat["messages"], "stream": st,
+                                                  "max_output_tokens": chat["max_tokens"], "temperature": 0.7})
+                assert r.status_code == 200, r.text
+                assert ("response.completed" in r.text or "response.incomplete" in r.text) if st else r.json()["output"]
+            else:
+                r = c.post("/v1/chat/completions", json={**chat, "n": n})
+                assert r.status_code == 200, r.text
+                assert len(r.json()["choices"]) == n
         elif kind == 1:
             with c.stream("POST", "/v1/chat/completions", json={**chat, "stream": True, "n": n,
                                                                 "reasoning_effort": "high"}) as r:

@@ -614,6 +614,67 @@ def test_completions_prompt_list(server):
     assert r.status_code == 400 and "queue" in r.json()["error"]["message"]
 
 
+def test_responses_api(server, model_dir):
+    """OpenAI's Responses API (stateless): input items become the chat prompt (the same tokens as the equivalent chat
+    request), the official client reads the response and its stream, and what it cannot do is a clear 400 / 404."""
+    eos = json.load(open(os.path.join(model_dir, "config.json")))["eos_token_id"]
+    client = openai_client(server)
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    chat_tools = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in tools]
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Ask."}]},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+             {"type": "function_call_output", "call_id": "call_1", "output": "{\"temp\": 21}"},
+             {"role": "assistant", "content": [{"type": "output_text", "text": "It is 21."}]},
+             {"role": "user", "content": "And tomorrow?"}]
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "reasoning_content": "Ask.", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                  "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+            {"role": "assistant", "content": "It is 21."},
+            {"role": "user", "content": "And tomorrow?"}]
+    stop_early = {"logit_bias": {str(eos): 100}, "min_tokens": 3}  # a completed answer from the random model
+    for effort in ["none", "high"]:
+        r = client.responses.create(model=MODEL, instructions="Be brief.", input=items, tools=tools, max_output_tokens=8,
+                                    temperature=0, reasoning={"effort": effort}, extra_body=stop_early)
+        c = post(server, "/v1/chat/completions", {"model": MODEL, "messages": msgs, "tools": chat_tools, "max_tokens": 8,
+                                                  "temperature": 0, "reasoning_effort": effort, **stop_early}).json()
+        assert r.usage.input_tokens == c["usage"]["prompt_tokens"], effort
+        assert r.status == "completed" and r.usage.output_tokens == c["usage"]["completion_tokens"] == 4
+        assert r.output_text == c["choices"][0]["message"]["content"]
+        assert [o.type for o in r.output] == (["message"] if effort == "none" else ["reasoning", "message"])
+        assert r.id.startswith("resp_") and r.object == "response" and r.tools[0].name == "get_weather"
+    # streamed: numbered events, the final response the same as the body
+    body = dict(model=MODEL, input="Tell me a joke", max_output_tokens=12, temperature=0, extra_body=stop_early)
+    whole = client.responses.create(**body)
+    with client.responses.stream(**body) as s:
+        events = list(s)
+        final = s.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+    assert final.output_text == whole.output_text and final.output[0].id == events[2].item.id
+    # max_output_tokens reached: incomplete
+    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=2, temperature=0.5,
+                                extra_body={"ignore_eos": True})
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    # text.format and tool_choice are taken; what is not supported is refused
+    r = post(server, "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2, "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": {"type": "object"}}}, "tools": tools, "tool_choice": "required"})
+    assert r.status_code == 200 and r.json()["text"]["format"]["type"] == "json_schema", r.text
+    for bad, word in [({"previous_response_id": "resp_1"}, "previous_response_id"),
+                      ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input_image"),
+                      ({"input": [{"type": "item_reference", "id": "x"}]}, "item_reference"),
+                      ({"tools": [{"type": "web_search"}]}, "tools[0]"), ({"max_output_tokens": 0}, "max_output_tokens"),
+                      ({"reasoning": {"effort": "huge"}}, "reasoning.effort"), ({"input": []}, "input")]:
+        r = post(server, "/v1/responses", {"model": MODEL, "input": "hi", **bad})
+        assert r.status_code == 400 and word in r.json()["error"]["message"], (bad, r.text)
+    assert httpx.get(server.base + "/v1/responses/resp_1", headers=HDR).status_code == 404
+
+
 def test_n_choices_cancel(server):
     """A client that leaves a stream of n choices cancels all of them."""
     import socket
