@@ -365,6 +365,9 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *b, srv_req *r, srv_erro
     const int list = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && !cJSON_IsNumber(cJSON_GetArrayItem(p, 0));
     const int np = list ? cJSON_GetArraySize(p) : 1;
     if (np > SRV_MAX_PROMPTS) return srv_fail(e, 400, "prompt: a list of %d prompts; at most %d", np, SRV_MAX_PROMPTS);
+    if ((long)np * r->n_choices > S->cfg.max_queue) /* (before any of them is tokenized or copied) */
+        return srv_fail(e, 400, "%d prompts x n = %d: %ld sequences; the server queues at most %d requests (--max-queue)",
+                        np, r->n_choices, (long)np * r->n_choices, S->cfg.max_queue);
     if (np > 1 && (!(r->more = calloc((size_t)np - 1, sizeof *r->more)) || !(r->n_more = calloc((size_t)np - 1, sizeof(int))) ||
                    !(r->more_max = calloc((size_t)np - 1, sizeof(int)))))
         return srv_fail(e, 500, "out of memory");
@@ -490,7 +493,7 @@ static cJSON *lp_completion(srv_out *o, size_t base_offset) {
         cJSON_AddItemToArray(toks, cJSON_CreateString(str ? str : ""));
         free(str);
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        off += n;
+        if (!(i == 0 && o->n_pl && l->token == o->S->info.bos_token_id)) off += n; /* (the echo leaves a leading BOS out) */
         if (isnan(l->logprob)) {
             cJSON_AddItemToArray(lps, cJSON_CreateNull());
             cJSON_AddItemToArray(tops, cJSON_CreateNull());
@@ -643,7 +646,7 @@ void srv_openai_stream_end(srv_out *o) {
         cJSON *c = chunk_head(o), *ch = cJSON_CreateArray(), *c0 = cJSON_CreateObject();
         cJSON_AddStringToObject(c0, "text", "");
         cJSON_AddNumberToObject(c0, "index", r->index);
-        if (r->logprobs && o->n_lps) cJSON_AddItemToObject(c0, "logprobs", lp_completion(o, 0));
+        if (r->logprobs && o->n_lps) cJSON_AddItemToObject(c0, "logprobs", lp_completion(o, o->text_total));
         else cJSON_AddNullToObject(c0, "logprobs");
         cJSON_AddStringToObject(c0, "finish_reason", finish_reason(o, 0));
         cJSON_AddItemToArray(ch, c0);

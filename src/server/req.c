@@ -205,10 +205,13 @@ int srv_out_pump(srv_out *o) {
         pthread_mutex_lock(&r->mu);
         const int ready = !r->logprobs || r->plp_done || r->done, have = r->plp_done && r->plps;
         pthread_mutex_unlock(&r->mu);
-        if (ready) {
+        if (!ready) return 0; /* (nothing generated can come before it: the records are complete first) */
+        {
+            /* the prompt's text without a leading BOS (the one a string prompt gets), as the client sent it */
+            const int skip = r->n_prompt > 0 && r->prompt[0] == o->S->info.bos_token_id;
             dsv4_err de = {{0}};
             size_t el = 0;
-            char *et = dsv4_tok_decode(o->S->tok, r->prompt, (size_t)r->n_prompt, 0, &el, &de);
+            char *et = dsv4_tok_decode(o->S->tok, r->prompt + skip, (size_t)(r->n_prompt - skip), 0, &el, &de);
             if (!et) {
                 o->oom = 1;
             } else {

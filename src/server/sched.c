@@ -236,6 +236,7 @@ srv_req *srv_req_for_prompt(srv_req *r, int k) {
     if (!c) return NULL;
     c->n_choices = r->n_choices;
     c->index = (k + 1) * r->n_choices;
+    c->sp.seed = r->sp.seed + (uint64_t)c->index; /* every choice of the request: its seed + the choice's index */
     c->max_tokens = c->sp.max_tokens = r->more_max[k];
     req_set_root(c, r);
     return c;
@@ -629,14 +630,18 @@ static int step_all_logits(srv_sched *S, char *err, size_t errcap) {
     for (int b = 0; b < nb; b++) { /* (no slot moves in this loop) */
         slot *s = &S->slots[S->bslot[b]];
         srv_req *r = s->r;
-        for (int j = 0; j < s->chunk; j++, row += S->V) {
-            for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding ids */
+        /* each row's log-softmax over the vocabulary in parallel (a row a record) */
+#pragma omp parallel for schedule(dynamic, 4) if (s->chunk > 1)
+        for (int j = 0; j < s->chunk; j++) {
+            float *lr = row + (size_t)j * S->V;
+            for (int v = S->tok_vocab; v < S->V; v++) lr[v] = -INFINITY; /* padding ids */
             srv_lp *l = &r->plps[s->n_fed + j + 1];
             dsv4_err e = {{0}};
             l->token = r->prompt[s->n_fed + j + 1];
-            const int nt = dsv4_logprobs(row, S->V, l->token, r->top_logprobs, &l->logprob, l->top, &e);
+            const int nt = dsv4_logprobs(lr, S->V, l->token, r->top_logprobs, &l->logprob, l->top, &e);
             l->n_top = nt < 0 ? 0 : nt;
         }
+        row += (size_t)s->chunk * S->V;
         s->n_fed += s->chunk;
         s->chunk = 0;
         if (s->n_fed == r->n_prompt - 1) {
@@ -678,14 +683,14 @@ static void host_draws(srv_sched *S, int nb) {
         for (int v = S->tok_vocab; v < S->V; v++) row[v] = -INFINITY; /* padding rows: never sampled */
         /* min_tokens: the answer's end masked for this draw, the row restored after it (logprobs read it raw) */
         const int mask = slot_masks_end(S, s), me = mask && !s->r->sp.ignore_eos && S->eos >= 0 && S->eos < S->V;
+        const int ns = mask ? s->r->n_stop_ids : 0;
         const float eos_l = me ? row[S->eos] : 0.0f;
-        float *keep = mask && s->r->n_stop_ids ? malloc(sizeof(float) * (size_t)s->r->n_stop_ids) : NULL;
+        float keep[SRV_MAX_STOP_IDS];
         if (me) row[S->eos] = -INFINITY;
-        for (int k = 0; keep && k < s->r->n_stop_ids; k++) keep[k] = row[s->r->stop_ids[k]], row[s->r->stop_ids[k]] = -INFINITY;
+        for (int k = 0; k < ns; k++) keep[k] = row[s->r->stop_ids[k]], row[s->r->stop_ids[k]] = -INFINITY;
         dsv4_err e = {{0}};
-        const int32_t t = mask && s->r->n_stop_ids && !keep ? -1 : dsv4_sampler_sample(s->smp, row, &e);
-        for (int k = (keep ? s->r->n_stop_ids : 0) - 1; k >= 0; k--) row[s->r->stop_ids[k]] = keep[k];
-        free(keep);
+        const int32_t t = dsv4_sampler_sample(s->smp, row, &e);
+        for (int k = ns - 1; k >= 0; k--) row[s->r->stop_ids[k]] = keep[k]; /* (reverse: a repeated id gets its value) */
         if (me) row[S->eos] = eos_l;
         S->dids[b] = t >= 0 ? t : -1;
     }
@@ -728,7 +733,7 @@ static void *engine_main(void *arg) {
         for (int i = S->n_slots - 1; i >= 0; i--) { /* max_tokens 0 (echo): done once the prompt's records are */
             const slot *s = &S->slots[i];
             if (s->seq && !s->r->max_tokens && !needs_all(s)) {
-                srv_metrics_tokens(s->r->n_prompt - s->n_cached - s->n_forked, 0);
+                srv_metrics_tokens(s->n_fed - s->n_cached - s->n_forked, 0); /* the prompt tokens computed */
                 slot_end(S, i, SRV_FIN_LENGTH);
             }
         }

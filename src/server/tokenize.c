@@ -40,6 +40,11 @@ char *srv_tokenize_body(srv_ctx *S, const cJSON *b, size_t *len, srv_error *e) {
         goto done;
     }
     cJSON *j = cJSON_CreateObject(), *ids = cJSON_CreateArray(), *ts = strs ? cJSON_CreateArray() : NULL;
+    if (!j || !ids || (strs && !ts)) {
+        cJSON_Delete(j), cJSON_Delete(ids), cJSON_Delete(ts);
+        srv_fail(e, 500, "out of memory");
+        goto done;
+    }
     for (int i = 0; i < r->n_prompt; i++) {
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->prompt[i]));
         if (!ts) continue;

@@ -548,7 +548,8 @@ def test_echo_prompt_logprobs(server):
     lp = ch["logprobs"]
     assert e["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt)}
     assert ch["finish_reason"] == "length"
-    assert ch["text"] == post(server, "/detokenize", {"tokens": prompt}).json()["prompt"]
+    assert ch["text"] == post(server, "/detokenize", {"tokens": prompt[1:]}).json()["prompt"]  # a leading BOS left out
+    assert lp["text_offset"][:3] == [0, 0, len(lp["tokens"][1].encode())]
     assert len(lp["tokens"]) == len(prompt) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     assert lp["text_offset"][0] == 0 and all(len(t) == 3 for t in lp["top_logprobs"][1:])
     for k in (1, 4, len(prompt) - 1):
@@ -576,22 +577,22 @@ def test_echo_prompt_logprobs(server):
     assert text == g["choices"][0]["text"] and lps == g["choices"][0]["logprobs"]["token_logprobs"]
     # echo without logprobs, and the refusals
     t = post(server, "/v1/completions", {"model": MODEL, "prompt": "Hi there", "max_tokens": 0, "echo": True}).json()
-    assert t["choices"][0]["text"].endswith("Hi there") and t["choices"][0]["logprobs"] is None
+    assert t["choices"][0]["text"] == "Hi there" and t["choices"][0]["logprobs"] is None  # as sent
     assert post(server, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 0}).status_code == 400
     assert post(server, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 0, "echo": True,
                                             "min_tokens": 1}).status_code == 400
 
 
 def test_completions_prompt_list(server):
-    """A list of prompts (strings or token lists): a choice set each, indices prompt x n + choice, each what the prompt
-    alone gives; usage counts each prompt once."""
+    """A list of prompts (strings or token lists): a choice set each, indices prompt x n + choice, each choice drawing
+    with the request's seed + its index (what its prompt alone gives with that seed); usage counts each prompt once."""
     prompts = ["The sea is", [0, 441, 344, 260], "Once upon a time there"]
     body = {"model": MODEL, "max_tokens": 4, "seed": 8, "temperature": 1.0, "ignore_eos": True, "logprobs": 0}
     j = post(server, "/v1/completions", {**body, "prompt": prompts, "n": 2}).json()
     assert [c["index"] for c in j["choices"]] == list(range(6))
     total_prompt = 0
     for k, p in enumerate(prompts):
-        a = post(server, "/v1/completions", {**body, "prompt": p, "n": 2}).json()
+        a = post(server, "/v1/completions", {**body, "prompt": p, "n": 2, "seed": 8 + 2 * k}).json()
         total_prompt += a["usage"]["prompt_tokens"]
         assert [c["text"] for c in a["choices"]] == [c["text"] for c in j["choices"][2 * k:2 * k + 2]], k
     assert j["usage"] == {"prompt_tokens": total_prompt, "completion_tokens": 24, "total_tokens": total_prompt + 24}
@@ -611,6 +612,10 @@ def test_completions_prompt_list(server):
         r = post(server, "/v1/completions", {**body, "prompt": bad})
         assert r.status_code == 400 and "prompt" in r.json()["error"]["message"], (bad, r.text)
     r = post(server, "/v1/completions", {**body, "prompt": ["a"] * 300})  # more sequences than the queue takes
+    assert r.status_code == 400 and "queue" in r.json()["error"]["message"]
+    twice = post(server, "/v1/completions", {**body, "prompt": ["Once upon", "Once upon"]}).json()["choices"]
+    assert twice[0]["text"] != twice[1]["text"]  # the same prompt twice: two samples (seeds differ by the index)
+    r = post(server, "/v1/completions", {**body, "prompt": ["a"] * 130, "n": 2})
     assert r.status_code == 400 and "queue" in r.json()["error"]["message"]
 
 
