@@ -229,6 +229,18 @@ for md in 0 1; do
         [ -s "$OUT/serve-solo-$md-$k.txt" ] && cmp -s "$OUT/serve-conc-$md-$k.txt" "$OUT/serve-solo-$md-$k.txt" && same=$((same + 1))
     done
     echo "serve --device cuda (mixed steps on the device $md): 6 concurrent seeded requests of mixed prompt lengths, $same of 6 the same text as alone"
+    # a prompt scored (echo with logprobs: every prompt row's logits from a pass of its own) and the Responses API
+    if curl -sf -m 120 http://127.0.0.1:18123/v1/completions -H 'content-type: application/json' \
+        -d "{\"model\":\"synth\",\"prompt\":[\"$(sprompt 3)\",\"$(sprompt 1)\"],\"max_tokens\":0,\"echo\":true,\"logprobs\":1}" \
+        >"$OUT/serve-echo-$md.json" && [ "$(grep -o 'null' "$OUT/serve-echo-$md.json" | wc -l)" -ge 4 ] &&
+        curl -sf -m 120 http://127.0.0.1:18123/v1/responses -H 'content-type: application/json' \
+        -d '{"model":"synth","input":"hi","max_output_tokens":8,"stream":true}' >"$OUT/serve-resp-$md.txt" &&
+        grep -q 'response.incomplete\|response.completed' "$OUT/serve-resp-$md.txt"; then
+        echo "serve --device cuda (mixed steps on the device $md): two prompts scored (echo, logprobs), a Responses API stream"
+    else
+        echo "serve --device cuda (mixed steps on the device $md): echo / responses failed"; tail -n 5 "$OUT/serve-$md.log"
+        fail=$((fail + 1))
+    fi
     # n choices (forks of the prompt's device state), with and without logit_bias (which samples on the host)
     for lb in '' ',"logit_bias":{"42":5}'; do
         if curl -sf -m 120 http://127.0.0.1:18123/v1/completions -H 'content-type: application/json' \
