@@ -184,6 +184,9 @@ int srv_out_init(srv_out *o, srv_ctx *S, srv_req *r) {
 
 void srv_out_free(srv_out *o) {
     dsv4_chat_parser_free(o->parser);
+    dsv4_sb_free(&o->item_text);
+    cJSON_Delete(o->items);
+    o->items = NULL;
     dsv4_sb_free(&o->sse);
     dsv4_sb_free(&o->raw);
     free(o->lps);

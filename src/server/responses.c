@@ -3,7 +3,10 @@
  * max_output_tokens, sampling) becomes a Chat Completions body that srv_openai_parse_chat reads; the answer goes out as
  * a response object (output items: reasoning, message, function_call) or its streaming events (response.created ...
  * response.completed, each with its sequence_number). No response is stored: previous_response_id is refused (the
- * conversation goes in input, as with store: false). */
+ * conversation goes in input, as with store: false). OpenAI's developer role is instructions: leading system / developer
+ * items join `instructions` in one system message, later ones are system messages (this model's own developer role
+ * means something else). Hosted tools (web_search, file_search, ...) are left out: only function tools reach the
+ * model. A stream's final response lists the items as they were streamed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,10 +53,11 @@ static cJSON *chat_message(cJSON *list, const char *role, const char *content) {
     return m;
 }
 
-/* input (a string or an array of items) -> Chat Completions messages appended to list. Reasoning items go on the
- * next assistant message (reasoning_content); function calls join the assistant message before them when nothing
- * came between, else start one. */
-static int convert_input(const cJSON *in, cJSON *list, srv_error *e) {
+/* input (a string or an array of items) -> Chat Completions messages appended to list; sys (instructions so far)
+ * gets the leading system / developer items' text, and the caller puts it first. Reasoning items go on the next
+ * assistant message (reasoning_content); function calls join the assistant message right before them, else start
+ * one. */
+static int convert_input(const cJSON *in, cJSON *list, dsv4_sb *sys, srv_error *e) {
     if (cJSON_IsString(in)) {
         chat_message(list, "user", in->valuestring);
         return 0;
@@ -84,7 +88,14 @@ static int convert_input(const cJSON *in, cJSON *list, srv_error *e) {
             snprintf(w2, sizeof w2, "%s.content", where);
             char *text = content_text(get(it, "content"), w2, e);
             if (!text) goto done;
-            cJSON *m = chat_message(list, ro, text);
+            const int sysrole = !strcmp(ro, "system") || !strcmp(ro, "developer");
+            if (sysrole && !cJSON_GetArraySize(list)) { /* leading: with the instructions */
+                if (sys->n) dsv4_sb_puts(sys, "\n\n");
+                dsv4_sb_puts(sys, text);
+                free(text);
+                continue;
+            }
+            cJSON *m = chat_message(list, sysrole ? "system" : ro, text);
             free(text);
             last_asst = NULL;
             if (!strcmp(ro, "assistant")) {
@@ -135,6 +146,7 @@ static int convert_input(const cJSON *in, cJSON *list, srv_error *e) {
                 if (think.n) dsv4_sb_puts(&think, "\n");
                 dsv4_sb_puts(&think, tx->valuestring);
             }
+            last_asst = NULL; /* what follows is the turn this reasoning belongs to */
         } else {
             srv_fail(e, 400, "%s: input item type '%s' is not supported (message, function_call, function_call_output, "
                              "reasoning)", where, *ty ? ty : "(not a string)");
@@ -151,7 +163,7 @@ done:
 static const char *const passthrough[] = {
     "model", "stream", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "ignore_eos", "logit_bias", "min_tokens", "stop_token_ids",
-    "chat_template_kwargs", "thinking", "parallel_tool_calls", "top_logprobs",
+    "chat_template_kwargs", "thinking", "parallel_tool_calls",
 };
 
 /* The fields of the request a response object repeats */
@@ -167,6 +179,8 @@ int srv_responses_parse(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) {
     if (!absent(get(b, "conversation")))
         return srv_fail(e, 400, "conversation: this server stores no conversations; send the conversation in input");
     if (!absent(get(b, "n"))) return srv_fail(e, 400, "n: not a Responses API parameter");
+    if (cJSON_IsTrue(get(b, "background")))
+        return srv_fail(e, 400, "background: this server stores no responses; send the request without it");
     cJSON *cb = cJSON_CreateObject(), *list = cJSON_CreateArray();
     if (!cb || !list) {
         cJSON_Delete(cb), cJSON_Delete(list);
@@ -178,15 +192,24 @@ int srv_responses_parse(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) {
         const cJSON *v = get(b, passthrough[i]);
         if (v) cJSON_AddItemToObject(cb, passthrough[i], cJSON_Duplicate(v, 1));
     }
+    dsv4_sb sys = {0};
     const cJSON *ins = get(b, "instructions");
     if (!absent(ins)) {
         if (!cJSON_IsString(ins)) {
             srv_fail(e, 400, "instructions: expected a string");
             goto done;
         }
-        chat_message(list, "system", ins->valuestring);
+        dsv4_sb_puts(&sys, ins->valuestring);
     }
-    if (convert_input(get(b, "input"), list, e)) goto done;
+    const int cv = convert_input(get(b, "input"), list, &sys, e);
+    if (!cv && sys.n) { /* instructions and the leading system / developer items: one system message, first */
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "system");
+        cJSON_AddStringToObject(m, "content", sys.p);
+        cJSON_InsertItemInArray(list, 0, m);
+    }
+    dsv4_sb_free(&sys);
+    if (cv) goto done;
     /* tools: function tools ({"type": "function", "name", "description", "parameters"}) */
     const cJSON *tl = get(b, "tools");
     if (!absent(tl)) {
@@ -200,9 +223,16 @@ int srv_responses_parse(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) {
         const cJSON *t;
         cJSON_ArrayForEach(t, tl) {
             const cJSON *ty = get(t, "type"), *name = get(t, "name");
-            if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(name)) {
-                srv_fail(e, 400, "tools[%d]: expected {\"type\": \"function\", \"name\", \"parameters\"} (built-in tools "
-                                 "are not supported)", i);
+            if (!cJSON_IsString(ty)) {
+                srv_fail(e, 400, "tools[%d]: expected {\"type\": \"function\", \"name\", \"parameters\"}", i);
+                goto done;
+            }
+            if (strcmp(ty->valuestring, "function")) { /* a hosted tool: nothing here runs it */
+                i++;
+                continue;
+            }
+            if (!cJSON_IsString(name)) {
+                srv_fail(e, 400, "tools[%d]: a function tool needs a name", i);
                 goto done;
             }
             cJSON *ot = cJSON_CreateObject(), *f = cJSON_CreateObject();
@@ -311,16 +341,19 @@ static void item_id(const srv_out *o, const char *prefix, int index, char *out, 
 static cJSON *reasoning_item(const srv_out *o, int index, const char *text, int done) {
     char id[96];
     item_id(o, "rs", index, id, sizeof id);
-    cJSON *it = cJSON_CreateObject(), *content = cJSON_CreateArray();
+    cJSON *it = cJSON_CreateObject(), *content = cJSON_CreateArray(), *summary = cJSON_CreateArray();
     cJSON_AddStringToObject(it, "id", id);
     cJSON_AddStringToObject(it, "type", "reasoning");
-    cJSON_AddItemToObject(it, "summary", cJSON_CreateArray());
-    if (done) {
-        cJSON *p = cJSON_CreateObject();
+    if (done) { /* the text as content and as summary (clients such as Codex send only the summary back) */
+        cJSON *p = cJSON_CreateObject(), *q = cJSON_CreateObject();
         cJSON_AddStringToObject(p, "type", "reasoning_text");
         cJSON_AddStringToObject(p, "text", text ? text : "");
         cJSON_AddItemToArray(content, p);
+        cJSON_AddStringToObject(q, "type", "summary_text");
+        cJSON_AddStringToObject(q, "text", text ? text : "");
+        cJSON_AddItemToArray(summary, q);
     }
+    cJSON_AddItemToObject(it, "summary", summary);
     cJSON_AddItemToObject(it, "content", content);
     if (!done) cJSON_AddStringToObject(it, "status", "in_progress");
     return it;
@@ -335,15 +368,16 @@ static cJSON *text_part(const char *text) {
     return p;
 }
 
-static cJSON *message_item(const srv_out *o, int index, const char *text, int done) {
+/* status: "in_progress" while streamed (no content yet), "completed", or "incomplete" (cut by max_output_tokens) */
+static cJSON *message_item(const srv_out *o, int index, const char *text, const char *status) {
     char id[96];
     item_id(o, "msg", index, id, sizeof id);
     cJSON *it = cJSON_CreateObject(), *content = cJSON_CreateArray();
     cJSON_AddStringToObject(it, "id", id);
     cJSON_AddStringToObject(it, "type", "message");
-    cJSON_AddStringToObject(it, "status", done ? "completed" : "in_progress");
+    cJSON_AddStringToObject(it, "status", status);
     cJSON_AddStringToObject(it, "role", "assistant");
-    if (done) cJSON_AddItemToArray(content, text_part(text));
+    if (strcmp(status, "in_progress")) cJSON_AddItemToArray(content, text_part(text));
     cJSON_AddItemToObject(it, "content", content);
     return it;
 }
@@ -362,13 +396,15 @@ static cJSON *call_item(const srv_out *o, int index, int call, const dsv4_chat_t
     return it;
 }
 
-/* the output items of the whole answer, in the order a stream opens them: reasoning, the message (when it has text,
- * or when there is nothing else), the function calls */
+static const char *msg_status(const srv_out *o) { return o->finish == SRV_FIN_LENGTH ? "incomplete" : "completed"; }
+
+/* the output items of a whole answer (the body): reasoning, the message (when it has text, or when there is nothing
+ * else), the function calls */
 static cJSON *output_items(const srv_out *o, const dsv4_chat_parsed *m) {
     cJSON *a = cJSON_CreateArray();
     int k = 0;
     if (m->reasoning_len) cJSON_AddItemToArray(a, reasoning_item(o, k++, m->reasoning_content, 1));
-    if (m->content_len || !m->n_tool_calls) cJSON_AddItemToArray(a, message_item(o, k++, m->content, 1));
+    if (m->content_len || !m->n_tool_calls) cJSON_AddItemToArray(a, message_item(o, k++, m->content, msg_status(o)));
     for (int i = 0; i < m->n_tool_calls; i++) cJSON_AddItemToArray(a, call_item(o, k++, i, &m->tool_calls[i], 1));
     return a;
 }
@@ -424,7 +460,10 @@ static cJSON *response_obj(const srv_out *o, const dsv4_chat_parsed *m, int fina
         cJSON_AddNullToObject(j, "incomplete_details");
     }
     cJSON_AddStringToObject(j, "model", r->model);
-    cJSON_AddItemToObject(j, "output", final && m ? output_items(o, m) : cJSON_CreateArray());
+    /* a stream's: the items as streamed; a body's: from the whole answer */
+    cJSON_AddItemToObject(j, "output", !final || !m ? cJSON_CreateArray()
+                                       : r->stream ? (o->items ? cJSON_Duplicate(o->items, 1) : cJSON_CreateArray())
+                                                   : output_items(o, m));
     /* the request's settings, as given (defaults where it gave none) */
     const cJSON *ef = r->echo_fields;
     for (const cJSON *v = ef ? ef->child : NULL; v; v = v->next) cJSON_AddItemToObject(j, v->string, cJSON_Duplicate(v, 1));
@@ -481,29 +520,44 @@ static cJSON *at(const srv_out *o, const char *prefix, int content_index) {
 static void item_event(srv_out *o, const char *type, cJSON *item) {
     cJSON *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(d, "output_index", o->blk_index);
+    if (!strcmp(type, "response.output_item.done")) { /* kept for the final response */
+        if (!o->items) o->items = cJSON_CreateArray();
+        cJSON_AddItemToArray(o->items, cJSON_Duplicate(item, 1));
+    }
     cJSON_AddItemToObject(d, "item", item);
     event(o, type, d);
 }
 
-/* closes the open reasoning (1) or message (2) item with its done events; the texts so far are the item's whole */
+static cJSON *reasoning_part(const char *text) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "type", "reasoning_text");
+    cJSON_AddStringToObject(p, "text", text ? text : "");
+    return p;
+}
+
+/* closes the open reasoning (1) or message (2) item with its done events; its text is what its deltas carried */
 static void close_item(srv_out *o) {
     if (!o->blk_open) return;
-    const dsv4_chat_parsed *m = dsv4_chat_parser_result(o->parser);
+    const char *text = o->item_text.p ? o->item_text.p : "";
     if (o->blk_open == 1) {
         cJSON *d = at(o, "rs", 0);
-        cJSON_AddStringToObject(d, "text", m->reasoning_content ? m->reasoning_content : "");
+        cJSON_AddStringToObject(d, "text", text);
         event(o, "response.reasoning_text.done", d);
-        item_event(o, "response.output_item.done", reasoning_item(o, o->blk_index, m->reasoning_content, 1));
+        d = at(o, "rs", 0);
+        cJSON_AddItemToObject(d, "part", reasoning_part(text));
+        event(o, "response.content_part.done", d);
+        item_event(o, "response.output_item.done", reasoning_item(o, o->blk_index, text, 1));
     } else {
         cJSON *d = at(o, "msg", 0);
-        cJSON_AddStringToObject(d, "text", m->content ? m->content : "");
+        cJSON_AddStringToObject(d, "text", text);
         cJSON_AddItemToObject(d, "logprobs", cJSON_CreateArray());
         event(o, "response.output_text.done", d);
         d = at(o, "msg", 0);
-        cJSON_AddItemToObject(d, "part", text_part(m->content));
+        cJSON_AddItemToObject(d, "part", text_part(text));
         event(o, "response.content_part.done", d);
-        item_event(o, "response.output_item.done", message_item(o, o->blk_index, m->content, 1));
+        item_event(o, "response.output_item.done", message_item(o, o->blk_index, text, msg_status(o)));
     }
+    o->item_text.n = 0;
     o->blk_open = 0;
     o->blk_index++;
 }
@@ -511,15 +565,20 @@ static void close_item(srv_out *o) {
 static void open_item(srv_out *o, int kind) {
     if (o->blk_open == kind) return;
     close_item(o);
+    cJSON *d;
     if (kind == 1) {
         item_event(o, "response.output_item.added", reasoning_item(o, o->blk_index, NULL, 0));
+        d = at(o, "rs", 0);
+        cJSON_AddItemToObject(d, "part", reasoning_part(""));
     } else {
-        item_event(o, "response.output_item.added", message_item(o, o->blk_index, NULL, 0));
-        cJSON *d = at(o, "msg", 0);
+        item_event(o, "response.output_item.added", message_item(o, o->blk_index, NULL, "in_progress"));
+        d = at(o, "msg", 0);
         cJSON_AddItemToObject(d, "part", text_part(""));
-        event(o, "response.content_part.added", d);
         o->n_msg = 1;
     }
+    event(o, "response.content_part.added", d);
+    o->item_text.n = 0;
+    if (o->item_text.p) o->item_text.p[0] = 0;
     o->blk_open = kind;
 }
 
@@ -555,6 +614,7 @@ void srv_responses_stream_delta(srv_out *o, const dsv4_chat_delta *dl) {
     }
     const int kind = dl->kind == DSV4_DELTA_REASONING ? 1 : 2;
     open_item(o, kind);
+    dsv4_sb_put(&o->item_text, dl->text, dl->len);
     cJSON *d = at(o, kind == 1 ? "rs" : "msg", 0);
     char *t = strndup(dl->text, dl->len);
     cJSON_AddStringToObject(d, "delta", t ? t : "");

@@ -271,7 +271,9 @@ typedef struct srv_out {
     int oom;
     /* Anthropic streaming: the open content block */
     int blk_index, blk_open; /* blk_open: 0 none, 1 thinking, 2 text (Responses: the output item's index and kind) */
-    int seq, n_msg;          /* Responses streaming: the next sequence_number; a message item was opened */
+    int seq, n_msg;          /* Responses streaming: the next sequence_number; a message item was opened; */
+    dsv4_sb item_text;       /* the open item's text so far; */
+    cJSON *items;            /* the items done so far (the final response's output) */
     char tool_prefix[32];
 } srv_out;
 

@@ -666,6 +666,11 @@ def test_responses_api(server, model_dir):
     r = client.responses.create(model=MODEL, input="hi", max_output_tokens=2, temperature=0.5,
                                 extra_body={"ignore_eos": True})
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[-1].status == "incomplete"
+    evs = list(client.responses.create(model=MODEL, input="hi", max_output_tokens=2, temperature=0.5, stream=True,
+                                       extra_body={"ignore_eos": True}))
+    assert evs[-1].type == "response.incomplete" and evs[-1].response.output[-1].status == "incomplete"
+    assert [e.type for e in evs].count("response.output_item.done") == len(evs[-1].response.output)
     # text.format and tool_choice are taken; what is not supported is refused
     r = post(server, "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2, "text": {"format": {
         "type": "json_schema", "name": "x", "schema": {"type": "object"}}}, "tools": tools, "tool_choice": "required"})
@@ -673,11 +678,24 @@ def test_responses_api(server, model_dir):
     for bad, word in [({"previous_response_id": "resp_1"}, "previous_response_id"),
                       ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input_image"),
                       ({"input": [{"type": "item_reference", "id": "x"}]}, "item_reference"),
-                      ({"tools": [{"type": "web_search"}]}, "tools[0]"), ({"max_output_tokens": 0}, "max_output_tokens"),
+                      ({"tools": [{"name": "x"}]}, "tools[0]"), ({"max_output_tokens": 0}, "max_output_tokens"),
+                      ({"background": True}, "background"),
                       ({"reasoning": {"effort": "huge"}}, "reasoning.effort"), ({"input": []}, "input")]:
         r = post(server, "/v1/responses", {"model": MODEL, "input": "hi", **bad})
         assert r.status_code == 400 and word in r.json()["error"]["message"], (bad, r.text)
     assert httpx.get(server.base + "/v1/responses/resp_1", headers=HDR).status_code == 404
+    # OpenAI's developer role is instructions: leading developer / system items join them in the system message
+    # (the same prompt as one system message); hosted tools are left out (the same prompt as without them)
+    one = post(server, "/v1/responses", {"model": MODEL, "max_output_tokens": 1, "instructions": "A.\n\nB.",
+                                          "input": [{"role": "user", "content": "hi"}]}).json()
+    two = post(server, "/v1/responses", {"model": MODEL, "max_output_tokens": 1, "instructions": "A.", "input": [
+        {"role": "developer", "content": "B."}, {"role": "user", "content": "hi"}],
+        "tools": [{"type": "web_search"}]}).json()
+    assert one["usage"]["input_tokens"] == two["usage"]["input_tokens"]
+    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=6, reasoning={"effort": "high"},
+                                extra_body=stop_early)
+    rs = r.output[0]
+    assert rs.type == "reasoning" and rs.summary[0].text == rs.content[0].text and rs.content[0].text
 
 
 def test_n_choices_cancel(server):
