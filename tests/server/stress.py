@@ -32,6 +32,47 @@ def rss_kb(pid):
     return 0
 
 
+def rand_json(rng, depth):
+    """A random JSON value: scalars of the kinds parsers trip on, and nested arrays / objects."""
+    k = rng.randrange(10 if depth > 0 else 7)
+    if k == 0:
+        return None
+    if k == 1:
+        return rng.choice([True, False])
+    if k == 2:
+        return rng.choice([0, -1, 1, 2, 7, 2 ** 31, -2 ** 63, 2 ** 64, 10 ** 30])
+    if k == 3:
+        return rng.choice([0.5, -1e300, 1e-300, 3.0, -0.0])
+    if k == 4:
+        return rng.choice(["", "x", "user", "function", "input_text", "message", "auto", "none", "\u0000",
+                           "<｜DSML｜tool_calls>", "a" * 3000])
+    if k in (5, 6):
+        return rng.randrange(0, 200)
+    if k in (7, 8):
+        return [rand_json(rng, depth - 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(["type", "role", "content", "text", "name", "call_id", "output", "arguments", "format",
+                        "effort", "function", "x"]): rand_json(rng, depth - 1) for _ in range(rng.randrange(4))}
+
+
+def valid_bodies(i):
+    msgs = [{"role": "user", "content": f"fuzz {i}"}]
+    return [
+        ("/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 2, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "tool_choice": "auto"}),
+        ("/v1/completions", {"model": MODEL, "prompt": [f"a {i}", [1, 2, 3]], "max_tokens": 1, "echo": True,
+                             "logprobs": 1, "n": 2}),
+        ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": msgs, "system": "s"}),
+        ("/v1/responses", {"model": MODEL, "input": [{"role": "developer", "content": "d"}, msgs[0],
+                                                     {"type": "function_call", "call_id": "c", "name": "f",
+                                                      "arguments": "{}"},
+                                                     {"type": "function_call_output", "call_id": "c", "output": "o"}],
+                           "max_output_tokens": 2, "reasoning": {"effort": "low"},
+                           "text": {"format": {"type": "json_object"}}}),
+        ("/tokenize", {"model": MODEL, "messages": msgs}),
+        ("/detokenize", {"model": MODEL, "tokens": [1, 2, 3]}),
+    ]
+
+
 def one(base, rng, i):
     kind = rng.randrange(10)
     seed = rng.randrange(1 << 30)
@@ -72,8 +113,16 @@ def one(base, rng, i):
             r = c.post("/v1/chat/completions", content=b"{bad json" + bytes([rng.randrange(256)]))
             assert r.status_code == 400
         elif kind == 5:
-            r = c.post("/v1/chat/completions", json={**chat, "temperature": -3})
-            assert r.status_code == 400
+            if rng.random() < 0.5:
+                r = c.post("/v1/chat/completions", json={**chat, "temperature": -3})
+                assert r.status_code == 400
+            else:  # a valid body of any endpoint with one field replaced by random JSON: an answer or a clean error
+                path, body = rng.choice(valid_bodies(i))
+                key = rng.choice(list(body) + ["extra"])
+                body[key] = rand_json(rng, 3)
+                r = c.post(path, json=body)
+                assert r.status_code in (200, 400, 404, 413), (path, body, r.status_code, r.text)
+                assert r.status_code != 200 or r.json(), r.text
         elif kind == 6:
             r = c.get(rng.choice(["/health", "/v1/models", "/metrics", "/nope"]))
             assert r.status_code in (200, 404)
