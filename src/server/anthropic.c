@@ -145,6 +145,11 @@ int srv_anthropic_parse(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) {
     int rc = srv_get_int(b, "max_tokens", 1, 1L << 30, &mt, e);
     if (rc < 0) return -1;
     if (!rc) return srv_fail(e, 400, "max_tokens: Field required");
+    if (srv_anthropic_prompt(S, b, r, e)) return -1;
+    return srv_finalize_sampling(S, r, (int)mt, e);
+}
+
+int srv_anthropic_prompt(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) {
     const cJSON *msgs = get(b, "messages");
     if (!cJSON_IsArray(msgs) || !cJSON_GetArraySize(msgs))
         return srv_fail(e, 400, "messages: expected a non-empty array of messages");
@@ -240,7 +245,7 @@ int srv_anthropic_parse(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) {
     if (force && srv_force_tool_call(S, r, force_name, e)) goto fail;
     cJSON_Delete(list);
     cJSON_Delete(tools);
-    return srv_finalize_sampling(S, r, (int)mt, e);
+    return 0;
 fail:
     cJSON_Delete(list);
     cJSON_Delete(tools);

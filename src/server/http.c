@@ -66,6 +66,7 @@ static srv_ep endpoint_of(const char *url) {
     if (!strcmp(url, "/v1/chat/completions")) return SRV_EP_CHAT;
     if (!strcmp(url, "/v1/completions")) return SRV_EP_COMPLETIONS;
     if (!strcmp(url, "/v1/messages")) return SRV_EP_MESSAGES;
+    if (!strcmp(url, "/v1/messages/count_tokens")) return SRV_EP_COUNT_TOKENS;
     if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return SRV_EP_MODELS;
     if (!strcmp(url, "/health")) return SRV_EP_HEALTH;
     if (!strcmp(url, "/metrics")) return SRV_EP_METRICS;
@@ -111,7 +112,8 @@ static enum MHD_Result send_json(struct MHD_Connection *c, conn *k, int status, 
 }
 
 static enum MHD_Result send_error(struct MHD_Connection *c, conn *k, const srv_error *e) {
-    char *body = k && k->ep == SRV_EP_MESSAGES ? srv_anthropic_error_body(e) : srv_openai_error_body(e);
+    char *body = k && (k->ep == SRV_EP_MESSAGES || k->ep == SRV_EP_COUNT_TOKENS) ? srv_anthropic_error_body(e)
+                                                                                : srv_openai_error_body(e);
     return queue(c, k, e->status, body, body ? strlen(body) : 0, "application/json", e->status == 503 ? 1 : 0);
 }
 
@@ -415,7 +417,7 @@ static enum MHD_Result generate(srv_ctx *S, struct MHD_Connection *c, conn *k, s
     return q;
 }
 
-/* ---- /tokenize, /detokenize ---- */
+/* ---- /tokenize, /detokenize, /v1/messages/count_tokens ---- */
 
 static enum MHD_Result tokenize(srv_ctx *S, struct MHD_Connection *c, conn *k) {
     srv_error e = {0};
@@ -427,7 +429,9 @@ static enum MHD_Result tokenize(srv_ctx *S, struct MHD_Connection *c, conn *k) {
         return send_error(c, k, &e);
     }
     size_t len = 0;
-    char *out = k->ep == SRV_EP_TOKENIZE ? srv_tokenize_body(S, body, &len, &e) : srv_detokenize_body(S, body, &len, &e);
+    char *out = k->ep == SRV_EP_TOKENIZE     ? srv_tokenize_body(S, body, &len, &e)
+                : k->ep == SRV_EP_DETOKENIZE ? srv_detokenize_body(S, body, &len, &e)
+                                             : srv_count_tokens_body(S, body, &len, &e);
     cJSON_Delete(body);
     return out ? send_json(c, k, 200, out, len) : send_error(c, k, &e);
 }
@@ -506,6 +510,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return generate(S, c, k, SRV_API_RESPONSES);
     case SRV_EP_TOKENIZE:
     case SRV_EP_DETOKENIZE:
+    case SRV_EP_COUNT_TOKENS:
         if (!post) break;
         return tokenize(S, c, k);
     default: {

@@ -22,7 +22,7 @@ typedef struct {
 static const int codes[] = {200, 400, 401, 404, 405, 413, 500, 503};
 #define NCODES ((int)(sizeof codes / sizeof codes[0]))
 static const char *ep_names[SRV_EP_COUNT] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models",
-                                             "/health", "/metrics", "/tokenize", "/detokenize", "/v1/responses", "other"};
+                                             "/health", "/metrics", "/tokenize", "/detokenize", "/v1/responses", "/v1/messages/count_tokens", "other"};
 static const char *fin_names[] = {"none", "eos", "stop", "length", "abort", "error"};
 
 static struct {

@@ -141,7 +141,7 @@ void srv_req_release(srv_req *r);  /* drops one reference; frees on the last */
 
 typedef enum srv_ep {
     SRV_EP_CHAT = 0, SRV_EP_COMPLETIONS, SRV_EP_MESSAGES, SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS,
-    SRV_EP_TOKENIZE, SRV_EP_DETOKENIZE, SRV_EP_RESPONSES, SRV_EP_OTHER, SRV_EP_COUNT
+    SRV_EP_TOKENIZE, SRV_EP_DETOKENIZE, SRV_EP_RESPONSES, SRV_EP_COUNT_TOKENS, SRV_EP_OTHER, SRV_EP_COUNT
 } srv_ep;
 
 void srv_metrics_init(void);
@@ -212,6 +212,9 @@ int srv_openai_parse_chat(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *
 int srv_openai_chat_prompt(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
 int srv_openai_parse_completion(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
 int srv_anthropic_parse(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
+/* A Messages body's prompt only (system, messages, thinking, tools, tool_choice, sampling): no max_tokens, no
+ * context check (count_tokens). */
+int srv_anthropic_prompt(srv_ctx *S, const cJSON *body, srv_req *r, srv_error *e);
 /* Shared by both: prompt text -> tokens; the context check and sampling validation (srv_finalize_sampling). */
 int srv_tokenize_prompt(srv_ctx *S, srv_req *r, const char *text, size_t len, int add_bos, srv_error *e);
 /* the tokens of a prompt text (malloc'd, *n_out of them), or NULL with e set */
@@ -237,6 +240,8 @@ int srv_check_model(srv_ctx *S, const cJSON *b, srv_req *r, int required, srv_er
 /* vLLM's /tokenize and /detokenize (tokenize.c): the response body, or NULL with e set. */
 char *srv_tokenize_body(srv_ctx *S, const cJSON *body, size_t *len, srv_error *e);
 char *srv_detokenize_body(srv_ctx *S, const cJSON *body, size_t *len, srv_error *e);
+/* Anthropic's POST /v1/messages/count_tokens: {"input_tokens": N} of a Messages body (max_tokens not needed). */
+char *srv_count_tokens_body(srv_ctx *S, const cJSON *body, size_t *len, srv_error *e);
 
 /* OpenAI's Responses API (responses.c): the request as a chat request (r->api SRV_API_RESPONSES); its output functions
  * are with the other formatters below. */

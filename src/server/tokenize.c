@@ -7,6 +7,7 @@
  *                 [, "return_token_strs": true]
  *                 -> {"count": N, "max_model_len": L, "tokens": [ids], "token_strs": [strings] | null}
  *   POST /detokenize {"tokens": [ids]} -> {"prompt": "text"}
+ *   POST /v1/messages/count_tokens (Anthropic's) {a Messages body; max_tokens not needed} -> {"input_tokens": N}
  * A prompt longer than the context is counted, not refused (max_model_len says whether it fits). */
 #include <math.h>
 #include <stdlib.h>
@@ -100,6 +101,20 @@ char *srv_detokenize_body(srv_ctx *S, const cJSON *b, size_t *len, srv_error *e)
 done:
     free(text);
     free(ids);
+    srv_req_release(r);
+    return out;
+}
+
+char *srv_count_tokens_body(srv_ctx *S, const cJSON *b, size_t *len, srv_error *e) {
+    if (!cJSON_IsObject(b)) return srv_fail(e, 400, "the request body must be a JSON object"), NULL;
+    srv_req *r = srv_req_new(SRV_API_ANTHROPIC);
+    if (!r) return srv_fail(e, 500, "out of memory"), NULL;
+    char *out = NULL;
+    if (!srv_check_model(S, b, r, 0, e) && !srv_anthropic_prompt(S, b, r, e)) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "input_tokens", r->n_prompt);
+        if (!(out = srv_json_print(j, len))) srv_fail(e, 500, "out of memory");
+    }
     srv_req_release(r);
     return out;
 }

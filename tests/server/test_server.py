@@ -300,6 +300,25 @@ def test_anthropic_wire(server):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
 
 
+def test_anthropic_count_tokens(server):
+    """POST /v1/messages/count_tokens: the input_tokens a Messages request with the same body reports (no max_tokens
+    needed, not refused past the context), Anthropic-style errors."""
+    body = {"model": MODEL, "system": "Be brief.", "messages": [{"role": "user", "content": "Count me, please."}],
+            "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}]}
+    c = post(server, "/v1/messages/count_tokens", body)
+    assert c.status_code == 200, c.text
+    m = post(server, "/v1/messages", {**body, "max_tokens": 1}).json()
+    assert c.json() == {"input_tokens": m["usage"]["input_tokens"]}
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=server.base, api_key=API_KEY, max_retries=0)
+    assert client.messages.count_tokens(**body).input_tokens == c.json()["input_tokens"]
+    long = post(server, "/v1/messages/count_tokens", {"model": MODEL, "messages": [
+        {"role": "user", "content": "word " * 1500}]}).json()
+    assert long["input_tokens"] > 1024
+    r = post(server, "/v1/messages/count_tokens", {"model": MODEL, "messages": "x"})
+    assert r.status_code == 400 and r.json()["type"] == "error"
+
+
 def test_anthropic_client(server):
     anthropic = pytest.importorskip("anthropic")
     client = anthropic.Anthropic(base_url=server.base, api_key=API_KEY, max_retries=0, timeout=120)
