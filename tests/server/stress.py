@@ -120,6 +120,8 @@ def one(base, rng, i):
                 path, body = rng.choice(valid_bodies(i))
                 key = rng.choice(list(body) + ["extra"])
                 body[key] = rand_json(rng, 3)
+                if key in ("max_tokens", "max_output_tokens"):  # not a whole context of tokens (null: the default)
+                    body[key] = rng.choice([-1, 0, 1, 2, 1.5, "x", [], 2 ** 40])
                 r = c.post(path, json=body)
                 assert r.status_code in (200, 400, 404, 413), (path, body, r.status_code, r.text)
                 assert r.status_code != 200 or r.json(), r.text
