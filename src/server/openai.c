@@ -210,9 +210,8 @@ int srv_openai_parse_chat(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) 
     if (!cJSON_IsArray(msgs) || !cJSON_GetArraySize(msgs))
         return srv_fail(e, 400, "messages: expected a non-empty array of message objects");
     if (parse_stream(b, r, e)) return -1;
-    if (srv_openai_chat_prompt(S, b, r, e)) return -1;
 
-    /* logprobs */
+    /* logprobs, max_tokens, sampling: checked before the prompt is rendered and tokenized */
     int lp = 0;
     long top = 0;
     if (srv_get_bool(b, "logprobs", &lp, e) < 0) return -1;
@@ -220,10 +219,11 @@ int srv_openai_parse_chat(srv_ctx *S, const cJSON *b, srv_req *r, srv_error *e) 
     if (top && !lp) return srv_fail(e, 400, "top_logprobs requires logprobs: true");
     r->logprobs = lp;
     r->top_logprobs = (int)top;
-
     long mt = 0;
     if (parse_max_tokens(b, &mt, e)) return -1;
     if (srv_parse_sampling(b, r, 2, "stop", e)) return -1;
+
+    if (srv_openai_chat_prompt(S, b, r, e)) return -1;
     return srv_finalize_sampling(S, r, (int)mt, e);
 }
 
@@ -373,8 +373,8 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *b, srv_req *r, srv_erro
         return srv_fail(e, 500, "out of memory");
     for (int k = 0; k < np; k++) {
         const cJSON *q = list ? cJSON_GetArrayItem(p, k) : p;
-        char at[24] = "";
-        if (list) snprintf(at, sizeof at, "[%d]", k);
+        char at[24] = ""; /* a prompt's place in messages (a list of one is the prompt) */
+        if (np > 1) snprintf(at, sizeof at, "[%d]", k);
         int32_t *ids = NULL;
         int n = 0;
         if (cJSON_IsString(q)) {
@@ -403,6 +403,7 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *b, srv_req *r, srv_erro
             r->more[k - 1] = ids, r->n_more[k - 1] = n;
             r->n_more_prompts = k;
         }
+        if (k == 0) continue; /* (its emptiness and length: srv_finalize_sampling's messages) */
         if (n == 0) return srv_fail(e, 400, "prompt%s is empty", at);
         if (n >= S->cfg.max_context)
             return srv_fail(e, 400, "This model's maximum context length is %d tokens. However, your prompt%s has %d tokens.",

@@ -896,8 +896,8 @@ int srv_sched_submit(srv_sched *S, srv_req **rs, int n, char *err, size_t errcap
         }
         const long need = (long)r->n_prompt + r->max_tokens;
         if (need * g > S->cfg.kv_tokens) {
-            snprintf(err, errcap, "the request needs %ld tokens of KV cache (%s(prompt %d + max_tokens %d)); the server's budget is %ld",
-                     need * g, g > 1 ? "n x " : "", r->n_prompt, r->max_tokens, S->cfg.kv_tokens);
+            snprintf(err, errcap, "the request needs %ld tokens of KV cache (%sprompt %d + max_tokens %d%s); the server's budget is %ld",
+                     need * g, g > 1 ? "n x (" : "", r->n_prompt, r->max_tokens, g > 1 ? ")" : "", S->cfg.kv_tokens);
             return 400;
         }
         i += g;
