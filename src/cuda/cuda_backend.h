@@ -184,8 +184,7 @@ int dsv4_cuda_norm_rope_h16_enabled(void);
  * where it measured 1.005x at batch 1; DSV4_ROW_PREP2=0 / 1 overrides). */
 void dsv4_cuda_row_prep2(int mode);
 /* Tests: the f16 form (dsv4_cuda_norm_rope_h16) where two rows a block would run: 1 a warp a row, 0 the two-row kernel,
- * -1 the default (the two-row kernel until the warp form has run on a GPU; DSV4_ROW_H16_WARP=1 takes it). The same
- * bits either way. */
+ * -1 the default (a warp a row; DSV4_ROW_H16_WARP=0: the two-row kernel). The same bits either way. */
 void dsv4_cuda_row_h16_warp(int mode);
 /* [dsv4_cuda_rmsnorm(x, T * H, n, n, w, eps) when norm], dsv4_cuda_rope(x, T, H, n, npairs, freq, pos, 0),
  * dsv4_cuda_hadamard(x, T * H, n, n) and dsv4_cuda_act_quant_fp4(x, T * H, n, n, 32) in one launch, the same bits

@@ -301,7 +301,7 @@ void dsv4_cuda_moe_pfb_nvfp4(int on);
 int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, int K, int D, const float *shared, float *out,
                           void *stream);
 /* Tests: 1 the four-column combine (the same bits; D % 4 == 0, 16-byte aligned rows), 0 one column a thread, -1 the
- * default (one column until the four-column form has run on a GPU; DSV4_MOE_COMBINE_VEC=1 takes it). */
+ * default (four columns where the rows allow it; DSV4_MOE_COMBINE_VEC=0: one). */
 void dsv4_cuda_moe_combine_vec(int mode);
 
 #ifdef __cplusplus

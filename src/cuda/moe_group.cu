@@ -647,8 +647,9 @@ __global__ void moe_combine_kernel(const float *y, const int *tslot, int K, int 
     *(V *)(out + (int64_t)t * D + d) = acc;
 }
 
-/* the four-column form: DSV4_MOE_COMBINE_VEC=1 (read once) or dsv4_cuda_moe_combine_vec(1); off by default until it has
- * run on a GPU (written in session 31 after the device time) */
+/* the four-column form (the same bits), the default where the rows allow it (session 32 on an H100: the Flash 8K prefill
+ * 0.992x, with the warp-a-row q prep 0.989-0.990x); DSV4_MOE_COMBINE_VEC=0 (read once) or dsv4_cuda_moe_combine_vec(0):
+ * a column a thread */
 static int combine_vec_mode = -2;
 extern "C" void dsv4_cuda_moe_combine_vec(int mode) { combine_vec_mode = mode == 0 || mode == 1 ? mode : -2; }
 
@@ -656,7 +657,7 @@ extern "C" int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, in
                                      void *stream) {
     if (T < 0 || K < 1 || D < 1) return dsv4_cuda_fail("moe_combine: bad arguments (T %d K %d D %d)", T, K, D);
     if (!T) return 0;
-    if (combine_vec_mode == -2) combine_vec_mode = dsv4_env_int("DSV4_MOE_COMBINE_VEC", 0) != 0;
+    if (combine_vec_mode == -2) combine_vec_mode = dsv4_env_int("DSV4_MOE_COMBINE_VEC", 1) != 0;
     if (combine_vec_mode && D % 4 == 0 && !((uintptr_t)y & 15) && !((uintptr_t)out & 15) && !((uintptr_t)shared & 15)) {
         dev_launch(moe_combine_kernel<float4>, dim3((D / 4 + 255) / 256, T), 256, 0, DSV4_STREAM(stream), y, tslot, K, D, shared, out);
         return dsv4_cuda_check_launch("moe_combine");

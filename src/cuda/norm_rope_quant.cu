@@ -413,13 +413,13 @@ static int row_prep2_on(int rows) {
     return row_prep2_mode == 1 || (row_prep2_mode == -1 && rows >= 4096);
 }
 
-/* the f16 form a warp a row (row_h16_warp_kernel: the same bits) wherever the two-row kernel would run, with
- * DSV4_ROW_H16_WARP=1 (read once) or dsv4_cuda_row_h16_warp(1); off by default until it has run on a GPU (written in
- * session 31 after the device time; the tests run it in every form) */
+/* the f16 form a warp a row (row_h16_warp_kernel: the same bits) wherever the two-row kernel would run: the default
+ * (session 32 on an H100: the Flash 8K prefill 0.997x; the tests run every form); DSV4_ROW_H16_WARP=0 (read once) or
+ * dsv4_cuda_row_h16_warp(0): the two-row kernel */
 static int row_h16_warp_mode = -2;
 extern "C" void dsv4_cuda_row_h16_warp(int mode) { row_h16_warp_mode = mode == 0 || mode == 1 ? mode : -2; }
 static int row_h16_warp_on(void) {
-    if (row_h16_warp_mode == -2) row_h16_warp_mode = dsv4_env_int("DSV4_ROW_H16_WARP", 0) != 0;
+    if (row_h16_warp_mode == -2) row_h16_warp_mode = dsv4_env_int("DSV4_ROW_H16_WARP", 1) != 0;
     return row_h16_warp_mode;
 }
 
