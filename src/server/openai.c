@@ -111,6 +111,12 @@ static int get_logit_bias(const cJSON *b, srv_req *r, srv_error *e) {
     return 0;
 }
 
+long srv_token_id(const cJSON *v, long lim) {
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 || v->valuedouble >= lim)
+        return -1;
+    return (long)v->valuedouble;
+}
+
 /* vLLM's stop_token_ids: [id, ...]; checked against the vocabulary in srv_finalize_sampling. */
 static int get_stop_ids(const cJSON *b, srv_req *r, srv_error *e) {
     const cJSON *a = get(b, "stop_token_ids");
@@ -121,10 +127,9 @@ static int get_stop_ids(const cJSON *b, srv_req *r, srv_error *e) {
     if (!n) return 0;
     if (!(r->stop_ids = malloc(sizeof(int32_t) * (size_t)n))) return srv_fail(e, 500, "out of memory");
     for (int i = 0; i < n; i++) {
-        const cJSON *t = cJSON_GetArrayItem(a, i);
-        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble > INT32_MAX)
-            return srv_fail(e, 400, "stop_token_ids[%d]: expected a token id", i);
-        r->stop_ids[r->n_stop_ids++] = (int32_t)t->valuedouble;
+        const long id = srv_token_id(cJSON_GetArrayItem(a, i), (long)INT32_MAX + 1);
+        if (id < 0) return srv_fail(e, 400, "stop_token_ids[%d]: expected a token id", i);
+        r->stop_ids[r->n_stop_ids++] = (int32_t)id;
     }
     return 0;
 }
@@ -385,13 +390,12 @@ int srv_openai_parse_completion(srv_ctx *S, const cJSON *b, srv_req *r, srv_erro
             n = cJSON_GetArraySize(q);
             if (!(ids = malloc(sizeof(int32_t) * (size_t)n))) return srv_fail(e, 500, "out of memory");
             for (int i = 0; i < n; i++) {
-                const cJSON *t = cJSON_GetArrayItem(q, i);
-                if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
-                    t->valuedouble >= S->tok_vocab) {
+                const long id = srv_token_id(cJSON_GetArrayItem(q, i), S->tok_vocab);
+                if (id < 0) {
                     free(ids);
                     return srv_fail(e, 400, "prompt%s[%d]: expected a token id in [0, %d)", at, i, S->tok_vocab);
                 }
-                ids[i] = (int32_t)t->valuedouble;
+                ids[i] = (int32_t)id;
             }
         } else {
             return srv_fail(e, 400, "prompt%s: expected a string or an array of token ids%s", at,

@@ -163,6 +163,15 @@ static char *dup_or(const char *s, int *fail) {
     return d;
 }
 
+/* a copy of n items of `size` bytes (NULL for none); *fail set when out of memory */
+static void *dup_arr(const void *src, size_t n, size_t size, int *fail) {
+    if (!n) return NULL;
+    void *d = malloc(n * size);
+    if (d) memcpy(d, src, n * size);
+    else *fail = 1;
+    return d;
+}
+
 /* c's reference to r's root (r itself when r is one) */
 static void req_set_root(srv_req *c, srv_req *r) {
     srv_req *root = r->root ? r->root : r;
@@ -182,34 +191,24 @@ static srv_req *req_copy(const srv_req *r, const int32_t *prompt, int n_prompt) 
     memcpy(c->id, r->id, sizeof c->id);
     c->created = r->created;
     c->model = dup_or(r->model, &fail);
-    if (n_prompt && (c->prompt = malloc(sizeof(int32_t) * (size_t)n_prompt)))
-        memcpy(c->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
-    else if (n_prompt) fail = 1;
+    c->prompt = dup_arr(prompt, (size_t)n_prompt, sizeof(int32_t), &fail);
     c->n_prompt = n_prompt;
     c->max_tokens = r->max_tokens;
     c->sp = r->sp;
     for (size_t i = 0; i < r->n_stop; i++) c->stops[i] = dup_or(r->stops[i], &fail);
     c->n_stop = r->n_stop;
     c->sp.stop = (const char *const *)c->stops;
-    if (r->n_bias && (c->bias_tok = malloc(sizeof(int32_t) * r->n_bias)) && (c->bias_val = malloc(sizeof(float) * r->n_bias))) {
-        memcpy(c->bias_tok, r->bias_tok, sizeof(int32_t) * r->n_bias);
-        memcpy(c->bias_val, r->bias_val, sizeof(float) * r->n_bias);
-    } else if (r->n_bias) {
-        fail = 1;
-    }
+    c->bias_tok = dup_arr(r->bias_tok, r->n_bias, sizeof(int32_t), &fail);
+    c->bias_val = dup_arr(r->bias_val, r->n_bias, sizeof(float), &fail);
     c->n_bias = r->n_bias;
-    if (r->n_stop_ids && (c->stop_ids = malloc(sizeof(int32_t) * (size_t)r->n_stop_ids)))
-        memcpy(c->stop_ids, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop_ids);
-    else if (r->n_stop_ids) fail = 1;
+    c->stop_ids = dup_arr(r->stop_ids, (size_t)r->n_stop_ids, sizeof(int32_t), &fail);
     c->n_stop_ids = r->n_stop_ids;
     c->min_tokens = r->min_tokens;
     c->echo = r->echo;
     c->sp.bias_tok = c->bias_tok, c->sp.bias_val = c->bias_val, c->sp.n_bias = c->n_bias;
     c->chat = r->chat, c->mode = r->mode;
     c->logprobs = r->logprobs, c->top_logprobs = r->top_logprobs, c->want_tools = r->want_tools;
-    if (r->n_force && (c->force = malloc(sizeof(int32_t) * (size_t)r->n_force)))
-        memcpy(c->force, r->force, sizeof(int32_t) * (size_t)r->n_force);
-    else if (r->n_force) fail = 1;
+    c->force = dup_arr(r->force, (size_t)r->n_force, sizeof(int32_t), &fail);
     c->n_force = r->n_force;
     if (fail) {
         srv_req_release(c);

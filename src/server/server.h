@@ -232,6 +232,8 @@ int srv_get_num(const cJSON *o, const char *k, double lo, double hi, double *out
 int srv_get_int(const cJSON *o, const char *k, long lo, long hi, long *out, srv_error *e);
 int srv_get_bool(const cJSON *o, const char *k, int *out, srv_error *e);
 int srv_get_stops(const cJSON *o, const char *k, srv_req *r, srv_error *e);
+/* v as a token id in [0, lim): the id, or -1 (not an integer number in that range) */
+long srv_token_id(const cJSON *v, long lim);
 /* temperature (<= max_temp), top_p, top_k, min_p, penalties, seed, stop strings (key stop_key). */
 int srv_parse_sampling(const cJSON *b, srv_req *r, double max_temp, const char *stop_key, srv_error *e);
 /* "model": must be the served name (404 otherwise); sets r->model. */

@@ -17,13 +17,24 @@
 
 static const cJSON *get(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 
-char *srv_tokenize_body(srv_ctx *S, const cJSON *b, size_t *len, srv_error *e) {
+/* a request to carry the body's prompt: the body an object naming this server's model (if any); NULL with e set */
+static srv_req *body_req(srv_ctx *S, const cJSON *b, srv_api api, srv_error *e) {
     if (!cJSON_IsObject(b)) return srv_fail(e, 400, "the request body must be a JSON object"), NULL;
-    srv_req *r = srv_req_new(SRV_API_CHAT);
+    srv_req *r = srv_req_new(api);
     if (!r) return srv_fail(e, 500, "out of memory"), NULL;
+    if (srv_check_model(S, b, r, 0, e)) {
+        srv_req_release(r);
+        return NULL;
+    }
+    return r;
+}
+
+char *srv_tokenize_body(srv_ctx *S, const cJSON *b, size_t *len, srv_error *e) {
+    srv_req *r = body_req(S, b, SRV_API_CHAT, e);
+    if (!r) return NULL;
     char *out = NULL;
     int strs = 0;
-    if (srv_check_model(S, b, r, 0, e) || srv_get_bool(b, "return_token_strs", &strs, e) < 0) goto done;
+    if (srv_get_bool(b, "return_token_strs", &strs, e) < 0) goto done;
     const cJSON *p = get(b, "prompt"), *m = get(b, "messages");
     if (p && m) {
         srv_fail(e, 400, "give either prompt or messages, not both");
@@ -64,12 +75,10 @@ done:
 }
 
 char *srv_detokenize_body(srv_ctx *S, const cJSON *b, size_t *len, srv_error *e) {
-    if (!cJSON_IsObject(b)) return srv_fail(e, 400, "the request body must be a JSON object"), NULL;
-    srv_req *r = srv_req_new(SRV_API_CHAT);
-    if (!r) return srv_fail(e, 500, "out of memory"), NULL;
+    srv_req *r = body_req(S, b, SRV_API_CHAT, e);
+    if (!r) return NULL;
     char *out = NULL, *text = NULL;
     int32_t *ids = NULL;
-    if (srv_check_model(S, b, r, 0, e)) goto done;
     const cJSON *t = get(b, "tokens");
     if (!cJSON_IsArray(t)) {
         srv_fail(e, 400, "tokens: expected an array of token ids");
@@ -81,13 +90,12 @@ char *srv_detokenize_body(srv_ctx *S, const cJSON *b, size_t *len, srv_error *e)
         goto done;
     }
     for (int i = 0; i < n; i++) {
-        const cJSON *v = cJSON_GetArrayItem(t, i);
-        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
-            v->valuedouble >= S->tok_vocab) {
+        const long id = srv_token_id(cJSON_GetArrayItem(t, i), S->tok_vocab);
+        if (id < 0) {
             srv_fail(e, 400, "tokens[%d]: expected a token id in [0, %d)", i, S->tok_vocab);
             goto done;
         }
-        ids[i] = (int32_t)v->valuedouble;
+        ids[i] = (int32_t)id;
     }
     dsv4_err de = {{0}};
     size_t tl = 0;
@@ -106,11 +114,10 @@ done:
 }
 
 char *srv_count_tokens_body(srv_ctx *S, const cJSON *b, size_t *len, srv_error *e) {
-    if (!cJSON_IsObject(b)) return srv_fail(e, 400, "the request body must be a JSON object"), NULL;
-    srv_req *r = srv_req_new(SRV_API_ANTHROPIC);
-    if (!r) return srv_fail(e, 500, "out of memory"), NULL;
+    srv_req *r = body_req(S, b, SRV_API_ANTHROPIC, e);
+    if (!r) return NULL;
     char *out = NULL;
-    if (!srv_check_model(S, b, r, 0, e) && !srv_anthropic_prompt(S, b, r, e)) {
+    if (!srv_anthropic_prompt(S, b, r, e)) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddNumberToObject(j, "input_tokens", r->n_prompt);
         if (!(out = srv_json_print(j, len))) srv_fail(e, 500, "out of memory");
