@@ -2,7 +2,7 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile nvfp4 serve ab allsw switch (default: flash pro)
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile trace nvfp4 serve ab allsw switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
 #     attn   tests/gpu/test_attn_kv8's tensor-core paths with their timings: --only-tc (prefill passes, the prefill and
@@ -10,6 +10,8 @@
 #     flash  Flash, 4 layers: batch 1, 8, 64 at 4K with the 8K prefill; batch 256 at 8K; batch 1 at 64K (~60 s)
 #     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
 #     profile  op profiles (`--profile`) of the Flash 8K prefill (4 layers) and of a batch-256 step at 8K (~40 s)
+#     trace  the GPU's own kernel timelines (`--trace`, CUPTI): Flash 4 layers, the 8K prefill with batch 1 at 4K, then
+#            batch 256 at 8K; bench/trace_report.py's tables (median replay, kernels by solo time, batch 1's timeline)
 #     nvfp4  Flash 4 layers and Pro 3 layers with NVFP4 experts: batch 1, 8 at 4K with the 8K prefill (checkpoints
 #            removed afterwards)
 #     serve  dsv4 serve --device cuda on the Flash 4-layer synthetic checkpoint, loaded by bench/serve_load.py with 1,
@@ -107,6 +109,16 @@ for p in $parts; do
         P="--synthetic flash --layers 4 --keep --profile"
         run profile $P --batch 1 --context 4096 --prompt 8192 --steps 1
         run profile $P --batch 256 --context 8192 --prompt 0 --steps 1
+        ;;
+    trace)
+        F="--synthetic flash --layers 4 --keep"
+        run trace $F --batch 1 --context 4096 --prompt 8192 --steps 3 --replays 20 --trace "$dir/trace-b1.txt"
+        run trace $F --batch 256 --context 8192 --prompt 0 --steps 2 --replays 10 --trace "$dir/trace-b256.txt"
+        for f in "$dir/trace-b1.txt" "$dir/trace-b256.txt"; do
+            [ -s "$f" ] || { echo "trace: no $f ($(tail -n 1 "$dir/trace.err"))"; fail=1; continue; }
+            python3 bench/trace_report.py "$f" --timeline --top 30 >>"$dir/trace.txt" 2>&1 || fail=1
+        done
+        grep -E '^==|span|replay spans' "$dir/trace.txt"
         ;;
     nvfp4)
         run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10

@@ -31,6 +31,7 @@
 #include "cuda/bench_cuda.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_model.h"
+#include "cuda/trace.h"
 #include "model/model.h"
 #endif
 
@@ -41,7 +42,7 @@ _Static_assert(DSV4_PROF_MAXTYPES <= NTYPES, "a profile split has more layer typ
 #endif
 
 typedef struct {
-    const char *synthetic, *experts, *dir, *device, *json_file;
+    const char *synthetic, *experts, *dir, *device, *json_file, *trace;
     int layers, prompt, steps, chunk, json, keep, reps, replays, profile, fill_prefill;
     int batch[MAXL], nbatch, context[MAXL], ncontext;
     unsigned long long seed;
@@ -80,7 +81,11 @@ static void usage(FILE *f) {
             "  --json             one JSON object on stdout instead of the tables\n"
             "  --json-file FILE   the tables on stdout and the JSON object into FILE\n"
             "  --profile          GPU: also a table per op of one prefill and of each decode step (run without\n"
-            "                     graphs, an event after every op; stdout, stderr with --json)\n");
+            "                     graphs, an event after every op; stdout, stderr with --json)\n"
+            "  --trace FILE       GPU: append the timeline of one more prefill and of 5 replays of each decode\n"
+            "                     step's graphs to FILE (every kernel's start and end as the GPU ran it, overlap\n"
+            "                     and programmatic launches included; CUPTI, opened at run time); read it with\n"
+            "                     python3 bench/trace_report.py FILE\n");
 }
 
 static int parse_list(const char *s, int *out, int *n) {
@@ -203,6 +208,17 @@ static int prefill_seq(dsv4_model *m, dsv4_seq *sq, int n, int chunk, int V, cha
     return 0;
 }
 
+#ifdef DSV4_CUDA
+/* --trace: the recorded timeline appended to *tf under title; on a failure a message, and no more traces */
+static void trace_done(FILE **tf, const char *title) {
+    char err[256];
+    if (dsv4_cuda_trace_end(*tf, title, err, sizeof err)) {
+        fprintf(stderr, "dsv4 bench: --trace: %s (no more traces)\n", err);
+        fclose(*tf), *tf = NULL;
+    }
+}
+#endif
+
 int dsv4_cmd_bench(int argc, char **argv) {
     opts o = {.experts = "mxfp4", .device = "cuda", .layers = 4, .prompt = 2048, .steps = 20, .chunk = 2048,
               .reps = 3, .replays = 200};
@@ -267,6 +283,9 @@ int dsv4_cmd_bench(int argc, char **argv) {
             o.json = 1;
         } else if (!strcmp(a, "--profile")) {
             o.profile = 1;
+        } else if (!strcmp(a, "--trace")) {
+            NEEDV();
+            o.trace = v;
         } else {
             fprintf(stderr, "dsv4 bench: unknown option '%s' (dsv4 bench --help)\n", a);
             return 2;
@@ -291,6 +310,10 @@ int dsv4_cmd_bench(int argc, char **argv) {
     int cuda = !strcmp(o.device, "cuda");
     if (!cuda && strcmp(o.device, "cpu")) {
         fprintf(stderr, "dsv4 bench: --device must be cuda or cpu\n");
+        return 2;
+    }
+    if (o.trace && !cuda) {
+        fprintf(stderr, "dsv4 bench: --trace records GPU kernels: it needs --device cuda\n");
         return 2;
     }
 #ifndef DSV4_CUDA
@@ -362,6 +385,14 @@ int dsv4_cmd_bench(int argc, char **argv) {
     }
     t_up = now() - t0;
     const int V = s.vocab, N = o.layers;
+#ifdef DSV4_CUDA
+    FILE *tf = NULL; /* --trace */
+    if (o.trace && !(tf = fopen(o.trace, "w"))) {
+        fprintf(stderr, "dsv4 bench: --trace %s: cannot create: %s\n", o.trace, strerror(errno));
+        dsv4_free(m);
+        return 1;
+    }
+#endif
 
     /* 2. reference measurements of this device */
     double bw = 0, gemm_us = 0;
@@ -401,6 +432,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
         int nrun = nr;
 #ifdef DSV4_CUDA
         if (cuda) nrun++; /* one more run, profiled (the split by layer type; the table with --profile), not timed */
+        const int rtrace = cuda && tf ? ++nrun : -1; /* and with --trace one more, traced */
 #endif
         for (int r = 0; r <= nrun; r++) { /* r = 0: warm-up (workspaces grow) */
             dsv4_seq *sq = dsv4_seq_new(m);
@@ -413,7 +445,11 @@ int dsv4_cmd_bench(int argc, char **argv) {
             const int32_t *tp = tok;
             int n = o.prompt;
 #ifdef DSV4_CUDA
-            if (r > nr) dsv4_cuda_profile_open(m->gpu);
+            if (r == nr + 1) dsv4_cuda_profile_open(m->gpu);
+            if (r == rtrace && dsv4_cuda_trace_begin(err, sizeof err)) {
+                fprintf(stderr, "dsv4 bench: --trace: %s (no trace)\n", err);
+                fclose(tf), tf = NULL;
+            }
 #endif
             double a = now();
             if (dsv4_forward(m, 1, &sq, &tp, &n, lg, DSV4_LOGITS_LAST, err, sizeof err)) {
@@ -422,10 +458,15 @@ int dsv4_cmd_bench(int argc, char **argv) {
             }
             if (r && r <= nr) ts[r - 1] = now() - a;
 #ifdef DSV4_CUDA
-            if (r > nr) {
+            if (r == nr + 1) {
                 char title[64];
                 snprintf(title, sizeof title, "prefill of %d tokens", o.prompt);
                 dsv4_cuda_profile_close(m->gpu, o.profile ? (o.json ? stderr : stdout) : NULL, title, &pf_split);
+            }
+            if (r == rtrace && tf) {
+                char title[96];
+                snprintf(title, sizeof title, "prefill of %d tokens (%s, %d layers)", o.prompt, s.name, N);
+                trace_done(&tf, title);
             }
 #endif
             dsv4_seq_free(sq);
@@ -506,6 +547,20 @@ int dsv4_cmd_bench(int argc, char **argv) {
                 R->t_layers = rl * 1e-3;
                 R->t_step = rs * 1e-3;
                 R->graph = 1;
+                if (tf) { /* --trace: 5 more replays, traced */
+                    double tl5, ts5;
+                    if (dsv4_cuda_trace_begin(err, sizeof err)) {
+                        fprintf(stderr, "dsv4 bench: --trace: %s (no trace)\n", err);
+                        fclose(tf), tf = NULL;
+                    } else {
+                        char title[128];
+                        snprintf(title, sizeof title, "decode batch %d context %d (%s, %d layers): 5 replays of the layers and head graphs",
+                                 B, C, s.name, N);
+                        if (dsv4_cuda_decode_replay_ms(m->gpu, B, 5, &tl5, &ts5))
+                            fprintf(stderr, "dsv4 bench: --trace: the traced replays failed\n");
+                        trace_done(&tf, title);
+                    }
+                }
             }
             /* the op profile splits the layers' time by layer type for the whole-model projection (its table: --profile) */
             dsv4_cuda_prof_split sp;
@@ -634,6 +689,12 @@ int dsv4_cmd_bench(int argc, char **argv) {
                nres && res[0].bytes_kv > 0 ? res[0].kv_engine / res[0].bytes_kv : 0,
                nres && res[0].ntypes ? "per-layer-type times x the whole model's layer counts" : "(layers ms / measured) x all layers");
     }
+#ifdef DSV4_CUDA
+    if (tf) {
+        fclose(tf);
+        fprintf(stderr, "dsv4 bench: the trace is in %s (python3 bench/trace_report.py %s)\n", o.trace, o.trace);
+    }
+#endif
     dsv4_free(m);
     if (!o.keep && !o.dir) rm_dir(dir);
     return 0;
