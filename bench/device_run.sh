@@ -2,7 +2,7 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile trace nvfp4 serve ab allsw switch (default: flash pro)
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile trace nvfp4 serve ab abdec allsw switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
 #     attn   tests/gpu/test_attn_kv8's tensor-core paths with their timings: --only-tc (prefill passes, the prefill and
@@ -18,6 +18,7 @@
 #            64 and 256 clients (1,024-token prompts, 128-256 output tokens); SERVE_ARGS adds serve options (~2 min)
 #     ab     the Flash 8K prefill (4 layers) under each setting of AB="name=VAR=v[,VAR=v] ..." (a bare name: the
 #            defaults), interleaved by bench/ab.sh, 2 rounds
+#     abdec  decode steps (Flash 4 layers, batch 1, 8, 64, 256 at 4K) under each setting of AB as in ab, 2 rounds
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
 #            DSV4_LINEAR_TERMS_CAT; into DIR/allsw/)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
@@ -175,6 +176,18 @@ for p in $parts; do
         AB_DIR="$dir/ab" timeout 560 sh bench/ab.sh -r 2 $vs -- --synthetic flash --layers 4 --batch 1 --context 4096 \
             --prompt 8192 --steps 2 --keep >>"$dir/ab.txt" 2>&1 || { echo "ab: ab.sh failed"; fail=1; }
         tail -n 8 "$dir/ab.txt"
+        ;;
+    abdec)
+        vs=""
+        for a in ${AB:-default}; do
+            n=${a%%=*}
+            if [ "$n" = "$a" ]; then vs="$vs $n=$bin"; else vs="$vs $n=$bin,${a#*=}"; fi
+        done
+        echo "== abdec: bench/ab.sh -r 2$vs" | tee -a "$dir/abdec.txt"
+        # shellcheck disable=SC2086
+        AB_DIR="$dir/abdec" timeout 560 sh bench/ab.sh -r 2 $vs -- --synthetic flash --layers 4 --batch 1,8,64,256 \
+            --context 4096 --prompt 0 --steps 5 --keep >>"$dir/abdec.txt" 2>&1 || { echo "abdec: ab.sh failed"; fail=1; }
+        tail -n 12 "$dir/abdec.txt"
         ;;
     allsw)
         # the suite again with every session-28/29 switch on (the new forms on the forward's path: fixtures, unseen

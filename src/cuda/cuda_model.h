@@ -139,6 +139,11 @@ int dsv4_cuda_fill(float *x, int64_t n, float v, void *stream);
 int dsv4_cuda_scale(float *x, int64_t n, float s, void *stream);   /* x *= s */
 int dsv4_cuda_add(float *out, const float *a, int64_t n, void *stream); /* out += a */
 int dsv4_cuda_copy(void *dst, const void *src, size_t bytes, void *stream);
+/* L2 prefetch of n (at most DSV4_CUDA_PF_MAXR) byte ranges of device memory, each trimmed to 16-byte bounds: a kernel
+ * whose threads issue bulk L2 prefetches and end (no data moves to the SMs, nothing waits for the lines); evict_last:
+ * the lines carry the evict-last policy (kept before others). A hint: no result depends on it. */
+#define DSV4_CUDA_PF_MAXR 8
+int dsv4_cuda_l2_prefetch(const void *const *ptr, const size_t *bytes, int n, int evict_last, void *stream);
 /* rows x n floats from src (row stride sld) to dst (row stride dld) */
 int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64_t sld, int rows, int n, void *stream);
 /* Indexer scores for T queries: qi [T, Hi, Di], wt [T, Hi]; keys[t] (device array of device

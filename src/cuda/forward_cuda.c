@@ -289,6 +289,43 @@ static int hc_join(dsv4_cuda_model *g) {
     return dsv4_cuda_stream_wait(g->stream, g->ev_hcd);
 }
 
+/* Weights into L2 ahead of the GEMVs that read them (decode steps, DSV4_L2_PREFETCH=1, 2: evict-last; off until
+ * measured). At batch 1 a step reads ~190 MB a Flash layer, but the DRAM streams only part of the time: the chain's
+ * latency-bound kernels (mHC, norms, the compressor, the attention, the router) and launch gaps leave it idle. A
+ * kernel on stream4, after what the main stream holds so far, issues bulk L2 prefetches of the weights the chain reads
+ * next and ends at once; the DRAM then fills L2 beside those kernels, and the GEMV that follows reads L2. The schedule
+ * (each at most ~45 MB, L2 holds 50): before an attention sub-block's mHC pre, wq_a, wkv and wq_b; after the query
+ * heads, the attention compressor's projections and wo_a; before wo_a, wo_b; before an FFN sub-block's mHC pre, the
+ * gate and the shared expert; beside the routed experts, the next layer's wq_a, wkv and indexer weights. Results are
+ * the same bits (a hint). Joined at the end of the layers (a graph capture needs every stream joined). */
+static int l2_prefetch(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *const *wt, int n) {
+    if (!g->l2pf || !g->stream4 || g->prof || (w->gemm && w->gemm_ws)) return 0;
+    const void *p[DSV4_CUDA_PF_MAXR];
+    size_t b[DSV4_CUDA_PF_MAXR];
+    int k = 0;
+    for (int i = 0; i < n && k < DSV4_CUDA_PF_MAXR; i++) {
+        const dsv4_cuda_weight *v = wt[i];
+        if (!v || !v->data || v->rows <= 0) continue;
+        const int64_t c = v->cols;
+        const int64_t rb = v->fmt == DSV4_WF_F32 ? 4 * c : v->fmt == DSV4_WF_BF16 || v->fmt == DSV4_WF_F16 ? 2 * c
+                         : v->fmt == DSV4_WF_FP8 ? c : c / 2; /* bytes a stored row */
+        p[k] = v->data + (int64_t)v->row0 * rb, b[k] = (size_t)(rb * v->rows);
+        k++;
+    }
+    if (!k) return 0;
+    if (dsv4_cuda_event_record(g->ev_pf, g->stream) || dsv4_cuda_stream_wait(g->stream4, g->ev_pf) ||
+        dsv4_cuda_l2_prefetch(p, b, k, g->l2pf >= 2, g->stream4))
+        return -1;
+    g->pf_pend = 1;
+    return dsv4_cuda_event_record(g->ev_pfd, g->stream4);
+}
+
+static int pf_join(dsv4_cuda_model *g) {
+    if (!g->pf_pend) return 0;
+    g->pf_pend = 0;
+    return dsv4_cuda_stream_wait(g->stream, g->ev_pfd);
+}
+
 static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
     return lin_ld(g, w, wt, x, 0, T, y, 0);
 }
@@ -476,6 +513,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         else BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream));
         CK(branch_end(g, st, qf, rc));
     }
+    {
+        const dsv4_cuda_weight *pw[3] = {&gl->cmp.wkv, &gl->cmp.wgate, &gl->wo_a};
+        CK(l2_prefetch(g, w, pw, 3));
+    }
     CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
     if (idx) { /* the attention compressor (its projections here when forked) */
         if (fork) CK(lin_multi(g, w, cj, 2, T));
@@ -515,6 +556,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
      * copy each group's slices in and out instead */
+    {
+        const dsv4_cuda_weight *pw[1] = {&gl->wo_b};
+        CK(l2_prefetch(g, w, pw, 1));
+    }
     if (tnt) { /* the terms in o's rows: group gi's at bf16 element gi * 2 gin of each row (dsv4_cuda_attn_kv8_wg_terms) */
         for (int gi = 0; gi < G; gi++) CK(wo_a_terms(g, w, &wv, gi, tnt, T, H * Dh, gin, Ro, G));
     } else if (G == 1) {
@@ -584,6 +629,11 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     for (int g0 = 0; g0 < T; g0 += gsz) {
         int tg = T - g0 < gsz ? T - g0 : gsz;
         if (ng > 1) CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
+        if (g0 == 0 && L + 1 < c->n_layers) { /* beside the experts: the next layer's first reads */
+            const glayer *nl = &g->L[L + 1];
+            const dsv4_cuda_weight *pw[7] = {&nl->wq_a, &nl->wkv, &nl->idx_cmp.wkv, &nl->idx_cmp.wgate, &nl->idx_wproj, &nl->idx_wq_b, NULL};
+            CK(l2_prefetch(g, w, pw, 6));
+        }
         if (w->gemm) /* a pass: the prefill kernels where they take it */
             CK(dsv4_cuda_moe_experts_pass(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st) < 0);
         else
@@ -611,6 +661,13 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const float *scale = ffn ? gl->hc_ffn_scale : gl->hc_attn_scale, *base = ffn ? gl->hc_ffn_base : gl->hc_attn_base;
     const float *nw = ffn ? gl->ffn_norm : gl->attn_norm;
     gprof_layer(g, g->m->layers[L].ratio);
+    if (ffn) {
+        const dsv4_cuda_weight *pw[4] = {&gl->gate, &gl->sw1, &gl->sw3, &gl->sw2};
+        CK(l2_prefetch(g, w, pw, 4));
+    } else {
+        const dsv4_cuda_weight *pw[3] = {&gl->wq_a, &gl->wkv, &gl->wq_b};
+        CK(l2_prefetch(g, w, pw, 3));
+    }
     if (Xin) { /* the previous sub-block's post, then this one's pre + RMSNorm; with few tokens this one's post / comb
                 * (the Sinkhorn) on stream3 beside the sub-block's work, from the mixes the pre stores (the same bits) */
         const int defer = Xin != X && g->hc_defer && g->stream3 && !g->prof;
@@ -635,7 +692,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
 
 int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
     const dsv4_config *c = &g->m->cfg;
-    g->tail = 0, g->hc_pend = 0;
+    g->tail = 0, g->hc_pend = 0, g->pf_pend = 0;
     CK(dsv4_cuda_step_meta(b, c->n_layers, g->cap / 4 > 0 ? g->cap / 4 : 1, w->keys, w->nc4, w->nl4, g->stream));
     CK(dsv4_cuda_embed(&g->embed, b->tok, b->T, c->hc_mult, w->X, g->stream));
     /* the streams alternate between w->X and w->X2 (few-token passes: each post writes the other buffer, inside the next
@@ -654,6 +711,7 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
         CK(dsv4_cuda_hc_post_to(w->y, Xb[cur], w->X, b->T, c->hc_mult, c->dim, w->post, w->comb, g->stream));
     gprof_layer(g, -1);
     CK(tail_join(g));
+    CK(pf_join(g));
     CK(dsv4_cuda_seq_advance(b, g->stream));
     return 0;
 }

@@ -27,6 +27,54 @@ extern "C" int dsv4_cuda_embed(const dsv4_cuda_weight *w, const int *tok, int T,
     return dsv4_cuda_check_launch("embed");
 }
 
+/* ---- L2 prefetch of weights (forward_cuda.c: l2_prefetch) ---- */
+
+#define PF_CHUNK 8192u /* bytes a prefetch instruction */
+struct pf_ranges {
+    const uint8_t *p[DSV4_CUDA_PF_MAXR];
+    unsigned long long n[DSV4_CUDA_PF_MAXR]; /* multiples of 16 */
+    int nr, last;
+};
+
+/* thread i issues chunk i, i + threads, .. of the ranges in order (the ranges' chunks numbered one after the other) */
+__global__ void l2_prefetch_kernel(pf_ranges r) {
+    uint64_t pol = 0;
+    if (r.last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x, nt = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long base = 0; /* chunks of the ranges before range i */
+    for (int i = 0; i < r.nr; i++) {
+        const unsigned long long nc = (r.n[i] + PF_CHUNK - 1) / PF_CHUNK;
+        for (unsigned long long c = (tid + nt - base % nt) % nt; c < nc; c += nt) {
+            const uint8_t *a = r.p[i] + c * PF_CHUNK;
+            const unsigned long long left = r.n[i] - c * PF_CHUNK;
+            const uint32_t b = (uint32_t)(left < PF_CHUNK ? left : PF_CHUNK);
+            if (r.last)
+                asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a), "r"(b), "l"(pol) : "memory");
+            else
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(b) : "memory");
+        }
+        base += nc;
+    }
+}
+
+extern "C" int dsv4_cuda_l2_prefetch(const void *const *ptr, const size_t *bytes, int n, int evict_last, void *stream) {
+    if (n < 0 || n > DSV4_CUDA_PF_MAXR) return dsv4_cuda_fail("l2_prefetch: %d ranges (at most %d)", n, DSV4_CUDA_PF_MAXR);
+    pf_ranges r = {};
+    unsigned long long chunks = 0;
+    for (int i = 0; i < n; i++) {
+        const uintptr_t a = ((uintptr_t)ptr[i] + 15) & ~(uintptr_t)15, e = ((uintptr_t)ptr[i] + bytes[i]) & ~(uintptr_t)15;
+        if (!ptr[i] || e <= a) continue;
+        r.p[r.nr] = (const uint8_t *)a, r.n[r.nr] = e - a;
+        chunks += (e - a + PF_CHUNK - 1) / PF_CHUNK;
+        r.nr++;
+    }
+    if (!r.nr) return 0;
+    r.last = evict_last != 0;
+    const unsigned long long blocks = (chunks + 63) / 64; /* a chunk a thread, 64 threads a block */
+    l2_prefetch_kernel<<<(unsigned)(blocks > 264 ? 264 : blocks), 64, 0, DSV4_STREAM(stream)>>>(r);
+    return dsv4_cuda_check_launch("l2_prefetch");
+}
+
 /* ---- fills and copies ---- */
 
 __global__ void fill_kernel(float *x, int64_t n, float v) {

@@ -99,6 +99,10 @@ struct dsv4_cuda_model {
     void *stream3, *ev_hc, *ev_hcd; /* small decode passes: each sub-block's mHC post / comb (the Sinkhorn) beside its
                                      * work (forward_cuda.c, sub_block): the stream, its fork and done events */
     int hc_pend; /* that work not yet waited for by the main stream */
+    void *stream4, *ev_pf, *ev_pfd; /* decode steps' L2 prefetch of the weights read next (forward_cuda.c, l2_prefetch):
+                                     * its stream, fork and done events */
+    int pf_pend; /* prefetches not yet waited for by the main stream */
+    int l2pf;    /* DSV4_L2_PREFETCH: 0 off, 1 on, 2 on with the evict-last policy */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */

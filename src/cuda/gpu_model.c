@@ -300,6 +300,8 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->graphs = !(ge && !strcmp(ge, "0"));
     const char *fe = getenv("DSV4_CUDA_ATTN_FORK");
     g->attn_fork = !(fe && !strcmp(fe, "0"));
+    const char *pe = getenv("DSV4_L2_PREFETCH");
+    g->l2pf = pe && *pe ? atoi(pe) : 0;
     const char *he = getenv("DSV4_CUDA_HC_DEFER");
     g->hc_defer = !(he && !strcmp(he, "0"));
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
@@ -324,7 +326,8 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     int rc = 0;
     if (!(g->stream = dsv4_cuda_stream_new()) || !(g->stream2 = dsv4_cuda_stream_new()) || !(g->ev_fork = dsv4_cuda_event_new()) ||
         !(g->ev_join = dsv4_cuda_event_new()) || !(g->ev_tail = dsv4_cuda_event_new()) || !(g->stream3 = dsv4_cuda_stream_new()) ||
-        !(g->ev_hc = dsv4_cuda_event_new()) || !(g->ev_hcd = dsv4_cuda_event_new()))
+        !(g->ev_hc = dsv4_cuda_event_new()) || !(g->ev_hcd = dsv4_cuda_event_new()) || !(g->stream4 = dsv4_cuda_stream_new()) ||
+        !(g->ev_pf = dsv4_cuda_event_new()) || !(g->ev_pfd = dsv4_cuda_event_new()))
         rc = -1;
     if (!rc) rc = upload_weights(g, verbose);
     if (!rc && !(g->L = calloc((size_t)c->n_layers, sizeof(glayer)))) rc = -1;
@@ -405,7 +408,11 @@ void dsv4_cuda_model_free(dsv4_cuda_model *g) {
     dsv4_cuda_host_free(g->hids);
     if (g->stream2) dsv4_cuda_stream_sync(g->stream2);
     if (g->stream3) dsv4_cuda_stream_sync(g->stream3);
+    if (g->stream4) dsv4_cuda_stream_sync(g->stream4);
     dsv4_cuda_stream_free(g->stream);
+    dsv4_cuda_stream_free(g->stream4);
+    dsv4_cuda_event_free(g->ev_pf);
+    dsv4_cuda_event_free(g->ev_pfd);
     dsv4_cuda_stream_free(g->stream2);
     dsv4_cuda_stream_free(g->stream3);
     dsv4_cuda_event_free(g->ev_hc);
