@@ -8,7 +8,7 @@ layers and head graphs) are reported for their median replay.
     python3 bench/trace_report.py FILE [--timeline] [--top N]
 
 --timeline also lists the median replay's kernels in start order (start, duration, the gap since the previous kernel
-ended, the stream). Standard library only; names are demangled with c++filt when it is there."""
+ended, CUPTI's stream id: graph kernels get the graph's own ids, one per branch, not the engine's streams). Standard library only; names are demangled with c++filt when it is there."""
 import argparse
 import re
 import shutil
@@ -68,6 +68,8 @@ def sweep(rows):
     """span, busy, idle, overlapped time and each row's solo time (index -> us)"""
     ev = []
     for i, r in enumerate(rows):
+        if r["e"] <= r["s"]:  # a kernel of no measurable length: never active
+            continue
         ev.append((r["s"], 1, i))
         ev.append((r["e"], -1, i))
     ev.sort(key=lambda x: (x[0], x[1]))

@@ -82,10 +82,11 @@ static void usage(FILE *f) {
             "  --json-file FILE   the tables on stdout and the JSON object into FILE\n"
             "  --profile          GPU: also a table per op of one prefill and of each decode step (run without\n"
             "                     graphs, an event after every op; stdout, stderr with --json)\n"
-            "  --trace FILE       GPU: append the timeline of one more prefill and of 5 replays of each decode\n"
-            "                     step's graphs to FILE (every kernel's start and end as the GPU ran it, overlap\n"
-            "                     and programmatic launches included; CUPTI, opened at run time); read it with\n"
-            "                     python3 bench/trace_report.py FILE\n");
+            "  --trace FILE       GPU: write the timeline of one more prefill and of 5 more replays of each\n"
+            "                     decode step's graphs to FILE (every kernel's start and end as the GPU ran it,\n"
+            "                     overlap and programmatic launches included; CUPTI, opened at run time); read it\n"
+            "                     with python3 bench/trace_report.py FILE. CUPTI stays attached once a trace ran:\n"
+            "                     the run's own timings are not comparable with an untraced run's\n");
 }
 
 static int parse_list(const char *s, int *out, int *n) {
@@ -210,12 +211,14 @@ static int prefill_seq(dsv4_model *m, dsv4_seq *sq, int n, int chunk, int V, cha
 
 #ifdef DSV4_CUDA
 /* --trace: the recorded timeline appended to *tf under title; on a failure a message, and no more traces */
+static int g_traces; /* sections written */
 static void trace_done(FILE **tf, const char *title) {
     char err[256];
     if (dsv4_cuda_trace_end(*tf, title, err, sizeof err)) {
         fprintf(stderr, "dsv4 bench: --trace: %s (no more traces)\n", err);
         fclose(*tf), *tf = NULL;
-    }
+    } else
+        g_traces++;
 }
 #endif
 
@@ -692,7 +695,10 @@ int dsv4_cmd_bench(int argc, char **argv) {
 #ifdef DSV4_CUDA
     if (tf) {
         fclose(tf);
-        fprintf(stderr, "dsv4 bench: the trace is in %s (python3 bench/trace_report.py %s)\n", o.trace, o.trace);
+        if (g_traces)
+            fprintf(stderr, "dsv4 bench: %d traces in %s (python3 bench/trace_report.py %s)\n", g_traces, o.trace, o.trace);
+        else
+            fprintf(stderr, "dsv4 bench: --trace: nothing was traced (decode steps without graphs?)\n");
     }
 #endif
     dsv4_free(m);

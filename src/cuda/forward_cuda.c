@@ -295,11 +295,12 @@ static int hc_join(dsv4_cuda_model *g) {
  * kernel on stream4, after what the main stream holds so far, issues bulk L2 prefetches of the weights the chain reads
  * next and ends at once; the DRAM then fills L2 beside those kernels, and the GEMV that follows reads L2. The schedule
  * (each at most ~45 MB, L2 holds 50): before an attention sub-block's mHC pre, wq_a, wkv and wq_b; after the query
- * heads, the attention compressor's projections and wo_a; before wo_a, wo_b; before an FFN sub-block's mHC pre, the
- * gate and the shared expert; beside the routed experts, the next layer's wq_a, wkv and indexer weights. Results are
- * the same bits (a hint). Joined at the end of the layers (a graph capture needs every stream joined). */
+ * heads, wo_a (and the attention compressor's projections where they are read after that: forked ratio-4 layers);
+ * before wo_a, wo_b; before an FFN sub-block's mHC pre, the gate and the shared expert; beside the routed experts, the
+ * next layer's indexer weights. Results are the same bits (a hint). Joined at the end of the layers (a graph capture
+ * needs every stream joined). */
 static int l2_prefetch(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *const *wt, int n) {
-    if (!g->l2pf || !g->stream4 || g->prof || (w->gemm && w->gemm_ws)) return 0;
+    if (!g->l2pf || !g->stream4 || g->prof || !w->decode) return 0;
     const void *p[DSV4_CUDA_PF_MAXR];
     size_t b[DSV4_CUDA_PF_MAXR];
     int k = 0;
@@ -513,8 +514,9 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         else BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream));
         CK(branch_end(g, st, qf, rc));
     }
-    {
-        const dsv4_cuda_weight *pw[3] = {&gl->cmp.wkv, &gl->cmp.wgate, &gl->wo_a};
+    {   /* (the compressor's projections: read next only in forked ratio-4 layers, else already read) */
+        const int lc = fork && idx;
+        const dsv4_cuda_weight *pw[3] = {lc ? &gl->cmp.wkv : NULL, lc ? &gl->cmp.wgate : NULL, &gl->wo_a};
         CK(l2_prefetch(g, w, pw, 3));
     }
     CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
@@ -629,10 +631,10 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     for (int g0 = 0; g0 < T; g0 += gsz) {
         int tg = T - g0 < gsz ? T - g0 : gsz;
         if (ng > 1) CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
-        if (g0 == 0 && L + 1 < c->n_layers) { /* beside the experts: the next layer's first reads */
+        if (g0 == 0 && L + 1 < c->n_layers) { /* beside the experts: the next layer's indexer (its branch starts first) */
             const glayer *nl = &g->L[L + 1];
-            const dsv4_cuda_weight *pw[7] = {&nl->wq_a, &nl->wkv, &nl->idx_cmp.wkv, &nl->idx_cmp.wgate, &nl->idx_wproj, &nl->idx_wq_b, NULL};
-            CK(l2_prefetch(g, w, pw, 6));
+            const dsv4_cuda_weight *pw[4] = {&nl->idx_cmp.wkv, &nl->idx_cmp.wgate, &nl->idx_wproj, &nl->idx_wq_b};
+            CK(l2_prefetch(g, w, pw, 4));
         }
         if (w->gemm) /* a pass: the prefill kernels where they take it */
             CK(dsv4_cuda_moe_experts_pass(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st) < 0);

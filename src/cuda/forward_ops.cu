@@ -70,7 +70,8 @@ extern "C" int dsv4_cuda_l2_prefetch(const void *const *ptr, const size_t *bytes
     }
     if (!r.nr) return 0;
     r.last = evict_last != 0;
-    const unsigned long long blocks = (chunks + 63) / 64; /* a chunk a thread, 64 threads a block */
+    const unsigned long long blocks = (chunks + 63) / 64; /* a chunk a thread, 64 threads a block, at most 264 blocks
+                                                           * (two an H100 / H200 SM: the requests from every SM's TMA unit) */
     l2_prefetch_kernel<<<(unsigned)(blocks > 264 ? 264 : blocks), 64, 0, DSV4_STREAM(stream)>>>(r);
     return dsv4_cuda_check_launch("l2_prefetch");
 }

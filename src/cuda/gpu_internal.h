@@ -58,6 +58,7 @@ typedef struct gws {
     size_t gemm_wsb;
     int gemm;        /* route FP8 act-quant linears through the GEMM: set only for passes that are not decode steps */
     int attn_tc;     /* attention on tensor cores (dsv4_cuda_attn_kv8_tc): set only for passes that are not decode steps */
+    int decode;      /* a decode step (decode_graph.c): the weights' L2 prefetch may run (forward_cuda.c, l2_prefetch) */
 } gws;
 
 /* Where the arrays of a pass's step input (dsv4_cuda_batch) sit in the step buffer. */

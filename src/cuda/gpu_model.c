@@ -301,7 +301,8 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     const char *fe = getenv("DSV4_CUDA_ATTN_FORK");
     g->attn_fork = !(fe && !strcmp(fe, "0"));
     const char *pe = getenv("DSV4_L2_PREFETCH");
-    g->l2pf = pe && *pe ? atoi(pe) : 0;
+    g->l2pf = pe && *pe ? atoi(pe) : 0; /* 0 off, 1 on, 2 on with evict-last (anything else: off) */
+    if (g->l2pf != 1 && g->l2pf != 2) g->l2pf = 0;
     const char *he = getenv("DSV4_CUDA_HC_DEFER");
     g->hc_defer = !(he && !strcmp(he, "0"));
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %

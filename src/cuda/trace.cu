@@ -11,6 +11,7 @@
  * the first start, the stream, the graph and node ids (0 outside graphs), grid blocks, threads a block, registers,
  * and the (mangled) name. bench/trace_report.py reads it. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@ static decltype(&cuptiActivityDisable) p_disable;
 static decltype(&cuptiActivityRegisterCallbacks) p_register;
 static decltype(&cuptiActivityFlushAll) p_flush;
 static decltype(&cuptiActivityGetNextRecord) p_next;
+static decltype(&cuptiActivityGetNumDroppedRecords) p_dropped;
 
 typedef struct {
     unsigned long long start, end, graph_node;
@@ -35,9 +37,10 @@ typedef struct {
     char *name;
 } trace_row;
 
-static trace_row *g_rows;
-static size_t g_n, g_cap;
+static trace_row *g_rows; /* filled by the buffer callbacks (a CUPTI thread, or the flush's): under g_mu */
+static size_t g_n, g_cap, g_bad;
 static int g_oom, g_on;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define TRACE_BUF (8u << 20)
 
@@ -50,9 +53,14 @@ static void CUPTIAPI buf_requested(uint8_t **buf, size_t *size, size_t *max_reco
 static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size, size_t valid) {
     (void)ctx, (void)stream, (void)size;
     CUpti_Activity *r = NULL;
+    pthread_mutex_lock(&g_mu);
     while (buf && p_next(buf, valid, &r) == CUPTI_SUCCESS) {
         if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
         const trace_kernel_rec *k = (const trace_kernel_rec *)r;
+        if (!k->start || k->end < k->start) { /* no timestamps for this one */
+            g_bad++;
+            continue;
+        }
         if (g_n == g_cap) {
             size_t nc = g_cap ? 2 * g_cap : 4096;
             trace_row *nr = (trace_row *)realloc(g_rows, nc * sizeof *nr);
@@ -73,6 +81,7 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
         o->regs = k->registersPerThread;
         g_n++;
     }
+    pthread_mutex_unlock(&g_mu);
     free(buf);
 }
 
@@ -98,6 +107,7 @@ static int trace_open(char *err, size_t errcap) {
     TF(p_register, cuptiActivityRegisterCallbacks)
     TF(p_flush, cuptiActivityFlushAll)
     TF(p_next, cuptiActivityGetNextRecord)
+    TF(p_dropped, cuptiActivityGetNumDroppedRecords)
 #undef TF
     if (p_register(buf_requested, buf_completed) != CUPTI_SUCCESS) {
         snprintf(err, errcap, "cuptiActivityRegisterCallbacks failed");
@@ -134,9 +144,16 @@ extern "C" int dsv4_cuda_trace_end(FILE *f, const char *title, char *err, size_t
     cudaDeviceSynchronize(); /* every kernel recorded has ended */
     p_flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     p_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    p_flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     g_on = 0;
+    size_t dropped = 0;
+    p_dropped(NULL, 0, &dropped);
+    pthread_mutex_lock(&g_mu);
     int rc = 0;
-    if (g_oom) {
+    if (dropped) {
+        snprintf(err, errcap, "CUPTI dropped %zu records (the trace would have holes)", dropped);
+        rc = -1;
+    } else if (g_oom) {
         snprintf(err, errcap, "out of memory while recording the trace");
         rc = -1;
     } else if (!g_n) {
@@ -145,7 +162,8 @@ extern "C" int dsv4_cuda_trace_end(FILE *f, const char *title, char *err, size_t
     } else {
         qsort(g_rows, g_n, sizeof *g_rows, by_start);
         const unsigned long long t0 = g_rows[0].start;
-        fprintf(f, "# %s\n# start_us end_us stream graph node blocks threads regs name\n", title);
+        fprintf(f, "# %s\n# start_us end_us stream graph node blocks threads regs name (%zu records without times left out)\n",
+                title, g_bad);
         for (size_t i = 0; i < g_n; i++) {
             const trace_row *r = &g_rows[i];
             fprintf(f, "%.3f %.3f %u %u %llu %d %d %d %s\n", (double)(r->start - t0) * 1e-3, (double)(r->end - t0) * 1e-3,
@@ -157,6 +175,7 @@ extern "C" int dsv4_cuda_trace_end(FILE *f, const char *title, char *err, size_t
         }
     }
     for (size_t i = 0; i < g_n; i++) free(g_rows[i].name);
-    g_n = 0, g_oom = 0;
+    g_n = 0, g_oom = 0, g_bad = 0;
+    pthread_mutex_unlock(&g_mu);
     return rc;
 }
