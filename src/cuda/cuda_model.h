@@ -261,6 +261,9 @@ typedef struct dsv4_cuda_moe_plan {
 #define DSV4_MOE_GROUP_MAXT 4096
 int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                         const dsv4_cuda_moe_plan *p, void *stream);
+/* L2 prefetch of the first nm matrices (w1, w3, w2 in that order) of the plan's active experts, at most maxe of them
+ * (forward_ops.cu; a hint, like dsv4_cuda_l2_prefetch) */
+int dsv4_cuda_moe_prefetch(const dsv4_cuda_experts *x, const dsv4_cuda_moe_plan *p, int maxe, int nm, void *stream);
 /* The most tokens one moe_group call takes for E experts (a multiple of 32; its token bitmaps live in shared memory:
  * 4096 for Flash's 256 experts and Pro's 384, 2528 for 640); 0 when none fit. */
 int dsv4_cuda_moe_group_maxt(int K, int E);

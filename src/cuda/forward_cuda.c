@@ -321,6 +321,19 @@ static int l2_prefetch(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight 
     return dsv4_cuda_event_record(g->ev_pfd, g->stream4);
 }
 
+/* The routed experts a decode step's plan picked, into L2 beside the experts' own kernels, which otherwise stream them
+ * with the loads their warps keep in flight (DSV4_L2_PREFETCH_EXPERTS=N: each active expert's first N matrices, 2: w1
+ * and w3, 3: w2 too; steps of at most 8 picks: past that L2 holds a fraction of them). Off until measured. */
+static int l2_prefetch_experts(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_experts *ex, const dsv4_cuda_moe_plan *pl,
+                               int picks) {
+    if (!g->l2pfx || !g->stream4 || g->prof || !w->decode || picks > 8) return 0;
+    if (dsv4_cuda_event_record(g->ev_pf, g->stream) || dsv4_cuda_stream_wait(g->stream4, g->ev_pf) ||
+        dsv4_cuda_moe_prefetch(ex, pl, picks, g->l2pfx, g->stream4))
+        return -1;
+    g->pf_pend = 1;
+    return dsv4_cuda_event_record(g->ev_pfd, g->stream4);
+}
+
 static int pf_join(dsv4_cuda_model *g) {
     if (!g->pf_pend) return 0;
     g->pf_pend = 0;
@@ -610,8 +623,11 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     /* one token group: the router and the grouping together (one kernel with few tokens) */
     const float *gbias = ly->hash ? NULL : gl->gate_bias;
     const int *t2e = ly->hash ? gl->tid2eid : NULL;
-    if (ng == 1) CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
-    else CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
+    if (ng == 1) {
+        CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
+        CK(l2_prefetch_experts(g, w, &gl->ex, &w->plan, T * K));
+    } else
+        CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
     /* the shared expert on the second stream, beside the routed experts (a parallel branch of the step's graph; the
      * same kernels on the same data, so the same bits): at small batches each leaves most of the GPU idle. Serial
      * while an op profile times the ops one by one. */

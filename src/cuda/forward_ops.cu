@@ -76,6 +76,32 @@ extern "C" int dsv4_cuda_l2_prefetch(const void *const *ptr, const size_t *bytes
     return dsv4_cuda_check_launch("l2_prefetch");
 }
 
+/* the active experts of a plan into L2 (forward_cuda.c: moe): block (i, m) issues active expert i's matrix m (w1, w3,
+ * w2) when i < *nact, a chunk a thread as above */
+__device__ __forceinline__ int64_t pf_row_bytes(const dsv4_cuda_weight &v) {
+    const int64_t c = v.cols;
+    return v.fmt == DSV4_WF_F32 ? 4 * c : v.fmt == DSV4_WF_BF16 || v.fmt == DSV4_WF_F16 ? 2 * c : v.fmt == DSV4_WF_FP8 ? c : c / 2;
+}
+__global__ void moe_prefetch_kernel(const int *nact, const int *act_e, const dsv4_cuda_weight *w1, const dsv4_cuda_weight *w3,
+                                    const dsv4_cuda_weight *w2) {
+    if ((int)blockIdx.x >= *nact) return;
+    const int e = act_e[blockIdx.x];
+    const dsv4_cuda_weight &v = blockIdx.y == 0 ? w1[e] : blockIdx.y == 1 ? w3[e] : w2[e];
+    const int64_t rb = pf_row_bytes(v);
+    const uintptr_t a0 = ((uintptr_t)(v.data + (int64_t)v.row0 * rb) + 15) & ~(uintptr_t)15;
+    const uintptr_t e0 = ((uintptr_t)(v.data + (int64_t)(v.row0 + v.rows) * rb)) & ~(uintptr_t)15;
+    for (uintptr_t a = a0 + (uintptr_t)threadIdx.x * PF_CHUNK; a < e0; a += (uintptr_t)blockDim.x * PF_CHUNK) {
+        const uint32_t b = (uint32_t)(e0 - a < PF_CHUNK ? e0 - a : PF_CHUNK);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(b) : "memory");
+    }
+}
+
+extern "C" int dsv4_cuda_moe_prefetch(const dsv4_cuda_experts *x, const dsv4_cuda_moe_plan *p, int maxe, int nm, void *stream) {
+    if (maxe < 1 || nm < 1 || nm > 3) return dsv4_cuda_fail("moe_prefetch: bad arguments (maxe %d nm %d)", maxe, nm);
+    moe_prefetch_kernel<<<dim3((unsigned)maxe, (unsigned)nm), 128, 0, DSV4_STREAM(stream)>>>(p->nact, p->act_e, x->w1, x->w3, x->w2);
+    return dsv4_cuda_check_launch("moe_prefetch");
+}
+
 /* ---- fills and copies ---- */
 
 __global__ void fill_kernel(float *x, int64_t n, float v) {

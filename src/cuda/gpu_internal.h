@@ -104,6 +104,7 @@ struct dsv4_cuda_model {
                                      * its stream, fork and done events */
     int pf_pend; /* prefetches not yet waited for by the main stream */
     int l2pf;    /* DSV4_L2_PREFETCH: 0 off, 1 on, 2 on with the evict-last policy */
+    int l2pfx;   /* DSV4_L2_PREFETCH_EXPERTS: 0 off, 2 or 3 matrices of each routed expert a decode step picked */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */

@@ -303,6 +303,9 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     const char *pe = getenv("DSV4_L2_PREFETCH");
     g->l2pf = pe && *pe ? atoi(pe) : 0; /* 0 off, 1 on, 2 on with evict-last (anything else: off) */
     if (g->l2pf != 1 && g->l2pf != 2) g->l2pf = 0;
+    const char *pxe = getenv("DSV4_L2_PREFETCH_EXPERTS");
+    g->l2pfx = pxe && *pxe ? atoi(pxe) : 0; /* 0 off, 2 (w1, w3) or 3 (all) */
+    if (g->l2pfx != 2 && g->l2pfx != 3) g->l2pfx = 0;
     const char *he = getenv("DSV4_CUDA_HC_DEFER");
     g->hc_defer = !(he && !strcmp(he, "0"));
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
