@@ -139,11 +139,6 @@ int dsv4_cuda_fill(float *x, int64_t n, float v, void *stream);
 int dsv4_cuda_scale(float *x, int64_t n, float s, void *stream);   /* x *= s */
 int dsv4_cuda_add(float *out, const float *a, int64_t n, void *stream); /* out += a */
 int dsv4_cuda_copy(void *dst, const void *src, size_t bytes, void *stream);
-/* L2 prefetch of n (at most DSV4_CUDA_PF_MAXR) byte ranges of device memory, each trimmed to 16-byte bounds: a kernel
- * whose threads issue bulk L2 prefetches and end (no data moves to the SMs, nothing waits for the lines); evict_last:
- * the lines carry the evict-last policy (kept before others). A hint: no result depends on it. */
-#define DSV4_CUDA_PF_MAXR 8
-int dsv4_cuda_l2_prefetch(const void *const *ptr, const size_t *bytes, int n, int evict_last, void *stream);
 /* rows x n floats from src (row stride sld) to dst (row stride dld) */
 int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64_t sld, int rows, int n, void *stream);
 /* Indexer scores for T queries: qi [T, Hi, Di], wt [T, Hi]; keys[t] (device array of device
@@ -261,9 +256,6 @@ typedef struct dsv4_cuda_moe_plan {
 #define DSV4_MOE_GROUP_MAXT 4096
 int dsv4_cuda_moe_group(const int *sel, const float *w, const int *sid, int T, int K, int E,
                         const dsv4_cuda_moe_plan *p, void *stream);
-/* L2 prefetch of the first nm matrices (w1, w3, w2 in that order) of the plan's active experts, at most maxe of them
- * (forward_ops.cu; a hint, like dsv4_cuda_l2_prefetch) */
-int dsv4_cuda_moe_prefetch(const dsv4_cuda_experts *x, const dsv4_cuda_moe_plan *p, int maxe, int nm, void *stream);
 /* The most tokens one moe_group call takes for E experts (a multiple of 32; its token bitmaps live in shared memory:
  * 4096 for Flash's 256 experts and Pro's 384, 2528 for 640); 0 when none fit. */
 int dsv4_cuda_moe_group_maxt(int K, int E);

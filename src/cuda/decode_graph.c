@@ -99,7 +99,6 @@ static int step_begin(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, 
     if (dsv4_cuda_upload_async(g->dstep, h, l.bytes, g->stream)) return FAIL_HERE(dsv4_cuda_last_error());
     *b = gpu_batch_at(g, B, B);
     gpu_ws_carve(g, B, w);
-    w->decode = 1;
     *Tout = T;
     *kout = k;
     return 0;

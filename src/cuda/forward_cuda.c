@@ -289,55 +289,23 @@ static int hc_join(dsv4_cuda_model *g) {
     return dsv4_cuda_stream_wait(g->stream, g->ev_hcd);
 }
 
-/* Weights into L2 ahead of the GEMVs that read them (decode steps, DSV4_L2_PREFETCH=1, 2: evict-last; off until
- * measured). At batch 1 a step reads ~190 MB a Flash layer, but the DRAM streams only part of the time: the chain's
- * latency-bound kernels (mHC, norms, the compressor, the attention, the router) and launch gaps leave it idle. A
- * kernel on stream4, after what the main stream holds so far, issues bulk L2 prefetches of the weights the chain reads
- * next and ends at once; the DRAM then fills L2 beside those kernels, and the GEMV that follows reads L2. The schedule
- * (each at most ~45 MB, L2 holds 50): before an attention sub-block's mHC pre, wq_a, wkv and wq_b; after the query
- * heads, wo_a (and the attention compressor's projections where they are read after that: forked ratio-4 layers);
- * before wo_a, wo_b; before an FFN sub-block's mHC pre, the gate and the shared expert; beside the routed experts, the
- * next layer's indexer weights. Results are the same bits (a hint). Joined at the end of the layers (a graph capture
- * needs every stream joined). */
-static int l2_prefetch(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *const *wt, int n) {
-    if (!g->l2pf || !g->stream4 || g->prof || !w->decode) return 0;
-    const void *p[DSV4_CUDA_PF_MAXR];
-    size_t b[DSV4_CUDA_PF_MAXR];
-    int k = 0;
-    for (int i = 0; i < n && k < DSV4_CUDA_PF_MAXR; i++) {
-        const dsv4_cuda_weight *v = wt[i];
-        if (!v || !v->data || v->rows <= 0) continue;
-        const int64_t c = v->cols;
-        const int64_t rb = v->fmt == DSV4_WF_F32 ? 4 * c : v->fmt == DSV4_WF_BF16 || v->fmt == DSV4_WF_F16 ? 2 * c
-                         : v->fmt == DSV4_WF_FP8 ? c : c / 2; /* bytes a stored row */
-        p[k] = v->data + (int64_t)v->row0 * rb, b[k] = (size_t)(rb * v->rows);
-        k++;
-    }
-    if (!k) return 0;
-    if (dsv4_cuda_event_record(g->ev_pf, g->stream) || dsv4_cuda_stream_wait(g->stream4, g->ev_pf) ||
-        dsv4_cuda_l2_prefetch(p, b, k, g->l2pf >= 2, g->stream4))
-        return -1;
-    g->pf_pend = 1;
-    return dsv4_cuda_event_record(g->ev_pfd, g->stream4);
-}
+static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y);
 
-/* The routed experts a decode step's plan picked, into L2 beside the experts' own kernels, which otherwise stream them
- * with the loads their warps keep in flight (DSV4_L2_PREFETCH_EXPERTS=N: each active expert's first N matrices, 2: w1
- * and w3, 3: w2 too; steps of at most 8 picks: past that L2 holds a fraction of them). Off until measured. */
-static int l2_prefetch_experts(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_experts *ex, const dsv4_cuda_moe_plan *pl,
-                               int picks) {
-    if (!g->l2pfx || !g->stream4 || g->prof || !w->decode || picks > 8) return 0;
-    if (dsv4_cuda_event_record(g->ev_pf, g->stream) || dsv4_cuda_stream_wait(g->stream4, g->ev_pf) ||
-        dsv4_cuda_moe_prefetch(ex, pl, picks, g->l2pfx, g->stream4))
-        return -1;
-    g->pf_pend = 1;
-    return dsv4_cuda_event_record(g->ev_pfd, g->stream4);
-}
-
-static int pf_join(dsv4_cuda_model *g) {
-    if (!g->pf_pend) return 0;
-    g->pf_pend = 0;
-    return dsv4_cuda_stream_wait(g->stream, g->ev_pfd);
+/* The indexer's weights projection (idx_wproj, x -> w->wt) of a forked ratio-4 layer on stream4, beside the indexer
+ * compressor's projections on stream2 (DSV4_CUDA_WPROJ_FORK=1). Its shape takes another column split than theirs
+ * (tc_slices), so the grouped linear ran it as a second launch after them on the indexer's branch, which the kernel
+ * timeline showed on the critical chain of those layers (bench/NOTES.md "Session 33"). The same kernel on the same data:
+ * the same bits. Called between branch_begin (ev_fork recorded after the branch's input) and the branch's first op;
+ * run_indexer waits for it before it reads w->wt. */
+static int wproj_fork(dsv4_cuda_model *g, const gws *w, const glayer *gl, const float *x, int T) {
+    void *st = g->stream;
+    if (dsv4_cuda_stream_wait(g->stream4, g->ev_fork)) return -1;
+    g->stream = g->stream4;
+    int rc = lin(g, w, &gl->idx_wproj, x, T, w->wt);
+    g->stream = st;
+    if (rc || dsv4_cuda_event_record(g->ev_j4, g->stream4)) return -1;
+    g->wp_pend = 1;
+    return 0;
 }
 
 static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
@@ -405,6 +373,10 @@ static int run_indexer(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *
     void *st = g->stream;
     CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
     CK(dsv4_cuda_rope_hq4(w->qi, T, Hi, Di, 0, NULL, 0.0f, R / 2, gl->rope_freq, b->pos, st)); /* rope, Hadamard, FP4 */
+    if (g->wp_pend) { /* the weights projection ran on stream4 (wproj_fork) */
+        g->wp_pend = 0;
+        CK(dsv4_cuda_stream_wait(st, g->ev_j4));
+    }
     CK(dsv4_cuda_scale(w->wt, (int64_t)T * Hi, 1.0f / sqrtf((float)Di) / sqrtf((float)Hi), st));
     /* scores over the whole capacity's list (blocks past a query's list return), then the top-k of the list the
      * reference ranks (entries past the query's own are -inf, picks of them dropped) */
@@ -472,8 +444,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     if (ly->ratio > 0) { /* forked ratio 4: the indexer's jobs only (cj + 2), the attention compressor's come later */
         CK(branch_begin(g, fork));
         int rc = 0;
+        const int wp = fork && idx && g->wp_fork && g->stream4;
+        if (wp) BR(wproj_fork(g, w, gl, x, T));
         if (fork && idx)
-            BR(lin_multi(g, w, cj + 2, 3, T));
+            BR(lin_multi(g, w, cj + 2, wp ? 2 : 3, T));
         else
             BR(lin_multi(g, w, cj, nc, T));
         BR(run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp, !(fork && idx)));
@@ -527,11 +501,6 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         else BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream));
         CK(branch_end(g, st, qf, rc));
     }
-    {   /* (the compressor's projections: read next only in forked ratio-4 layers, else already read) */
-        const int lc = fork && idx;
-        const dsv4_cuda_weight *pw[3] = {lc ? &gl->cmp.wkv : NULL, lc ? &gl->cmp.wgate : NULL, &gl->wo_a};
-        CK(l2_prefetch(g, w, pw, 3));
-    }
     CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
     if (idx) { /* the attention compressor (its projections here when forked) */
         if (fork) CK(lin_multi(g, w, cj, 2, T));
@@ -571,10 +540,6 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
      * copy each group's slices in and out instead */
-    {
-        const dsv4_cuda_weight *pw[1] = {&gl->wo_b};
-        CK(l2_prefetch(g, w, pw, 1));
-    }
     if (tnt) { /* the terms in o's rows: group gi's at bf16 element gi * 2 gin of each row (dsv4_cuda_attn_kv8_wg_terms) */
         for (int gi = 0; gi < G; gi++) CK(wo_a_terms(g, w, &wv, gi, tnt, T, H * Dh, gin, Ro, G));
     } else if (G == 1) {
@@ -607,6 +572,19 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     return 0;
 }
 
+/* The shared expert of x into w->ye, on stream2 with fork (its join: ev_join) */
+static int shared_expert(dsv4_cuda_model *g, const gws *w, const glayer *gl, const float *x, int T, int I, int fork) {
+    void *st = g->stream;
+    CK(branch_begin(g, fork));
+    dsv4_cuda_linear_job sj[2] = {ljob(&gl->sw1, x, w->gg), ljob(&gl->sw3, x, w->uu)};
+    int rc = 0;
+    BR(lin_multi(g, w, sj, 2, T));
+    BR(dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, g->m->cfg.swiglu_limit, NULL, w->gg, g->stream));
+    BR(lin(g, w, &gl->sw2, w->gg, T, w->ye));
+    CK(branch_end(g, st, fork, rc));
+    return 0;
+}
+
 /* The MoE block of x into out; po: the input of its mHC post, out itself, or (defer, one token group) the experts'
  * rows and slots for the next sub-block's post kernel to combine (dsv4_cuda_hc_post_pre: the same additions) */
 static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, const float *x, float *out, int defer,
@@ -616,6 +594,12 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     const glayer *gl = &g->L[L];
     const int T = b->T, D = c->dim, E = c->n_routed_experts, K = c->n_activated_experts, I = c->moe_inter_dim;
     void *st = g->stream;
+    /* the shared expert on the second stream, beside the routed experts (a parallel branch of the step's graph; the
+     * same kernels on the same data, so the same bits): at small batches each leaves most of the GPU idle. Serial
+     * while an op profile times the ops one by one. Forked after the router, or with DSV4_CUDA_SHARED_EARLY before the
+     * gate (the kernel timeline had the branch ending ~7 us after the routed experts in every layer at batch 1). */
+    const int fork = ly->has_shared && g->stream2 && !g->prof;
+    if (ly->has_shared && g->sh_early) CK(shared_expert(g, w, gl, x, T, I, fork));
     CK(lin(g, w, &gl->gate, x, T, w->lgE));
     if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
     const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;
@@ -623,35 +607,15 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     /* one token group: the router and the grouping together (one kernel with few tokens) */
     const float *gbias = ly->hash ? NULL : gl->gate_bias;
     const int *t2e = ly->hash ? gl->tid2eid : NULL;
-    if (ng == 1) {
-        CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
-        CK(l2_prefetch_experts(g, w, &gl->ex, &w->plan, T * K));
-    } else
-        CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
-    /* the shared expert on the second stream, beside the routed experts (a parallel branch of the step's graph; the
-     * same kernels on the same data, so the same bits): at small batches each leaves most of the GPU idle. Serial
-     * while an op profile times the ops one by one. */
-    const int fork = ly->has_shared && g->stream2 && !g->prof;
-    if (ly->has_shared) {
-        CK(branch_begin(g, fork));
-        dsv4_cuda_linear_job sj[2] = {ljob(&gl->sw1, x, w->gg), ljob(&gl->sw3, x, w->uu)};
-        int rc = 0;
-        BR(lin_multi(g, w, sj, 2, T));
-        BR(dsv4_cuda_swiglu(w->gg, w->uu, I, T, I, c->swiglu_limit, NULL, w->gg, g->stream));
-        BR(lin(g, w, &gl->sw2, w->gg, T, w->ye));
-        CK(branch_end(g, st, fork, rc));
-    }
+    if (ng == 1) CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
+    else CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
+    if (ly->has_shared && !g->sh_early) CK(shared_expert(g, w, gl, x, T, I, fork));
     /* routed experts, in equal groups of at most w->tg tokens (each token's result does not depend on its group) */
     *po = (dsv4_cuda_hc_f){out, NULL, NULL, 0, NULL};
     if (ng > 1) defer = 0;
     for (int g0 = 0; g0 < T; g0 += gsz) {
         int tg = T - g0 < gsz ? T - g0 : gsz;
         if (ng > 1) CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
-        if (g0 == 0 && L + 1 < c->n_layers) { /* beside the experts: the next layer's indexer (its branch starts first) */
-            const glayer *nl = &g->L[L + 1];
-            const dsv4_cuda_weight *pw[4] = {&nl->idx_cmp.wkv, &nl->idx_cmp.wgate, &nl->idx_wproj, &nl->idx_wq_b};
-            CK(l2_prefetch(g, w, pw, 4));
-        }
         if (w->gemm) /* a pass: the prefill kernels where they take it */
             CK(dsv4_cuda_moe_experts_pass(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st) < 0);
         else
@@ -679,13 +643,6 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const float *scale = ffn ? gl->hc_ffn_scale : gl->hc_attn_scale, *base = ffn ? gl->hc_ffn_base : gl->hc_attn_base;
     const float *nw = ffn ? gl->ffn_norm : gl->attn_norm;
     gprof_layer(g, g->m->layers[L].ratio);
-    if (ffn) {
-        const dsv4_cuda_weight *pw[4] = {&gl->gate, &gl->sw1, &gl->sw3, &gl->sw2};
-        CK(l2_prefetch(g, w, pw, 4));
-    } else {
-        const dsv4_cuda_weight *pw[3] = {&gl->wq_a, &gl->wkv, &gl->wq_b};
-        CK(l2_prefetch(g, w, pw, 3));
-    }
     if (Xin) { /* the previous sub-block's post, then this one's pre + RMSNorm; with few tokens this one's post / comb
                 * (the Sinkhorn) on stream3 beside the sub-block's work, from the mixes the pre stores (the same bits) */
         const int defer = Xin != X && g->hc_defer && g->stream3 && !g->prof;
@@ -710,7 +667,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
 
 int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
     const dsv4_config *c = &g->m->cfg;
-    g->tail = 0, g->hc_pend = 0, g->pf_pend = 0;
+    g->tail = 0, g->hc_pend = 0, g->wp_pend = 0;
     CK(dsv4_cuda_step_meta(b, c->n_layers, g->cap / 4 > 0 ? g->cap / 4 : 1, w->keys, w->nc4, w->nl4, g->stream));
     CK(dsv4_cuda_embed(&g->embed, b->tok, b->T, c->hc_mult, w->X, g->stream));
     /* the streams alternate between w->X and w->X2 (few-token passes: each post writes the other buffer, inside the next
@@ -729,7 +686,6 @@ int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
         CK(dsv4_cuda_hc_post_to(w->y, Xb[cur], w->X, b->T, c->hc_mult, c->dim, w->post, w->comb, g->stream));
     gprof_layer(g, -1);
     CK(tail_join(g));
-    CK(pf_join(g));
     CK(dsv4_cuda_seq_advance(b, g->stream));
     return 0;
 }

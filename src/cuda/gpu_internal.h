@@ -58,7 +58,6 @@ typedef struct gws {
     size_t gemm_wsb;
     int gemm;        /* route FP8 act-quant linears through the GEMM: set only for passes that are not decode steps */
     int attn_tc;     /* attention on tensor cores (dsv4_cuda_attn_kv8_tc): set only for passes that are not decode steps */
-    int decode;      /* a decode step (decode_graph.c): the weights' L2 prefetch may run (forward_cuda.c, l2_prefetch) */
 } gws;
 
 /* Where the arrays of a pass's step input (dsv4_cuda_batch) sit in the step buffer. */
@@ -100,11 +99,12 @@ struct dsv4_cuda_model {
     void *stream3, *ev_hc, *ev_hcd; /* small decode passes: each sub-block's mHC post / comb (the Sinkhorn) beside its
                                      * work (forward_cuda.c, sub_block): the stream, its fork and done events */
     int hc_pend; /* that work not yet waited for by the main stream */
-    void *stream4, *ev_pf, *ev_pfd; /* decode steps' L2 prefetch of the weights read next (forward_cuda.c, l2_prefetch):
-                                     * its stream, fork and done events */
-    int pf_pend; /* prefetches not yet waited for by the main stream */
-    int l2pf;    /* DSV4_L2_PREFETCH: 0 off, 1 on, 2 on with the evict-last policy */
-    int l2pfx;   /* DSV4_L2_PREFETCH_EXPERTS: 0 off, 2 or 3 matrices of each routed expert a decode step picked */
+    void *stream4, *ev_j4; /* small decode steps' second branch beside stream2 (forward_cuda.c: the indexer's weights
+                            * projection in ratio-4 layers, DSV4_CUDA_WPROJ_FORK): its stream and done event */
+    int wp_fork;  /* DSV4_CUDA_WPROJ_FORK */
+    int wp_pend;  /* that projection not yet waited for (run_indexer waits) */
+    int sh_early; /* DSV4_CUDA_SHARED_EARLY: the shared expert's branch forked before the gate (else after the router) */
+    int prio;     /* DSV4_CUDA_STREAM_PRIO: the main stream at the highest priority, the branches' at the lowest */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */

@@ -300,12 +300,12 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->graphs = !(ge && !strcmp(ge, "0"));
     const char *fe = getenv("DSV4_CUDA_ATTN_FORK");
     g->attn_fork = !(fe && !strcmp(fe, "0"));
-    const char *pe = getenv("DSV4_L2_PREFETCH");
-    g->l2pf = pe && *pe ? atoi(pe) : 0; /* 0 off, 1 on, 2 on with evict-last (anything else: off) */
-    if (g->l2pf != 1 && g->l2pf != 2) g->l2pf = 0;
-    const char *pxe = getenv("DSV4_L2_PREFETCH_EXPERTS");
-    g->l2pfx = pxe && *pxe ? atoi(pxe) : 0; /* 0 off, 2 (w1, w3) or 3 (all) */
-    if (g->l2pfx != 2 && g->l2pfx != 3) g->l2pfx = 0;
+    /* decode steps' branch structure (forward_cuda.c; bench/NOTES.md "Session 33": the kernel timeline showed the
+     * indexer's branch and the shared expert's on the critical chain) */
+    const char *v1 = getenv("DSV4_CUDA_WPROJ_FORK"), *v2 = getenv("DSV4_CUDA_SHARED_EARLY"), *v3 = getenv("DSV4_CUDA_STREAM_PRIO");
+    g->wp_fork = v1 && *v1 && strcmp(v1, "0");
+    g->sh_early = v2 && *v2 && strcmp(v2, "0");
+    g->prio = v3 && *v3 && strcmp(v3, "0");
     const char *he = getenv("DSV4_CUDA_HC_DEFER");
     g->hc_defer = !(he && !strcmp(he, "0"));
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
@@ -328,10 +328,18 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->qgmax = (16 << 20) / nl;
     if (g->qgmax < 1) g->qgmax = 1;
     int rc = 0;
-    if (!(g->stream = dsv4_cuda_stream_new()) || !(g->stream2 = dsv4_cuda_stream_new()) || !(g->ev_fork = dsv4_cuda_event_new()) ||
-        !(g->ev_join = dsv4_cuda_event_new()) || !(g->ev_tail = dsv4_cuda_event_new()) || !(g->stream3 = dsv4_cuda_stream_new()) ||
-        !(g->ev_hc = dsv4_cuda_event_new()) || !(g->ev_hcd = dsv4_cuda_event_new()) || !(g->stream4 = dsv4_cuda_stream_new()) ||
-        !(g->ev_pf = dsv4_cuda_event_new()) || !(g->ev_pfd = dsv4_cuda_event_new()))
+    if (g->prio) {
+        g->stream = dsv4_cuda_stream_new_prio(0);
+        g->stream2 = dsv4_cuda_stream_new_prio(1);
+        g->stream4 = dsv4_cuda_stream_new_prio(1);
+    } else {
+        g->stream = dsv4_cuda_stream_new();
+        g->stream2 = dsv4_cuda_stream_new();
+        g->stream4 = dsv4_cuda_stream_new();
+    }
+    if (!g->stream || !g->stream2 || !g->stream4 || !(g->ev_fork = dsv4_cuda_event_new()) || !(g->ev_join = dsv4_cuda_event_new()) ||
+        !(g->ev_tail = dsv4_cuda_event_new()) || !(g->stream3 = dsv4_cuda_stream_new()) || !(g->ev_hc = dsv4_cuda_event_new()) ||
+        !(g->ev_hcd = dsv4_cuda_event_new()) || !(g->ev_j4 = dsv4_cuda_event_new()))
         rc = -1;
     if (!rc) rc = upload_weights(g, verbose);
     if (!rc && !(g->L = calloc((size_t)c->n_layers, sizeof(glayer)))) rc = -1;
@@ -415,8 +423,7 @@ void dsv4_cuda_model_free(dsv4_cuda_model *g) {
     if (g->stream4) dsv4_cuda_stream_sync(g->stream4);
     dsv4_cuda_stream_free(g->stream);
     dsv4_cuda_stream_free(g->stream4);
-    dsv4_cuda_event_free(g->ev_pf);
-    dsv4_cuda_event_free(g->ev_pfd);
+    dsv4_cuda_event_free(g->ev_j4);
     dsv4_cuda_stream_free(g->stream2);
     dsv4_cuda_stream_free(g->stream3);
     dsv4_cuda_event_free(g->ev_hc);
