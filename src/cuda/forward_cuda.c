@@ -599,7 +599,10 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
      * while an op profile times the ops one by one. Forked after the router, or with DSV4_CUDA_SHARED_EARLY before the
      * gate (the kernel timeline had the branch ending ~7 us after the routed experts in every layer at batch 1). */
     const int fork = ly->has_shared && g->stream2 && !g->prof;
-    if (ly->has_shared && g->sh_early) CK(shared_expert(g, w, gl, x, T, I, fork));
+    /* early only where neither the gate's linear nor the shared expert's stage x in the shared workspaces (small decode
+     * steps: no multi-token staging, no GEMM), as attention()'s forks */
+    const int early = fork && g->sh_early && !w->lws && !(w->gemm && w->gemm_ws);
+    if (ly->has_shared && early) CK(shared_expert(g, w, gl, x, T, I, fork));
     CK(lin(g, w, &gl->gate, x, T, w->lgE));
     if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
     const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;
@@ -609,7 +612,7 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     const int *t2e = ly->hash ? gl->tid2eid : NULL;
     if (ng == 1) CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
     else CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
-    if (ly->has_shared && !g->sh_early) CK(shared_expert(g, w, gl, x, T, I, fork));
+    if (ly->has_shared && !early) CK(shared_expert(g, w, gl, x, T, I, fork));
     /* routed experts, in equal groups of at most w->tg tokens (each token's result does not depend on its group) */
     *po = (dsv4_cuda_hc_f){out, NULL, NULL, 0, NULL};
     if (ng > 1) defer = 0;
