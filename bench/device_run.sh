@@ -57,6 +57,23 @@ run() {
     grep -E '^prefill|^ +[0-9]+ +[0-9]+ \|' "$dir/$part.txt" | tail -n 4
 }
 
+# ab / abdec: the Flash 4-layer bench (the given arguments) under each setting of $AB ("name=VAR=v[,VAR=v] ..."; the first
+# is the reference; a bare name runs the defaults), interleaved by bench/ab.sh (2 rounds); PART.txt, its last N lines shown
+ab_part() {
+    part=$1 nl=$2
+    shift 2
+    vs=""
+    for a in ${AB:-default}; do
+        n=${a%%=*}
+        if [ "$n" = "$a" ]; then vs="$vs $n=$bin"; else vs="$vs $n=$bin,${a#*=}"; fi
+    done
+    echo "== $part: bench/ab.sh -r 2$vs" | tee -a "$dir/$part.txt"
+    # shellcheck disable=SC2086
+    AB_DIR="$dir/$part" timeout 560 sh bench/ab.sh -r 2 $vs -- --synthetic flash --layers 4 "$@" --keep >>"$dir/$part.txt" 2>&1 ||
+        { echo "$part: ab.sh failed"; fail=1; }
+    tail -n "$nl" "$dir/$part.txt"
+}
+
 for p in $parts; do
     case $p in
     suite)
@@ -164,30 +181,11 @@ for p in $parts; do
         tail -n 3 "$dir/serve.log"
         ;;
     ab)
-        # the Flash 8K prefill (4 layers) under the settings in $AB ("name=VAR=v[,VAR=v] ..."; the first is the
-        # reference; a bare name runs the defaults), interleaved by bench/ab.sh (2 rounds)
-        vs=""
-        for a in ${AB:-default}; do
-            n=${a%%=*}
-            if [ "$n" = "$a" ]; then vs="$vs $n=$bin"; else vs="$vs $n=$bin,${a#*=}"; fi
-        done
-        echo "== ab: bench/ab.sh -r 2$vs" | tee -a "$dir/ab.txt"
-        # shellcheck disable=SC2086
-        AB_DIR="$dir/ab" timeout 560 sh bench/ab.sh -r 2 $vs -- --synthetic flash --layers 4 --batch 1 --context 4096 \
-            --prompt 8192 --steps 2 --keep >>"$dir/ab.txt" 2>&1 || { echo "ab: ab.sh failed"; fail=1; }
-        tail -n 8 "$dir/ab.txt"
+        # the Flash 8K prefill (4 layers) under the settings in $AB
+        ab_part ab 8 --batch 1 --context 4096 --prompt 8192 --steps 2
         ;;
     abdec)
-        vs=""
-        for a in ${AB:-default}; do
-            n=${a%%=*}
-            if [ "$n" = "$a" ]; then vs="$vs $n=$bin"; else vs="$vs $n=$bin,${a#*=}"; fi
-        done
-        echo "== abdec: bench/ab.sh -r 2$vs" | tee -a "$dir/abdec.txt"
-        # shellcheck disable=SC2086
-        AB_DIR="$dir/abdec" timeout 560 sh bench/ab.sh -r 2 $vs -- --synthetic flash --layers 4 --batch 1,8,64,256 \
-            --context 4096 --prompt 0 --steps 5 --keep >>"$dir/abdec.txt" 2>&1 || { echo "abdec: ab.sh failed"; fail=1; }
-        tail -n 12 "$dir/abdec.txt"
+        ab_part abdec 12 --batch 1,8,64,256 --context 4096 --prompt 0 --steps 5
         ;;
     allsw)
         # the suite again with every session-28/29 switch on (the new forms on the forward's path: fixtures, unseen

@@ -210,6 +210,15 @@ static int prefill_seq(dsv4_model *m, dsv4_seq *sq, int n, int chunk, int V, cha
 }
 
 #ifdef DSV4_CUDA
+/* --trace: starts recording (1), or on a failure says so and closes *tf: no more traces (0) */
+static int trace_begin(FILE **tf) {
+    char err[256];
+    if (!*tf) return 0;
+    if (!dsv4_cuda_trace_begin(err, sizeof err)) return 1;
+    fprintf(stderr, "dsv4 bench: --trace: %s (no trace)\n", err);
+    fclose(*tf), *tf = NULL;
+    return 0;
+}
 /* --trace: the recorded timeline appended to *tf under title; on a failure a message, and no more traces */
 static int g_traces; /* sections written */
 static void trace_done(FILE **tf, const char *title) {
@@ -449,10 +458,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
             int n = o.prompt;
 #ifdef DSV4_CUDA
             if (r == nr + 1) dsv4_cuda_profile_open(m->gpu);
-            if (r == rtrace && dsv4_cuda_trace_begin(err, sizeof err)) {
-                fprintf(stderr, "dsv4 bench: --trace: %s (no trace)\n", err);
-                fclose(tf), tf = NULL;
-            }
+            const int traced = r == rtrace && trace_begin(&tf);
 #endif
             double a = now();
             if (dsv4_forward(m, 1, &sq, &tp, &n, lg, DSV4_LOGITS_LAST, err, sizeof err)) {
@@ -466,7 +472,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
                 snprintf(title, sizeof title, "prefill of %d tokens", o.prompt);
                 dsv4_cuda_profile_close(m->gpu, o.profile ? (o.json ? stderr : stdout) : NULL, title, &pf_split);
             }
-            if (r == rtrace && tf) {
+            if (traced) {
                 char title[96];
                 snprintf(title, sizeof title, "prefill of %d tokens (%s, %d layers)", o.prompt, s.name, N);
                 trace_done(&tf, title);
@@ -550,19 +556,14 @@ int dsv4_cmd_bench(int argc, char **argv) {
                 R->t_layers = rl * 1e-3;
                 R->t_step = rs * 1e-3;
                 R->graph = 1;
-                if (tf) { /* --trace: 5 more replays, traced */
+                if (trace_begin(&tf)) { /* --trace: 5 more replays, traced */
                     double tl5, ts5;
-                    if (dsv4_cuda_trace_begin(err, sizeof err)) {
-                        fprintf(stderr, "dsv4 bench: --trace: %s (no trace)\n", err);
-                        fclose(tf), tf = NULL;
-                    } else {
-                        char title[128];
-                        snprintf(title, sizeof title, "decode batch %d context %d (%s, %d layers): 5 replays of the layers and head graphs",
-                                 B, C, s.name, N);
-                        if (dsv4_cuda_decode_replay_ms(m->gpu, B, 5, &tl5, &ts5))
-                            fprintf(stderr, "dsv4 bench: --trace: the traced replays failed\n");
-                        trace_done(&tf, title);
-                    }
+                    char title[128];
+                    snprintf(title, sizeof title, "decode batch %d context %d (%s, %d layers): 5 replays of the layers and head graphs",
+                             B, C, s.name, N);
+                    if (dsv4_cuda_decode_replay_ms(m->gpu, B, 5, &tl5, &ts5))
+                        fprintf(stderr, "dsv4 bench: --trace: the traced replays failed\n");
+                    trace_done(&tf, title);
                 }
             }
             /* the op profile splits the layers' time by layer type for the whole-model projection (its table: --profile) */

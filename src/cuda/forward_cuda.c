@@ -289,7 +289,9 @@ static int hc_join(dsv4_cuda_model *g) {
     return dsv4_cuda_stream_wait(g->stream, g->ev_hcd);
 }
 
-static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y);
+static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
+    return lin_ld(g, w, wt, x, 0, T, y, 0);
+}
 
 /* The indexer's weights projection (idx_wproj, x -> w->wt) of a forked ratio-4 layer on stream4, beside the indexer
  * compressor's projections on stream2 (DSV4_CUDA_WPROJ_FORK=1). Its shape takes another column split than theirs
@@ -306,10 +308,6 @@ static int wproj_fork(dsv4_cuda_model *g, const gws *w, const glayer *gl, const 
     if (rc || dsv4_cuda_event_record(g->ev_j4, g->stream4)) return -1;
     g->wp_pend = 1;
     return 0;
-}
-
-static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int T, float *y) {
-    return lin_ld(g, w, wt, x, 0, T, y, 0);
 }
 
 /* A job of a grouped linear: x, y contiguous rows (fp32) */
@@ -602,7 +600,7 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     /* early only where neither the gate's linear nor the shared expert's stage x in the shared workspaces (small decode
      * steps: no multi-token staging, no GEMM), as attention()'s forks */
     const int early = fork && g->sh_early && !w->lws && !(w->gemm && w->gemm_ws);
-    if (ly->has_shared && early) CK(shared_expert(g, w, gl, x, T, I, fork));
+    if (early) CK(shared_expert(g, w, gl, x, T, I, fork));
     CK(lin(g, w, &gl->gate, x, T, w->lgE));
     if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
     const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;

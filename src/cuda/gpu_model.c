@@ -328,15 +328,9 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->qgmax = (16 << 20) / nl;
     if (g->qgmax < 1) g->qgmax = 1;
     int rc = 0;
-    if (g->prio) {
-        g->stream = dsv4_cuda_stream_new_prio(0);
-        g->stream2 = dsv4_cuda_stream_new_prio(1);
-        g->stream4 = dsv4_cuda_stream_new_prio(1);
-    } else {
-        g->stream = dsv4_cuda_stream_new();
-        g->stream2 = dsv4_cuda_stream_new();
-        g->stream4 = dsv4_cuda_stream_new();
-    }
+    g->stream = g->prio ? dsv4_cuda_stream_new_prio(0) : dsv4_cuda_stream_new();
+    g->stream2 = g->prio ? dsv4_cuda_stream_new_prio(1) : dsv4_cuda_stream_new();
+    g->stream4 = g->prio ? dsv4_cuda_stream_new_prio(1) : dsv4_cuda_stream_new();
     if (!g->stream || !g->stream2 || !g->stream4 || !(g->ev_fork = dsv4_cuda_event_new()) || !(g->ev_join = dsv4_cuda_event_new()) ||
         !(g->ev_tail = dsv4_cuda_event_new()) || !(g->stream3 = dsv4_cuda_stream_new()) || !(g->ev_hc = dsv4_cuda_event_new()) ||
         !(g->ev_hcd = dsv4_cuda_event_new()) || !(g->ev_j4 = dsv4_cuda_event_new()))
