@@ -224,8 +224,8 @@ static int gemm_takes(const gws *w, const dsv4_cuda_weight *wt, int T, int strid
 
 /* A linear of the pass (x rows ldx apart, y rows ldy; 0: contiguous): a GEMM where gemm_takes, everything else (and
  * whatever a GEMM declines) through the GEMV. */
-static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int64_t ldx, int T, float *y,
-                  int64_t ldy) {
+static int lin_ld_any(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int64_t ldx, int T, float *y,
+                      int64_t ldy) {
     if (w->gemm && w->gemm_ws) {
         int r = 1;
         if (!ldx && !ldy) r = dsv4_cuda_linear_gemm(wt, x, T, y, w->gemm_ws, w->gemm_wsb, g->stream);
@@ -236,6 +236,24 @@ static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, 
     if (!ldx && !ldy) return dsv4_cuda_linear_ws(wt, x, 0, T, y, w->lws, w->lwsb, g->stream);
     dsv4_cuda_linear_job j = {*wt, x, ldx, y, ldy};
     return dsv4_cuda_linear_multi_ws(&j, 1, 0, T, w->lws, w->lwsb, g->stream);
+}
+
+/* DSV4_CUDA_BRANCH_GRID=N: a GEMV enqueued on a branch stream (stream2 / stream4) of a small decode step takes at most N
+ * blocks, so that the main chain's GEMVs find SMs beside it (the same bits: fewer blocks loop over the same rows).
+ * Returns the cap to restore (branch_cap_end). */
+static int branch_cap_begin(const dsv4_cuda_model *g, const gws *w) {
+    const int br = g->branch_grid > 0 && (g->stream == g->stream2 || g->stream == g->stream4) && !w->lws && !(w->gemm && w->gemm_ws);
+    return br ? dsv4_cuda_linear_grid_cap(g->branch_grid) : -1;
+}
+static int branch_cap_end(int was, int rc) {
+    if (was >= 0) dsv4_cuda_linear_grid_cap(was);
+    return rc;
+}
+
+static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int64_t ldx, int T, float *y,
+                  int64_t ldy) {
+    const int was = branch_cap_begin(g, w);
+    return branch_cap_end(was, lin_ld_any(g, w, wt, x, ldx, T, y, ldy));
 }
 
 /* A parallel branch of a layer (attention's indexer, compressor or query heads, the shared expert): with fork, the ops
@@ -327,7 +345,8 @@ static int lin_multi(dsv4_cuda_model *g, const gws *w, dsv4_cuda_linear_job *jb,
             jb[k++] = jb[i];
         }
     }
-    return dsv4_cuda_linear_multi_ws(jb, k, 0, T, w->lws, w->lwsb, g->stream);
+    const int was = branch_cap_begin(g, w);
+    return branch_cap_end(was, dsv4_cuda_linear_multi_ws(jb, k, 0, T, w->lws, w->lwsb, g->stream));
 }
 
 /* The rest of a compressor, after its projections of x (kvp: wkv, scp: wgate; attention() groups the linears); the
@@ -364,12 +383,12 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
 
 /* The indexer of a ratio-4 layer after its compressor: its queries from qr (wq_b, RoPE, Hadamard, FP4), the scores over
  * the compressed keys, the top-k of each query's list into w->sel / w->nsel; on g->stream */
-static int run_indexer(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L) {
+static int run_indexer(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int proj) {
     const dsv4_config *c = &g->m->cfg;
     const glayer *gl = &g->L[L];
     const int T = b->T, R = c->rope_head_dim, Hi = c->index_n_heads, Di = c->index_head_dim, topk = c->index_topk;
     void *st = g->stream;
-    CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
+    if (proj) CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi)); /* else the caller ran it (DSV4_CUDA_IDXQ_MAIN) */
     CK(dsv4_cuda_rope_hq4(w->qi, T, Hi, Di, 0, NULL, 0.0f, R / 2, gl->rope_freq, b->pos, st)); /* rope, Hadamard, FP4 */
     if (g->wp_pend) { /* the weights projection ran on stream4 (wproj_fork) */
         g->wp_pend = 0;
@@ -432,6 +451,11 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
      * Joined (ev_join) before the attention. Serial passes group all the compressors' projections in one linear. */
     const int fork = g->attn_fork && g->stream2 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws);
     const int idx = ly->ratio == 4;
+    /* forked ratio-4 layers: DSV4_CUDA_CMP_BRANCH=1 the attention compressor (its projections grouped with the indexer
+     * compressor's) on stream2 at the branch's start, not on the main stream after the query heads; DSV4_CUDA_IDXQ_MAIN=1
+     * the indexer's query projection on the main stream right after qr (before wq_b, whose blocks otherwise fill the
+     * SMs first: the kernel timeline, bench/NOTES.md "Session 34"), the rest of the indexer on stream2 after it */
+    const int cb = fork && idx && g->cmp_branch, iqm = fork && idx && g->idxq_main;
     dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
     int nc = 2;
     if (idx) {
@@ -444,11 +468,12 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         int rc = 0;
         const int wp = fork && idx && g->wp_fork && g->stream4;
         if (wp) BR(wproj_fork(g, w, gl, x, T));
-        if (fork && idx)
+        if (fork && idx && !cb)
             BR(lin_multi(g, w, cj + 2, wp ? 2 : 3, T));
         else
-            BR(lin_multi(g, w, cj, nc, T));
+            BR(lin_multi(g, w, cj, wp ? nc - 1 : nc, T)); /* wproj_fork: idx_wproj, the last job, ran on stream4 */
         BR(run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp, !(fork && idx)));
+        if (cb) BR(run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1)); /* the attention compressor after the indexer's */
         if (fork && !idx) BR(attn_index(g, w, b, L)); /* ratio 128: the index lists at the branch's end */
         CK(branch_end(g, st, fork && !idx, rc));
     }
@@ -457,9 +482,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     CK(lin_multi(g, w, qkv, 2, T));
     CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
     if (idx) { /* the indexer after qr; its compressor's pending rows after the join */
+        if (iqm) CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
         CK(branch_begin(g, fork));
         int rc = 0;
-        BR(run_indexer(g, w, b, L));
+        BR(run_indexer(g, w, b, L, !iqm));
         if (fork) BR(attn_index(g, w, b, L)); /* the index lists after the top-k, on the indexer's stream */
         CK(branch_end(g, st, fork, rc));
         if (fork) {
@@ -500,7 +526,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         CK(branch_end(g, st, qf, rc));
     }
     CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
-    if (idx) { /* the attention compressor (its projections here when forked) */
+    if (idx && !cb) { /* the attention compressor (its projections here when forked) */
         if (fork) CK(lin_multi(g, w, cj, 2, T));
         CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1));
     }
@@ -594,8 +620,9 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     void *st = g->stream;
     /* the shared expert on the second stream, beside the routed experts (a parallel branch of the step's graph; the
      * same kernels on the same data, so the same bits): at small batches each leaves most of the GPU idle. Serial
-     * while an op profile times the ops one by one. Forked after the router, or with DSV4_CUDA_SHARED_EARLY before the
-     * gate (the kernel timeline had the branch ending ~7 us after the routed experts in every layer at batch 1). */
+     * while an op profile times the ops one by one. Forked before the gate in small decode steps (the
+     * kernel timeline had the branch ending ~7 us after the routed experts in every layer at batch 1 when it forked after
+     * the router; session 34: batch 1 0.984x, batch 8 0.979x), else (or DSV4_CUDA_SHARED_EARLY=0) after the router. */
     const int fork = ly->has_shared && g->stream2 && !g->prof;
     /* early only where neither the gate's linear nor the shared expert's stage x in the shared workspaces (small decode
      * steps: no multi-token staging, no GEMM), as attention()'s forks */

@@ -12,6 +12,12 @@
 
 /* ---- allocation helpers ---- */
 
+/* A switch from the environment: unset or empty gives dflt, "0" off, anything else on */
+static int env_on(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? strcmp(v, "0") != 0 : dflt;
+}
+
 static int track(dsv4_cuda_model *g, void *p) {
     if (g->nbufs == g->capbufs) {
         int cap = g->capbufs ? g->capbufs * 2 : 256;
@@ -302,10 +308,14 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->attn_fork = !(fe && !strcmp(fe, "0"));
     /* decode steps' branch structure (forward_cuda.c; bench/NOTES.md "Session 33": the kernel timeline showed the
      * indexer's branch and the shared expert's on the critical chain) */
-    const char *v1 = getenv("DSV4_CUDA_WPROJ_FORK"), *v2 = getenv("DSV4_CUDA_SHARED_EARLY"), *v3 = getenv("DSV4_CUDA_STREAM_PRIO");
-    g->wp_fork = v1 && *v1 && strcmp(v1, "0");
-    g->sh_early = v2 && *v2 && strcmp(v2, "0");
-    g->prio = v3 && *v3 && strcmp(v3, "0");
+    g->wp_fork = env_on("DSV4_CUDA_WPROJ_FORK", 0);
+    g->sh_early = env_on("DSV4_CUDA_SHARED_EARLY", 1); /* session 34: batch 1 0.984x, batch 8 0.979x, 64 / 256 unchanged */
+    g->prio = env_on("DSV4_CUDA_STREAM_PRIO", 0);
+    g->idxq_main = env_on("DSV4_CUDA_IDXQ_MAIN", 0);
+    g->cmp_branch = env_on("DSV4_CUDA_CMP_BRANCH", 0);
+    const char *bg = getenv("DSV4_CUDA_BRANCH_GRID");
+    g->branch_grid = bg && *bg ? atoi(bg) : 0;
+    if (g->branch_grid < 0) g->branch_grid = 0;
     const char *he = getenv("DSV4_CUDA_HC_DEFER");
     g->hc_defer = !(he && !strcmp(he, "0"));
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
