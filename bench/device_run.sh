@@ -2,7 +2,7 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile trace nvfp4 serve ab abdec allsw switch (default: flash pro)
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile trace nvfp4 serve ab abdec abcheck allsw switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
 #     attn   tests/gpu/test_attn_kv8's tensor-core paths with their timings: --only-tc (prefill passes, the prefill and
@@ -19,6 +19,7 @@
 #     ab     the Flash 8K prefill (4 layers) under each setting of AB="name=VAR=v[,VAR=v] ..." (a bare name: the
 #            defaults), interleaved by bench/ab.sh, 2 rounds
 #     abdec  decode steps (Flash 4 layers, batch 1, 8, 64, 256 at 4K) under each setting of AB as in ab, 2 rounds
+#     abcheck  each setting of AB: test_decode (fixtures, a synthetic model) and a greedy run's text against the first's
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
 #            DSV4_LINEAR_TERMS_CAT; into DIR/allsw/)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
@@ -186,6 +187,28 @@ for p in $parts; do
         ;;
     abdec)
         ab_part abdec 12 --batch 1,8,64,256 --context 4096 --prompt 0 --steps 5
+        ;;
+    abcheck)
+        # each setting of $AB before its timings: test_decode on the four fixtures and a synthetic model (graphs ==
+        # launches one by one, batch invariance) and a greedy `dsv4 run --device cuda` whose text must not change
+        bdir=$(dirname "$bin")
+        [ -d "$TMPDIR/abcheck-synth" ] || "$bin" synth -o "$TMPDIR/abcheck-synth" >/dev/null 2>&1
+        ref=""
+        for a in ${AB:-default}; do
+            n=${a%%=*} e=X=1
+            [ "$n" = "$a" ] || e=$(echo "${a#*=}" | tr ',' ' ')
+            # shellcheck disable=SC2086
+            env $e timeout 150 "$bdir/tests/gpu/test_decode" tests/fixtures/tiny-bf16 tests/fixtures/small-fp8-fp4 \
+                tests/fixtures/tiny-nvfp4-hf tests/fixtures/small-fp8-nvfp4 "$TMPDIR/abcheck-synth" >"$dir/abcheck-$n.txt" 2>&1
+            rc=$?
+            # shellcheck disable=SC2086
+            env $e timeout 60 "$bin" run -m "$TMPDIR/abcheck-synth" --device cuda -p "The quick brown fox" --temperature 0 \
+                --max-tokens 24 --ignore-eos -q >"$dir/abcheck-$n.run" 2>/dev/null
+            sum=$(md5sum <"$dir/abcheck-$n.run" | cut -c1-8)
+            [ -n "$ref" ] || ref=$sum
+            echo "abcheck $n: test_decode exit $rc ($(grep -h 'checks,' "$dir/abcheck-$n.txt" | tr '\n' ' ')), greedy text $sum$([ "$sum" = "$ref" ] || echo ' DIFFERS')"
+            [ "$rc" = 0 ] && [ "$sum" = "$ref" ] || fail=1
+        done
         ;;
     allsw)
         # the suite again with every session-28/29 switch on (the new forms on the forward's path: fixtures, unseen
