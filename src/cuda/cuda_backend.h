@@ -153,10 +153,6 @@ int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, 
  * depend on the row count keep one order up to this many rows, so that decode steps are batch invariant. */
 #define DSV4_CUDA_DECODE_MAX 1024
 size_t dsv4_cuda_linear_ws_bytes(int T, int64_t cols, int njobs);
-/* The tensor-core GEMV's launches from now on take at most n blocks (0: no cap; as many clusters as are resident);
- * returns the previous cap. A launch's blocks loop over its row groups, so the results do not change, only how much of
- * the GPU the launch holds (decode branches beside the main chain, forward_cuda.c). Host state, read at enqueue time. */
-int dsv4_cuda_linear_grid_cap(int n);
 int dsv4_cuda_linear_ws(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *ws, size_t ws_bytes,
                         void *stream);
 int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *ws, size_t ws_bytes,

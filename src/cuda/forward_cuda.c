@@ -224,8 +224,8 @@ static int gemm_takes(const gws *w, const dsv4_cuda_weight *wt, int T, int strid
 
 /* A linear of the pass (x rows ldx apart, y rows ldy; 0: contiguous): a GEMM where gemm_takes, everything else (and
  * whatever a GEMM declines) through the GEMV. */
-static int lin_ld_any(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int64_t ldx, int T, float *y,
-                      int64_t ldy) {
+static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int64_t ldx, int T, float *y,
+                  int64_t ldy) {
     if (w->gemm && w->gemm_ws) {
         int r = 1;
         if (!ldx && !ldy) r = dsv4_cuda_linear_gemm(wt, x, T, y, w->gemm_ws, w->gemm_wsb, g->stream);
@@ -236,24 +236,6 @@ static int lin_ld_any(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *
     if (!ldx && !ldy) return dsv4_cuda_linear_ws(wt, x, 0, T, y, w->lws, w->lwsb, g->stream);
     dsv4_cuda_linear_job j = {*wt, x, ldx, y, ldy};
     return dsv4_cuda_linear_multi_ws(&j, 1, 0, T, w->lws, w->lwsb, g->stream);
-}
-
-/* DSV4_CUDA_BRANCH_GRID=N: a GEMV enqueued on a branch stream (stream2 / stream4) of a small decode step takes at most N
- * blocks, so that the main chain's GEMVs find SMs beside it (the same bits: fewer blocks loop over the same rows).
- * Returns the cap to restore (branch_cap_end). */
-static int branch_cap_begin(const dsv4_cuda_model *g, const gws *w) {
-    const int br = g->branch_grid > 0 && (g->stream == g->stream2 || g->stream == g->stream4) && !w->lws && !(w->gemm && w->gemm_ws);
-    return br ? dsv4_cuda_linear_grid_cap(g->branch_grid) : -1;
-}
-static int branch_cap_end(int was, int rc) {
-    if (was >= 0) dsv4_cuda_linear_grid_cap(was);
-    return rc;
-}
-
-static int lin_ld(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, const float *x, int64_t ldx, int T, float *y,
-                  int64_t ldy) {
-    const int was = branch_cap_begin(g, w);
-    return branch_cap_end(was, lin_ld_any(g, w, wt, x, ldx, T, y, ldy));
 }
 
 /* A parallel branch of a layer (attention's indexer, compressor or query heads, the shared expert): with fork, the ops
@@ -345,8 +327,7 @@ static int lin_multi(dsv4_cuda_model *g, const gws *w, dsv4_cuda_linear_job *jb,
             jb[k++] = jb[i];
         }
     }
-    const int was = branch_cap_begin(g, w);
-    return branch_cap_end(was, dsv4_cuda_linear_multi_ws(jb, k, 0, T, w->lws, w->lwsb, g->stream));
+    return dsv4_cuda_linear_multi_ws(jb, k, 0, T, w->lws, w->lwsb, g->stream);
 }
 
 /* The rest of a compressor, after its projections of x (kvp: wkv, scp: wgate; attention() groups the linears); the
@@ -378,6 +359,20 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
         CK(dsv4_cuda_norm_rope_q8(ent, T, 1, d, gc->norm, c->norm_eps, R / 2, gl->rope_freq, rpos, d - R, 64, g->stream));
     }
     CK(dsv4_cuda_cmp_store(b, L, which, ent, mr, d, R, c->window_size, g->stream));
+    return 0;
+}
+
+/* The attention compressor of a forked ratio-4 layer (its projections cj[0..1] of x, then the rest) on stream4 from the
+ * layer's start (DSV4_CUDA_CMP_BRANCH=1), beside the indexer's branch on stream2 (the two compressors keep their own
+ * rows: cmp_state); the main stream waits for ev_j4 before the attention. Called as wproj_fork (which it excludes). */
+static int cmp_fork(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, dsv4_cuda_linear_job *cj, int T) {
+    void *st = g->stream;
+    if (dsv4_cuda_stream_wait(g->stream4, g->ev_fork)) return -1;
+    g->stream = g->stream4;
+    int rc = lin_multi(g, w, cj, 2, T);
+    if (!rc) rc = run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1);
+    g->stream = st;
+    if (rc || dsv4_cuda_event_record(g->ev_j4, g->stream4)) return -1;
     return 0;
 }
 
@@ -451,11 +446,12 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
      * Joined (ev_join) before the attention. Serial passes group all the compressors' projections in one linear. */
     const int fork = g->attn_fork && g->stream2 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws);
     const int idx = ly->ratio == 4;
-    /* forked ratio-4 layers: DSV4_CUDA_CMP_BRANCH=1 the attention compressor (its projections grouped with the indexer
-     * compressor's) on stream2 at the branch's start, not on the main stream after the query heads; DSV4_CUDA_IDXQ_MAIN=1
-     * the indexer's query projection on the main stream right after qr (before wq_b, whose blocks otherwise fill the
-     * SMs first: the kernel timeline, bench/NOTES.md "Session 34"), the rest of the indexer on stream2 after it */
-    const int cb = fork && idx && g->cmp_branch, iqm = fork && idx && g->idxq_main;
+    /* forked ratio-4 layers: the indexer's query projection on the main stream right after qr, before wq_b, whose
+     * blocks otherwise fill the SMs first (the kernel timeline, bench/NOTES.md "Session 34"; DSV4_CUDA_IDXQ_MAIN=0: on
+     * stream2), the rest of the indexer on stream2 after it; DSV4_CUDA_CMP_BRANCH=1 the attention compressor (its
+     * projections and the rest) on stream4 from the layer's start, not on the main stream after the query heads */
+    const int iqm = fork && idx && g->idxq_main;
+    const int cb = fork && idx && g->cmp_branch && !(g->wp_fork && g->stream4) && g->stream4;
     dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
     int nc = 2;
     if (idx) {
@@ -468,12 +464,12 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         int rc = 0;
         const int wp = fork && idx && g->wp_fork && g->stream4;
         if (wp) BR(wproj_fork(g, w, gl, x, T));
-        if (fork && idx && !cb)
+        if (cb) BR(cmp_fork(g, w, b, L, cj, T));
+        if (fork && idx)
             BR(lin_multi(g, w, cj + 2, wp ? 2 : 3, T));
         else
-            BR(lin_multi(g, w, cj, wp ? nc - 1 : nc, T)); /* wproj_fork: idx_wproj, the last job, ran on stream4 */
+            BR(lin_multi(g, w, cj, nc, T));
         BR(run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp, !(fork && idx)));
-        if (cb) BR(run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1)); /* the attention compressor after the indexer's */
         if (fork && !idx) BR(attn_index(g, w, b, L)); /* ratio 128: the index lists at the branch's end */
         CK(branch_end(g, st, fork && !idx, rc));
     }
@@ -532,6 +528,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     }
     if (!fork || ly->ratio == 0) CK(attn_index(g, w, b, L)); /* the index lists (positions only, without the indexer) */
     if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
+    if (cb) CK(dsv4_cuda_stream_wait(st, g->ev_j4));      /* the attention compressor (cmp_fork) */
 
     /* attention and its output's inverse RoPE over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per
      * call bound the split partials (a row's result does not depend on the rows beside it), the inverse RoPE in the

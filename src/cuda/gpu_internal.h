@@ -105,9 +105,8 @@ struct dsv4_cuda_model {
     int wp_pend;  /* that projection not yet waited for (run_indexer waits) */
     int sh_early; /* the shared expert's branch forked before the gate (DSV4_CUDA_SHARED_EARLY=0: after the router) */
     int prio;     /* DSV4_CUDA_STREAM_PRIO: the main stream at the highest priority, the branches' at the lowest */
-    int idxq_main;   /* DSV4_CUDA_IDXQ_MAIN: ratio-4 layers' indexer query projection on the main stream (forward_cuda.c) */
-    int cmp_branch;  /* DSV4_CUDA_CMP_BRANCH: ratio-4 layers' attention compressor on stream2 at the branch's start */
-    int branch_grid; /* DSV4_CUDA_BRANCH_GRID: most blocks of a branch stream's GEMV launch (0: no cap) */
+    int idxq_main;  /* ratio-4 layers' indexer query projection on the main stream (DSV4_CUDA_IDXQ_MAIN=0: stream2) */
+    int cmp_branch; /* DSV4_CUDA_CMP_BRANCH: ratio-4 layers' attention compressor on stream4 from the layer's start */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */

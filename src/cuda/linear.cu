@@ -756,13 +756,6 @@ static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 2, tc_prew = 
 /* tc_half: DSV4_LINEAR_HALF=1 runs every T on the 16-token kernel, whose steps are half as long (TC_CH / 2 chunks a
  * lane: half the weight bytes requested ahead of x's loads; the same bits, as T = 9..16 shows) */
 static int tc_half = 0;
-/* tc_grid_cap: at most this many blocks a launch (0: as many as are resident; dsv4_cuda_linear_grid_cap) */
-static int tc_grid_cap = 0;
-extern "C" int dsv4_cuda_linear_grid_cap(int n) {
-    const int was = tc_grid_cap;
-    tc_grid_cap = n > 0 ? n : 0;
-    return was;
-}
 #ifdef DSV4_TC_TRACE
 static unsigned long long *tc_trace; /* experiments: the next launch records its timeline here */
 extern "C" void dsv4_cuda_linear_trace(void *buf) { tc_trace = (unsigned long long *)buf; }
@@ -834,8 +827,7 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
         const int nt2 = a.p.nt > 8 || (tc_half && tc_smem(fmt, q.xt, a.p.nt, q.nub, S, 1) <= cap);
         tc_fn<NJ> fn = pick_tc<NJ>(fmt, q.xt, nt2);
         const size_t smem = tc_smem(fmt, q.xt, a.p.nt, q.nub, S, nt2);
-        int N = tc_max_clusters((const void *)fn, KG, smem);
-        if (tc_grid_cap > 0 && N > tc_grid_cap / KG) N = tc_grid_cap / KG > 0 ? tc_grid_cap / KG : 1; /* fewer clusters: the same bits */
+        const int N = tc_max_clusters((const void *)fn, KG, smem);
         int ncl = 0;
         if (nj == 1) {
             ncl = N < nrg_sum ? N : nrg_sum;

@@ -30,7 +30,6 @@
 extern int g_fail, g_checks; /* checks failed / run (every check counts itself) */
 extern void *g_lws;          /* test_linear_multi: the grouped call's multi-token workspace when set */
 extern size_t g_lwsb;
-extern int g_gcap;           /* test_linear_multi: the grouped call under dsv4_cuda_linear_grid_cap(g_gcap) when set */
 
 typedef struct hweight {
     dsv4_weight w;

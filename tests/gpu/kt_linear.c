@@ -105,7 +105,6 @@ void test_linear_invariant(const char *tag, dsv4_wfmt fmt, int R, int C, int aq,
 /* ---- the multi-token GEMM (dsv4_cuda_linear_ws / _multi_ws, linear_bi.cu): every row bitwise the GEMV's ---- */
 
 void *g_lws; /* set: test_linear_multi's grouped call gets this workspace (its references stay the GEMV) */
-int g_gcap;  /* set: test_linear_multi's grouped call runs with the GEMV's launches capped at this many blocks */
 size_t g_lwsb;
 
 /* dsv4_cuda_linear_ws (the multi-token GEMM from DSV4_CUDA_LINEAR_WS_MIN_T rows; more than 256: passes) against
@@ -237,10 +236,8 @@ void test_linear_multi(const char *tag, const mspec *s, int n, int views, int xs
         jb[i].y = dy[i];
         jb[i].ldy = ys ? ldy : 0;
     }
-    const int was = g_gcap ? dsv4_cuda_linear_grid_cap(g_gcap) : 0;
     op_ok(g_lws ? dsv4_cuda_linear_multi_ws(jb, n, xbf16, T, g_lws, g_lwsb, NULL) : dsv4_cuda_linear_multi(jb, n, xbf16, T, NULL),
           "linear multi");
-    if (g_gcap) dsv4_cuda_linear_grid_cap(was);
     sync_ok();
     int bad = 0, gap = 0;
     float *yc = ys ? malloc(4 * yall) : NULL;
@@ -277,11 +274,9 @@ void test_linear_multi(const char *tag, const mspec *s, int n, int views, int xs
     for (int i = 0, k = 0; i < n && k < 80; i++)
         if (!i || s[i].fmt != s[i - 1].fmt || s[i].R != s[i - 1].R || s[i].C != s[i - 1].C)
             k += snprintf(fm + k, sizeof fm - k, "%s%s %dx%d", k ? ", " : "", dsv4_wfmt_name(s[i].fmt), s[i].R, s[i].C);
-    char cap[32] = "";
-    if (g_gcap) snprintf(cap, sizeof cap, " (<= %d blocks)", g_gcap);
-    printf("%-4s linear multi%s%s %s (%d jobs: %s%s%s%s%s) T=%d: rows bitwise equal to dsv4_cuda_linear (%d of %d jobs differ, %d gap "
+    printf("%-4s linear multi%s %s (%d jobs: %s%s%s%s%s) T=%d: rows bitwise equal to dsv4_cuda_linear (%d of %d jobs differ, %d gap "
            "values written)%s\n",
-           bad || gap ? "FAIL" : "ok", g_lws ? " mt" : "", cap, tag, n, fm, views ? "; views" : "", xs ? "; x strided" : "", ys ? "; y strided" : "",
+           bad || gap ? "FAIL" : "ok", g_lws ? " mt" : "", tag, n, fm, views ? "; views" : "", xs ? "; x strided" : "", ys ? "; y strided" : "",
            xbf16 ? "; x:bf16" : "", T, bad, n, gap, bad || gap ? " <<<" : "");
     dsv4_cuda_free(dx), dsv4_cuda_free(dyc), free(x), free(xb), free(yc);
     mweights_free(&m);

@@ -172,23 +172,6 @@ multi_checks: {
         test_linear_multi("element path", odd, 2, 0, 1, 1, 0, 40);
         test_linear_multi("mixed", mix, 4, 0, 1, 1, 0, 3);
         test_linear_multi("mixed", mix, 4, 0, 1, 0, 0, 20);
-        { /* launches capped at a few blocks (dsv4_cuda_linear_grid_cap, the decode branches' GEMVs): the same bits; their
-           * own random stream (added in session 34) */
-            const uint64_t rs = rnd_state_get();
-            const mspec wqb[1] = {{DSV4_WF_FP8, 32768, 1024, 1, 0, 0}};
-            mspec wo8c[8];
-            ms_wo_a(wo8c, 8);
-            static const int caps[3] = {1, 8, 32};
-            for (int i = 0; i < 3; i++) {
-                g_gcap = caps[i];
-                test_linear_multi("wq_b Flash", wqb, 1, 0, 0, 0, 0, 1);
-                test_linear_multi("compressors+wproj", cmp, 5, 0, 0, 0, 0, 1);
-                test_linear_multi("wo_a groups Flash", wo8c, 8, 1, 1, 1, 0, 3);
-                test_linear_multi("wq_a+wkv", qkv, 2, 0, 0, 0, 0, 16);
-            }
-            g_gcap = 0;
-            rnd_state_set(rs);
-        }
         if (only_multi) goto checks_done;
     }
     /* the multi-token GEMM (dsv4_cuda_linear_ws): bitwise the GEMV for every format and x kind it takes, rows not a
