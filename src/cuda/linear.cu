@@ -694,8 +694,17 @@ static size_t tc_smem(int fmt, int xt, int nt, int nub, int S, int nt2 = -1) {
  * tokens than fit go in several launches (the weight is read once per launch); clusters are avoided otherwise
  * because their barrier (with its GPU-scope fence) drains the loads in flight at every tile. */
 static int tc_kg(int S) { return S > 16 ? S / 16 : 1; }
+/* Matrices of fewer than tc_small_tiles 16-row tiles take clusters (S up to 64). DSV4_LINEAR_SMALL_TILES=N moves the
+ * bound, for measurements (session 34: 17 takes the 256-row gate and indexer-compressor projections, 16 blocks at
+ * S = 16, to 32 blocks at S = 32, where the weights projection is, so the three share a launch). It changes those
+ * rows' summation order (in every pass alike: decode and prefill stay bitwise equal); read once. */
+static int tc_small_tiles = -1;
 static int tc_slices(int fmt, int xt, int R, int C) {
-    const int NU = C / 128, NRT = (R + 15) / 16, cap = dsv4_cuda_dev.smem_optin, smax = NRT < 16 ? 64 : 16;
+    if (tc_small_tiles < 0) {
+        tc_small_tiles = dsv4_env_int("DSV4_LINEAR_SMALL_TILES", 16);
+        tc_small_tiles = tc_small_tiles < 1 ? 1 : tc_small_tiles > 4096 ? 4096 : tc_small_tiles;
+    }
+    const int NU = C / 128, NRT = (R + 15) / 16, cap = dsv4_cuda_dev.smem_optin, smax = NRT < tc_small_tiles ? 64 : 16;
     int S = 1;
     while (S < smax && 2 * S <= NU && (int64_t)NRT * S < 1900) S *= 2;
     while (S < 128 && 2 * S <= NU && tc_smem(fmt, xt, 1, tc_nub(NU, S, tc_kg(S)), S) > (size_t)cap) S *= 2;
