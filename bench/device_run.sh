@@ -192,7 +192,8 @@ for p in $parts; do
         # each setting of $AB before its timings: test_decode on the four fixtures and a synthetic model (graphs ==
         # launches one by one, batch invariance) and a greedy `dsv4 run --device cuda` whose text must not change
         bdir=$(dirname "$bin")
-        [ -d "$TMPDIR/abcheck-synth" ] || "$bin" synth -o "$TMPDIR/abcheck-synth" >/dev/null 2>&1
+        [ -f "$TMPDIR/abcheck-synth/config.json" ] || "$bin" synth -o "$TMPDIR/abcheck-synth" >/dev/null 2>"$dir/abcheck-synth.err" ||
+            { echo "abcheck: dsv4 synth failed: $(tail -n 1 "$dir/abcheck-synth.err")"; fail=1; }
         ref=""
         for a in ${AB:-default}; do
             n=${a%%=*} e=X=1
@@ -203,11 +204,13 @@ for p in $parts; do
             rc=$?
             # shellcheck disable=SC2086
             env $e timeout 60 "$bin" run -m "$TMPDIR/abcheck-synth" --device cuda -p "The quick brown fox" --temperature 0 \
-                --max-tokens 24 --ignore-eos -q >"$dir/abcheck-$n.run" 2>/dev/null
+                --max-tokens 24 --ignore-eos -q >"$dir/abcheck-$n.run" 2>"$dir/abcheck-$n.err"
+            rr=$?
+            [ -s "$dir/abcheck-$n.run" ] || rr="$rr, no text" # a failure even with exit 0
             sum=$(md5sum <"$dir/abcheck-$n.run" | cut -c1-8)
             [ -n "$ref" ] || ref=$sum
-            echo "abcheck $n: test_decode exit $rc ($(grep -h 'checks,' "$dir/abcheck-$n.txt" | tr '\n' ' ')), greedy text $sum$([ "$sum" = "$ref" ] || echo ' DIFFERS')"
-            [ "$rc" = 0 ] && [ "$sum" = "$ref" ] || fail=1
+            echo "abcheck $n: test_decode exit $rc ($(grep -h 'checks,' "$dir/abcheck-$n.txt" | tr '\n' ' ')), greedy run exit $rr, text $sum$([ "$sum" = "$ref" ] || echo ' DIFFERS')"
+            [ "$rc" = 0 ] && [ "$rr" = 0 ] && [ "$sum" = "$ref" ] || fail=1
         done
         ;;
     allsw)
