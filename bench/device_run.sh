@@ -17,7 +17,7 @@
 #     serve  dsv4 serve --device cuda on the Flash 4-layer synthetic checkpoint, loaded by bench/serve_load.py with 1,
 #            64 and 256 clients (1,024-token prompts, 128-256 output tokens); SERVE_ARGS adds serve options (~2 min)
 #     ab     the Flash 8K prefill (4 layers) under each setting of AB="name=VAR=v[,VAR=v] ..." (a bare name: the
-#            defaults), interleaved by bench/ab.sh, 2 rounds
+#            defaults; name=@BINARY[,VAR=v...]: another dsv4, e.g. build-bin/dsv4-prev), interleaved by bench/ab.sh, 2 rounds
 #     abdec  decode steps (Flash 4 layers, batch 1, 8, 64, 256 at 4K) under each setting of AB as in ab, 2 rounds
 #     abcheck  each setting of AB: test_decode (fixtures, a synthetic model) and a greedy run's text against the first's
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
@@ -41,6 +41,8 @@ bin=${DSV4:-}
 if [ -z "$bin" ] && [ -f build-bin/gpu-bins.tar.xz ]; then
     tar xJf build-bin/gpu-bins.tar.xz && export GPU_TEST_PREBUILT=1
 fi
+# a previous commit's dsv4 for A/B runs between binaries (AB="new prev=@build-bin/dsv4-prev"; build-bin/dsv4-prev.commit)
+if [ -f build-bin/dsv4-prev.xz ]; then xz -dc build-bin/dsv4-prev.xz >build-bin/dsv4-prev && chmod +x build-bin/dsv4-prev; fi
 if [ -z "$bin" ]; then
     if [ -x build-dev/dsv4 ]; then bin=build-dev/dsv4; else bin=build-cuda/dsv4; fi
 fi
@@ -65,8 +67,11 @@ ab_part() {
     shift 2
     vs=""
     for a in ${AB:-default}; do
-        n=${a%%=*}
-        if [ "$n" = "$a" ]; then vs="$vs $n=$bin"; else vs="$vs $n=$bin,${a#*=}"; fi
+        n=${a%%=*} v=${a#*=} b=$bin
+        case $v in @*) # name=@BINARY[,VAR=v...]: another binary (e.g. build-bin/dsv4-prev, unpacked above)
+            b=${v#@} b=${b%%,*} v=${v#@"$b"} v=${v#,} ;;
+        esac
+        if [ "$n" = "$a" ] || [ -z "$v" ]; then vs="$vs $n=$b"; else vs="$vs $n=$b,$v"; fi
     done
     echo "== $part: bench/ab.sh -r 2$vs" | tee -a "$dir/$part.txt"
     # shellcheck disable=SC2086
