@@ -70,9 +70,17 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+# PTXAS_REPORT=1 (.ci/run): each CUDA object's ptxas report (registers, stack, spills) kept in OBJ.ptxas for
+# scripts/spill_check.sh; the compiler's other messages still go to stderr
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
+ifeq ($(PTXAS_REPORT),1)
+	@echo "$(NVCC) $(NVFLAGS) -Xptxas -v -MMD -MP -c -o $@ $< 2>$@.ptxas"
+	@$(NVCC) $(NVFLAGS) -Xptxas -v -MMD -MP -c -o $@ $< 2>$@.ptxas; rc=$$?; touch $@.ptxas; \
+	    grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' $@.ptxas >&2; exit $$rc
+else
 	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
+endif
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libdsv4.a
 	@mkdir -p $(@D)
