@@ -302,16 +302,13 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->m = m;
     g->cap = capacity;
     g->last_bucket = -1;
-    const char *ge = getenv("DSV4_CUDA_GRAPHS");
-    g->graphs = !(ge && !strcmp(ge, "0"));
-    const char *fe = getenv("DSV4_CUDA_ATTN_FORK");
-    g->attn_fork = !(fe && !strcmp(fe, "0"));
+    g->graphs = env_on("DSV4_CUDA_GRAPHS", 1);
+    g->attn_fork = env_on("DSV4_CUDA_ATTN_FORK", 1);
     /* decode steps' branch structure (forward_cuda.c; bench/NOTES.md "Session 33": the kernel timeline showed the
      * indexer's branch and the shared expert's on the critical chain) */
     g->sh_early = env_on("DSV4_CUDA_SHARED_EARLY", 1); /* session 34: batch 1 0.984x, batch 8 0.979x, 64 / 256 unchanged */
     g->idxq_main = env_on("DSV4_CUDA_IDXQ_MAIN", 1); /* session 34: batch 1 0.995x, 8 0.999x, 64 / 256 unchanged */
-    const char *he = getenv("DSV4_CUDA_HC_DEFER");
-    g->hc_defer = !(he && !strcmp(he, "0"));
+    g->hc_defer = env_on("DSV4_CUDA_HC_DEFER", 1);
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
      * faster steps at batch 1-4, 0.3 % slower at 8, where the post blocks' four copies of the additions cost more than
      * the launch; DSV4_CUDA_COMBINE_DEFER=N sets it, 0: never) */
