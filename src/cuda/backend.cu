@@ -101,15 +101,6 @@ void *dsv4_cuda_stream_new(void) {
     return (void *)s;
 }
 
-void *dsv4_cuda_stream_new_prio(int low) {
-    int least = 0, greatest = 0;
-    cudaStream_t s;
-    if (cuda_ok(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange") ||
-        cuda_ok(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, low ? least : greatest), "cudaStreamCreateWithPriority"))
-        return NULL;
-    return (void *)s;
-}
-
 void dsv4_cuda_stream_free(void *stream) {
     if (stream) cudaStreamDestroy(DSV4_STREAM(stream));
 }

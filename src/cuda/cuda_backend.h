@@ -48,9 +48,6 @@ int dsv4_cuda_download(void *dst, const void *src, size_t bytes);
 int dsv4_cuda_memset(void *dst, int byte, size_t bytes, void *stream);
 
 void *dsv4_cuda_stream_new(void);      /* NULL on failure (a non-blocking stream: no implicit order with the legacy one) */
-/* the same with the device's lowest (low) or highest stream priority: the block scheduler starts a higher-priority
- * stream's pending blocks first (kernels captured into a graph keep their stream's priority) */
-void *dsv4_cuda_stream_new_prio(int low);
 void dsv4_cuda_stream_free(void *stream);
 int dsv4_cuda_stream_sync(void *stream);
 

@@ -293,23 +293,6 @@ static int lin(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wt, con
     return lin_ld(g, w, wt, x, 0, T, y, 0);
 }
 
-/* The indexer's weights projection (idx_wproj, x -> w->wt) of a forked ratio-4 layer on stream4, beside the indexer
- * compressor's projections on stream2 (DSV4_CUDA_WPROJ_FORK=1). Its shape takes another column split than theirs
- * (tc_slices), so the grouped linear ran it as a second launch after them on the indexer's branch, which the kernel
- * timeline showed on the critical chain of those layers (bench/NOTES.md "Session 33"). The same kernel on the same data:
- * the same bits. Called between branch_begin (ev_fork recorded after the branch's input) and the branch's first op;
- * run_indexer waits for it before it reads w->wt. */
-static int wproj_fork(dsv4_cuda_model *g, const gws *w, const glayer *gl, const float *x, int T) {
-    void *st = g->stream;
-    if (dsv4_cuda_stream_wait(g->stream4, g->ev_fork)) return -1;
-    g->stream = g->stream4;
-    int rc = lin(g, w, &gl->idx_wproj, x, T, w->wt);
-    g->stream = st;
-    if (rc || dsv4_cuda_event_record(g->ev_j4, g->stream4)) return -1;
-    g->wp_pend = 1;
-    return 0;
-}
-
 /* A job of a grouped linear: x, y contiguous rows (fp32) */
 static dsv4_cuda_linear_job ljob(const dsv4_cuda_weight *wt, const float *x, float *y) {
     dsv4_cuda_linear_job j = {*wt, x, 0, y, 0};
@@ -362,20 +345,6 @@ static int run_compressor(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batc
     return 0;
 }
 
-/* The attention compressor of a forked ratio-4 layer (its projections cj[0..1] of x, then the rest) on stream4 from the
- * layer's start (DSV4_CUDA_CMP_BRANCH=1), beside the indexer's branch on stream2 (the two compressors keep their own
- * rows: cmp_state); the main stream waits for ev_j4 before the attention. Called as wproj_fork (which it excludes). */
-static int cmp_fork(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, dsv4_cuda_linear_job *cj, int T) {
-    void *st = g->stream;
-    if (dsv4_cuda_stream_wait(g->stream4, g->ev_fork)) return -1;
-    g->stream = g->stream4;
-    int rc = lin_multi(g, w, cj, 2, T);
-    if (!rc) rc = run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1);
-    g->stream = st;
-    if (rc || dsv4_cuda_event_record(g->ev_j4, g->stream4)) return -1;
-    return 0;
-}
-
 /* The indexer of a ratio-4 layer after its compressor: its queries from qr (wq_b, RoPE, Hadamard, FP4), the scores over
  * the compressed keys, the top-k of each query's list into w->sel / w->nsel; on g->stream */
 static int run_indexer(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L, int proj) {
@@ -385,10 +354,6 @@ static int run_indexer(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *
     void *st = g->stream;
     if (proj) CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi)); /* else the caller ran it (DSV4_CUDA_IDXQ_MAIN) */
     CK(dsv4_cuda_rope_hq4(w->qi, T, Hi, Di, 0, NULL, 0.0f, R / 2, gl->rope_freq, b->pos, st)); /* rope, Hadamard, FP4 */
-    if (g->wp_pend) { /* the weights projection ran on stream4 (wproj_fork) */
-        g->wp_pend = 0;
-        CK(dsv4_cuda_stream_wait(st, g->ev_j4));
-    }
     CK(dsv4_cuda_scale(w->wt, (int64_t)T * Hi, 1.0f / sqrtf((float)Di) / sqrtf((float)Hi), st));
     /* scores over the whole capacity's list (blocks past a query's list return), then the top-k of the list the
      * reference ranks (entries past the query's own are -inf, picks of them dropped) */
@@ -437,9 +402,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
      * data, so the same bits), where no linear of either stages x in the shared workspaces (below
      * DSV4_CUDA_LINEAR_WS_MIN_T rows, no GEMM); serial under an op profile or with DSV4_CUDA_ATTN_FORK=0:
      * - ratio 4: on stream2 the indexer's projections of x (its compressor's wkv, wgate and weights_proj, one grouped
-     *   linear), its compressor, then after qr its queries, scores, top-k and the index lists (its compressor's
-     *   pending rows after that, as tail work); the main stream meanwhile the q / kv projections, the query heads, the
-     *   kv row, then the attention compressor's projections and the compressor;
+     *   linear), its compressor, then after its query projection (on the main stream right after qr) their RoPE,
+     *   scores, top-k and the index lists (its compressor's pending rows after that, as tail work); the main stream
+     *   meanwhile the q / kv projections, the query heads, the kv row, then the attention compressor's projections and
+     *   the compressor;
      * - ratio 128: on stream2 the compressor's projections, the compressor and the index lists, beside the same main
      *   chain;
      * - sliding-window layers: the query heads (wq_b, norm, RoPE) on stream2 beside the kv row and the index lists.
@@ -448,10 +414,8 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     const int idx = ly->ratio == 4;
     /* forked ratio-4 layers: the indexer's query projection on the main stream right after qr, before wq_b, whose
      * blocks otherwise fill the SMs first (the kernel timeline, bench/NOTES.md "Session 34"; DSV4_CUDA_IDXQ_MAIN=0: on
-     * stream2), the rest of the indexer on stream2 after it; DSV4_CUDA_CMP_BRANCH=1 the attention compressor (its
-     * projections and the rest) on stream4 from the layer's start, not on the main stream after the query heads */
+     * stream2), the rest of the indexer on stream2 after it */
     const int iqm = fork && idx && g->idxq_main;
-    const int cb = fork && idx && g->cmp_branch && !(g->wp_fork && g->stream4) && g->stream4;
     dsv4_cuda_linear_job cj[5] = {ljob(&gl->cmp.wkv, x, w->kvp), ljob(&gl->cmp.wgate, x, w->scp)};
     int nc = 2;
     if (idx) {
@@ -462,11 +426,8 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     if (ly->ratio > 0) { /* forked ratio 4: the indexer's jobs only (cj + 2), the attention compressor's come later */
         CK(branch_begin(g, fork));
         int rc = 0;
-        const int wp = fork && idx && g->wp_fork && g->stream4;
-        if (wp) BR(wproj_fork(g, w, gl, x, T));
-        if (cb) BR(cmp_fork(g, w, b, L, cj, T));
         if (fork && idx)
-            BR(lin_multi(g, w, cj + 2, wp ? 2 : 3, T));
+            BR(lin_multi(g, w, cj + 2, 3, T));
         else
             BR(lin_multi(g, w, cj, nc, T));
         BR(run_compressor(g, w, b, L, idx, idx ? w->ikvp : w->kvp, idx ? w->iscp : w->scp, !(fork && idx)));
@@ -522,13 +483,12 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         CK(branch_end(g, st, qf, rc));
     }
     CK(dsv4_cuda_norm_rope_q8(w->kv, T, 1, Dh, gl->kv_norm, eps, R / 2, gl->rope_freq, b->pos, Dh - R, 64, st)); /* norm, RoPE, FP8 */
-    if (idx && !cb) { /* the attention compressor (its projections here when forked) */
+    if (idx) { /* the attention compressor (its projections here when forked) */
         if (fork) CK(lin_multi(g, w, cj, 2, T));
         CK(run_compressor(g, w, b, L, 0, w->kvp, w->scp, 1));
     }
     if (!fork || ly->ratio == 0) CK(attn_index(g, w, b, L)); /* the index lists (positions only, without the indexer) */
     if (fork) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the other chain */
-    if (cb) CK(dsv4_cuda_stream_wait(st, g->ev_j4));      /* the attention compressor (cmp_fork) */
 
     /* attention and its output's inverse RoPE over the cache rows (kv_cache.h) and the pass's own kv; GW_ATTN rows per
      * call bound the split partials (a row's result does not depend on the rows beside it), the inverse RoPE in the
@@ -692,7 +652,7 @@ static int sub_block(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
 
 int gpu_run_layers(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b) {
     const dsv4_config *c = &g->m->cfg;
-    g->tail = 0, g->hc_pend = 0, g->wp_pend = 0;
+    g->tail = 0, g->hc_pend = 0;
     CK(dsv4_cuda_step_meta(b, c->n_layers, g->cap / 4 > 0 ? g->cap / 4 : 1, w->keys, w->nc4, w->nl4, g->stream));
     CK(dsv4_cuda_embed(&g->embed, b->tok, b->T, c->hc_mult, w->X, g->stream));
     /* the streams alternate between w->X and w->X2 (few-token passes: each post writes the other buffer, inside the next

@@ -99,14 +99,8 @@ struct dsv4_cuda_model {
     void *stream3, *ev_hc, *ev_hcd; /* small decode passes: each sub-block's mHC post / comb (the Sinkhorn) beside its
                                      * work (forward_cuda.c, sub_block): the stream, its fork and done events */
     int hc_pend; /* that work not yet waited for by the main stream */
-    void *stream4, *ev_j4; /* small decode steps' second branch beside stream2 (forward_cuda.c: the indexer's weights
-                            * projection in ratio-4 layers, DSV4_CUDA_WPROJ_FORK): its stream and done event */
-    int wp_fork;  /* DSV4_CUDA_WPROJ_FORK */
-    int wp_pend;  /* that projection not yet waited for (run_indexer waits) */
     int sh_early; /* the shared expert's branch forked before the gate (DSV4_CUDA_SHARED_EARLY=0: after the router) */
-    int prio;     /* DSV4_CUDA_STREAM_PRIO: the main stream at the highest priority, the branches' at the lowest */
     int idxq_main;  /* ratio-4 layers' indexer query projection on the main stream (DSV4_CUDA_IDXQ_MAIN=0: stream2) */
-    int cmp_branch; /* DSV4_CUDA_CMP_BRANCH: ratio-4 layers' attention compressor on stream4 from the layer's start */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */

@@ -302,19 +302,13 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->m = m;
     g->cap = capacity;
     g->last_bucket = -1;
-    const char *ge = getenv("DSV4_CUDA_GRAPHS");
-    g->graphs = !(ge && !strcmp(ge, "0"));
-    const char *fe = getenv("DSV4_CUDA_ATTN_FORK");
-    g->attn_fork = !(fe && !strcmp(fe, "0"));
+    g->graphs = env_on("DSV4_CUDA_GRAPHS", 1);
+    g->attn_fork = env_on("DSV4_CUDA_ATTN_FORK", 1);
     /* decode steps' branch structure (forward_cuda.c; bench/NOTES.md "Session 33": the kernel timeline showed the
      * indexer's branch and the shared expert's on the critical chain) */
-    g->wp_fork = env_on("DSV4_CUDA_WPROJ_FORK", 0);
     g->sh_early = env_on("DSV4_CUDA_SHARED_EARLY", 1); /* session 34: batch 1 0.984x, batch 8 0.979x, 64 / 256 unchanged */
-    g->prio = env_on("DSV4_CUDA_STREAM_PRIO", 0);
     g->idxq_main = env_on("DSV4_CUDA_IDXQ_MAIN", 1); /* session 34: batch 1 0.995x, 8 0.999x, 64 / 256 unchanged */
-    g->cmp_branch = env_on("DSV4_CUDA_CMP_BRANCH", 0);
-    const char *he = getenv("DSV4_CUDA_HC_DEFER");
-    g->hc_defer = !(he && !strcmp(he, "0"));
+    g->hc_defer = env_on("DSV4_CUDA_HC_DEFER", 1);
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
      * faster steps at batch 1-4, 0.3 % slower at 8, where the post blocks' four copies of the additions cost more than
      * the launch; DSV4_CUDA_COMBINE_DEFER=N sets it, 0: never) */
@@ -335,12 +329,11 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->qgmax = (16 << 20) / nl;
     if (g->qgmax < 1) g->qgmax = 1;
     int rc = 0;
-    g->stream = g->prio ? dsv4_cuda_stream_new_prio(0) : dsv4_cuda_stream_new();
-    g->stream2 = g->prio ? dsv4_cuda_stream_new_prio(1) : dsv4_cuda_stream_new();
-    g->stream4 = g->prio ? dsv4_cuda_stream_new_prio(1) : dsv4_cuda_stream_new();
-    if (!g->stream || !g->stream2 || !g->stream4 || !(g->ev_fork = dsv4_cuda_event_new()) || !(g->ev_join = dsv4_cuda_event_new()) ||
+    g->stream = dsv4_cuda_stream_new();
+    g->stream2 = dsv4_cuda_stream_new();
+    if (!g->stream || !g->stream2 || !(g->ev_fork = dsv4_cuda_event_new()) || !(g->ev_join = dsv4_cuda_event_new()) ||
         !(g->ev_tail = dsv4_cuda_event_new()) || !(g->stream3 = dsv4_cuda_stream_new()) || !(g->ev_hc = dsv4_cuda_event_new()) ||
-        !(g->ev_hcd = dsv4_cuda_event_new()) || !(g->ev_j4 = dsv4_cuda_event_new()))
+        !(g->ev_hcd = dsv4_cuda_event_new()))
         rc = -1;
     if (!rc) rc = upload_weights(g, verbose);
     if (!rc && !(g->L = calloc((size_t)c->n_layers, sizeof(glayer)))) rc = -1;
@@ -421,10 +414,7 @@ void dsv4_cuda_model_free(dsv4_cuda_model *g) {
     dsv4_cuda_host_free(g->hids);
     if (g->stream2) dsv4_cuda_stream_sync(g->stream2);
     if (g->stream3) dsv4_cuda_stream_sync(g->stream3);
-    if (g->stream4) dsv4_cuda_stream_sync(g->stream4);
     dsv4_cuda_stream_free(g->stream);
-    dsv4_cuda_stream_free(g->stream4);
-    dsv4_cuda_event_free(g->ev_j4);
     dsv4_cuda_stream_free(g->stream2);
     dsv4_cuda_stream_free(g->stream3);
     dsv4_cuda_event_free(g->ev_hc);

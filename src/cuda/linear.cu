@@ -25,8 +25,9 @@
  * Each warp issues its first two register steps of weights before the wait (they are the model's weights, which no
  * kernel of a forward writes), so that a block launched while the previous kernel still runs has them when x is
  * ready; after the wait its x loads (8 lanes per (token, unit), 16-byte loads: tc_stage8), then x quantized / split
- * into shared memory (bench/NOTES.md, "Decode GEMV fixed cost", session 23; variants for measurements: tc_bpf_mb,
- * tc_kick, tc_xfast).
+ * into shared memory (bench/NOTES.md, "Decode GEMV fixed cost", session 23; session 34 removed the variants measured
+ * slower: bulk / per-lane L2 prefetch, other weight-load orders, the older staging, whose runtime branches made ptxas
+ * spill up to 800 bytes in 36 of the 48 instances).
  * Grouped (dsv4_cuda_linear_multi): up to TC_MAXJ jobs (weight, x and y with row strides) of the same format, columns
  * and slicing in one launch, a job table in the kernel parameters; each cluster belongs to one job and runs exactly what
  * that job's own launch would (same S, warps, order), so every row is bitwise the single call's.
@@ -113,14 +114,14 @@ __device__ __forceinline__ uint32_t tc_ldx1h(const uint16_t *p) {
     return v;
 }
 
-/* tc_stage with 8 lanes per (token, unit) item, 4 items per warp at a time and SB such passes' loads in flight: lane
- * l8 = lane % 8 of a group holds the item's elements qq * 32 + l8 * 4 + e (qq, e < 4), loaded 16 (fp32) or 8 (bf16)
- * bytes at a time when J.xv, and stores 4 terms at once (the formats but FP4 keep x in column order). Same values,
- * scales and slots as tc_stage (the largest |x| of an item does not depend on the order of the max). kick() runs once
- * per warp, right after the first loads are issued: the weight loads it issues queue behind x's. */
-template <int FMT, int XT, int SB, class K>
+/* tc_stage (linear_gemv.cuh; the multi-token GEMM stages with it) with 8 lanes per (token, unit) item, 4 items per warp
+ * at a time and SB such passes' loads in flight: lane l8 = lane % 8 of a group holds the item's elements qq * 32 + l8 *
+ * 4 + e (qq, e < 4), loaded 16 (fp32) or 8 (bf16) bytes at a time when J.xv, and stores 4 terms at once (the formats but
+ * FP4 keep x in column order). Same values, scales and slots as tc_stage (the largest |x| of an item does not depend
+ * on the order of the max). */
+template <int FMT, int XT, int SB>
 __device__ __forceinline__ void tc_stage8(const tc_params &p, const tc_job &J0, const tc_job &J, uint16_t *xs, float *sx, int ub0,
-                                          int nub, K &&kick) {
+                                          int nub) {
     constexpr int BF = tc_fmt<FMT>::BF;
     constexpr bool FP4 = FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, l8 = lane & 7, sub = lane >> 3, n = p.nt * nub;
@@ -239,7 +240,6 @@ __device__ __forceinline__ void tc_stage8(const tc_params &p, const tc_job &J0, 
         }
     };
     ldpass(warp * 4);
-    kick();
     stpass(warp * 4);
     for (int base = warp * 4 + TC_WARPS * 4 * SB; base < n; base += TC_WARPS * 4 * SB) ldpass(base), stpass(base);
 }
@@ -285,28 +285,6 @@ __device__ __forceinline__ void tc_load(const tc_job &J0, const tc_job &J, tc_bu
         }
     }
 }
-
-/* L2 prefetch of what tc_load would read (no data returned, so it may run before the grid dependency wait:
- * it cannot observe stale data, L2 being the point of coherence). */
-template <int FMT, int CH>
-__device__ __forceinline__ void tc_prefetch(const tc_job &J0, const tc_job &J, int tile, int chs, int ch1, int g, int c) {
-    constexpr int E = tc_fmt<FMT>::E;
-    if (tile >= J.NRT) return;
-    const int R = J.w.rows;
-    int r0 = tile * 16 + g, r1 = r0 + 8;
-    r0 = r0 < R ? r0 : R - 1;
-    r1 = r1 < R ? r1 : R - 1;
-    const int64_t rowq = J0.w.cols / E;
-    const uint4 *q0 = (const uint4 *)J.w.data + ((int64_t)J.w.row0 + r0) * rowq + c;
-    const uint4 *q1 = (const uint4 *)J.w.data + ((int64_t)J.w.row0 + r1) * rowq + c;
-#pragma unroll
-    for (int i = 0; i < CH; i++)
-        if (chs + i < ch1) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(q0 + (chs + i) * 4));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(q1 + (chs + i) * 4));
-        }
-}
-
 
 /* NJ: room for the jobs of a launch (1: dsv4_cuda_linear; TC_MAXJ: dsv4_cuda_linear_multi, where each cluster finds
  * its job in the table: the job's rows get exactly the warps, slices and summation order of a launch of its own).
@@ -355,48 +333,25 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
     float4 *part = (float4 *)(tc_sm + (((size_t)XT * nt * p.tok * 2 + (size_t)nt * p.nub * 4 + 15) & ~(size_t)15));
 
     auto tile_of = [&](int it) { return (cid + it * ncl) * RW + rw; };
-    /* L2 prefetch of steps [ga, gb) by the bulk-copy unit: per tile, lanes 0..15 one row segment each */
-    const int64_t rowb = (int64_t)(J0.w.cols / E) * 16; /* bytes per stored row */
-    auto bpf = [&](int ga, int gb) {
-        gb = gb < total ? gb : total;
-        while (ga < gb) {
-            const int it = ga / nsteps, sa = ga - it * nsteps, sb = sa + (gb - ga) < nsteps ? sa + (gb - ga) : nsteps;
-            const int tile = tile_of(it), ca = ch0 + sa * CH, cb = ch0 + sb * CH < ch1 ? ch0 + sb * CH : ch1, r = tile * 16 + lane;
-            if (lane < 16 && tile < J.NRT && r < J.w.rows && ca < cb)
-                tc_prefetch_l2(J.w.data + ((int64_t)J.w.row0 + r) * rowb + ca * 64, (uint32_t)(cb - ca) * 64);
-            ga += sb - sa;
-        }
-    };
 #ifdef DSV4_TC_TRACE
     if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + 8] = tc_gtime();
     TC_TR(0);
 #endif
-    /* Programmatic dependent launch: let the next kernel of the stream start its launch now (it waits for this grid
-     * in its own griddepcontrol.wait), optionally ask L2 for this warp's first weight steps (p.bpf, p.prew), load the
-     * first two steps into registers (p.kick 2), then wait for the previous kernel's results (x). Both are no-ops
-     * without the launch attribute. A prefetch cannot observe stale data (L2 is the point of coherence), and the
-     * weights are never written by a kernel of a forward, so both may run before the wait. */
+    /* Programmatic dependent launch: let the next kernel of the stream start its launch now (it waits for this grid in
+     * its own griddepcontrol.wait), load this warp's first two weight steps into registers, then wait for the previous
+     * kernel's results (x). The weights are the model's, which no kernel of a forward writes, so they may be read before
+     * the wait: a block launched while the previous kernel still runs has them when x is ready (session 23: batch 1
+     * 0.985-0.994x against loading them after x). Both are no-ops without the launch attribute. Then x's loads and
+     * staging (tc_stage8); the weights requested before the wait delay them (bench/NOTES.md "Decode GEMV fixed cost"). */
     dev_pdl_trigger();
-    if (p.bpf > 0) {
-        bpf(0, p.bpf);
-    } else if (nsteps > 0 && p.prew > 0) {
-        tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0, ch1, g, c);
-        if (nsteps > 1 && p.prew > 1) tc_prefetch<FMT, CH>(J0, J, tile_of(0), ch0 + CH, ch1, g, c);
-    }
     auto load = [&](tc_buf<CH> &b, int gs) { /* step gs into registers */
         if (gs < total) tc_load<FMT, CH>(J0, J, b, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
     };
     tc_buf<CH> b0, b1; /* two steps in flight */
-    auto kick = [&]() { load(b0, 0), load(b1, 1); };
-    if (p.kick == 2) kick(); /* default: the two register steps before the wait (the comment above) */
+    load(b0, 0), load(b1, 1);
     dev_pdl_wait();
     TC_TR(1);
-    /* x staged by tc_stage8: p.kick 1 issues the two register steps right behind x's first loads (x loads first: they
-     * are on every warp's critical path); 0: after x is staged, with 4 passes of x loads in flight */
-    if (!p.xfast) { if (p.kick != 2) kick(); tc_stage<FMT, XT>(p, J0, J, xs, sx, ub0, nub); }
-    else if (p.kick == 2) tc_stage8<FMT, XT, 1>(p, J0, J, xs, sx, ub0, nub, [] {});
-    else if (p.kick) tc_stage8<FMT, XT, 1>(p, J0, J, xs, sx, ub0, nub, kick);
-    else tc_stage8<FMT, XT, 4>(p, J0, J, xs, sx, ub0, nub, [] {}), kick();
+    tc_stage8<FMT, XT, 1>(p, J0, J, xs, sx, ub0, nub);
     TC_TR(2);
     __syncthreads();
     TC_TR(3);
@@ -518,19 +473,16 @@ __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__
             for (int k = 0; k < 4; k++) acc[n][k] = 0.0f;
     };
 
-    /* step gs computes one buffer while the other (step gs + 1) is in flight, then refills it with step gs + 2; with
-     * p.bpf, L2 is asked for step gs + p.bpf */
+    /* step gs computes one buffer while the other (step gs + 1) is in flight, then refills it with step gs + 2 */
     for (int gs = 0; gs < total; gs += 2) {
         step(b0, gs);
 #ifdef DSV4_TC_TRACE
         if (gs == 0) TC_TR(4);
 #endif
         load(b0, gs + 2);
-        if (p.bpf > 0) bpf(gs + p.bpf, gs + p.bpf + 1);
         if (gs + 1 >= total) break;
         step(b1, gs + 1);
         load(b1, gs + 3);
-        if (p.bpf > 0) bpf(gs + 1 + p.bpf, gs + 2 + p.bpf);
     }
     TC_TR(5);
     if (S > 1 && KG > 1) cg::this_cluster().sync(); /* peers' partials stay until the leader has read them */
@@ -656,9 +608,6 @@ template <int NJ> static tc_fn<NJ> pick_tc(int fmt, int xt, int nt2) {
 }
 
 static int tc_bf(int fmt) { return fmt == DSV4_WF_BF16 || fmt == DSV4_WF_F32; }
-static int tc_v(int fmt) { /* tc_fmt<>::V */
-    return fmt == DSV4_WF_F32 ? 8 : fmt == DSV4_WF_BF16 || fmt == DSV4_WF_F16 ? 4 : fmt == DSV4_WF_FP8 ? 2 : 1;
-}
 static int tc_padb(int fmt) {
     switch (fmt) {
     case DSV4_WF_FP8: return 16;
@@ -694,8 +643,17 @@ static size_t tc_smem(int fmt, int xt, int nt, int nub, int S, int nt2 = -1) {
  * tokens than fit go in several launches (the weight is read once per launch); clusters are avoided otherwise
  * because their barrier (with its GPU-scope fence) drains the loads in flight at every tile. */
 static int tc_kg(int S) { return S > 16 ? S / 16 : 1; }
+/* Matrices of fewer than tc_small_tiles 16-row tiles take clusters (S up to 64). DSV4_LINEAR_SMALL_TILES=N moves the
+ * bound, for measurements (session 34: 17 takes the 256-row gate and indexer-compressor projections, 16 blocks at
+ * S = 16, to 32 blocks at S = 32, where the weights projection is, so the three share a launch). It changes those
+ * rows' summation order (in every pass alike: decode and prefill stay bitwise equal); read once. */
+static int tc_small_tiles = -1;
 static int tc_slices(int fmt, int xt, int R, int C) {
-    const int NU = C / 128, NRT = (R + 15) / 16, cap = dsv4_cuda_dev.smem_optin, smax = NRT < 16 ? 64 : 16;
+    if (tc_small_tiles < 0) {
+        tc_small_tiles = dsv4_env_int("DSV4_LINEAR_SMALL_TILES", 16);
+        tc_small_tiles = tc_small_tiles < 1 ? 1 : tc_small_tiles > 4096 ? 4096 : tc_small_tiles;
+    }
+    const int NU = C / 128, NRT = (R + 15) / 16, cap = dsv4_cuda_dev.smem_optin, smax = NRT < tc_small_tiles ? 64 : 16;
     int S = 1;
     while (S < smax && 2 * S <= NU && (int64_t)NRT * S < 1900) S *= 2;
     while (S < 128 && 2 * S <= NU && tc_smem(fmt, xt, 1, tc_nub(NU, S, tc_kg(S)), S) > (size_t)cap) S *= 2;
@@ -740,19 +698,6 @@ static int tc_max_clusters(const void *fn, int KG, size_t smem) {
 /* 1: launch without the programmatic-dependent-launch attribute (refused once, or DSV4_LINEAR_NO_PDL=1); -1: not
  * decided yet */
 static int tc_no_pdl = -1;
-/* Variants, for measurements (bench/NOTES.md, "Decode GEMV fixed cost"); every one gives the same bits.
- * tc_bpf_mb: bulk L2 prefetch (p.bpf) of as many weight steps as tc_bpf_mb MiB hold for the whole grid, at most
- * tc_bpf_max, before the grid dependency wait and then that far ahead (DSV4_LINEAR_BPF_MB, DSV4_LINEAR_BPF_MAX); 0 (the
- * default: it measured slower, up to 1.2x on 16-1000 MB matrices) keeps the two-step per-lane prefetch before the wait.
- * tc_xfast: x staged by tc_stage8 (DSV4_LINEAR_XFAST=0: tc_stage, as before). tc_kick: where a warp's first two
- * register steps of weights are issued: 2 (default, session 23: batch 1 0.985-0.994x, batch 8 / 64 unchanged) before the
- * grid dependency wait (the weights are the model's: no kernel of a forward writes them, so a block that starts while
- * the previous kernel runs has them in registers when x is ready); DSV4_LINEAR_KICK=1: right behind x's first loads;
- * 0: after x is staged, with 4 passes of x loads in flight. tc_prew: weight
- * steps per warp asked of L2 before the grid dependency wait (DSV4_LINEAR_PREW 0 = default, 1, 2): the x loads after
- * the wait queue behind these requests (NOTES "Decode GEMV fixed cost"); session 11's A/B: 0 was 1.5 % faster at
- * batch 1 than 2 (RESULTS "Session 11"). */
-static int tc_bpf_mb = 0, tc_bpf_max = 64, tc_xfast = 1, tc_kick = 2, tc_prew = 0;
 /* tc_half: DSV4_LINEAR_HALF=1 runs every T on the 16-token kernel, whose steps are half as long (TC_CH / 2 chunks a
  * lane: half the weight bytes requested ahead of x's loads; the same bits, as T = 9..16 shows) */
 static int tc_half = 0;
@@ -791,14 +736,7 @@ static int tc_same(const dsv4_cuda_weight *a, const tc_plan &qa, const dsv4_cuda
 template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q, int x_bf16, int T, cudaStream_t st) {
     if (tc_no_pdl < 0) {
         tc_no_pdl = dsv4_env_int("DSV4_LINEAR_NO_PDL", 0) != 0;
-        tc_bpf_mb = dsv4_env_int("DSV4_LINEAR_BPF_MB", tc_bpf_mb);
-        tc_bpf_max = dsv4_env_int("DSV4_LINEAR_BPF_MAX", tc_bpf_max);
-        tc_xfast = dsv4_env_int("DSV4_LINEAR_XFAST", tc_xfast) != 0;
-        tc_kick = dsv4_env_int("DSV4_LINEAR_KICK", tc_kick);
-        tc_kick = tc_kick < 0 ? 0 : tc_kick > 2 ? 2 : tc_kick;
-        tc_prew = dsv4_env_int("DSV4_LINEAR_PREW", tc_prew);
         tc_half = dsv4_env_int("DSV4_LINEAR_HALF", tc_half) != 0;
-        tc_prew = tc_prew < 0 ? 0 : tc_prew > 2 ? 2 : tc_prew;
     }
     const int fmt = jobs[0].w.fmt, S = q.S, KG = q.KG, KW = S / KG, RW = TC_WARPS / KW;
     const size_t cap = (size_t)dsv4_cuda_dev.smem_optin;
@@ -807,8 +745,7 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
     tc_args<NJ> a; /* kernel parameters (NJ = TC_MAXJ: ~1.9 KB) */
     a.p.xbf16 = x_bf16;
     a.p.S = S, a.p.KW = KW, a.p.KG = KG;
-    a.p.NU = q.NU, a.p.nub = q.nub, a.p.tok = tc_tok(fmt, q.nub), a.p.nj = nj, a.p.xfast = tc_xfast, a.p.kick = tc_kick;
-    a.p.prew = tc_prew;
+    a.p.NU = q.NU, a.p.nub = q.nub, a.p.tok = tc_tok(fmt, q.nub), a.p.nj = nj;
 #ifdef DSV4_TC_TRACE
     a.p.trace = tc_trace;
     tc_trace = NULL;
@@ -840,21 +777,6 @@ template <int NJ> static int tc_run(const tc_job *jobs, int nj, const tc_plan &q
                 if (n <= N) break;
             }
             for (int j = 0; j < nj; j++) a.j[j].c0 = ncl, a.j[j].ncl = (a.j[j].NRG + k - 1) / k, ncl += a.j[j].ncl;
-        }
-        /* bulk prefetch distance: whole steps of every warp of the grid (TC_CH chunks x 2 rows x 16 bytes per lane, half
-         * that for 16 tokens) within tc_bpf_mb, at most a warp's steps */
-        a.p.bpf = 0;
-        if (tc_bpf_mb > 0) {
-            const int ch = nt2 ? TC_CH / 2 : TC_CH, nst = ((q.NU + S - 1) / S * tc_v(fmt) + ch - 1) / ch;
-            int tot = 0; /* steps of a warp */
-            for (int j = 0; j < nj; j++) {
-                const int n = (a.j[j].NRG + a.j[j].ncl - 1) / a.j[j].ncl * nst;
-                tot = n > tot ? n : tot;
-            }
-            int64_t P = ((int64_t)tc_bpf_mb << 20) / ((int64_t)ncl * KG * TC_WARPS * ch * 1024);
-            P = P < tc_bpf_max ? P : tc_bpf_max;
-            P = P < tot ? P : tot;
-            a.p.bpf = P > 1 ? (int)P : 1;
         }
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[2];

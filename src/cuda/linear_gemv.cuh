@@ -48,9 +48,6 @@ struct tc_params {
     int S, KW, KG;     /* column slices (S = KW warps of a block x KG blocks of a cluster) */
     int NU, nub, tok;  /* 128-column units, staged units per block (max over blocks), 16-bit slots per staged token row */
     int nj;            /* jobs */
-    int bpf;           /* steps per warp kept requested into L2 ahead of the register loads (0: two steps, per lane) */
-    int prew;          /* with bpf 0: steps per warp asked of L2 before the grid dependency wait (0, 1 or 2) */
-    int xfast, kick;   /* x staged by tc_stage8 (else tc_stage), the weight loads issued before x is staged (else after) */
 #ifdef DSV4_TC_TRACE
     unsigned long long *trace; /* experiments: per warp clock64 at 8 points + globaltimer at entry / exit */
 #endif

@@ -22,12 +22,6 @@ __device__ __forceinline__ uint4 tc_ld_stream(const void *p) {
     return v;
 }
 
-/* L2 prefetch of bytes (a multiple of 16) at p (16-byte aligned) by the SM's bulk-copy (TMA) unit: one instruction for a
- * whole row segment, no registers, no data back, nothing that waits for it. */
-__device__ __forceinline__ void tc_prefetch_l2(const void *p, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 /* d += A . B for one m16n8k16 tile; BF selects bf16 operands (else f16). Fragments as in the PTX ISA:
  * lane l = 4 g + c holds A rows g / g+8, columns 2c, 2c+1 (a0: row g, a1: row g+8) and 2c+8, 2c+9 (a2, a3);
  * B column g, rows 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1); D rows g (d0, d1) / g+8 (d2, d3), columns 2c, 2c+1. */
