@@ -638,19 +638,20 @@ static size_t tc_smem(int fmt, int xt, int nt, int nub, int S, int nt2 = -1) {
 }
 /* Column slices S: from the shape and format only (so a row's summation order never depends on T): enough
  * (tile, slice) warps to cover the GPU (~1900 for 132 SMs x 16 warps), at most 16 (the warps of a block), or 64 for
- * matrices of fewer than 16 tiles (clusters of up to 4 blocks); more when a block's staged x for one token would
+ * matrices of at most 16 tiles (tc_small_tiles; clusters of up to 4 blocks); more when a block's staged x for one token would
  * not fit in shared memory (up to 8 blocks of 16 warps per cluster). At least one 128-column unit per slice. More
  * tokens than fit go in several launches (the weight is read once per launch); clusters are avoided otherwise
  * because their barrier (with its GPU-scope fence) drains the loads in flight at every tile. */
 static int tc_kg(int S) { return S > 16 ? S / 16 : 1; }
-/* Matrices of fewer than tc_small_tiles 16-row tiles take clusters (S up to 64). DSV4_LINEAR_SMALL_TILES=N moves the
- * bound, for measurements (session 34: 17 takes the 256-row gate and indexer-compressor projections, 16 blocks at
- * S = 16, to 32 blocks at S = 32, where the weights projection is, so the three share a launch). It changes those
- * rows' summation order (in every pass alike: decode and prefill stay bitwise equal); read once. */
+/* Matrices of fewer than tc_small_tiles 16-row tiles take clusters (S up to 64). The bound is 17 (session 35: the
+ * 256-row gate and indexer-compressor projections take 2-block clusters at S = 32, 32 blocks instead of 16 at S = 16,
+ * where the weights projection is, so the three share a launch; batch 1 0.994x, batch 8 0.996x on an H100);
+ * DSV4_LINEAR_SMALL_TILES=N moves it, for measurements (16: session 34's slicing). It sets those rows' summation order
+ * (in every pass alike: decode and prefill stay bitwise equal); read once. */
 static int tc_small_tiles = -1;
 static int tc_slices(int fmt, int xt, int R, int C) {
     if (tc_small_tiles < 0) {
-        tc_small_tiles = dsv4_env_int("DSV4_LINEAR_SMALL_TILES", 16);
+        tc_small_tiles = dsv4_env_int("DSV4_LINEAR_SMALL_TILES", 17);
         tc_small_tiles = tc_small_tiles < 1 ? 1 : tc_small_tiles > 4096 ? 4096 : tc_small_tiles;
     }
     const int NU = C / 128, NRT = (R + 15) / 16, cap = dsv4_cuda_dev.smem_optin, smax = NRT < tc_small_tiles ? 64 : 16;
