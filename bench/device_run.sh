@@ -26,7 +26,8 @@
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
 #            session-28/29 prefill switch that is on by default (session 30) off, each alone off, the two off by
 #            default on, and 4096-row passes (DSV4_CUDA_TMAX=4096; the default is 8192 where it fits, session 30)
-# DSV4=path picks the binary (default build-dev/dsv4, else build-cuda/dsv4). Exit status 1 if a part failed.
+# DSV4=path picks the binary (default build-dev/dsv4, else build-cuda/dsv4). Exit status 1 if a part failed; 3 with
+# DEVRUN_REQUIRE_PACK=1 when build-bin/gpu-bins.tar.xz is missing or of another commit than HEAD.
 set -u
 parts=${*:-flash pro}
 dir=${OUT:-device-run}
@@ -38,7 +39,23 @@ if [ -d build-gfw-deps ]; then
 fi
 bin=${DSV4:-}
 # binaries built elsewhere (scripts/gpu_bins.sh): unpacked over build-dev for every part (a warm machine may still hold
-# an older build there)
+# an older build there). Which code they are is said first: the pack's commit against this tree's HEAD (the device tool
+# copies the repository root's working tree, so a pack made in another checkout or worktree is not carried: session 35's
+# first call ran the old code that way, and built it on the device). DEVRUN_REQUIRE_PACK=1: no pack, or a pack of another
+# commit than HEAD, is an error (exit 3) instead of a note.
+head=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if [ -f build-bin/gpu-bins.tar.xz ]; then
+    pc=$(head -n 1 build-bin/gpu-bins.commit 2>/dev/null || echo unknown)
+    if [ "$pc" = "$head" ]; then
+        echo "device_run: pack of $pc (HEAD)"
+    else
+        echo "device_run: pack of $pc, HEAD is $head: the binaries are not this tree's code"
+        [ "${DEVRUN_REQUIRE_PACK:-0}" = 1 ] && exit 3
+    fi
+else
+    echo "device_run: no pack (build-bin/gpu-bins.tar.xz): the suite builds here (~150 s more); HEAD $head"
+    [ "${DEVRUN_REQUIRE_PACK:-0}" = 1 ] && exit 3
+fi
 if [ -z "$bin" ] && [ -f build-bin/gpu-bins.tar.xz ]; then
     tar xJf build-bin/gpu-bins.tar.xz && export GPU_TEST_PREBUILT=1
 fi

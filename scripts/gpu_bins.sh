@@ -3,6 +3,8 @@
 # fixture_check, test_decode) built on this machine, which needs nvcc but no GPU, and packed for the device tool's
 # carry, so that a device call spends its time on the tests rather than on the build (~150 s of a suite's ~260 s):
 #   DSV4_DEPS=build-gfw-deps sh scripts/gpu_bins.sh          -> build-bin/gpu-bins.tar.xz   (BUILD=build-dev)
+# (build-gfw-deps, the -dev packages' tree: sh scripts/gpu_deps.sh; both in the repository root, whose working tree the
+# device tool copies: not in another worktree)
 # then on the device (carry build-bin and build-gfw-deps), bench/device_run.sh unpacks it and runs the suite with
 # GPU_TEST_PREBUILT=1; by hand:
 #   tar xJf build-bin/gpu-bins.tar.xz && GPU_TEST_PREBUILT=1 BUILD=build-dev DSV4_DEPS=build-gfw-deps sh scripts/gpu_test.sh --no-bench
