@@ -48,6 +48,8 @@ if [ -f build-bin/gpu-bins.tar.xz ]; then
     pc=$(head -n 1 build-bin/gpu-bins.commit 2>/dev/null || echo unknown)
     if [ "$pc" = "$head" ]; then
         echo "device_run: pack of $pc (HEAD)"
+    elif git diff --quiet "$pc" HEAD -- src tests include Makefile 2>/dev/null; then
+        echo "device_run: pack of $pc: src, tests, include and Makefile as at HEAD ($head)"
     else
         echo "device_run: pack of $pc, HEAD is $head: the binaries are not this tree's code"
         [ "${DEVRUN_REQUIRE_PACK:-0}" = 1 ] && exit 3
