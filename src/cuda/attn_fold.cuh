@@ -125,6 +125,45 @@ __device__ __forceinline__ float4 ak_rope4(float4 v, int d, int Dh, int R, ak_ro
     return v;
 }
 
+/* span states a fold loads at once (all loads in flight, then folded in order) */
+#define AK_CB 16
+
+/* out's dims 4 c .. 4 c + 3 of (query t, head h): the span states part[((t H + h) nspan + s) ak_pst(Dh)] folded in order
+ * s = 0 .. nspan - 1 (a span without entries, m = -inf, skipped), then O oscale / (L + exp(sink - M)) and the inverse
+ * RoPE. attn_kv8_combine and the decode attention's last block of a (query, heads) group (attn_kv8_tc.cu) both call it,
+ * so where the fold runs changes no bit. The states are read at L2 (ld.cg): in the last block they are other blocks'
+ * writes of the same grid. vec: out 16-byte aligned and Dh % 4 == 0. */
+__device__ __forceinline__ void ak_fold_out(const float *part, int t, int h, int c, int H, int Dh, int R, int nspan, float sk,
+                                            float oscale, float *out, int vec, ak_rope ro) {
+    const int64_t pst = ak_pst(Dh);
+    const float *pp = part + ((int64_t)t * H + h) * nspan * pst;
+    float M = -INFINITY, L = 0.0f;
+    float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = 0; s0 < nspan; s0 += AK_CB) {
+        float m[AK_CB], l[AK_CB];
+        float4 xs[AK_CB];
+#pragma unroll
+        for (int u = 0; u < AK_CB; u++) {
+            const float *ps = pp + (s0 + u) * pst;
+            const bool in = s0 + u < nspan;
+            m[u] = in ? __ldcg(ps) : -INFINITY;
+            l[u] = in ? __ldcg(ps + 1) : 0.0f;
+            xs[u] = in ? __ldcg((const float4 *)(ps + 4 + 4 * c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < AK_CB; u++) {
+            if (m[u] == -INFINITY) continue;
+            float Mn, a, b;
+            ak_coef(M, m[u], Mn, a, b);
+            L = ak_fold1(L, a, l[u], b);
+            O = ak_fold4(O, a, xs[u], b);
+            M = Mn;
+        }
+    }
+    ak_st4(out + ((int64_t)t * H + h) * Dh + 4 * c, Dh - 4 * c, ak_rope4(ak_fin4(O, ak_den(M, L, sk), oscale), 4 * c, Dh, R, ro, t),
+           vec);
+}
+
 /* Folds, for each (query t, head h), the span states part[((t H + h) nspan + s) ak_pst(Dh)] (m, l, pad, pad, O)
  * in order s = 0 .. nspan - 1 and writes out [T, H, Dh] = O oscale / (L + exp(sink - M)), inverse-rotated by ro
  * (attn_kv8.cu). vec: out 16-byte aligned and Dh % 4 == 0. Returns non-zero (dsv4_cuda_fail) on a launch error. */
