@@ -566,10 +566,17 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
             __syncthreads();
             if (*last) {
                 __threadfence();
-                const int nq4 = (Dh + 3) >> 2, ovec = Dh % 4 == 0 && !((uintptr_t)out & 15);
-                for (int i = tid; i < HB * nq4; i += TC_NT) {
-                    const int hh = h0 + i / nq4, c = i - (i / nq4) * nq4;
-                    if (hh < H) ak_fold_out(part, t, hh, c, H, Dh, R, nspan, sink[hh], 1.0f / TC_PS, out, ovec, orope);
+                /* the group's outputs, two a thread at a time (ak_fold_out2: their loads together) */
+                const int nq4 = (Dh + 3) >> 2, ovec = Dh % 4 == 0 && !((uintptr_t)out & 15), ni = HB * nq4;
+                for (int i = tid; i < ni; i += 2 * TC_NT) {
+                    const int j = i + TC_NT, ha = h0 + i / nq4, ca = i - (i / nq4) * nq4;
+                    const int hb = j < ni ? h0 + j / nq4 : ha, cb = j < ni ? j - (j / nq4) * nq4 : ca;
+                    const bool oka = ha < H, okb = j < ni && hb < H;
+                    if (oka)
+                        ak_fold_out2(part, t, ha, ca, t, hb, cb, okb, H, Dh, R, nspan, sink[ha], okb ? sink[hb] : 0.0f, 1.0f / TC_PS,
+                                     out, ovec, orope);
+                    else if (okb)
+                        ak_fold_out(part, t, hb, cb, H, Dh, R, nspan, sink[hb], 1.0f / TC_PS, out, ovec, orope);
                 }
             }
         }
