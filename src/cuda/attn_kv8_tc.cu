@@ -557,10 +557,9 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
             int *last = ids; /* (the entry ids are not read past here) */
             __threadfence();
             __syncthreads();
-            if (tid == 0) {
-                unsigned *cp = fcnt + (size_t)t * gridDim.y + blockIdx.y;
-                const int l = atomicAdd(cp, 1u) == (unsigned)nspan - 1;
-                if (l) *cp = 0u; /* for the next launch */
+            if (tid == 0) { /* atomicInc wraps the count to 0 at the last block: ready for the next launch */
+                const int l = atomicInc(fcnt + (size_t)t * gridDim.y + blockIdx.y, (unsigned)nspan - 1) == (unsigned)nspan - 1;
+                __threadfence(); /* (acquire, in the thread that saw the count) */
                 *last = l;
             }
             __syncthreads();
@@ -645,7 +644,11 @@ __device__ unsigned tc_fold_cnt[TC_PMAX_T * TC_FOLD_HB];
 /* the counters' address (resolved once, by dsv4_cuda_attn_kv8_tc_scratch: before any graph capture) */
 static unsigned *tc_fold_ptr(void) {
     static unsigned *p;
-    if (!p && cudaGetSymbolAddress((void **)&p, tc_fold_cnt) != cudaSuccess) cudaGetLastError(), p = NULL;
+    static int tried;
+    if (!p && !tried) {
+        tried = 1;
+        if (cudaGetSymbolAddress((void **)&p, tc_fold_cnt) != cudaSuccess) cudaGetLastError(), p = NULL;
+    }
     return p;
 }
 
