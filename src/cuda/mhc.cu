@@ -374,10 +374,9 @@ __global__ void __launch_bounds__(128) hc_post_mix(const __grid_constant__ dsv4_
         __shared__ int last;
         __threadfence();
         __syncthreads();
-        if (tid == 0) {
-            unsigned *cp = F.cnt + blockIdx.y;
-            const int l = atomicAdd(cp, 1u) == gridDim.x - 1;
-            if (l) *cp = 0u; /* for the next launch */
+        if (tid == 0) { /* atomicInc wraps the count to 0 at the last block: ready for the next launch */
+            const int l = atomicInc(F.cnt + blockIdx.y, gridDim.x - 1) == gridDim.x - 1;
+            __threadfence(); /* (acquire, in the thread that saw the count) */
             last = l;
         }
         __syncthreads();
@@ -884,9 +883,15 @@ static int hc_pmb_last; /* whether the last hc_post_pre took hc_post_mix_big (te
 __device__ unsigned hc_fold_cnt[HC_BIG_T];
 static unsigned *hc_fold_ptr(void) {
     static unsigned *p;
-    if (!p && cudaGetSymbolAddress((void **)&p, hc_fold_cnt) != cudaSuccess) cudaGetLastError(), p = NULL;
+    static int tried;
+    if (!p && !tried) {
+        tried = 1;
+        if (cudaGetSymbolAddress((void **)&p, hc_fold_cnt) != cudaSuccess) cudaGetLastError(), p = NULL;
+    }
     return p;
 }
+static int hc_fold_last; /* whether the last hc_post_pre took the fold (tests) */
+extern "C" int dsv4_cuda_hc_fold_last(void) { return hc_fold_last; }
 static int hc_fold_force = -1;
 static int hc_fold_on(void) {
     static int on = -1;
@@ -945,6 +950,7 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
      * the few-token post + mix kernel, M 4 with x in registers (xq 4), the mixes stored for hc_comb_kernel, the parallel
      * Sinkhorn, a counter per block row (DSV4_HC_FOLD=1, dsv4_cuda_hc_fold; off until measured) */
     const int fold = pm && xq == 4 && mixo && !(flags & 1) && !(flags & 4) && T < HC_BIG_T && hc_fold_on() && hc_fold_ptr();
+    hc_fold_last = fold;
     if (pmb) {
         static int pmb_attr;
         if (!pmb_attr) {

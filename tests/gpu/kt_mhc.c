@@ -183,7 +183,7 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
         from_dev(gx, dx, sizeof(float) * (size_t)T * D);
         op_ok(dsv4_cuda_hc_post_pre(&src, dXb, dXo, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx2, dpb, dcb, dmix, scr, NULL),
               "hc_post_pre");
-        const int pmb_took = dsv4_cuda_hc_post_mix_big_last();
+        const int pmb_took = dsv4_cuda_hc_post_mix_big_last(), fold_took = dsv4_cuda_hc_fold_last();
         if (dmix) op_ok(dsv4_cuda_hc_comb(dmix, T, M, ds, db, iters, 1e-6f, dpb, dcb, NULL), "hc_comb");
         sync_ok();
         dsv4_cuda_hc_test_flags = 0;
@@ -203,11 +203,13 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
         }
         /* the post inside the mixing kernel must have run where its conditions hold (M 4, many tokens, F32 fn, D % 256) */
         if (vv > 10 && vv < 15 && M == 4 && T >= 32 && fmt == DSV4_WF_F32 && D % 256 == 0 && !pmb_took) bad |= 16;
+        /* ... and the fold where its conditions hold (M 4, few tokens, F32 fn, D % 256, D <= 4096: x in registers) */
+        if (vv >= 15 && M == 4 && T < 32 && fmt == DSV4_WF_F32 && D % 256 == 0 && D <= 4096 && !fold_took) bad |= 16;
         g_checks++;
         if (bad) g_fail++;
         printf("%-4s hc_post_pre = hc_post, hc_pre T=%d M=%d D=%d %s%s flags %d (bitwise x, X, post, comb)%s%s\n",
                bad ? "FAIL" : "ok", T, M, D,
-               vv >= 15 ? "finish in the mixing kernel's last block (where it applies), "
+               vv >= 15 ? (fold_took ? "finish in the mixing kernel's last block, " : "finish in its own kernel, ")
                : vv <= 10 ? ""
                : pmb_took ? "post in the mixing kernel, "
                           : "post in the mixing kernel NOT taken, ",
