@@ -21,6 +21,8 @@
 #     abdec  decode steps (Flash 4 layers, batch 1, 8, 64, 256 at 4K) under each setting of AB as in ab, 2 rounds
 #     abcheck  each setting of AB: test_decode (fixtures, a synthetic model; this build's settings only) and a greedy
 #            run's text against the first setting's
+#     mf8trace  the routed experts' clock trace (s35-mf8-trace's -DDSV4_MF8_TRACE build of test_kernels, packed as
+#            build-bin/test_kernels-mf8trace.xz: NOTES "Session 35 summary"): `--only moebench`, its "trace mf8" tables
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
 #            DSV4_LINEAR_TERMS_CAT; into DIR/allsw/)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
@@ -249,6 +251,16 @@ for p in $parts; do
             echo "abcheck $n: $td, greedy run exit $rr, text $sum$([ "$sum" = "$ref" ] || echo ' DIFFERS')"
             [ "$rc" = 0 ] && [ "$rr" = 0 ] && [ "$sum" = "$ref" ] || fail=1
         done
+        ;;
+    mf8trace)
+        if [ ! -f build-bin/test_kernels-mf8trace.xz ]; then
+            echo "mf8trace: no build-bin/test_kernels-mf8trace.xz (build it: NOTES \"Session 35 summary\")"
+            fail=1
+            continue
+        fi
+        xz -dc build-bin/test_kernels-mf8trace.xz >build-bin/test_kernels-mf8trace && chmod +x build-bin/test_kernels-mf8trace
+        timeout 200 build-bin/test_kernels-mf8trace --only moebench >"$dir/mf8trace.txt" 2>&1 || { echo "mf8trace: test_kernels failed"; fail=1; }
+        grep -A16 "^trace mf8" "$dir/mf8trace.txt" | cut -c1-160
         ;;
     allsw)
         # the suite again with every session-28/29 switch on (the new forms on the forward's path: fixtures, unseen
