@@ -29,7 +29,7 @@
 #            session-28/29 prefill switch that is on by default (session 30) off, each alone off, the two off by
 #            default on, and 4096-row passes (DSV4_CUDA_TMAX=4096; the default is 8192 where it fits, session 30)
 # DSV4=path picks the binary (default build-dev/dsv4, else build-cuda/dsv4). Exit status 1 if a part failed; 3 with
-# DEVRUN_REQUIRE_PACK=1 when build-bin/gpu-bins.tar.xz is missing or of another commit than HEAD.
+# DEVRUN_REQUIRE_PACK=1 when build-bin/gpu-bins.tar.xz is missing or not this tree's code (src, tests, include, Makefile).
 set -u
 parts=${*:-flash pro}
 dir=${OUT:-device-run}
@@ -43,8 +43,8 @@ bin=${DSV4:-}
 # binaries built elsewhere (scripts/gpu_bins.sh): unpacked over build-dev for every part (a warm machine may still hold
 # an older build there). Which code they are is said first: the pack's commit against this tree's HEAD (the device tool
 # copies the repository root's working tree, so a pack made in another checkout or worktree is not carried: session 35's
-# first call ran the old code that way, and built it on the device). DEVRUN_REQUIRE_PACK=1: no pack, or a pack of another
-# commit than HEAD, is an error (exit 3) instead of a note.
+# first call ran the old code that way, and built it on the device). DEVRUN_REQUIRE_PACK=1: no pack, or a pack whose
+# src, tests, include or Makefile differ from HEAD's, is an error (exit 3) instead of a note.
 head=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 if [ -f build-bin/gpu-bins.tar.xz ]; then
     pc=$(head -n 1 build-bin/gpu-bins.commit 2>/dev/null || echo unknown)
