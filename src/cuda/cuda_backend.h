@@ -155,6 +155,28 @@ int dsv4_cuda_linear_ws(const dsv4_cuda_weight *w, const void *x, int x_bf16, in
 int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *ws, size_t ws_bytes,
                               void *stream);
 
+/* A chain of grouped linears in one launch, for decode steps of at most 8 rows: stage s's jobs (as
+ * dsv4_cuda_linear_multi's, all stages of one weight format, x kind and cluster size), after a grid-wide wait for the
+ * stages before it where it reads what they write (sync), and then first the RMSNorm of norm_x's T rows (norm_n values,
+ * rows norm_ld apart, weight norm_w or NULL; dsv4_cuda_rmsnorm's bits) if norm_x is set. Every y row is bitwise what
+ * the separate calls give (dsv4_cuda_linear_multi per stage, dsv4_cuda_rmsnorm between). x_bf16 is stage 0's x kind
+ * (fp32 only: x_bf16 is not taken). A stage without sync must not read what the chain writes. slot (0 .. 7): the call
+ * site's barrier. The blocks of a chain wait for each other, holding their SMs: it must not run beside another chain
+ * (on another stream), which could hold the SMs its last blocks need. The launch shape depends only on the stages and
+ * T (CUDA-graph capture).
+ * Returns 0 (enqueued), 1 (not taken: nothing enqueued; the caller runs the stages as separate calls) or -1. */
+typedef struct dsv4_cuda_linear_stage {
+    const dsv4_cuda_linear_job *jobs;
+    int n;
+    int sync;
+    float *norm_x;
+    int norm_n;
+    int64_t norm_ld;
+    const float *norm_w;
+    float norm_eps;
+} dsv4_cuda_linear_stage;
+int dsv4_cuda_linear_chain(const dsv4_cuda_linear_stage *st, int ns, int x_bf16, int T, int slot, void *stream);
+
 /* In place, for each of `rows` rows of n values (row stride ld): x = w * x / sqrt(mean(x^2) + eps);
  * w [n] or NULL (unweighted; per-head norms are rows = T*H, n = ld = head dim).
  * Twin: dsv4_cpu_rmsnorm. */

@@ -436,10 +436,25 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     }
     CK(tail_join(g)); /* the previous layer's ring store read w->kv */
     dsv4_cuda_linear_job qkv[2] = {ljob(&gl->wq_a, x, w->qr), ljob(&gl->wkv, x, w->kv)};
-    CK(lin_multi(g, w, qkv, 2, T));
-    CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
+    /* Small decode steps with DSV4_LINEAR_CHAIN=1: wq_a + wkv, the q norm and the next projection of qr in one launch
+     * (dsv4_cuda_linear_chain: the same bits; on the main stream only, where no other chain runs beside it): wq_b,
+     * or in forked ratio-4 layers the indexer's query projection (the indexer's branch starts right after it). qb: wq_b
+     * is done. Else (or not taken) the separate calls. */
+    int qb = 0, qc = 0;
+    if (g->lchain && !g->prof && !w->lws && !(w->gemm && w->gemm_ws) && (!idx || iqm)) {
+        dsv4_cuda_linear_job nx = idx ? ljob(&gl->idx_wq_b, w->qr, w->qi) : ljob(&gl->wq_b, w->qr, w->q);
+        const dsv4_cuda_linear_stage cs[2] = {{qkv, 2, 0, NULL, 0, 0, NULL, 0.0f}, {&nx, 1, 1, w->qr, Lq, Lq, gl->q_norm, eps}};
+        const int r = dsv4_cuda_linear_chain(cs, 2, 0, T, 0, st);
+        CK(r < 0);
+        qc = r == 0;
+        qb = qc && !idx;
+    }
+    if (!qc) {
+        CK(lin_multi(g, w, qkv, 2, T));
+        CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
+    }
     if (idx) { /* the indexer after qr; its compressor's pending rows after the join */
-        if (iqm) CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
+        if (iqm && !qc) CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
         CK(branch_begin(g, fork));
         int rc = 0;
         BR(run_indexer(g, w, b, L, !iqm));
@@ -477,7 +492,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         const int qf = fork && ly->ratio == 0;
         CK(branch_begin(g, qf));
         int rc = 0;
-        BR(lin(g, w, &gl->wq_b, w->qr, T, w->q));
+        if (!qb) BR(lin(g, w, &gl->wq_b, w->qr, T, w->q));
         if (qh) BR(dsv4_cuda_norm_rope_h16(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, g->stream)); /* head norm + RoPE */
         else BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream));
         CK(branch_end(g, st, qf, rc));

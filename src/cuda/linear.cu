@@ -38,6 +38,7 @@
  * takes go through the multi-token GEMM of linear_bi.cu instead, bitwise the GEMV (DSV4_LINEAR_MT=0: the GEMV). */
 #include <cooperative_groups.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.cuh"
 #include "linear_gemv.cuh"
@@ -252,7 +253,7 @@ template <int CH> struct tc_buf {
     uint32_t a[2][2];
 };
 
-template <int FMT, int CH>
+template <int FMT, int CH, bool JC = false> /* JC (chains): the row length from J (J0 may be another stage's job) */
 __device__ __forceinline__ void tc_load(const tc_job &J0, const tc_job &J, tc_buf<CH> &b, int tile, int chs, int ch1, int g,
                                         int c) {
     constexpr int E = tc_fmt<FMT>::E, V = tc_fmt<FMT>::V;
@@ -262,7 +263,7 @@ __device__ __forceinline__ void tc_load(const tc_job &J0, const tc_job &J, tc_bu
     r0 = r0 < R ? r0 : R - 1; /* rows past the end: re-read the last one, never stored */
     r1 = r1 < R ? r1 : R - 1;
     const int64_t Rs[2] = {(int64_t)J.w.row0 + r0, (int64_t)J.w.row0 + r1};
-    const int64_t rowq = J0.w.cols / E; /* 16-byte chunks per stored row */
+    const int64_t rowq = (JC ? J.w.cols : J0.w.cols) / E; /* 16-byte chunks per stored row */
 #pragma unroll
     for (int m = 0; m < 2; m++) b.a[m][0] = b.a[m][1] = 0;
 #pragma unroll
@@ -302,194 +303,343 @@ __device__ __forceinline__ unsigned long long tc_gtime() {
 #else
 #define TC_TR(k) ((void)0)
 #endif
-template <int FMT, int XT, int NT, int NJ>
-__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__ tc_args<NJ> ka) {
+/* ---- chains (dsv4_cuda_linear_chain): GEMV stages in one launch ----
+ * A decode step's linears often come in a row: wq_a + wkv, the RMSNorm of qr, wq_b. Each launch boundary drains the
+ * weight stream (a GEMV block fills its SM, so the next kernel's blocks cannot start and load ahead until it exits;
+ * bench/NOTES.md "Session 35"). A chain runs the stages in the same resident blocks: a block that ends stage s arrives
+ * at a grid-wide barrier, issues its first two weight steps of stage s + 1 (which depend on nothing) and only then
+ * waits; the last block to arrive runs the RMSNorm between the stages, if any, and opens the barrier. Each stage is
+ * what its own launch would compute (its jobs, slices, summation order), so every row is bitwise the separate calls'.
+ * The barrier: a count that the last arrival wraps to 0 (atomicInc) and a generation it advances, per slot (a call
+ * site: two chains never share one at once); the grid is never larger than the resident blocks (so every block runs
+ * at once: the blocks that wait hold their SMs). */
+#define TC_MAXST 3
+#define TC_CHAIN_SLOTS 8
+struct tc_chain {
+    int nst, slot;
+    /* per stage: its jobs j0 .. j0 + nj - 1 of the table, their column slices (S = KW x the launch's KG) and units */
+    int j0[TC_MAXST], nj[TC_MAXST], S[TC_MAXST], KW[TC_MAXST], NU[TC_MAXST];
+    int sync[TC_MAXST];   /* before stage s > 0: wait for the stages before (it reads what they write) */
+    float *nx[TC_MAXST];  /* with sync: the RMSNorm (dsv4_cuda_rmsnorm's bits) of rows t0 .. t0+nt-1 of nx first */
+    const float *nw[TC_MAXST];
+    int nn[TC_MAXST], nld[TC_MAXST];
+    float eps[TC_MAXST];
+};
+/* p: what the stages share (rows, x kind, cluster size, and the x staging's layout, sized for the largest stage: nub,
+ * tok); job 0 of the table: act quant / bf16 and FP8 scale kind (the same in every stage). The stage's own values are
+ * read at its start only (a runtime index into the parameters in the GEMV's loop costs registers it does not have). */
+struct tc_cargs {
+    tc_params p;
+    tc_job j[TC_MAXJ];
+    tc_chain c;
+};
+struct tc_stv {
+    int S, KW, NU, nj, j0;
+};
+template <int NJ> __device__ __forceinline__ int tc_nst(const tc_args<NJ> &) { return 1; }
+__device__ __forceinline__ int tc_nst(const tc_cargs &a) { return a.c.nst; }
+template <int NJ> __device__ __forceinline__ tc_stv tc_st(const tc_args<NJ> &a, int) {
+    return tc_stv{a.p.S, a.p.KW, a.p.NU, a.p.nj, 0};
+}
+__device__ __forceinline__ tc_stv tc_st(const tc_cargs &a, int s) {
+    return tc_stv{a.c.S[s], a.c.KW[s], a.c.NU[s], a.c.nj[s], a.c.j0[s]};
+}
+
+__device__ unsigned tc_chain_bar[2 * TC_CHAIN_SLOTS]; /* per slot: arrivals, generation */
+__device__ __forceinline__ unsigned tc_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void tc_st_release(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+/* the block's chain state: [0] the generation it arrived in, [1] whether it arrived last */
+__device__ __forceinline__ unsigned *tc_chain_sh() {
+    __shared__ unsigned sh[2];
+    return sh;
+}
+/* RMSNorm of rows t0 .. t0+nt-1 of x (n values, rows ld apart) in place, two rows at once (threads 256 h .. 256 h + 255
+ * take row t0 + 2 i + h): thread j of a half plays rmsnorm_kernel's thread j (RMS_NT = 256), its quads j, j + 256, ..
+ * in order, warp_sum_d, rms_sum8 over the half's 8 warps; then x r times the weight, element by element, as both of
+ * rmsnorm_kernel's forms. Reads x at L2 (the other blocks wrote it). */
+__device__ __noinline__ void tc_chain_norm(float *x, int ld, int n, const float *w, float eps, int t0, int nt) {
+    __shared__ double part[2 * (RMS_NT / 32)];
+    const int h = threadIdx.x >> 8, j = threadIdx.x & (RMS_NT - 1), nq = (n + 3) >> 2;
+    for (int i = 0; 2 * i < nt; i++) {
+        const int t = 2 * i + h;
+        float *row = x + (int64_t)(t0 + (t < nt ? t : 0)) * ld;
+        double ss = 0;
+        if (t < nt)
+            for (int q = j; q < nq; q += RMS_NT)
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (4 * q + u < n) {
+                        const float v = __ldcg(row + 4 * q + u);
+                        ss += (double)v * v;
+                    }
+        ss = warp_sum_d(ss);
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        ss = rms_sum8(part + h * (RMS_NT / 32));
+        const float r = 1.0f / sqrtf((float)(ss / n) + eps);
+        if (t < nt)
+            for (int k = j; k < n; k += RMS_NT) {
+                const float v = __ldcg(row + k);
+                row[k] = w ? __fmul_rn(w[k], __fmul_rn(v, r)) : __fmul_rn(v, r);
+            }
+        __syncthreads(); /* part is reused */
+    }
+}
+/* Before stage stg (with sync): the block has ended the stage before (the barrier inside also keeps its staged x until
+ * every warp is done with it). As cooperative groups' grid sync: the block's barrier, then its thread 0 fences (its
+ * block's stores, ordered before the fence by the barrier, go before the count) and counts the block in; the generation
+ * is read before the count moves (it cannot advance before this block arrives). The last block to arrive fences again
+ * (the grid's stores before its reads), runs the stage's RMSNorm at once (before its weight loads: nothing else is
+ * live) and opens the barrier with a release store; the others issue their first weight steps, then wait in
+ * tc_chain_wait. */
+__device__ __forceinline__ void tc_chain_arrive(const tc_chain &c, int stg, int t0, int nt) {
+    unsigned *sh = tc_chain_sh(), *bar = tc_chain_bar + 2 * c.slot;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned g0 = tc_ld_acquire(bar + 1);
+        __threadfence();
+        const unsigned old = atomicInc(bar, gridDim.x - 1);
+        if (old == gridDim.x - 1) __threadfence();
+        sh[0] = g0, sh[1] = old == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (sh[1]) {
+        if (c.nx[stg]) tc_chain_norm(c.nx[stg], c.nld[stg], c.nn[stg], c.nw[stg], c.eps[stg], t0, nt);
+        __syncthreads();
+        if (threadIdx.x == 0) tc_st_release(bar + 1, sh[0] + 1);
+    }
+}
+/* the blocks but the last: wait until the last one opens the barrier */
+__device__ __forceinline__ void tc_chain_wait(int slot) {
+    const unsigned *sh = tc_chain_sh(), *bar = tc_chain_bar + 2 * slot;
+    if (!sh[1] && threadIdx.x == 0) {
+        while (tc_ld_acquire(bar + 1) == sh[0]) {
+        }
+        __threadfence(); /* as cooperative groups' grid sync: the block's reads after the barrier see the grid's writes */
+    }
+    __syncthreads();
+}
+
+template <int FMT, int XT, int NT, int NJ, int CHAIN, class KA>
+__device__ __forceinline__ void gemv_tc_body(const KA &ka) {
     using F = tc_fmt<FMT>;
     constexpr int V = F::V, E = F::E, WT = F::WT, BF = F::BF;
     extern __shared__ __align__(16) unsigned char tc_sm[];
-    const tc_params &p = ka.p;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int KW = p.KW, KG = p.KG, RW = TC_WARPS / KW, S = p.S, NU = p.NU, nt = p.nt;
-    const int kw = warp % KW, rw = warp / KW;
-    int ji = 0, cid = blockIdx.x / KG, ncl = gridDim.x / KG;
-    if (NJ > 1) {
-        for (int i = 1; i < p.nj; i++) ji = cid >= ka.j[i].c0 ? i : ji;
-        cid -= ka.j[ji].c0, ncl = ka.j[ji].ncl;
-    }
-    const tc_job &J0 = ka.j[0], &J = ka.j[ji];
-    const int kg = KG > 1 ? (int)cg::this_cluster().block_rank() : 0;
-    const int s = kg * KW + kw;
-    const int ub0 = kg * KW * NU / S, nub = (kg + 1) * KW * NU / S - ub0; /* the block's units */
-    const int ch0 = (s * NU / S) * V, ch1 = ((s + 1) * NU / S) * V;       /* the warp's chunks */
-    constexpr int CH = NT == 2 ? TC_CH / 2 : TC_CH; /* 16 tokens: fewer chunks in flight per lane (registers) */
-    /* steps per tile: the same for every warp (from the largest slice), so that all warps of the grid reach the
-     * per-tile barrier in the same iteration of the unrolled loop below */
-    const int nsteps = (((NU + S - 1) / S) * V + CH - 1) / CH;
-    const int iters = (J.NRG + ncl - 1) / ncl;
-    const int total = iters * nsteps;
+    /* a chain's stages (CHAIN) run one after another in the same blocks */
+    const int nst = tc_nst(ka);
+    for (int stg = 0; stg < nst; stg++) {
+        const tc_params &p = ka.p;
+        const tc_stv sv = tc_st(ka, stg); /* a chain's stage: its slicing and jobs (else p's, read as p.X: the same SASS) */
+        if constexpr (CHAIN) { /* every block, idle ones too, ends the stage before: the next waits for the whole grid */
+            if (stg > 0 && ka.c.sync[stg]) tc_chain_arrive(ka.c, stg, p.t0, p.nt);
+            else if (stg > 0) __syncthreads(); /* the block's warps are done with the staged x before it is restaged */
+        }
+        const int KW = CHAIN ? sv.KW : p.KW, KG = p.KG, RW = TC_WARPS / KW, S = CHAIN ? sv.S : p.S;
+        const int NU = CHAIN ? sv.NU : p.NU, nt = p.nt, jb = CHAIN ? sv.j0 : 0;
+        const int kw = warp % KW, rw = warp / KW;
+        int ji = 0, cid = blockIdx.x / KG, ncl = gridDim.x / KG;
+        if (NJ > 1) {
+            for (int i = 1; i < (CHAIN ? sv.nj : p.nj); i++) ji = cid >= ka.j[jb + i].c0 ? i : ji;
+            cid -= ka.j[jb + ji].c0, ncl = ka.j[jb + ji].ncl;
+        }
+        const tc_job &J0 = ka.j[0], &J = ka.j[jb + ji];
+        const bool idle = CHAIN && cid >= ncl; /* a chain's grid is its largest stage's: the other stages leave blocks idle */
+        const int kg = KG > 1 ? (int)cg::this_cluster().block_rank() : 0;
+        const int s = kg * KW + kw;
+        const int ub0 = kg * KW * NU / S, nub = (kg + 1) * KW * NU / S - ub0; /* the block's units */
+        const int ch0 = (s * NU / S) * V, ch1 = ((s + 1) * NU / S) * V;       /* the warp's chunks */
+        constexpr int CH = NT == 2 ? TC_CH / 2 : TC_CH; /* 16 tokens: fewer chunks in flight per lane (registers) */
+        /* steps per tile: the same for every warp (from the largest slice), so that all warps of the grid reach the
+         * per-tile barrier in the same iteration of the unrolled loop below */
+        const int nsteps = (((NU + S - 1) / S) * V + CH - 1) / CH;
+        const int iters = (J.NRG + ncl - 1) / ncl;
+        const int total = idle ? 0 : iters * nsteps;
 
-    uint16_t *xs = (uint16_t *)tc_sm;
-    float *sx = (float *)(tc_sm + (size_t)XT * nt * p.tok * 2);
-    float4 *part = (float4 *)(tc_sm + (((size_t)XT * nt * p.tok * 2 + (size_t)nt * p.nub * 4 + 15) & ~(size_t)15));
+        uint16_t *xs = (uint16_t *)tc_sm;
+        float *sx = (float *)(tc_sm + (size_t)XT * nt * p.tok * 2);
+        float4 *part = (float4 *)(tc_sm + (((size_t)XT * nt * p.tok * 2 + (size_t)nt * p.nub * 4 + 15) & ~(size_t)15));
 
-    auto tile_of = [&](int it) { return (cid + it * ncl) * RW + rw; };
+        auto tile_of = [&](int it) { return (cid + it * ncl) * RW + rw; };
 #ifdef DSV4_TC_TRACE
-    if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + 8] = tc_gtime();
-    TC_TR(0);
+        if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + 8] = tc_gtime();
+        TC_TR(0);
 #endif
-    /* Programmatic dependent launch: let the next kernel of the stream start its launch now (it waits for this grid in
-     * its own griddepcontrol.wait), load this warp's first two weight steps into registers, then wait for the previous
-     * kernel's results (x). The weights are the model's, which no kernel of a forward writes, so they may be read before
-     * the wait: a block launched while the previous kernel still runs has them when x is ready (session 23: batch 1
-     * 0.985-0.994x against loading them after x). Both are no-ops without the launch attribute. Then x's loads and
-     * staging (tc_stage8); the weights requested before the wait delay them (bench/NOTES.md "Decode GEMV fixed cost"). */
-    dev_pdl_trigger();
-    auto load = [&](tc_buf<CH> &b, int gs) { /* step gs into registers */
-        if (gs < total) tc_load<FMT, CH>(J0, J, b, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
-    };
-    tc_buf<CH> b0, b1; /* two steps in flight */
-    load(b0, 0), load(b1, 1);
-    dev_pdl_wait();
-    TC_TR(1);
-    tc_stage8<FMT, XT, 1>(p, J0, J, xs, sx, ub0, nub);
-    TC_TR(2);
-    __syncthreads();
-    TC_TR(3);
-
-    float acc[NT][4], cu[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[n][i] = cu[n][i] = 0.0f;
-
-    auto step = [&](const tc_buf<CH> &b, int gs) {
-        const int it = gs / nsteps, st = gs - it * nsteps, tile = tile_of(it);
-        const bool act = tile < J.NRT;
-        if (act) {
-#pragma unroll
-            for (int i = 0; i < CH; i++) {
-                const int ch = ch0 + st * CH + i;
-                if (ch >= ch1) break;
-                const int u = ch / V, v = V <= CH ? i % V : ch - u * V, ul = u - ub0;
-                uint32_t fq[2][2]; /* FP4 factors per row, per half chunk */
-                float sw[2];
-                tc_scales<FMT>(b.a, i, J0.w.scale_f32, J.w.scale2, fq, sw);
-                constexpr int NSUB = E >= 8 ? E / 8 : 1, KS = E >= 8 ? 2 : 1;
-#pragma unroll
-                for (int j = 0; j < NSUB; j++) {
-                    uint32_t A[2][WT][4];
-                    tc_decode<FMT>(b.q[i][0], j, fq[0][j >> 1], A[0]);
-                    tc_decode<FMT>(b.q[i][1], j, fq[1][j >> 1], A[1]);
-                    uint32_t B[XT][NT][4];
-#pragma unroll
-                    for (int xt = 0; xt < XT; xt++)
-#pragma unroll
-                        for (int n = 0; n < NT; n++) {
-                            const int tok = g + 8 * n;
-                            const uint16_t *bp = xs + (size_t)(xt * nt + tok) * p.tok + ul * 128 + (v * 4 + c) * E;
-                            if (E >= 8) {
-                                const int js = (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) ? (j ^ ((c >> 1) & 1)) : j;
-                                const uint4 t = tok < nt ? *(const uint4 *)(bp + js * 8) : make_uint4(0, 0, 0, 0);
-                                B[xt][n][0] = t.x, B[xt][n][1] = t.y, B[xt][n][2] = t.z, B[xt][n][3] = t.w;
-                            } else {
-                                const uint2 t = tok < nt ? *(const uint2 *)bp : make_uint2(0, 0);
-                                B[xt][n][0] = t.x, B[xt][n][1] = t.y;
-                            }
-                        }
-#pragma unroll
-                    for (int k = 0; k < KS; k++)
-#pragma unroll
-                        for (int n = 0; n < NT; n++)
-#pragma unroll
-                            for (int wt = 0; wt < WT; wt++)
-#pragma unroll
-                                for (int xt = 0; xt < XT; xt++)
-                                    if (wt + xt <= 2)
-                                        tc_mma<BF>(cu[n], A[0][wt][2 * k], A[1][wt][2 * k], A[0][wt][2 * k + 1], A[1][wt][2 * k + 1],
-                                                   B[xt][n][2 * k], B[xt][n][2 * k + 1]);
-                }
-                if (v == V - 1) { /* end of a unit: scale and add */
-#pragma unroll
-                    for (int n = 0; n < NT; n++) {
-                        const int t0 = 2 * c + 8 * n;
-                        const float xa = t0 < nt ? sx[t0 * p.nub + ul] : 0.0f, xb = t0 + 1 < nt ? sx[(t0 + 1) * p.nub + ul] : 0.0f;
-                        acc[n][0] = fmaf(cu[n][0], sw[0] * xa, acc[n][0]);
-                        acc[n][1] = fmaf(cu[n][1], sw[0] * xb, acc[n][1]);
-                        acc[n][2] = fmaf(cu[n][2], sw[1] * xa, acc[n][2]);
-                        acc[n][3] = fmaf(cu[n][3], sw[1] * xb, acc[n][3]);
-#pragma unroll
-                        for (int k = 0; k < 4; k++) cu[n][k] = 0.0f;
-                    }
-                }
-            }
-        }
-        if (st != nsteps - 1) return;
-        /* end of the tile's slice: store (S == 1) or add the S slices in order */
-        const int R = J.w.rows, r = tile * 16 + g;
-        auto store = [&](const float (&v)[NT][4]) {
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const int t = 2 * c + 8 * n;
-                float *y0 = J.y + (int64_t)(p.t0 + t) * J.ldy, *y1 = y0 + J.ldy;
-                if (r < R) {
-                    if (t < nt) y0[r] = v[n][0];
-                    if (t + 1 < nt) y1[r] = v[n][1];
-                }
-                if (r + 8 < R) {
-                    if (t < nt) y0[r + 8] = v[n][2];
-                    if (t + 1 < nt) y1[r + 8] = v[n][3];
-                }
-            }
+        /* Programmatic dependent launch: let the next kernel of the stream start its launch now (it waits for this
+         * grid in its own griddepcontrol.wait), load this warp's first two weight steps into registers, then wait for
+         * the previous kernel's results (x; a chain's later stage: for the stages before it, tc_chain_wait). The weights
+         * are the model's, which no kernel of a forward writes, so they may be read before the wait: a block launched
+         * while the previous kernel still runs has them when x is ready (session 23: batch 1 0.985-0.994x against
+         * loading them after x), and a chain's stage has them in flight while the stage before it ends. The PDL calls
+         * are no-ops without the launch attribute. Then x's loads and staging (tc_stage8); the weights requested before
+         * the wait delay them (bench/NOTES.md "Decode GEMV fixed cost"). */
+        if (stg == 0) dev_pdl_trigger();
+        auto load = [&](tc_buf<CH> &b, int gs) { /* step gs into registers */
+            if (gs < total) tc_load<FMT, CH, CHAIN>(J0, J, b, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
         };
-        if (S == 1) {
-            if (act) store(acc);
-        } else {
-            const int buf = it & 1;
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-                part[((buf * TC_WARPS + warp) * NT + n) * 32 + lane] = make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
-            if (KG > 1) cg::this_cluster().sync();
-            else __syncthreads();
-            if (kg == 0 && kw == 0 && act) {
-                float sum[NT][4];
-#pragma unroll 4
-                for (int s2 = 0; s2 < S; s2++) {
-                    const int kg2 = s2 / KW, kw2 = s2 - kg2 * KW;
-#pragma unroll
-                    for (int n = 0; n < NT; n++) {
-                        const float4 *src = part + ((buf * TC_WARPS + rw * KW + kw2) * NT + n) * 32 + lane;
-                        if (kg2 > 0) src = cg::this_cluster().map_shared_rank(src, kg2);
-                        const float4 vv = *src;
-                        if (s2 == 0) sum[n][0] = vv.x, sum[n][1] = vv.y, sum[n][2] = vv.z, sum[n][3] = vv.w;
-                        else sum[n][0] += vv.x, sum[n][1] += vv.y, sum[n][2] += vv.z, sum[n][3] += vv.w;
-                    }
-                }
-                store(sum);
-            }
+        tc_buf<CH> b0, b1; /* two steps in flight */
+        load(b0, 0), load(b1, 1);
+        if (stg == 0) dev_pdl_wait();
+        else if constexpr (CHAIN) {
+            if (ka.c.sync[stg]) tc_chain_wait(ka.c.slot);
         }
+        if (idle) continue;
+        TC_TR(1);
+        tc_stage8<FMT, XT, 1>(p, J0, J, xs, sx, ub0, nub);
+        TC_TR(2);
+        __syncthreads();
+        TC_TR(3);
+
+        float acc[NT][4], cu[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int k = 0; k < 4; k++) acc[n][k] = 0.0f;
-    };
+            for (int i = 0; i < 4; i++) acc[n][i] = cu[n][i] = 0.0f;
 
-    /* step gs computes one buffer while the other (step gs + 1) is in flight, then refills it with step gs + 2 */
-    for (int gs = 0; gs < total; gs += 2) {
-        step(b0, gs);
+        auto step = [&](const tc_buf<CH> &b, int gs) {
+            const int it = gs / nsteps, st = gs - it * nsteps, tile = tile_of(it);
+            const bool act = tile < J.NRT;
+            if (act) {
+#pragma unroll
+                for (int i = 0; i < CH; i++) {
+                    const int ch = ch0 + st * CH + i;
+                    if (ch >= ch1) break;
+                    const int u = ch / V, v = V <= CH ? i % V : ch - u * V, ul = u - ub0;
+                    uint32_t fq[2][2]; /* FP4 factors per row, per half chunk */
+                    float sw[2];
+                    tc_scales<FMT>(b.a, i, J0.w.scale_f32, J.w.scale2, fq, sw);
+                    constexpr int NSUB = E >= 8 ? E / 8 : 1, KS = E >= 8 ? 2 : 1;
+#pragma unroll
+                    for (int j = 0; j < NSUB; j++) {
+                        uint32_t A[2][WT][4];
+                        tc_decode<FMT>(b.q[i][0], j, fq[0][j >> 1], A[0]);
+                        tc_decode<FMT>(b.q[i][1], j, fq[1][j >> 1], A[1]);
+                        uint32_t B[XT][NT][4];
+#pragma unroll
+                        for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+                            for (int n = 0; n < NT; n++) {
+                                const int tok = g + 8 * n;
+                                const uint16_t *bp = xs + (size_t)(xt * nt + tok) * p.tok + ul * 128 + (v * 4 + c) * E;
+                                if (E >= 8) {
+                                    const int js = (FMT == DSV4_WF_MXFP4 || FMT == DSV4_WF_NVFP4) ? (j ^ ((c >> 1) & 1)) : j;
+                                    const uint4 t = tok < nt ? *(const uint4 *)(bp + js * 8) : make_uint4(0, 0, 0, 0);
+                                    B[xt][n][0] = t.x, B[xt][n][1] = t.y, B[xt][n][2] = t.z, B[xt][n][3] = t.w;
+                                } else {
+                                    const uint2 t = tok < nt ? *(const uint2 *)bp : make_uint2(0, 0);
+                                    B[xt][n][0] = t.x, B[xt][n][1] = t.y;
+                                }
+                            }
+#pragma unroll
+                        for (int k = 0; k < KS; k++)
+#pragma unroll
+                            for (int n = 0; n < NT; n++)
+#pragma unroll
+                                for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+                                    for (int xt = 0; xt < XT; xt++)
+                                        if (wt + xt <= 2)
+                                            tc_mma<BF>(cu[n], A[0][wt][2 * k], A[1][wt][2 * k], A[0][wt][2 * k + 1], A[1][wt][2 * k + 1],
+                                                       B[xt][n][2 * k], B[xt][n][2 * k + 1]);
+                    }
+                    if (v == V - 1) { /* end of a unit: scale and add */
+#pragma unroll
+                        for (int n = 0; n < NT; n++) {
+                            const int t0 = 2 * c + 8 * n;
+                            const float xa = t0 < nt ? sx[t0 * p.nub + ul] : 0.0f, xb = t0 + 1 < nt ? sx[(t0 + 1) * p.nub + ul] : 0.0f;
+                            acc[n][0] = fmaf(cu[n][0], sw[0] * xa, acc[n][0]);
+                            acc[n][1] = fmaf(cu[n][1], sw[0] * xb, acc[n][1]);
+                            acc[n][2] = fmaf(cu[n][2], sw[1] * xa, acc[n][2]);
+                            acc[n][3] = fmaf(cu[n][3], sw[1] * xb, acc[n][3]);
+#pragma unroll
+                            for (int k = 0; k < 4; k++) cu[n][k] = 0.0f;
+                        }
+                    }
+                }
+            }
+            if (st != nsteps - 1) return;
+            /* end of the tile's slice: store (S == 1) or add the S slices in order */
+            const int R = J.w.rows, r = tile * 16 + g;
+            auto store = [&](const float (&v)[NT][4]) {
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    const int t = 2 * c + 8 * n;
+                    float *y0 = J.y + (int64_t)(p.t0 + t) * J.ldy, *y1 = y0 + J.ldy;
+                    if (r < R) {
+                        if (t < nt) y0[r] = v[n][0];
+                        if (t + 1 < nt) y1[r] = v[n][1];
+                    }
+                    if (r + 8 < R) {
+                        if (t < nt) y0[r + 8] = v[n][2];
+                        if (t + 1 < nt) y1[r + 8] = v[n][3];
+                    }
+                }
+            };
+            if (S == 1) {
+                if (act) store(acc);
+            } else {
+                const int buf = it & 1;
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    part[((buf * TC_WARPS + warp) * NT + n) * 32 + lane] = make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+                if (KG > 1) cg::this_cluster().sync();
+                else __syncthreads();
+                if (kg == 0 && kw == 0 && act) {
+                    float sum[NT][4];
+#pragma unroll 4
+                    for (int s2 = 0; s2 < S; s2++) {
+                        const int kg2 = s2 / KW, kw2 = s2 - kg2 * KW;
+#pragma unroll
+                        for (int n = 0; n < NT; n++) {
+                            const float4 *src = part + ((buf * TC_WARPS + rw * KW + kw2) * NT + n) * 32 + lane;
+                            if (kg2 > 0) src = cg::this_cluster().map_shared_rank(src, kg2);
+                            const float4 vv = *src;
+                            if (s2 == 0) sum[n][0] = vv.x, sum[n][1] = vv.y, sum[n][2] = vv.z, sum[n][3] = vv.w;
+                            else sum[n][0] += vv.x, sum[n][1] += vv.y, sum[n][2] += vv.z, sum[n][3] += vv.w;
+                        }
+                    }
+                    store(sum);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[n][k] = 0.0f;
+        };
+
+        /* step gs computes one buffer while the other (step gs + 1) is in flight, then refills it with step gs + 2 */
+        for (int gs = 0; gs < total; gs += 2) {
+            step(b0, gs);
 #ifdef DSV4_TC_TRACE
-        if (gs == 0) TC_TR(4);
+            if (gs == 0) TC_TR(4);
 #endif
-        load(b0, gs + 2);
-        if (gs + 1 >= total) break;
-        step(b1, gs + 1);
-        load(b1, gs + 3);
+            load(b0, gs + 2);
+            if (gs + 1 >= total) break;
+            step(b1, gs + 1);
+            load(b1, gs + 3);
+        }
+        TC_TR(5);
+        if (S > 1 && KG > 1) cg::this_cluster().sync(); /* peers' partials stay until the leader has read them */
+#ifdef DSV4_TC_TRACE
+        TC_TR(6);
+        if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + 9] = tc_gtime();
+#endif
     }
-    TC_TR(5);
-    if (S > 1 && KG > 1) cg::this_cluster().sync(); /* peers' partials stay until the leader has read them */
-#ifdef DSV4_TC_TRACE
-    TC_TR(6);
-    if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + 9] = tc_gtime();
-#endif
+}
+template <int FMT, int XT, int NT, int NJ>
+__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__ tc_args<NJ> ka) {
+    gemv_tc_body<FMT, XT, NT, NJ, 0>(ka);
+}
+/* A chain (dsv4_cuda_linear_chain): the stages' jobs in the table, TC_MAXJ in all */
+template <int FMT, int XT, int NT>
+__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc_chain(const __grid_constant__ tc_cargs ka) {
+    gemv_tc_body<FMT, XT, NT, TC_MAXJ, 1>(ka);
 }
 
 /* ---- element path and prefill GEMM ---- */
@@ -833,6 +983,15 @@ static int bad_weight(const dsv4_cuda_weight *w, int T) {
     return 0;
 }
 
+/* a job of a grouped call: its weight, x / y and row strides (`what`: the call, for the message) */
+static int bad_job(const dsv4_cuda_linear_job *jb, int i, int T, const char *what) {
+    if (bad_weight(&jb->w, T)) return -1;
+    if ((jb->ldx && jb->ldx < jb->w.cols) || (jb->ldy && jb->ldy < jb->w.rows) || jb->ldx > 0x7fffffff || jb->ldy > 0x7fffffff ||
+        (T > 0 && (!jb->x || !jb->y)))
+        return dsv4_cuda_fail("%s: job %d: bad x / y (row strides %lld, %lld)", what, i, (long long)jb->ldx, (long long)jb->ldy);
+    return 0;
+}
+
 /* y = x . W^T for x rows at stride ldx and y rows at stride ldy (elements); T > 0, the weight checked. */
 static int linear_one(const dsv4_cuda_weight *w, const void *x, int64_t ldx, int x_bf16, int T, float *y, int64_t ldy,
                       void *ws, size_t wsb, cudaStream_t st) {
@@ -898,14 +1057,8 @@ extern "C" int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, i
 extern "C" int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *ws, size_t wsb,
                                          void *stream) {
     if (n < 0 || (n > 0 && !jobs) || T < 0) return dsv4_cuda_fail("linear multi: bad job list (n %d T %d)", n, T);
-    for (int i = 0; i < n; i++) {
-        const dsv4_cuda_linear_job *jb = &jobs[i];
-        if (bad_weight(&jb->w, T)) return -1;
-        if ((jb->ldx && jb->ldx < jb->w.cols) || (jb->ldy && jb->ldy < jb->w.rows) || jb->ldx > 0x7fffffff || jb->ldy > 0x7fffffff ||
-            (T > 0 && (!jb->x || !jb->y)))
-            return dsv4_cuda_fail("linear multi: job %d: bad x / y (row strides %lld, %lld)", i, (long long)jb->ldx,
-                                  (long long)jb->ldy);
-    }
+    for (int i = 0; i < n; i++)
+        if (bad_job(&jobs[i], i, T, "linear multi")) return -1;
     if (T == 0 || n == 0) return 0;
     if (n > 64) /* grouped 64 jobs at a time */
         return dsv4_cuda_linear_multi_ws(jobs, 64, x_bf16, T, ws, wsb, stream) ||
@@ -938,4 +1091,146 @@ extern "C" int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n
         if (nj == 1 ? tc_any<1>(tj, 1, q, x_bf16, T, ws, wsb, st) : tc_any<TC_MAXJ>(tj, nj, q, x_bf16, T, ws, wsb, st)) return -1;
     }
     return 0;
+}
+
+/* ---- chains (the kernel side: "chains" above) ---- */
+
+using tc_cfn = void (*)(const tc_cargs);
+/* The forms a chain takes: those whose ptxas report has no spill in the GEMV's loop (the FP8 act-quant form spills 12
+ * bytes: the stage counter and a per-tile flag, outside the steps). NVFP4, FP8 with two x terms, F32 weights and the
+ * others: the separate calls (their chain forms spilled 20-76 bytes inside the steps when built). */
+static tc_cfn pick_chain(int fmt, int xt) {
+    switch (fmt) {
+    case DSV4_WF_BF16: return xt == 1 ? gemv_tc_chain<DSV4_WF_BF16, 1, 1> : gemv_tc_chain<DSV4_WF_BF16, 3, 1>;
+    case DSV4_WF_F16: return xt == 1 ? gemv_tc_chain<DSV4_WF_F16, 1, 1> : gemv_tc_chain<DSV4_WF_F16, 2, 1>;
+    case DSV4_WF_FP8: return xt == 1 ? gemv_tc_chain<DSV4_WF_FP8, 1, 1> : NULL;
+    case DSV4_WF_MXFP4: return xt == 1 ? gemv_tc_chain<DSV4_WF_MXFP4, 1, 1> : NULL;
+    default: return NULL;
+    }
+}
+
+extern "C" int dsv4_cuda_linear_chain(const dsv4_cuda_linear_stage *st, int ns, int x_bf16, int T, int slot, void *stream) {
+    if (ns < 0 || (ns > 0 && !st) || T < 0 || slot < 0 || slot >= TC_CHAIN_SLOTS)
+        return dsv4_cuda_fail("linear chain: bad stage list (%d stages, T %d, slot %d)", ns, T, slot);
+    int njt = 0;
+    for (int s = 0; s < ns; s++) {
+        if (st[s].n < 1 || !st[s].jobs) return dsv4_cuda_fail("linear chain: stage %d has no jobs", s);
+        if (s > 0 && st[s].sync && st[s].norm_x && (st[s].norm_n <= 0 || st[s].norm_ld < st[s].norm_n))
+            return dsv4_cuda_fail("linear chain: stage %d: bad RMSNorm shape (n %d, row stride %lld)", s, st[s].norm_n,
+                                  (long long)st[s].norm_ld);
+        for (int i = 0; i < st[s].n; i++)
+            if (bad_job(&st[s].jobs[i], njt + i, T, "linear chain")) return -1;
+        njt += st[s].n;
+    }
+    /* what one launch takes: 2 .. TC_MAXST stages, 1 .. 8 rows of fp32 x, TC_MAXJ jobs in all, every job on the
+     * tensor-core GEMV with one format, x terms, act quant / bf16 rounding, FP8 scale kind and cluster size, each stage's
+     * jobs sharing their launch as dsv4_cuda_linear_multi's */
+    if (ns < 2 || ns > TC_MAXST || T < 1 || T > 8 || njt > TC_MAXJ || x_bf16) return 1;
+    const dsv4_cuda_weight *w0 = &st[0].jobs[0].w;
+    const int fmt = w0->fmt;
+    tc_cargs a;
+    memset(&a, 0, sizeof a);
+    tc_plan qs[TC_MAXST];
+    int nub = 0;
+    for (int s = 0; s < ns; s++) {
+        const tc_plan q = qs[s] = tc_plan_of(&st[s].jobs[0].w, 0);
+        const dsv4_cuda_weight *ws = &st[s].jobs[0].w;
+        if (!q.ok || q.xt != qs[0].xt || q.KG != qs[0].KG || ws->fmt != fmt || ws->act_quant != w0->act_quant ||
+            x_round_bf16(*ws) != x_round_bf16(*w0) || (fmt == DSV4_WF_FP8 && ws->scale_f32 != w0->scale_f32))
+            return 1;
+        for (int i = 1; i < st[s].n; i++)
+            if (!tc_same(ws, q, &st[s].jobs[i].w, tc_plan_of(&st[s].jobs[i].w, 0))) return 1;
+        nub = q.nub > nub ? q.nub : nub;
+    }
+    const int KG = qs[0].KG, xt = qs[0].xt;
+    tc_params &p = a.p;
+    p.xbf16 = 0, p.t0 = 0, p.nt = T, p.KG = KG, p.nub = nub, p.tok = tc_tok(fmt, nub);
+    p.S = qs[0].S, p.KW = qs[0].S / KG, p.NU = qs[0].NU, p.nj = st[0].n;
+    size_t smem = 0;
+    for (int s = 0, jn = 0; s < ns; s++) {
+        const tc_plan &q = qs[s];
+        tc_chain &c = a.c;
+        c.j0[s] = jn, c.nj[s] = st[s].n, c.S[s] = q.S, c.KW[s] = q.S / KG, c.NU[s] = q.NU;
+        c.sync[s] = s > 0 && st[s].sync;
+        if (c.sync[s] && st[s].norm_x) {
+            if (st[s].norm_ld > 0x7fffffff) return 1;
+            c.nx[s] = st[s].norm_x, c.nw[s] = st[s].norm_w, c.nn[s] = st[s].norm_n, c.nld[s] = (int)st[s].norm_ld;
+            c.eps[s] = st[s].norm_eps;
+        }
+        for (int i = 0; i < st[s].n; i++) {
+            const dsv4_cuda_linear_job *ji = &st[s].jobs[i];
+            tc_job &t = a.j[jn + i];
+            t.w = ji->w, t.x = ji->x, t.y = ji->y;
+            t.ldx = ji->ldx ? (int)ji->ldx : ji->w.cols, t.ldy = ji->ldy ? (int)ji->ldy : ji->w.rows;
+            t.xv = ((uintptr_t)ji->x & 15) == 0 && t.ldx % 4 == 0;
+            t.NRT = (ji->w.rows + 15) / 16;
+            t.NRG = (t.NRT + TC_WARPS / c.KW[s] - 1) / (TC_WARPS / c.KW[s]);
+        }
+        jn += st[s].n;
+        const size_t sm = tc_smem(fmt, xt, T, nub, q.S, 0); /* the staging sized for the largest stage */
+        smem = sm > smem ? sm : smem;
+    }
+    if (smem > (size_t)dsv4_cuda_dev.smem_optin) return 1;
+    const tc_cfn fn = pick_chain(fmt, xt);
+    if (!fn) return 1;
+    a.c.nst = ns, a.c.slot = slot;
+    /* each stage's clusters as tc_run gives its jobs (a job's rows do not depend on them); the grid is the largest
+     * stage's, at most the resident clusters */
+    const int N = tc_max_clusters((const void *)fn, KG, smem);
+    int grid = 0;
+    for (int s = 0; s < ns; s++) {
+        tc_job *jj = a.j + a.c.j0[s];
+        const int nj = a.c.nj[s];
+        int nrg_max = 0, nrg_sum = 0, ncl = 0;
+        for (int j = 0; j < nj; j++) nrg_max = jj[j].NRG > nrg_max ? jj[j].NRG : nrg_max, nrg_sum += jj[j].NRG;
+        if (nj == 1) {
+            ncl = N < nrg_sum ? N : nrg_sum;
+            jj[0].c0 = 0, jj[0].ncl = ncl;
+        } else {
+            int k = (nrg_sum + N - 1) / N;
+            for (k = k > 1 ? k : 1; k < nrg_max; k++) {
+                int n = 0;
+                for (int j = 0; j < nj; j++) n += (jj[j].NRG + k - 1) / k;
+                if (n <= N) break;
+            }
+            for (int j = 0; j < nj; j++) jj[j].c0 = ncl, jj[j].ncl = (jj[j].NRG + k - 1) / k, ncl += jj[j].ncl;
+        }
+        grid = ncl > grid ? ncl : grid;
+    }
+    if (grid > N) return 1; /* every block must be resident at once */
+    if (tc_no_pdl < 0) {
+        tc_no_pdl = dsv4_env_int("DSV4_LINEAR_NO_PDL", 0) != 0;
+        tc_half = dsv4_env_int("DSV4_LINEAR_HALF", tc_half) != 0;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (KG > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = KG, at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
+        na++;
+    }
+    if (!tc_no_pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    cfg.gridDim = dim3(grid * KG);
+    cfg.blockDim = dim3(TC_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = DSV4_STREAM(stream);
+    cfg.attrs = at;
+    cfg.numAttrs = na;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, fn, a);
+    if (e != cudaSuccess && !tc_no_pdl) {
+        cudaGetLastError();
+        tc_no_pdl = 1;
+        cfg.numAttrs = KG > 1 ? 1 : 0;
+        e = cudaLaunchKernelEx(&cfg, fn, a);
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return dsv4_cuda_fail("linear chain: launch: %s", cudaGetErrorString(e));
+    }
+    return dsv4_cuda_check_launch("linear chain");
 }

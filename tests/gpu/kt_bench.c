@@ -485,3 +485,62 @@ void bench_moe(void) {
                    dsv4_moe_tc_mma_rate(na, b));
     free(d1), free(d3), free(d2);
 }
+
+/* Times the q path of a decode step at T rows (wq_a + wkv, the q norm, wq_b: D x Lq, Lq x Rq) as the separate calls
+ * (dsv4_cuda_linear_multi, dsv4_cuda_rmsnorm, dsv4_cuda_linear: three launches) and as one dsv4_cuda_linear_chain,
+ * the weights rotated through > 256 MiB of copies (so no call finds them in L2). */
+void bench_linear_chain(const char *tag, int D, int Lq, int Rq, int T) {
+    const mspec s[3] = {{DSV4_WF_FP8, Lq, D, 1, 0, 0}, {DSV4_WF_FP8, 512, D, 1, 0, 0}, {DSV4_WF_FP8, Rq, Lq, 1, 0, 0}};
+    mweights m;
+    mweights_make(&m, s, 3, 0);
+    size_t DB[3], SB[3], per = 0;
+    for (int i = 0; i < 3; i++) DB[i] = m.h[i].data_b, SB[i] = m.h[i].scale_b, per += DB[i] + SB[i];
+    int NR = (int)((256u << 20) / per) + 1;
+    if (NR > 64) NR = 64;
+    uint8_t *dd[3], *ds[3];
+    for (int i = 0; i < 3; i++) {
+        dd[i] = dsv4_cuda_alloc(DB[i] * NR), ds[i] = dsv4_cuda_alloc(SB[i] * NR);
+        if (!dd[i] || !ds[i]) op_ok(-1, "bench alloc");
+        for (int k = 0; k < NR; k++) dsv4_cuda_upload(dd[i] + DB[i] * k, m.h[i].data, DB[i]), dsv4_cuda_upload(ds[i] + SB[i] * k, m.h[i].scale, SB[i]);
+    }
+    float *x = randn((size_t)T * D, 1.0f), *nw = randn(Lq, 1.0f);
+    float *dx = dup_to_dev(x, 4 * (size_t)T * D), *dnw = dup_to_dev(nw, 4 * (size_t)Lq);
+    float *dqr = dsv4_cuda_alloc(4 * (size_t)T * Lq), *dkv = dsv4_cuda_alloc(4 * (size_t)T * 512), *dq = dsv4_cuda_alloc(4 * (size_t)T * Rq);
+    double us[2] = {0, 0};
+    const double bytes = (double)(DB[0] + SB[0] + DB[1] + SB[1] + DB[2] + SB[2]);
+    const int it = 50;
+    int taken = 1;
+    for (int path = 0; path < 2; path++) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        for (int k = -3; k < it; k++) {
+            if (k == 0) cudaEventRecord(e0, 0);
+            const int c = (k + 3) % NR;
+            dsv4_cuda_weight w[3];
+            for (int i = 0; i < 3; i++) w[i] = m.w[i], w[i].data = dd[i] + DB[i] * c, w[i].scale = ds[i] + SB[i] * c;
+            dsv4_cuda_linear_job j0[2] = {{w[0], dx, 0, dqr, 0}, {w[1], dx, 0, dkv, 0}}, jq = {w[2], dqr, 0, dq, 0};
+            if (path == 1) {
+                const dsv4_cuda_linear_stage st[2] = {{j0, 2, 0, NULL, 0, 0, NULL, 0.0f}, {&jq, 1, 1, dqr, Lq, Lq, dnw, 1e-6f}};
+                const int r = dsv4_cuda_linear_chain(st, 2, 0, T, 0, NULL);
+                op_ok(r < 0, "linear chain");
+                taken &= r == 0;
+                if (r == 0) continue;
+            }
+            op_ok(dsv4_cuda_linear_multi(j0, 2, 0, T, NULL), "linear multi");
+            op_ok(dsv4_cuda_rmsnorm(dqr, T, Lq, Lq, dnw, 1e-6f, NULL), "rmsnorm");
+            op_ok(dsv4_cuda_linear(&w[2], dqr, 0, T, dq, NULL), "linear");
+        }
+        cudaEventRecord(e1, 0);
+        sync_ok();
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        us[path] = 1000.0 * ms / it;
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
+    printf("time linear chain %-24s T=%d: separate %7.2f us (3 launches), chain %7.2f us%s  %7.1f GB/s  %5.1f%% of copy  (%.3fx)\n",
+           tag, T, us[0], us[1], taken ? "" : " (NOT taken: separate)", bytes / us[1] / 1e3, 100.0 * bytes / us[1] / 1e3 / g_copy_gbs,
+           us[0] / us[1]);
+    for (int i = 0; i < 3; i++) dsv4_cuda_free(dd[i]), dsv4_cuda_free(ds[i]);
+    dsv4_cuda_free(dx), dsv4_cuda_free(dnw), dsv4_cuda_free(dqr), dsv4_cuda_free(dkv), dsv4_cuda_free(dq), free(x), free(nw);
+    mweights_free(&m);
+}

@@ -548,3 +548,105 @@ void test_linear_gemm_declines(void) {
     dsv4_cuda_weight_free(&da), dsv4_cuda_weight_free(&db), dsv4_cuda_weight_free(&dc);
     free_hweight(&a), free_hweight(&b), free_hweight(&c);
 }
+
+/* ---- chains (dsv4_cuda_linear_chain) ---- */
+
+/* One chain of Flash's q path against the separate calls, bitwise: stage 0 wq_a + wkv (FP8 act quant, 1024 / 512 x
+ * 4096), stage 1 after the barrier and the RMSNorm of qr (weighted) a [Rq, 1024] projection of qr; three: stage 1 an
+ * [Ri, 1024] one (the indexer's query projection) and stage 2, without a barrier, the [Rq, 1024] one. Runs the chain
+ * twice (the barrier's generation moves on) on slot `slot`, every output compared with dsv4_cuda_linear_multi,
+ * dsv4_cuda_rmsnorm and dsv4_cuda_linear's. */
+void test_linear_chain(int T, int three, int Rq, int Ri, int slot) {
+    const int D = 4096, Lq = 1024;
+    const mspec sb[2] = {{DSV4_WF_FP8, Rq, Lq, 1, 0, 0}, {DSV4_WF_FP8, Ri, Lq, 1, 0, 0}};
+    mweights ma, mb;
+    mweights_make(&ma, qkv, 2, 0);
+    mweights_make(&mb, sb, 2, 0);
+    float *x = rand_wide((size_t)T * D), *nw = randn(Lq, 1.0f);
+    float *dx = dup_to_dev(x, 4 * (size_t)T * D), *dnw = dup_to_dev(nw, 4 * (size_t)Lq);
+    const int R[4] = {Lq, 512, Rq, Ri};
+    float *ref[4], *got[4];
+    for (int i = 0; i < 4; i++) ref[i] = dsv4_cuda_alloc(4 * (size_t)T * R[i]), got[i] = dsv4_cuda_alloc(4 * (size_t)T * R[i]);
+    /* the separate calls */
+    dsv4_cuda_linear_job j0[2] = {{ma.w[0], dx, 0, ref[0], 0}, {ma.w[1], dx, 0, ref[1], 0}};
+    op_ok(dsv4_cuda_linear_multi(j0, 2, 0, T, NULL), "linear multi");
+    op_ok(dsv4_cuda_rmsnorm(ref[0], T, Lq, Lq, dnw, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_linear(&mb.w[0], ref[0], 0, T, ref[2], NULL), "linear");
+    if (three) op_ok(dsv4_cuda_linear(&mb.w[1], ref[0], 0, T, ref[3], NULL), "linear");
+    sync_ok();
+    int bad = 0, taken = 1;
+    for (int run = 0; run < 2; run++) {
+        for (int i = 0; i < 4; i++) op_ok(dsv4_cuda_memset(got[i], 0xff, 4 * (size_t)T * R[i], NULL), "memset");
+        dsv4_cuda_linear_job c0[2] = {{ma.w[0], dx, 0, got[0], 0}, {ma.w[1], dx, 0, got[1], 0}};
+        dsv4_cuda_linear_job cq = {mb.w[0], got[0], 0, got[2], 0}, ci = {mb.w[1], got[0], 0, got[3], 0};
+        dsv4_cuda_linear_stage st[3] = {{c0, 2, 0, NULL, 0, 0, NULL, 0.0f}, {&cq, 1, 1, got[0], Lq, Lq, dnw, 1e-6f},
+                                        {&cq, 1, 0, NULL, 0, 0, NULL, 0.0f}};
+        if (three) st[1].jobs = &ci;
+        const int r = dsv4_cuda_linear_chain(st, three ? 3 : 2, 0, T, slot, NULL);
+        op_ok(r < 0, "linear chain");
+        taken &= r == 0;
+        sync_ok();
+        for (int i = 0; i < (three ? 4 : 3); i++) {
+            float *a = malloc(4 * (size_t)T * R[i]), *b = malloc(4 * (size_t)T * R[i]);
+            from_dev(a, ref[i], 4 * (size_t)T * R[i]);
+            from_dev(b, got[i], 4 * (size_t)T * R[i]);
+            bad += memcmp(a, b, 4 * (size_t)T * R[i]) != 0;
+            free(a), free(b);
+        }
+    }
+    g_checks++;
+    if (bad || !taken) g_fail++;
+    printf("%-4s linear chain T=%d: wq_a+wkv | q norm, %s (slot %d, 2 runs): %s, %d outputs differ from the separate calls%s\n",
+           bad || !taken ? "FAIL" : "ok", T, three ? "idx-like | wq_b-like" : "wq_b-like", slot, taken ? "taken" : "NOT taken", bad,
+           bad || !taken ? " <<<" : "");
+    for (int i = 0; i < 4; i++) dsv4_cuda_free(ref[i]), dsv4_cuda_free(got[i]);
+    dsv4_cuda_free(dx), dsv4_cuda_free(dnw), free(x), free(nw);
+    mweights_free(&ma), mweights_free(&mb);
+}
+
+/* What a chain does not take (nothing enqueued: the outputs keep their fill) and what it rejects */
+void test_linear_chain_edges(void) {
+    mspec wx[2];
+    ms_wo_a_x32(wx, 1);
+    const mspec fb[1] = {{DSV4_WF_FP8, 4096, 1024, 1, 0, 0}};
+    mweights ma, mx, mb;
+    mweights_make(&ma, qkv, 2, 0);
+    mweights_make(&mx, wx, 1, 0);
+    mweights_make(&mb, fb, 1, 0);
+    const int T = 9;
+    float *dx = dsv4_cuda_alloc(4 * (size_t)T * 4096), *dy = dsv4_cuda_alloc(4 * (size_t)T * 4096);
+    float *dq = dsv4_cuda_alloc(4 * (size_t)T * 4096), *dk = dsv4_cuda_alloc(4 * (size_t)T * 4096);
+    op_ok(dsv4_cuda_memset(dx, 0, 4 * (size_t)T * 4096, NULL), "memset");
+    int fails = 0;
+    for (int c = 0; c < 5; c++) {
+        op_ok(dsv4_cuda_memset(dy, 0xff, 4 * (size_t)T * 4096, NULL), "memset");
+        dsv4_cuda_linear_job j0[2] = {{ma.w[0], dx, 0, dq, 0}, {ma.w[1], dx, 0, dk, 0}}, jb = {mb.w[0], dq, 0, dy, 0};
+        if (c == 2) /* both stages FP8 without act quant (two x terms), of the same x */
+            j0[0] = (dsv4_cuda_linear_job){mx.w[0], dx, 0, dq, 0}, jb = (dsv4_cuda_linear_job){mx.w[0], dx, 0, dy, 0};
+        dsv4_cuda_linear_stage st[2] = {{j0, c == 2 ? 1 : 2, 0, NULL, 0, 0, NULL, 0.0f}, {&jb, 1, 1, NULL, 0, 0, NULL, 0.0f}};
+        int r, want;
+        if (c == 0) r = dsv4_cuda_linear_chain(st, 2, 0, 9, 0, NULL), want = 1;      /* 9 rows */
+        else if (c == 1) r = dsv4_cuda_linear_chain(st, 1, 0, 1, 0, NULL), want = 1; /* one stage */
+        else if (c == 2) r = dsv4_cuda_linear_chain(st, 2, 0, 1, 0, NULL), want = 1; /* FP8 with two x terms: no chain form */
+        else if (c == 3) r = dsv4_cuda_linear_chain(st, 2, 0, 1, 8, NULL), want = -1; /* no slot 8 */
+        else st[1].n = 0, r = dsv4_cuda_linear_chain(st, 2, 0, 1, 0, NULL), want = -1; /* a stage without jobs */
+        sync_ok();
+        float *y = malloc(4 * (size_t)T * 4096);
+        from_dev(y, dy, 4 * (size_t)T * 4096);
+        int kept = 1;
+        for (size_t i = 0; i < (size_t)T * 4096; i++) {
+            uint32_t u;
+            memcpy(&u, y + i, 4);
+            kept &= u == 0xffffffffu;
+        }
+        free(y);
+        fails += r != want || !kept;
+        if (r != want || !kept) printf("     linear chain edge %d: returned %d (want %d), output %s\n", c, r, want, kept ? "kept" : "WRITTEN");
+    }
+    g_checks++;
+    if (fails) g_fail++;
+    printf("%-4s linear chain: not taken at 9 rows, one stage, FP8 with two x terms; slot 8 and an empty stage rejected%s\n",
+           fails ? "FAIL" : "ok", fails ? " <<<" : "");
+    dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_free(dq), dsv4_cuda_free(dk);
+    mweights_free(&ma), mweights_free(&mx), mweights_free(&mb);
+}

@@ -172,6 +172,12 @@ multi_checks: {
         test_linear_multi("element path", odd, 2, 0, 1, 1, 0, 40);
         test_linear_multi("mixed", mix, 4, 0, 1, 1, 0, 3);
         test_linear_multi("mixed", mix, 4, 0, 1, 0, 0, 20);
+        /* chains (dsv4_cuda_linear_chain): bitwise the separate calls, the barrier reused, every slot form */
+        test_linear_chain(1, 0, 4096, 2048, 0);
+        test_linear_chain(3, 0, 32768, 2048, 1);
+        test_linear_chain(8, 1, 32768, 8192, 0);
+        test_linear_chain(5, 1, 4096, 2048, 7);
+        test_linear_chain_edges();
         if (only_multi) goto checks_done;
     }
     /* the multi-token GEMM (dsv4_cuda_linear_ws): bitwise the GEMV for every format and x kind it takes, rows not a
@@ -505,6 +511,9 @@ checks_done:
             bench_linear_multi("cmp wkv+wgate Flash c4", cmp, 2, 0, 0, 1);
             bench_linear_multi("shared w1+w3 Flash", sw, 2, 0, 0, 1);
             bench_linear_multi("shared w1+w3 Flash", sw, 2, 0, 0, 8);
+            bench_linear_chain("q path Flash", 4096, 1024, 32768, 1);
+            bench_linear_chain("q path Flash", 4096, 1024, 32768, 8);
+            bench_linear_chain("q path Pro", 7168, 1536, 65536, 1);
         }
         if (only_multi) { /* the single linears the grouped ones replace, for comparison with older builds */
             bench_linear("wq_a Flash", DSV4_WF_FP8, 1024, 4096, T16, 6, 1);
