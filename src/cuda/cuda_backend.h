@@ -155,15 +155,16 @@ int dsv4_cuda_linear_ws(const dsv4_cuda_weight *w, const void *x, int x_bf16, in
 int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *ws, size_t ws_bytes,
                               void *stream);
 
-/* A chain of grouped linears in one launch, for decode steps of at most 8 rows: stage s's jobs (as
- * dsv4_cuda_linear_multi's, all stages of one weight format, x kind and cluster size), after a grid-wide wait for the
- * stages before it where it reads what they write (sync), and then first the RMSNorm of norm_x's T rows (norm_n values,
- * rows norm_ld apart, weight norm_w or NULL; dsv4_cuda_rmsnorm's bits) if norm_x is set. Every y row is bitwise what
- * the separate calls give (dsv4_cuda_linear_multi per stage, dsv4_cuda_rmsnorm between). x_bf16 is stage 0's x kind
- * (fp32 only: x_bf16 is not taken). A stage without sync must not read what the chain writes. slot (0 .. 7): the call
- * site's barrier. The blocks of a chain wait for each other, holding their SMs: it must not run beside another chain
- * (on another stream), which could hold the SMs its last blocks need. The launch shape depends only on the stages and
- * T (CUDA-graph capture).
+/* A chain of 2 or 3 grouped linears in one launch, for decode steps of at most 8 rows: stage s's jobs (as
+ * dsv4_cuda_linear_multi's; stage 0 up to 16 of them, the others up to 4; one weight format and cluster size in all
+ * stages, one kind of x terms in the stages after the first), after a grid-wide wait for the stages before it where it
+ * reads what they write (sync), and then first the RMSNorm of norm_x's T rows (norm_n <= 2048 values, rows norm_ld
+ * apart, weight norm_w or NULL; dsv4_cuda_rmsnorm's bits) if norm_x is set (only with sync). Every y row is bitwise
+ * what the separate calls give (dsv4_cuda_linear_multi per stage, dsv4_cuda_rmsnorm between). x is fp32 in every stage
+ * (x_bf16: not taken). A stage without sync must not read what the stage right before it writes. slot (0 .. 7): the
+ * call site's barrier. The blocks of a chain wait for each other, holding their SMs: it must not run beside another
+ * chain (on another stream), which could hold the SMs its last blocks need; a kernel beside it on another stream only
+ * delays it. The launch shape depends only on the stages and T (CUDA-graph capture).
  * Returns 0 (enqueued), 1 (not taken: nothing enqueued; the caller runs the stages as separate calls) or -1. */
 typedef struct dsv4_cuda_linear_stage {
     const dsv4_cuda_linear_job *jobs;

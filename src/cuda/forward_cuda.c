@@ -536,6 +536,19 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
      * copy each group's slices in and out instead */
+    /* Small decode steps with DSV4_LINEAR_CHAIN=1: wo_a's groups and wo_b in one launch (dsv4_cuda_linear_chain: the
+     * same bits), else (or not taken) the separate calls below */
+    if (!tnt && G <= 16 && g->lchain && !g->prof && !w->lws && !(w->gemm && w->gemm_ws)) {
+        dsv4_cuda_linear_job ja[16], jo = ljob(&gl->wo_b, w->z, out);
+        for (int i = 0; i < G; i++) {
+            ja[i] = ljob(&gl->wo_a, w->o + (size_t)i * gin, w->z + (size_t)i * Ro);
+            if (G > 1) ja[i].w.row0 += i * Ro, ja[i].w.rows = Ro, ja[i].ldx = (int64_t)H * Dh, ja[i].ldy = (int64_t)G * Ro;
+        }
+        const dsv4_cuda_linear_stage cs[2] = {{ja, G, 0, NULL, 0, 0, NULL, 0.0f}, {&jo, 1, 1, NULL, 0, 0, NULL, 0.0f}};
+        const int r = dsv4_cuda_linear_chain(cs, 2, 0, T, 1, st);
+        CK(r < 0);
+        if (r == 0) return 0;
+    }
     if (tnt) { /* the terms in o's rows: group gi's at bf16 element gi * 2 gin of each row (dsv4_cuda_attn_kv8_wg_terms) */
         for (int gi = 0; gi < G; gi++) CK(wo_a_terms(g, w, &wv, gi, tnt, T, H * Dh, gin, Ro, G));
     } else if (G == 1) {

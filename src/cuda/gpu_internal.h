@@ -102,7 +102,8 @@ struct dsv4_cuda_model {
     int sh_early; /* the shared expert's branch forked before the gate (DSV4_CUDA_SHARED_EARLY=0: after the router) */
     int idxq_main;  /* ratio-4 layers' indexer query projection on the main stream (DSV4_CUDA_IDXQ_MAIN=0: stream2) */
     int lchain;     /* DSV4_LINEAR_CHAIN=1: small decode steps' wq_a + wkv, q norm and wq_b (or the indexer's query
-                     * projection) in one launch (dsv4_cuda_linear_chain; off until measured) */
+                     * projection), and wo_a's groups and wo_b, in one launch each (dsv4_cuda_linear_chain; off until
+                     * measured) */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */

@@ -101,6 +101,8 @@ void test_linear_multi(const char *tag, const mspec *s, int n, int views, int xs
 void test_linear_multi_T(const char *tag, const mspec *s, int n, int views, int xs, int ys, int xbf16);
 void test_linear_chain(int T, int three, int Rq, int Ri, int slot);
 void test_linear_chain_edges(void);
+void test_linear_chain_wo(int G, int Dout, int T);
+void test_linear_chain_kg2(int T);
 void test_linear_gemm(const char *tag, int R, int C, int T, int scale_f32, int row0);
 void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int row0, int ab, int strided);
 void test_linear_gemm_declines(void);
@@ -141,6 +143,7 @@ void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int 
 void bench_copy(void);
 void bench_hc(int T);
 void bench_linear_chain(const char *tag, int D, int Lq, int Rq, int T);
+void bench_linear_chain_wo(const char *tag, int G, int Dout, int T);
 void bench_linear_gemm(const char *tag, int R, int C, int T);
 void bench_linear(const char *tag, dsv4_wfmt fmt, int R, int C, const int *Ts, int nT, int aq);
 void bench_mt(const char *tag, dsv4_wfmt fmt, int R, int C, int aq, int n, const int *Ts, int nT);

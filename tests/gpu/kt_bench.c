@@ -544,3 +544,65 @@ void bench_linear_chain(const char *tag, int D, int Lq, int Rq, int T) {
     dsv4_cuda_free(dx), dsv4_cuda_free(dnw), dsv4_cuda_free(dqr), dsv4_cuda_free(dkv), dsv4_cuda_free(dq), free(x), free(nw);
     mweights_free(&m);
 }
+
+/* Times the attention's output at T rows: wo_a's G groups (FP8, fp32 x) and wo_b ([Dout, G 1024], FP8 act quant) as
+ * the separate calls (dsv4_cuda_linear_multi, dsv4_cuda_linear) and as one dsv4_cuda_linear_chain, the weights rotated
+ * through > 256 MiB of copies */
+void bench_linear_chain_wo(const char *tag, int G, int Dout, int T) {
+    const int Ro = 1024, gin = 4096;
+    const mspec s[2] = {{DSV4_WF_FP8, G * Ro, gin, 0, 0, 0}, {DSV4_WF_FP8, Dout, G * Ro, 1, 0, 0}};
+    mweights m;
+    mweights_make(&m, s, 2, 0);
+    size_t DB[2], SB[2], per = 0;
+    for (int i = 0; i < 2; i++) DB[i] = m.h[i].data_b, SB[i] = m.h[i].scale_b, per += DB[i] + SB[i];
+    int NR = (int)((256u << 20) / per) + 1;
+    if (NR > 64) NR = 64;
+    uint8_t *dd[2], *ds[2];
+    for (int i = 0; i < 2; i++) {
+        dd[i] = dsv4_cuda_alloc(DB[i] * NR), ds[i] = dsv4_cuda_alloc(SB[i] * NR);
+        if (!dd[i] || !ds[i]) op_ok(-1, "bench alloc");
+        for (int k = 0; k < NR; k++) dsv4_cuda_upload(dd[i] + DB[i] * k, m.h[i].data, DB[i]), dsv4_cuda_upload(ds[i] + SB[i] * k, m.h[i].scale, SB[i]);
+    }
+    float *o = randn((size_t)T * G * gin, 1.0f);
+    float *d_o = dup_to_dev(o, 4 * (size_t)T * G * gin), *dz = dsv4_cuda_alloc(4 * (size_t)T * G * Ro), *dy = dsv4_cuda_alloc(4 * (size_t)T * Dout);
+    double us[2] = {0, 0};
+    const double bytes = (double)(DB[0] + SB[0] + DB[1] + SB[1]);
+    const int it = 50;
+    int taken = 1;
+    for (int path = 0; path < 2; path++) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        for (int k = -3; k < it; k++) {
+            if (k == 0) cudaEventRecord(e0, 0);
+            const int c = (k + 3) % NR;
+            dsv4_cuda_weight w[2];
+            for (int i = 0; i < 2; i++) w[i] = m.w[i], w[i].data = dd[i] + DB[i] * c, w[i].scale = ds[i] + SB[i] * c;
+            dsv4_cuda_linear_job ja[16], jo = {w[1], dz, 0, dy, 0};
+            for (int i = 0; i < G; i++) {
+                ja[i] = (dsv4_cuda_linear_job){w[0], d_o + (size_t)i * gin, (int64_t)G * gin, dz + (size_t)i * Ro, (int64_t)G * Ro};
+                ja[i].w.row0 = i * Ro, ja[i].w.rows = Ro;
+            }
+            if (path == 1) {
+                const dsv4_cuda_linear_stage st[2] = {{ja, G, 0, NULL, 0, 0, NULL, 0.0f}, {&jo, 1, 1, NULL, 0, 0, NULL, 0.0f}};
+                const int r = dsv4_cuda_linear_chain(st, 2, 0, T, 1, NULL);
+                op_ok(r < 0, "linear chain");
+                taken &= r == 0;
+                if (r == 0) continue;
+            }
+            op_ok(dsv4_cuda_linear_multi(ja, G, 0, T, NULL), "linear multi");
+            op_ok(dsv4_cuda_linear(&w[1], dz, 0, T, dy, NULL), "linear");
+        }
+        cudaEventRecord(e1, 0);
+        sync_ok();
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        us[path] = 1000.0 * ms / it;
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
+    printf("time linear chain %-24s T=%d: separate %7.2f us (2 launches), chain %7.2f us%s  %7.1f GB/s  %5.1f%% of copy  (%.3fx)\n",
+           tag, T, us[0], us[1], taken ? "" : " (NOT taken: separate)", bytes / us[1] / 1e3, 100.0 * bytes / us[1] / 1e3 / g_copy_gbs,
+           us[0] / us[1]);
+    for (int i = 0; i < 2; i++) dsv4_cuda_free(dd[i]), dsv4_cuda_free(ds[i]);
+    dsv4_cuda_free(d_o), dsv4_cuda_free(dz), dsv4_cuda_free(dy), free(o);
+    mweights_free(&m);
+}

@@ -177,6 +177,11 @@ multi_checks: {
         test_linear_chain(3, 0, 32768, 2048, 1);
         test_linear_chain(8, 1, 32768, 8192, 0);
         test_linear_chain(5, 1, 4096, 2048, 7);
+        test_linear_chain_wo(8, 4096, 1);
+        test_linear_chain_wo(8, 4096, 8);
+        test_linear_chain_wo(16, 7168, 3);
+        test_linear_chain_kg2(1);
+        test_linear_chain_kg2(6);
         test_linear_chain_edges();
         if (only_multi) goto checks_done;
     }
@@ -514,6 +519,9 @@ checks_done:
             bench_linear_chain("q path Flash", 4096, 1024, 32768, 1);
             bench_linear_chain("q path Flash", 4096, 1024, 32768, 8);
             bench_linear_chain("q path Pro", 7168, 1536, 65536, 1);
+            bench_linear_chain_wo("wo_a+wo_b Flash", 8, 4096, 1);
+            bench_linear_chain_wo("wo_a+wo_b Flash", 8, 4096, 8);
+            bench_linear_chain_wo("wo_a+wo_b Pro", 16, 7168, 1);
         }
         if (only_multi) { /* the single linears the grouped ones replace, for comparison with older builds */
             bench_linear("wq_a Flash", DSV4_WF_FP8, 1024, 4096, T16, 6, 1);
