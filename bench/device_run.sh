@@ -2,7 +2,8 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile trace nvfp4 serve ab abdec abcheck allsw switch (default: flash pro)
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile trace nvfp4 serve ab abdec abcheck chain mf8trace allsw
+#                                        switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
 #     attn   tests/gpu/test_attn_kv8's tensor-core paths with their timings: --only-tc (prefill passes, the prefill and
@@ -21,6 +22,8 @@
 #     abdec  decode steps (Flash 4 layers, batch 1, 8, 64, 256 at 4K) under each setting of AB as in ab, 2 rounds
 #     abcheck  each setting of AB: test_decode (fixtures, a synthetic model; this build's settings only) and a greedy
 #            run's text against the first setting's
+#     chain  test_kernels --only multi: the grouped linears' and the linear chains' checks, then their timings (chain
+#            against the separate calls: "time linear chain" lines; session 36, DSV4_LINEAR_CHAIN) (~60 s)
 #     mf8trace  the routed experts' clock trace (s35-mf8-trace's -DDSV4_MF8_TRACE build of test_kernels, packed as
 #            build-bin/test_kernels-mf8trace.xz: NOTES "Session 35 summary"): `--only moebench`, its "trace mf8" tables
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
@@ -251,6 +254,11 @@ for p in $parts; do
             echo "abcheck $n: $td, greedy run exit $rr, text $sum$([ "$sum" = "$ref" ] || echo ' DIFFERS')"
             [ "$rc" = 0 ] && [ "$rr" = 0 ] && [ "$sum" = "$ref" ] || fail=1
         done
+        ;;
+    chain)
+        [ -x build-dev/tests/gpu/test_kernels ] || { echo "chain: no build-dev/tests/gpu/test_kernels (run the suite part first)"; fail=1; continue; }
+        timeout 300 build-dev/tests/gpu/test_kernels --only multi >"$dir/chain.txt" 2>&1 || { echo "chain: test_kernels failed"; fail=1; }
+        grep -E "chain|checks,|FAIL" "$dir/chain.txt" | cut -c1-200
         ;;
     mf8trace)
         if [ ! -f build-bin/test_kernels-mf8trace.xz ]; then

@@ -324,32 +324,23 @@ __device__ __forceinline__ unsigned long long tc_gtime() {
 __host__ __device__ constexpr int tc_cj0(int s) { return s == 0 ? 0 : TC_MAXJ + (s - 1) * TC_CJS; }
 struct tc_chain {
     int nst, slot;
-    /* per stage: its jobs tc_cj0(s) .. + nj - 1 of the table, their column slices (S = KW x the launch's KG) and units */
-    int nj[TC_MAXST], S[TC_MAXST], KW[TC_MAXST], NU[TC_MAXST];
     int sync[TC_MAXST];  /* before stage s > 0: wait for the stages before (it reads what they write) */
     float *nx[TC_MAXST]; /* with sync: the RMSNorm (dsv4_cuda_rmsnorm's bits) of rows t0 .. t0+nt-1 of nx first */
     const float *nw[TC_MAXST];
     int nn[TC_MAXST], nld[TC_MAXST];
     float eps[TC_MAXST];
 };
-/* p: what the stages share (rows, cluster size, and the x staging's layout, sized for the largest stage: nub, tok).
- * The stages run as straight-line code (gemv_tc_chain), so each stage's values sit at fixed offsets (a runtime index
- * into the parameters in the GEMV's loop costs registers it does not have: ptxas spilled inside the steps). */
+/* p[s]: stage s's launch parameters (its jobs tc_cj0(s) .. + nj - 1 of the table, slicing, staging layout), as its own
+ * launch's. The stages run as straight-line code (gemv_tc_chain), so each stage's values sit at fixed offsets (a
+ * runtime index into the parameters in the GEMV's loop costs registers it does not have: ptxas spilled in the steps). */
 struct tc_cargs {
-    tc_params p;
+    tc_params p[TC_MAXST];
     tc_job j[TC_CJ];
     tc_chain c;
 };
 static_assert(sizeof(tc_cargs) <= 4096, "a chain's parameters fit the classic 4 KB kernel-parameter space");
-struct tc_stv {
-    int S, KW, NU, nj;
-};
-template <int NJ> __device__ __forceinline__ tc_stv tc_st(const tc_args<NJ> &a, int) {
-    return tc_stv{a.p.S, a.p.KW, a.p.NU, a.p.nj};
-}
-__device__ __forceinline__ tc_stv tc_st(const tc_cargs &a, int s) {
-    return tc_stv{a.c.S[s], a.c.KW[s], a.c.NU[s], a.c.nj[s]};
-}
+template <int NJ> __device__ __forceinline__ const tc_params &tc_pp(const tc_args<NJ> &a, int) { return a.p; }
+__device__ __forceinline__ const tc_params &tc_pp(const tc_cargs &a, int s) { return a.p[s]; }
 
 __device__ unsigned tc_chain_bar[2 * TC_CHAIN_SLOTS]; /* per slot: arrivals, generation */
 __device__ __forceinline__ unsigned tc_ld_acquire(const unsigned *p) {
@@ -451,18 +442,16 @@ __device__ __forceinline__ void gemv_tc_stage(const KA &ka, const int stg) {
     constexpr int V = F::V, E = F::E, WT = F::WT, BF = F::BF;
     extern __shared__ __align__(16) unsigned char tc_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const tc_params &p = ka.p;
-    const tc_stv sv = tc_st(ka, stg); /* a chain's stage: its slicing and jobs (else p's, read as p.X: the same SASS) */
+    const tc_params &p = tc_pp(ka, stg);
     if constexpr (CHAIN) { /* every block, idle ones too, ends the stage before: the next waits for the whole grid */
         if (stg > 0 && ka.c.sync[stg]) tc_chain_arrive(ka.c, stg, p.t0, p.nt);
         else if (stg > 0) __syncthreads(); /* the block's warps are done with the staged x before it is restaged */
     }
-    const int KW = CHAIN ? sv.KW : p.KW, KG = p.KG, RW = TC_WARPS / KW, S = CHAIN ? sv.S : p.S;
-    const int NU = CHAIN ? sv.NU : p.NU, nt = p.nt, jb = CHAIN ? tc_cj0(stg) : 0;
+    const int KW = p.KW, KG = p.KG, RW = TC_WARPS / KW, S = p.S, NU = p.NU, nt = p.nt, jb = CHAIN ? tc_cj0(stg) : 0;
     const int kw = warp % KW, rw = warp / KW;
     int ji = 0, cid = blockIdx.x / KG, ncl = gridDim.x / KG;
     if (NJ > 1) {
-        for (int i = 1; i < (CHAIN ? sv.nj : p.nj); i++) ji = cid >= ka.j[jb + i].c0 ? i : ji;
+        for (int i = 1; i < p.nj; i++) ji = cid >= ka.j[jb + i].c0 ? i : ji;
         cid -= ka.j[jb + ji].c0, ncl = ka.j[jb + ji].ncl;
     }
     const tc_job &J0 = ka.j[jb], &J = ka.j[jb + ji];
@@ -1115,12 +1104,12 @@ extern "C" int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n
 using tc_cfn = void (*)(const tc_cargs);
 /* The forms a chain takes: stage 0's x terms xt0 and the later stages' xt, each one (x exact in 16 bits: act quant)
  * or the format's split of fp32 x (2 f16 / 3 bf16 terms), the later stages' not more than stage 0's. F32 weights: the
- * separate calls. ptxas -v: no spill but NVFP4's 4 / 8 bytes in x's staging (scripts/spill_budget.txt). */
+ * separate calls. ptxas -v: no spill but F16's two-term form's 4 bytes, once a stage (scripts/spill_budget.txt). */
 template <int FMT> static tc_cfn pick_chain_fmt(int xt0, int xt) {
     constexpr int XN = tc_fmt<FMT>::BF ? 3 : 2;
     if (xt0 == 1 && xt == 1) return gemv_tc_chain<FMT, 1, 1, 1>;
     if (xt0 == XN && xt == 1) return gemv_tc_chain<FMT, XN, 1, 1>;
-    if (xt0 == XN && xt == XN) { /* NVFP4's spilled 20 bytes inside the steps (ptxas, cuobjdump): the separate calls */
+    if (xt0 == XN && xt == XN) { /* NVFP4's spilled 8-20 bytes inside the steps (ptxas, cuobjdump): the separate calls */
         if constexpr (FMT == DSV4_WF_NVFP4) return NULL;
         else return gemv_tc_chain<FMT, XN, XN, 1>;
     }
@@ -1145,9 +1134,9 @@ extern "C" int dsv4_cuda_linear_chain(const dsv4_cuda_linear_stage *st, int ns, 
         if (st[s].n < 1 || !st[s].jobs) return dsv4_cuda_fail("linear chain: stage %d has no jobs", s);
         if (st[s].norm_x && (s == 0 || !st[s].sync))
             return dsv4_cuda_fail("linear chain: stage %d: an RMSNorm needs the barrier before the stage (sync)", s);
-        if (st[s].norm_x && (st[s].norm_n <= 0 || st[s].norm_n > 8 * 256 || st[s].norm_ld < st[s].norm_n))
-            return dsv4_cuda_fail("linear chain: stage %d: bad RMSNorm shape (n %d of at most 2048, row stride %lld)", s,
-                                  st[s].norm_n, (long long)st[s].norm_ld);
+        if (st[s].norm_x && (st[s].norm_n <= 0 || st[s].norm_ld < st[s].norm_n))
+            return dsv4_cuda_fail("linear chain: stage %d: bad RMSNorm shape (n %d, row stride %lld)", s, st[s].norm_n,
+                                  (long long)st[s].norm_ld);
         for (int i = 0; i < st[s].n; i++)
             if (bad_job(&st[s].jobs[i], njt + i, T, "linear chain")) return -1;
         njt += st[s].n;
@@ -1156,29 +1145,28 @@ extern "C" int dsv4_cuda_linear_chain(const dsv4_cuda_linear_stage *st, int ns, 
      * each later one, every job on the tensor-core GEMV with one format and cluster size, the later stages with one
      * kind of x terms, each stage's jobs sharing their launch as dsv4_cuda_linear_multi's */
     if (ns < 2 || ns > TC_MAXST || T < 1 || T > 8 || x_bf16) return 1;
+    for (int s = 0; s < ns; s++)
+        if (st[s].norm_x && st[s].norm_n > 8 * RMS_NT) return 1; /* the norm holds two quads a thread */
     const int fmt = st[0].jobs[0].w.fmt;
     tc_cargs a;
     memset(&a, 0, sizeof a);
     tc_plan qs[TC_MAXST];
-    int nub = 0;
     for (int s = 0; s < ns; s++) {
         if (st[s].n > (s ? TC_CJS : TC_MAXJ)) return 1;
         const tc_plan q = qs[s] = tc_plan_of(&st[s].jobs[0].w, 0);
         if (!q.ok || q.KG != qs[0].KG || st[s].jobs[0].w.fmt != fmt || (s > 1 && q.xt != qs[1].xt)) return 1;
         for (int i = 1; i < st[s].n; i++)
             if (!tc_same(&st[s].jobs[0].w, q, &st[s].jobs[i].w, tc_plan_of(&st[s].jobs[i].w, 0))) return 1;
-        nub = q.nub > nub ? q.nub : nub;
     }
     const int KG = qs[0].KG;
-    tc_params &p = a.p;
-    p.xbf16 = 0, p.t0 = 0, p.nt = T, p.KG = KG, p.nub = nub, p.tok = tc_tok(fmt, nub);
-    p.S = qs[0].S, p.KW = qs[0].S / KG, p.NU = qs[0].NU, p.nj = st[0].n;
     size_t smem = 0;
     for (int s = 0; s < ns; s++) {
         const tc_plan &q = qs[s];
+        tc_params &p = a.p[s]; /* as the stage's own launch: its slicing and staging layout */
+        p.xbf16 = 0, p.t0 = 0, p.nt = T, p.KG = KG, p.S = q.S, p.KW = q.S / KG, p.NU = q.NU, p.nub = q.nub;
+        p.tok = tc_tok(fmt, q.nub), p.nj = st[s].n;
         tc_chain &c = a.c;
         const int jn = tc_cj0(s);
-        c.nj[s] = st[s].n, c.S[s] = q.S, c.KW[s] = q.S / KG, c.NU[s] = q.NU;
         c.sync[s] = s > 0 && st[s].sync;
         if (c.sync[s] && st[s].norm_x) {
             if (st[s].norm_ld > 0x7fffffff) return 1;
@@ -1192,12 +1180,12 @@ extern "C" int dsv4_cuda_linear_chain(const dsv4_cuda_linear_stage *st, int ns, 
             t.ldx = ji->ldx ? (int)ji->ldx : ji->w.cols, t.ldy = ji->ldy ? (int)ji->ldy : ji->w.rows;
             t.xv = ((uintptr_t)ji->x & 15) == 0 && t.ldx % 4 == 0;
             t.NRT = (ji->w.rows + 15) / 16;
-            t.NRG = (t.NRT + TC_WARPS / c.KW[s] - 1) / (TC_WARPS / c.KW[s]);
+            t.NRG = (t.NRT + TC_WARPS / p.KW - 1) / (TC_WARPS / p.KW);
         }
-        const size_t sm = tc_smem(fmt, q.xt, T, nub, q.S, 0); /* the staging sized for the largest stage */
+        const size_t sm = tc_smem(fmt, q.xt, T, q.nub, q.S, 0);
         smem = sm > smem ? sm : smem;
     }
-    smem += TC_CHAIN_SMEM; /* the barrier state and the RMSNorm's sums, at the end */
+    smem += TC_CHAIN_SMEM; /* the barrier state and the RMSNorm's sums, past every stage's staging */
     if (smem > (size_t)dsv4_cuda_dev.smem_optin) return 1;
     const tc_cfn fn = pick_chain(fmt, qs[0].xt, qs[1].xt);
     if (!fn) return 1;
@@ -1208,7 +1196,7 @@ extern "C" int dsv4_cuda_linear_chain(const dsv4_cuda_linear_stage *st, int ns, 
     int grid = 0;
     for (int s = 0; s < ns; s++) {
         tc_job *jj = a.j + tc_cj0(s);
-        const int nj = a.c.nj[s];
+        const int nj = a.p[s].nj;
         int nrg_max = 0, nrg_sum = 0, ncl = 0;
         for (int j = 0; j < nj; j++) nrg_max = jj[j].NRG > nrg_max ? jj[j].NRG : nrg_max, nrg_sum += jj[j].NRG;
         if (nj == 1) {

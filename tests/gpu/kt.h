@@ -99,7 +99,7 @@ void mweights_free(mweights *m);
 void multi_layout(const mspec *s, int n, int xs, int ys, int64_t *xo, int64_t *yo, int64_t *ldx, int64_t *ldy);
 void test_linear_multi(const char *tag, const mspec *s, int n, int views, int xs, int ys, int xbf16, int T);
 void test_linear_multi_T(const char *tag, const mspec *s, int n, int views, int xs, int ys, int xbf16);
-void test_linear_chain(int T, int three, int Rq, int Ri, int slot);
+void test_linear_chain(int T, int mode, int D, int Lq, int Rq, int Ri, int slot);
 void test_linear_chain_edges(void);
 void test_linear_chain_wo(int G, int Dout, int T);
 void test_linear_chain_kg2(int T);

@@ -173,13 +173,16 @@ multi_checks: {
         test_linear_multi("mixed", mix, 4, 0, 1, 1, 0, 3);
         test_linear_multi("mixed", mix, 4, 0, 1, 0, 0, 20);
         /* chains (dsv4_cuda_linear_chain): bitwise the separate calls, the barrier reused, every slot form */
-        test_linear_chain(1, 0, 4096, 2048, 0);
-        test_linear_chain(3, 0, 32768, 2048, 1);
-        test_linear_chain(8, 1, 32768, 8192, 0);
-        test_linear_chain(5, 1, 4096, 2048, 7);
+        test_linear_chain(1, 0, 4096, 1024, 4096, 2048, 0);
+        test_linear_chain(3, 0, 4096, 1024, 32768, 2048, 1);
+        test_linear_chain(8, 1, 4096, 1024, 32768, 8192, 0);
+        test_linear_chain(5, 1, 4096, 1024, 4096, 2048, 7);
+        test_linear_chain(2, 0, 7168, 1536, 8192, 2048, 3); /* Pro's q norm: two quads a thread */
+        test_linear_chain(4, 2, 4096, 1024, 1024, 2048, 4); /* two barriers in one launch, a norm of 2048 values */
         test_linear_chain_wo(8, 4096, 1);
         test_linear_chain_wo(8, 4096, 8);
         test_linear_chain_wo(16, 7168, 3);
+        test_linear_chain_wo(1, 4096, 2);
         test_linear_chain_kg2(1);
         test_linear_chain_kg2(6);
         test_linear_chain_edges();
