@@ -436,12 +436,13 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     }
     CK(tail_join(g)); /* the previous layer's ring store read w->kv */
     dsv4_cuda_linear_job qkv[2] = {ljob(&gl->wq_a, x, w->qr), ljob(&gl->wkv, x, w->kv)};
-    /* Small decode steps with DSV4_LINEAR_CHAIN=1: wq_a + wkv, the q norm and the next projection of qr in one launch
-     * (dsv4_cuda_linear_chain: the same bits; on the main stream only, where no other chain runs beside it): wq_b,
-     * or in forked ratio-4 layers the indexer's query projection (the indexer's branch starts right after it). qb: wq_b
-     * is done. Else (or not taken) the separate calls. */
+    /* Small decode steps with DSV4_LINEAR_CHAIN bit 2 (sliding-window layers) or 4 (compressed layers, beside their
+     * stream-2 branch, whose blocks may keep some of the chain's from starting): wq_a + wkv, the q norm and the next
+     * projection of qr in one launch (dsv4_cuda_linear_chain: the same bits; on the main stream only, where no other
+     * chain runs beside it): wq_b, or in forked ratio-4 layers the indexer's query projection (the indexer's branch
+     * starts right after it). qb: wq_b is done. Else (or not taken) the separate calls. */
     int qb = 0, qc = 0;
-    if (g->lchain && !g->prof && !w->lws && !(w->gemm && w->gemm_ws) && (!idx || iqm)) {
+    if ((g->lchain & (ly->ratio ? 4 : 2)) && !g->prof && !w->lws && !(w->gemm && w->gemm_ws) && (!idx || iqm)) {
         dsv4_cuda_linear_job nx = idx ? ljob(&gl->idx_wq_b, w->qr, w->qi) : ljob(&gl->wq_b, w->qr, w->q);
         const dsv4_cuda_linear_stage cs[2] = {{qkv, 2, 0, NULL, 0, 0, NULL, 0.0f}, {&nx, 1, 1, w->qr, Lq, Lq, gl->q_norm, eps}};
         const int r = dsv4_cuda_linear_chain(cs, 2, 0, T, 0, st);
@@ -536,9 +537,9 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
      * copy each group's slices in and out instead */
-    /* Small decode steps with DSV4_LINEAR_CHAIN=1: wo_a's groups and wo_b in one launch (dsv4_cuda_linear_chain: the
+    /* Small decode steps with DSV4_LINEAR_CHAIN bit 1: wo_a's groups and wo_b in one launch (dsv4_cuda_linear_chain: the
      * same bits), else (or not taken) the separate calls below */
-    if (!tnt && G <= 16 && g->lchain && !g->prof && !w->lws && !(w->gemm && w->gemm_ws)) {
+    if (!tnt && G <= 16 && (g->lchain & 1) && !g->prof && !w->lws && !(w->gemm && w->gemm_ws)) {
         dsv4_cuda_linear_job ja[16], jo = ljob(&gl->wo_b, w->z, out);
         for (int i = 0; i < G; i++) {
             ja[i] = ljob(&gl->wo_a, w->o + (size_t)i * gin, w->z + (size_t)i * Ro);
