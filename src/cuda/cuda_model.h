@@ -266,6 +266,14 @@ int dsv4_cuda_moe_group_maxt_plan(int K, int E);
  * Few tokens (T <= 8, E <= 256) in one kernel (one launch fewer on the decode chain; DSV4_CUDA_ROUTE_GROUP=0: two). */
 int dsv4_cuda_moe_route(const float *logits, int T, int E, int K, const float *bias, const int *tid2eid, const int *tokens,
                         float route_scale, const int *sid, int *sel, float *weight, const dsv4_cuda_moe_plan *p, void *stream);
+/* The gate's linear (gate [E, D] . x [T, D] -> logits [T, E]) and dsv4_cuda_moe_route of those logits in one launch:
+ * the GEMV's last block to finish routes and groups (linear.cu, gemv_tc_route). The same values as dsv4_cuda_linear then
+ * dsv4_cuda_moe_route. slot (0 .. 7): the linear chains' barrier state it counts on (a call site's own; nothing waits
+ * on it, so it may run beside anything). Returns 0 (enqueued), 1 (not taken: nothing enqueued; the caller runs the two
+ * calls: more than 8 tokens, more than 256 experts, a gate form without this kernel) or -1. */
+int dsv4_cuda_linear_route(const dsv4_cuda_weight *gate, const float *x, int T, float *logits, int E, int K, const float *bias,
+                           const int *tid2eid, const int *tokens, float route_scale, const int *sid, int *sel, float *weight,
+                           const dsv4_cuda_moe_plan *p, int slot, void *stream);
 /* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),
  * y[i] = h[i] . w2^T ([T*K, D]). One launch each over (active expert, block of output rows) with a fixed
  * shape for maxslots = min(E, T*K) experts; blocks past *nact return. FP8 / MXFP4 / NVFP4 experts with

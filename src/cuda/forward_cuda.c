@@ -614,15 +614,28 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
      * steps: no multi-token staging, no GEMM), as attention()'s forks */
     const int early = fork && g->sh_early && !w->lws && !(w->gemm && w->gemm_ws);
     if (early) CK(shared_expert(g, w, gl, x, T, I, fork));
-    CK(lin(g, w, &gl->gate, x, T, w->lgE));
     if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
     const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;
     const int gsz = even < w->tg ? even : w->tg;
-    /* one token group: the router and the grouping together (one kernel with few tokens) */
     const float *gbias = ly->hash ? NULL : gl->gate_bias;
     const int *t2e = ly->hash ? gl->tid2eid : NULL;
-    if (ng == 1) CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
-    else CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
+    /* Small decode steps with DSV4_LINEAR_CHAIN bit 8: the gate and the routing in one launch (dsv4_cuda_linear_route:
+     * the same values; no block of it waits, so it may run beside the shared expert's branch); else (or not taken) the
+     * gate's linear, then with one token group the router and the grouping together (one kernel with few tokens) */
+    int routed = 0;
+    if ((g->lchain & 8) && ng == 1 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws)) {
+        const int r = dsv4_cuda_linear_route(&gl->gate, x, T, w->lgE, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel,
+                                             w->ew, &w->plan, 2, st);
+        CK(r < 0);
+        routed = r == 0;
+    }
+    if (!routed) {
+        CK(lin(g, w, &gl->gate, x, T, w->lgE));
+        if (ng == 1)
+            CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
+        else
+            CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
+    }
     if (ly->has_shared && !early) CK(shared_expert(g, w, gl, x, T, I, fork));
     /* routed experts, in equal groups of at most w->tg tokens (each token's result does not depend on its group) */
     *po = (dsv4_cuda_hc_f){out, NULL, NULL, 0, NULL};

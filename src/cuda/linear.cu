@@ -42,6 +42,7 @@
 
 #include "common.cuh"
 #include "linear_gemv.cuh"
+#include "moe_group.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -333,10 +334,22 @@ struct tc_chain {
 /* p[s]: stage s's launch parameters (its jobs tc_cj0(s) .. + nj - 1 of the table, slicing, staging layout), as its own
  * launch's. The stages run as straight-line code (gemv_tc_chain), so each stage's values sit at fixed offsets (a
  * runtime index into the parameters in the GEMV's loop costs registers it does not have: ptxas spilled in the steps). */
+/* The routing tail (gemv_tc_route, dsv4_cuda_linear_route): moe_route_group_block's arguments */
+struct tc_route {
+    const float *logits, *bias;
+    const int *tid2eid, *tokens, *sid;
+    int *sel;
+    float *weight;
+    dsv4_cuda_moe_plan p;
+    int E, K, T;
+    float scale;
+    size_t goff;
+};
 struct tc_cargs {
     tc_params p[TC_MAXST];
     tc_job j[TC_CJ];
     tc_chain c;
+    tc_route r;
 };
 static_assert(sizeof(tc_cargs) <= 4096, "a chain's parameters fit the classic 4 KB kernel-parameter space");
 template <int NJ> __device__ __forceinline__ const tc_params &tc_pp(const tc_args<NJ> &a, int) { return a.p; }
@@ -407,8 +420,7 @@ __device__ __noinline__ void tc_chain_norm(float *x, int ld, int n, const float 
  * (the grid's stores before its reads), runs the stage's RMSNorm at once (before its weight loads: nothing else is
  * live) and opens the barrier with a release store; the others issue their first weight steps, then wait in
  * tc_chain_wait. */
-__device__ __forceinline__ void tc_chain_arrive(const tc_chain &c, int stg, int t0, int nt) {
-    unsigned *sh = tc_chain_sh(), *bar = tc_chain_bar + 2 * c.slot;
+__device__ __forceinline__ void tc_chain_count(unsigned *sh, unsigned *bar) {
     __syncthreads();
     if (threadIdx.x == 0) {
         const unsigned g0 = tc_ld_acquire(bar + 1);
@@ -418,6 +430,10 @@ __device__ __forceinline__ void tc_chain_arrive(const tc_chain &c, int stg, int 
         sh[0] = g0, sh[1] = old == gridDim.x - 1;
     }
     __syncthreads();
+}
+__device__ __forceinline__ void tc_chain_arrive(const tc_chain &c, int stg, int t0, int nt) {
+    unsigned *sh = tc_chain_sh(), *bar = tc_chain_bar + 2 * c.slot;
+    tc_chain_count(sh, bar);
     if (sh[1]) {
         if (c.nx[stg]) tc_chain_norm(c.nx[stg], c.nld[stg], c.nn[stg], c.nw[stg], c.eps[stg], t0, nt, (double *)(sh + 32));
         __syncthreads();
@@ -640,6 +656,23 @@ template <int FMT, int XT, int NT, int NJ>
 __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__ tc_args<NJ> ka) {
     gemv_tc_stage<FMT, XT, NT, NJ, 0>(ka, 0);
 }
+/* The gate and the routing (dsv4_cuda_linear_route): the GEMV as a one-stage chain, then every block counts itself in
+ * at the chain's barrier (tc_chain_count: the same fences) and the last one routes and groups the tokens from the
+ * logits the grid wrote (moe_route_group_block, as moe_route_group_kernel; its shared memory from the start of the
+ * dynamic region, past the GEMV's use). No block waits for another: any grid size, anything beside it. */
+template <int FMT, int XT>
+__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc_route(const __grid_constant__ tc_cargs ka) {
+    extern __shared__ __align__(16) unsigned char tc_sm[];
+    gemv_tc_stage<FMT, XT, 1, TC_MAXJ, 1>(ka, 0);
+    unsigned *sh = tc_chain_sh(), *bar = tc_chain_bar + 2 * ka.c.slot;
+    tc_chain_count(sh, bar);
+    if (!sh[1]) return;
+    const tc_route &r = ka.r;
+    moe_route_group_block(r.logits, r.E, r.K, r.bias, r.tid2eid, r.tokens, r.scale, r.sid, r.T, r.goff, r.sel, r.weight, r.p,
+                          (uint32_t *)tc_sm);
+    __syncthreads();
+    if (threadIdx.x == 0) tc_st_release(bar + 1, sh[0] + 1);
+}
 /* A chain (dsv4_cuda_linear_chain) of 2 or 3 stages: stage 0 with XT0 x terms, the others with XT */
 template <int FMT, int XT0, int XT, int NT>
 __global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc_chain(const __grid_constant__ tc_cargs ka) {
@@ -829,7 +862,9 @@ static int tc_occ_n;
 static int tc_max_clusters(const void *fn, int KG, size_t smem) {
     for (int i = 0; i < tc_occ_n; i++)
         if (tc_occ_cache[i].fn == fn && tc_occ_cache[i].kg == KG && tc_occ_cache[i].smem == smem) return tc_occ_cache[i].n;
-    cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dsv4_cuda_dev.smem_optin);
+    cudaFuncAttributes fa; /* static shared memory (the routing tail's scan) comes out of the same opt-in maximum */
+    const int st = cudaFuncGetAttributes(&fa, fn) == cudaSuccess ? (int)fa.sharedSizeBytes : 0;
+    cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dsv4_cuda_dev.smem_optin - st);
     int n = 0;
     if (KG == 1) {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, TC_THREADS, smem);
@@ -1250,4 +1285,96 @@ extern "C" int dsv4_cuda_linear_chain(const dsv4_cuda_linear_stage *st, int ns, 
                               cudaGetErrorString(e));
     }
     return dsv4_cuda_check_launch("linear chain");
+}
+
+/* ---- the gate and the routing in one launch (gemv_tc_route) ---- */
+
+using tc_rfn = void (*)(const tc_cargs);
+/* the gate's forms: BF16 (the releases') or F32 weights; others take the two calls. ptxas -v: no spill (the routing's
+ * 128-byte stack is moe_group_block's slot list, as in moe_route_group_kernel). */
+static tc_rfn pick_route(int fmt, int xt) {
+    switch (fmt) {
+    case DSV4_WF_BF16: return xt == 1 ? gemv_tc_route<DSV4_WF_BF16, 1> : gemv_tc_route<DSV4_WF_BF16, 3>;
+    case DSV4_WF_F32: return xt == 3 ? gemv_tc_route<DSV4_WF_F32, 3> : NULL;
+    default: return NULL;
+    }
+}
+
+extern "C" int dsv4_cuda_linear_route(const dsv4_cuda_weight *gate, const float *x, int T, float *logits, int E, int K,
+                                      const float *bias, const int *tid2eid, const int *tokens, float route_scale, const int *sid,
+                                      int *sel, float *weight, const dsv4_cuda_moe_plan *p, int slot, void *stream) {
+    if (bad_weight(gate, T)) return -1;
+    if (!x || !logits || !sid || !sel || !weight || !p || T < 0 || slot < 0 || slot >= TC_CHAIN_SLOTS)
+        return dsv4_cuda_fail("linear route: bad arguments (T %d, slot %d)", T, slot);
+    /* what moe_route_group_block takes (dsv4_cuda_moe_route's one-block form) and one GEMV launch */
+    static int rg = -1;
+    if (rg < 0) rg = dsv4_env_int("DSV4_CUDA_ROUTE_GROUP", 1) != 0;
+    if (T < 1 || T > ROUTE_GROUP_T || gate->rows != E || E > 32 * ROUTER_RPL || K < 1 || K > 32 || K > E ||
+        T * K > GROUP_CACHE || (!tid2eid && !bias) || (tid2eid && !tokens) || !rg)
+        return 1;
+    const tc_plan q = tc_plan_of(gate, 0);
+    if (!q.ok) return 1;
+    const tc_rfn fn = pick_route(gate->fmt, q.xt);
+    if (!fn) return 1;
+    tc_cargs a;
+    memset(&a, 0, sizeof a);
+    tc_params &pp = a.p[0];
+    pp.xbf16 = 0, pp.t0 = 0, pp.nt = T, pp.KG = q.KG, pp.S = q.S, pp.KW = q.S / q.KG, pp.NU = q.NU, pp.nub = q.nub;
+    pp.tok = tc_tok(gate->fmt, q.nub), pp.nj = 1;
+    tc_job &t = a.j[0];
+    t.w = *gate, t.x = x, t.y = logits, t.ldx = gate->cols, t.ldy = E;
+    t.xv = ((uintptr_t)x & 15) == 0 && t.ldx % 4 == 0;
+    t.NRT = (E + 15) / 16;
+    t.NRG = (t.NRT + TC_WARPS / pp.KW - 1) / (TC_WARPS / pp.KW);
+    a.c.nst = 1, a.c.slot = slot;
+    tc_route &r = a.r;
+    r.logits = logits, r.bias = tid2eid ? NULL : bias, r.tid2eid = tid2eid, r.tokens = tokens, r.sid = sid, r.sel = sel;
+    r.weight = weight, r.p = *p, r.E = E, r.K = K, r.T = T, r.scale = route_scale;
+    const size_t rs = moe_route_smem(T, K, E, &r.goff), gs = tc_smem(gate->fmt, q.xt, T, q.nub, q.S, 0);
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, (const void *)fn) != cudaSuccess) {
+        cudaGetLastError();
+        return 1;
+    }
+    const size_t smem = (rs > gs ? rs : gs) + TC_CHAIN_SMEM;
+    if (smem + fa.sharedSizeBytes > (size_t)dsv4_cuda_dev.smem_optin) return 1;
+    const int KG = q.KG, N = tc_max_clusters((const void *)fn, KG, smem);
+    const int ncl = N < t.NRG ? N : t.NRG;
+    t.c0 = 0, t.ncl = ncl;
+    if (tc_no_pdl < 0) {
+        tc_no_pdl = dsv4_env_int("DSV4_LINEAR_NO_PDL", 0) != 0;
+        tc_half = dsv4_env_int("DSV4_LINEAR_HALF", tc_half) != 0;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (KG > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = KG, at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
+        na++;
+    }
+    if (!tc_no_pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    cfg.gridDim = dim3(ncl * KG);
+    cfg.blockDim = dim3(TC_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = DSV4_STREAM(stream);
+    cfg.attrs = at;
+    cfg.numAttrs = na;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, fn, a);
+    if (e != cudaSuccess && !tc_no_pdl) { /* refused with the PDL attribute and taken without: no PDL (as tc_run) */
+        cudaGetLastError();
+        cfg.numAttrs = KG > 1 ? 1 : 0;
+        e = cudaLaunchKernelEx(&cfg, fn, a);
+        if (e == cudaSuccess) tc_no_pdl = 1;
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return dsv4_cuda_fail("linear route: launch (grid %d x %d, %zu bytes of shared memory): %s", ncl, KG, smem,
+                              cudaGetErrorString(e));
+    }
+    return dsv4_cuda_check_launch("linear route");
 }

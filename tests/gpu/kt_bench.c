@@ -606,3 +606,55 @@ void bench_linear_chain_wo(const char *tag, int G, int Dout, int T) {
     dsv4_cuda_free(d_o), dsv4_cuda_free(dz), dsv4_cuda_free(dy), free(o);
     mweights_free(&m);
 }
+
+/* Times the gate (BF16 [E, 4096], fp32 x) and the routing at T rows as the two calls (dsv4_cuda_linear,
+ * dsv4_cuda_moe_route) and as one dsv4_cuda_linear_route, the gate rotated through > 256 MiB of copies */
+void bench_linear_route(const char *tag, int E, int K, int T) {
+    const int D = 4096;
+    hweight h = make_weight(DSV4_WF_BF16, E, D, 0, 0);
+    dsv4_cuda_weight dg;
+    op_ok(dsv4_cuda_weight_upload(&h.w, &dg), "weight upload");
+    const size_t DB = h.data_b;
+    int NR = (int)((256u << 20) / DB) + 1;
+    if (NR > 64) NR = 64;
+    uint8_t *dd = dsv4_cuda_alloc(DB * NR);
+    if (!dd) op_ok(-1, "bench alloc");
+    for (int k = 0; k < NR; k++) dsv4_cuda_upload(dd + DB * k, h.data, DB);
+    float *x = randn((size_t)T * D, 1.0f), *bias = randn(E, 0.1f);
+    int *sid = malloc(sizeof(int) * T);
+    for (int t = 0; t < T; t++) sid[t] = t;
+    float *dx = dup_to_dev(x, 4 * (size_t)T * D), *db = dup_to_dev(bias, 4 * (size_t)E), *dl = dsv4_cuda_alloc(4 * (size_t)T * E);
+    float *dw = dsv4_cuda_alloc(4 * (size_t)T * K);
+    int *ds = dsv4_cuda_alloc(4 * (size_t)T * K), *dsid = dup_to_dev(sid, 4 * (size_t)T);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    double us[2] = {0, 0};
+    const int it = 50;
+    int taken = 1;
+    for (int path = 0; path < 2; path++) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        for (int k = -3; k < it; k++) {
+            if (k == 0) cudaEventRecord(e0, 0);
+            dsv4_cuda_weight w = dg;
+            w.data = dd + DB * ((k + 3) % NR);
+            if (path == 1) {
+                const int r = dsv4_cuda_linear_route(&w, dx, T, dl, E, K, db, NULL, NULL, 2.5f, dsid, ds, dw, &dp, 2, NULL);
+                op_ok(r < 0, "linear route");
+                taken &= r == 0;
+                if (r == 0) continue;
+            }
+            op_ok(dsv4_cuda_linear(&w, dx, 0, T, dl, NULL), "linear");
+            op_ok(dsv4_cuda_moe_route(dl, T, E, K, db, NULL, NULL, 2.5f, dsid, ds, dw, &dp, NULL), "moe_route");
+        }
+        cudaEventRecord(e1, 0);
+        sync_ok();
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        us[path] = 1000.0 * ms / it;
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
+    printf("time linear route %-24s T=%d: gate + moe_route %7.2f us (2 launches), one launch %7.2f us%s  (%.3fx)\n", tag, T, us[0],
+           us[1], taken ? "" : " (NOT taken: separate)", us[0] / us[1]);
+    dsv4_cuda_free(dd), dsv4_cuda_free(dx), dsv4_cuda_free(db), dsv4_cuda_free(dl), dsv4_cuda_free(dw), dsv4_cuda_free(ds);
+    dsv4_cuda_free(dsid), dplan_free(&dp), dsv4_cuda_weight_free(&dg), free_hweight(&h), free(x), free(bias), free(sid);
+}

@@ -359,6 +359,12 @@ moe_checks:
     test_moe_route(5, 37, 5, 0);
     test_moe_route(9, 256, 6, 0);
     test_moe_route(3, 384, 6, 0);
+    /* the gate's linear and the routing in one launch (dsv4_cuda_linear_route): bitwise the two calls */
+    test_linear_route(1, 256, 6, 0, DSV4_WF_BF16);
+    test_linear_route(4, 256, 6, 1, DSV4_WF_BF16);
+    test_linear_route(8, 256, 6, 0, DSV4_WF_BF16);
+    test_linear_route(3, 64, 4, 0, DSV4_WF_F32);
+    test_linear_route_declines();
     test_moe_group(1, 6, 256, 0);
     test_moe_group(8, 6, 256, 0);
     test_moe_group(256, 6, 256, 0);
@@ -525,6 +531,8 @@ checks_done:
             bench_linear_chain_wo("wo_a+wo_b Flash", 8, 4096, 1);
             bench_linear_chain_wo("wo_a+wo_b Flash", 8, 4096, 8);
             bench_linear_chain_wo("wo_a+wo_b Pro", 16, 7168, 1);
+            bench_linear_route("gate+route Flash", 256, 6, 1);
+            bench_linear_route("gate+route Flash", 256, 6, 8);
         }
         if (only_multi) { /* the single linears the grouped ones replace, for comparison with older builds */
             bench_linear("wq_a Flash", DSV4_WF_FP8, 1024, 4096, T16, 6, 1);
