@@ -1331,13 +1331,21 @@ extern "C" int dsv4_cuda_linear_route(const dsv4_cuda_weight *gate, const float 
     r.logits = logits, r.bias = tid2eid ? NULL : bias, r.tid2eid = tid2eid, r.tokens = tokens, r.sid = sid, r.sel = sel;
     r.weight = weight, r.p = *p, r.E = E, r.K = K, r.T = T, r.scale = route_scale;
     const size_t rs = moe_route_smem(T, K, E, &r.goff), gs = tc_smem(gate->fmt, q.xt, T, q.nub, q.S, 0);
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, (const void *)fn) != cudaSuccess) {
-        cudaGetLastError();
-        return 1;
+    static const void *rfn[4]; /* each form's static shared memory (the routing's scan), queried once */
+    static size_t rst[4];
+    int ri = 0;
+    while (ri < 4 && rfn[ri] && rfn[ri] != (const void *)fn) ri++;
+    if (ri == 4) return 1;
+    if (!rfn[ri]) {
+        cudaFuncAttributes fa;
+        if (cudaFuncGetAttributes(&fa, (const void *)fn) != cudaSuccess) {
+            cudaGetLastError();
+            return 1;
+        }
+        rfn[ri] = (const void *)fn, rst[ri] = fa.sharedSizeBytes;
     }
     const size_t smem = (rs > gs ? rs : gs) + TC_CHAIN_SMEM;
-    if (smem + fa.sharedSizeBytes > (size_t)dsv4_cuda_dev.smem_optin) return 1;
+    if (smem + rst[ri] > (size_t)dsv4_cuda_dev.smem_optin) return 1;
     const int KG = q.KG, N = tc_max_clusters((const void *)fn, KG, smem);
     const int ncl = N < t.NRG ? N : t.NRG;
     t.c0 = 0, t.ncl = ncl;
