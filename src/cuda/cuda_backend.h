@@ -240,6 +240,12 @@ extern int dsv4_cuda_hc_test_flags;
 void dsv4_cuda_hc_post_mix_big(int on);
 /* 1 when the last dsv4_cuda_hc_post_pre call took hc_post_mix_big (tests) */
 int dsv4_cuda_hc_post_mix_big_last(void);
+/* hc_post_pre with few tokens (the post in the mixing kernel), M 4, the mixes stored (mix): 1 the finishing kernel's work
+ * (x, its norm, the mixes, pre) in the mixing kernel's last block of each row instead of its own launch (the same bits),
+ * 0 its own launch, -1 the default (DSV4_HC_FOLD, 0 unless set) */
+void dsv4_cuda_hc_fold(int on);
+/* 1 when the last dsv4_cuda_hc_post_pre call took that fold (tests) */
+int dsv4_cuda_hc_fold_last(void);
 int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
                      const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w, float *x,
                      float *post, float *comb, void *scratch, void *stream);

@@ -330,6 +330,7 @@ hc_checks:
     test_hc(1, 4, 4096, DSV4_WF_F32, 20); /* Flash shapes: the few-token path, then (T >= 32) the tiled one */
     test_hc(8, 4, 4096, DSV4_WF_F32, 20);
     test_hc(31, 4, 4096, DSV4_WF_F32, 20);  /* the most tokens of the fused post + mixes (hc_post_pre), a partial block */
+    test_hc(5, 4, 768, DSV4_WF_F32, 20);    /* the fold's quads past D / 4 (hc_fin_token: virtual warps without quads) */
     test_hc(300, 4, 4096, DSV4_WF_F32, 20);
     test_hc(40, 4, 1000, DSV4_WF_BF16, 3);   /* many tokens, the few-token path (BF16 fn, ragged super-chunk) */
     test_hc(37, 3, 1024, DSV4_WF_F32, 20);   /* tiled path, M 3 (15 rows), a partial token tile */
