@@ -125,6 +125,94 @@ __device__ __forceinline__ float4 ak_rope4(float4 v, int d, int Dh, int R, ak_ro
     return v;
 }
 
+/* span states a fold loads at once (all loads in flight, then folded in order) */
+#define AK_CB 16
+
+/* out's dims 4 c .. 4 c + 3 of (query t, head h): the span states part[((t H + h) nspan + s) ak_pst(Dh)] folded in order
+ * s = 0 .. nspan - 1 (a span without entries, m = -inf, skipped), then O oscale / (L + exp(sink - M)) and the inverse
+ * RoPE. attn_kv8_combine and the decode attention's last block of a (query, heads) group (attn_kv8_tc.cu) both call it,
+ * so where the fold runs changes no bit. The states are read at L2 (ld.cg): in the last block they are other blocks'
+ * writes of the same grid. vec: out 16-byte aligned and Dh % 4 == 0. */
+__device__ __forceinline__ void ak_fold_out(const float *part, int t, int h, int c, int H, int Dh, int R, int nspan, float sk,
+                                            float oscale, float *out, int vec, ak_rope ro) {
+    const int64_t pst = ak_pst(Dh);
+    const float *pp = part + ((int64_t)t * H + h) * nspan * pst;
+    float M = -INFINITY, L = 0.0f;
+    float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = 0; s0 < nspan; s0 += AK_CB) {
+        float m[AK_CB], l[AK_CB];
+        float4 xs[AK_CB];
+#pragma unroll
+        for (int u = 0; u < AK_CB; u++) {
+            const float *ps = pp + (s0 + u) * pst;
+            const bool in = s0 + u < nspan;
+            m[u] = in ? __ldcg(ps) : -INFINITY;
+            l[u] = in ? __ldcg(ps + 1) : 0.0f;
+            xs[u] = in ? __ldcg((const float4 *)(ps + 4 + 4 * c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < AK_CB; u++) {
+            if (m[u] == -INFINITY) continue;
+            float Mn, a, b;
+            ak_coef(M, m[u], Mn, a, b);
+            L = ak_fold1(L, a, l[u], b);
+            O = ak_fold4(O, a, xs[u], b);
+            M = Mn;
+        }
+    }
+    ak_st4(out + ((int64_t)t * H + h) * Dh + 4 * c, Dh - 4 * c, ak_rope4(ak_fin4(O, ak_den(M, L, sk), oscale), 4 * c, Dh, R, ro, t),
+           vec);
+}
+
+/* ak_fold_out for two outputs at once (a: (ta, ha, ca); b: (tb, hb, cb), nb false: a alone), their state loads
+ * interleaved AK_CB2 spans at a time, so that one thread's two folds wait on L2 once a chunk, not twice; each output's
+ * operations and their order are ak_fold_out's (the chunking only groups loads), so the same bits. */
+#define AK_CB2 4
+__device__ __forceinline__ void ak_fold_out2(const float *part, int ta, int ha, int ca, int tb, int hb, int cb, bool nb, int H, int Dh,
+                                             int R, int nspan, float ska, float skb, float oscale, float *out, int vec, ak_rope ro) {
+    const int64_t pst = ak_pst(Dh);
+    const float *pa = part + ((int64_t)ta * H + ha) * nspan * pst, *pb = part + ((int64_t)tb * H + hb) * nspan * pst;
+    float Ma = -INFINITY, La = 0.0f, Mb = -INFINITY, Lb = 0.0f;
+    float4 Oa = make_float4(0.0f, 0.0f, 0.0f, 0.0f), Ob = Oa;
+    for (int s0 = 0; s0 < nspan; s0 += AK_CB2) {
+        float ma[AK_CB2], la[AK_CB2], mb[AK_CB2], lb[AK_CB2];
+        float4 xa[AK_CB2], xb[AK_CB2];
+#pragma unroll
+        for (int u = 0; u < AK_CB2; u++) {
+            const bool in = s0 + u < nspan, inb = in && nb;
+            const float *qa = pa + (s0 + u) * pst, *qb = pb + (s0 + u) * pst;
+            ma[u] = in ? __ldcg(qa) : -INFINITY;
+            la[u] = in ? __ldcg(qa + 1) : 0.0f;
+            xa[u] = in ? __ldcg((const float4 *)(qa + 4 + 4 * ca)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            mb[u] = inb ? __ldcg(qb) : -INFINITY;
+            lb[u] = inb ? __ldcg(qb + 1) : 0.0f;
+            xb[u] = inb ? __ldcg((const float4 *)(qb + 4 + 4 * cb)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < AK_CB2; u++) {
+            if (ma[u] != -INFINITY) {
+                float Mn, a, b;
+                ak_coef(Ma, ma[u], Mn, a, b);
+                La = ak_fold1(La, a, la[u], b);
+                Oa = ak_fold4(Oa, a, xa[u], b);
+                Ma = Mn;
+            }
+            if (mb[u] != -INFINITY) {
+                float Mn, a, b;
+                ak_coef(Mb, mb[u], Mn, a, b);
+                Lb = ak_fold1(Lb, a, lb[u], b);
+                Ob = ak_fold4(Ob, a, xb[u], b);
+                Mb = Mn;
+            }
+        }
+    }
+    ak_st4(out + ((int64_t)ta * H + ha) * Dh + 4 * ca, Dh - 4 * ca,
+           ak_rope4(ak_fin4(Oa, ak_den(Ma, La, ska), oscale), 4 * ca, Dh, R, ro, ta), vec);
+    if (nb)
+        ak_st4(out + ((int64_t)tb * H + hb) * Dh + 4 * cb, Dh - 4 * cb,
+               ak_rope4(ak_fin4(Ob, ak_den(Mb, Lb, skb), oscale), 4 * cb, Dh, R, ro, tb), vec);
+}
+
 /* Folds, for each (query t, head h), the span states part[((t H + h) nspan + s) ak_pst(Dh)] (m, l, pad, pad, O)
  * in order s = 0 .. nspan - 1 and writes out [T, H, Dh] = O oscale / (L + exp(sink - M)), inverse-rotated by ro
  * (attn_kv8.cu). vec: out 16-byte aligned and Dh % 4 == 0. Returns non-zero (dsv4_cuda_fail) on a launch error. */

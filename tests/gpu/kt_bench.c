@@ -355,6 +355,118 @@ static double moe_us(int pass, const dsv4_cuda_experts *ex, const float *dx, int
     return 1000.0 * ms / it;
 }
 
+/* ---- the FP8 experts' clock trace (builds with -DDSV4_MF8_TRACE: moe_f8.cuh; dsv4_cuda_moe_f8_trace) ---- */
+
+static int cmp_dbl(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+/* "p50 / p90 / max" of v[0..n) (sorted here) */
+static void tr_pct(const char *name, double *v, int n) {
+    if (!n) {
+        printf("  %-34s -\n", name);
+        return;
+    }
+    qsort(v, (size_t)n, sizeof(double), cmp_dbl);
+    printf("  %-34s %8.2f %8.2f %8.2f   (%d)\n", name, v[n / 2], v[(int)(0.9 * (n - 1))], v[n - 1], n);
+}
+
+/* One launch's rows (DSV4_MF8_TR_BLOCKS blocks x 16 warps): when blocks start and end against the launch (globaltimer),
+ * how many share an SM, and per warp the phases (clock64, at the SM clock): the grid wait, the plan read and first
+ * copies, x staged, the first unit landed, the period between units, the tail after the last. */
+static void moe_f8_trace_report(const unsigned long long *h, const char *what, int T, double mhz, double mb_expert) {
+    const int R = DSV4_MF8_TR_ROW, U = DSV4_MF8_TR_UNITS, NB = DSV4_MF8_TR_BLOCKS;
+    unsigned long long g0 = ~0ull, g1 = 0;
+    int nw = 0, nblk = 0, nact = 0, sm_blocks[1024] = {0}, slot_on[DSV4_MF8_TR_BLOCKS];
+    memset(slot_on, 0, sizeof slot_on);
+    for (int b = 0; b < NB; b++)
+        for (int w = 0; w < 16; w++) {
+            const unsigned long long *r = h + ((size_t)b * 16 + w) * R;
+            if (!r[0]) continue;
+            nw++;
+            if (r[1] < g0) g0 = r[1];
+            if (r[2] > g1) g1 = r[2];
+            if (w == 0) {
+                const int sm = (int)(r[0] >> 48) - 1, slot = (int)((r[0] >> 32) & 0xffff);
+                nblk++, nact += r[R - 2] > 0;
+                if (r[R - 2] > 0 && slot < NB) slot_on[slot] = 1;
+                if (sm >= 0 && sm < 1024) sm_blocks[sm]++;
+            }
+        }
+    if (!nw) {
+        printf("trace mf8 T=%-3d %s: no rows (a build without -DDSV4_MF8_TRACE, or not an FP8 launch)\n", T, what);
+        return;
+    }
+    int experts = 0;
+    for (int k = 0; k < NB; k++) experts += slot_on[k];
+    const double span = (double)(g1 - g0) * 1e-3, mb = experts * mb_expert;
+    printf("trace mf8 T=%-3d %s: %d blocks (%d with an expert), %d experts, %d warps traced; span %.2f us (globaltimer), "
+           "%.1f MB -> %.0f GB/s%s\n", T, what, nblk, nact, experts, nw, span, mb, span > 0 ? mb * 1e3 / span : 0.0,
+           h[((size_t)(NB - 1) * 16) * R] ? " (the buffer's last block traced: the launch may have more, untraced)" : "");
+    int hist[9] = {0}, used = 0;
+    for (int sm = 0; sm < 1024; sm++)
+        if (sm_blocks[sm]) used++, hist[sm_blocks[sm] < 8 ? sm_blocks[sm] : 8]++;
+    printf("  SMs used %d; SMs with 1..8+ blocks:", used);
+    for (int k = 1; k <= 8; k++) printf(" %d", hist[k]);
+    printf("\n  %-34s %8s %8s %8s\n", "us (p50 / p90 / max over warps)", "p50", "p90", "max");
+    double *v[10];
+    int n[10] = {0};
+    for (int k = 0; k < 10; k++) v[k] = malloc(sizeof(double) * (size_t)nw);
+    for (int b = 0; b < NB; b++)
+        for (int w = 0; w < 16; w++) {
+            const unsigned long long *r = h + ((size_t)b * 16 + w) * R;
+            if (!r[0]) continue;
+            const double c = 1.0 / mhz; /* us a cycle */
+            v[0][n[0]++] = (double)(r[1] - g0) * 1e-3; /* entry, from the launch's first */
+            v[1][n[1]++] = (double)(g1 - r[2]) * 1e-3; /* exit, before the launch's last */
+            const int units = (int)r[R - 2], pre = r[R - 3] != 0; /* pre: the grid wait after the first copies */
+            v[2][n[2]++] = (double)(long long)(pre ? r[R - 3] - r[5] : r[4] - r[3]) * c; /* the grid dependency wait */
+            if (!units) continue;
+            v[3][n[3]++] = (double)(long long)(r[5] - r[4]) * c; /* plan read, first copies issued */
+            v[4][n[4]++] = (double)(long long)(r[6] - (pre ? r[R - 3] : r[5])) * c; /* x staged */
+            v[5][n[5]++] = (double)(long long)(r[7] - r[6]) * c; /* first unit landed after that */
+            const int last = (units < U ? units : U) - 1;
+            if (last > 0) v[6][n[6]++] = (double)(long long)(r[7 + last] - r[7]) * c / last; /* per unit after the first */
+            if (units <= U) v[7][n[7]++] = (double)(long long)(r[R - 1] - r[7 + last]) * c; /* tail after the last unit */
+            v[8][n[8]++] = (double)(long long)(r[R - 1] - r[3]) * c; /* the warp, entry to exit */
+            v[9][n[9]++] = units;
+        }
+    static const char *names[10] = {"block entry after the first", "exit before the last", "grid dependency wait",
+                                    "plan + first copies issued", "x staged", "first unit landed", "per unit after it",
+                                    "after the last unit", "warp entry to exit", "units a warp (count)"};
+    for (int k = 0; k < 10; k++) tr_pct(names[k], v[k], n[k]), free(v[k]);
+}
+
+/* The 20th of 20 back-to-back experts calls, traced (both launches); nothing in other builds */
+static void moe_f8_trace(const dsv4_cuda_experts *ex, const float *dx, int T, int K, const dsv4_cuda_moe_plan *dp, int np, float *dh,
+                         float *dy, double mb_gu, double mb_dn) { /* mb_*: MB an expert */
+    const size_t per = (size_t)DSV4_MF8_TR_BLOCKS * 16 * DSV4_MF8_TR_ROW, nb = 2 * per * sizeof(unsigned long long);
+    if (dsv4_cuda_moe_f8_trace(NULL, 0) < 0) return;
+    unsigned long long *d = dsv4_cuda_alloc(nb), *h = malloc(nb);
+    if (!d || !h) {
+        fprintf(stderr, "mf8 trace: no buffer\n");
+        exit(2);
+    }
+    dsv4_cuda_memset(d, 0, nb, NULL);
+    dsv4_cuda_moe_experts_path(DSV4_MOE_TC_F8);
+    for (int k = 0; k < 20; k++) {
+        if (k == 19) dsv4_cuda_moe_f8_trace(d, 2);
+        op_ok(dsv4_cuda_moe_experts(ex, dx, T, K, &dp[k % np], 10.0f, dh, dy, NULL), "moe_experts");
+    }
+    dsv4_cuda_moe_f8_trace(NULL, 0);
+    dsv4_cuda_moe_experts_path(0);
+    sync_ok();
+    from_dev(h, d, nb);
+    int khz = 0, dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
+    const double mhz = khz > 0 ? khz * 1e-3 : 1980.0;
+    printf("trace mf8 T=%d: clock64 at %.0f MHz (the device's maximum: an upper bound on the times)\n", T, mhz);
+    moe_f8_trace_report(h, "gate/up", T, mhz, mb_gu);
+    moe_f8_trace_report(h + per, "down", T, mhz, mb_dn);
+    dsv4_cuda_free(d), free(h);
+}
+
 void bench_moe(void) {
     const int E = 256, K = 6, D = 4096, I = 2048, NH = 4;
     hweight h1[NH], h3[NH], h2[NH];
@@ -429,6 +541,9 @@ void bench_moe(void) {
             us[mi] = moe_us(0, &ex, dx, T, K, dp, NP, dh, dy, it);
         }
         dsv4_cuda_moe_experts_path(0);
+        if (T <= 8)
+            moe_f8_trace(&ex, dx, T, K, dp, NP, dh, dy, 2.0 * (double)dsv4_weight_bytes(&h1[0].w) / 1e6,
+                         (double)dsv4_weight_bytes(&h2[0].w) / 1e6);
         const double gb = act * eb / 1e9, tf = 2.0 * T * K * 3.0 * D * I / 1e12;
         for (int mi = 0; mi < NM; mi++)
             printf("time moe_experts Flash MXFP4 aq T=%-4d (%5.1f experts, %6.1f MB) %-26s %8.1f us %6.0f GB/s (%5.1f%% of copy) %6.1f TFLOP/s%s\n",
@@ -484,4 +599,177 @@ void bench_moe(void) {
             printf("time mma.sync m16n8k16 f16->f32 alone: %2d accumulators a warp, %2d warps an SM: %6.1f TFLOP/s\n", na, 8 * b,
                    dsv4_moe_tc_mma_rate(na, b));
     free(d1), free(d3), free(d2);
+}
+
+/* Times the q path of a decode step at T rows (wq_a + wkv, the q norm, wq_b: D x Lq, Lq x Rq) as the separate calls
+ * (dsv4_cuda_linear_multi, dsv4_cuda_rmsnorm, dsv4_cuda_linear: three launches) and as one dsv4_cuda_linear_chain,
+ * the weights rotated through > 256 MiB of copies (so no call finds them in L2). */
+void bench_linear_chain(const char *tag, int D, int Lq, int Rq, int T) {
+    const mspec s[3] = {{DSV4_WF_FP8, Lq, D, 1, 0, 0}, {DSV4_WF_FP8, 512, D, 1, 0, 0}, {DSV4_WF_FP8, Rq, Lq, 1, 0, 0}};
+    mweights m;
+    mweights_make(&m, s, 3, 0);
+    size_t DB[3], SB[3], per = 0;
+    for (int i = 0; i < 3; i++) DB[i] = m.h[i].data_b, SB[i] = m.h[i].scale_b, per += DB[i] + SB[i];
+    int NR = (int)((256u << 20) / per) + 1;
+    if (NR > 64) NR = 64;
+    uint8_t *dd[3], *ds[3];
+    for (int i = 0; i < 3; i++) {
+        dd[i] = dsv4_cuda_alloc(DB[i] * NR), ds[i] = dsv4_cuda_alloc(SB[i] * NR);
+        if (!dd[i] || !ds[i]) op_ok(-1, "bench alloc");
+        for (int k = 0; k < NR; k++) dsv4_cuda_upload(dd[i] + DB[i] * k, m.h[i].data, DB[i]), dsv4_cuda_upload(ds[i] + SB[i] * k, m.h[i].scale, SB[i]);
+    }
+    float *x = randn((size_t)T * D, 1.0f), *nw = randn(Lq, 1.0f);
+    float *dx = dup_to_dev(x, 4 * (size_t)T * D), *dnw = dup_to_dev(nw, 4 * (size_t)Lq);
+    float *dqr = dsv4_cuda_alloc(4 * (size_t)T * Lq), *dkv = dsv4_cuda_alloc(4 * (size_t)T * 512), *dq = dsv4_cuda_alloc(4 * (size_t)T * Rq);
+    double us[2] = {0, 0};
+    const double bytes = (double)(DB[0] + SB[0] + DB[1] + SB[1] + DB[2] + SB[2]);
+    const int it = 50;
+    int taken = 1;
+    for (int path = 0; path < 2; path++) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        for (int k = -3; k < it; k++) {
+            if (k == 0) cudaEventRecord(e0, 0);
+            const int c = (k + 3) % NR;
+            dsv4_cuda_weight w[3];
+            for (int i = 0; i < 3; i++) w[i] = m.w[i], w[i].data = dd[i] + DB[i] * c, w[i].scale = ds[i] + SB[i] * c;
+            dsv4_cuda_linear_job j0[2] = {{w[0], dx, 0, dqr, 0}, {w[1], dx, 0, dkv, 0}}, jq = {w[2], dqr, 0, dq, 0};
+            if (path == 1) {
+                const dsv4_cuda_linear_stage st[2] = {{j0, 2, 0, NULL, 0, 0, NULL, 0.0f}, {&jq, 1, 1, dqr, Lq, Lq, dnw, 1e-6f}};
+                const int r = dsv4_cuda_linear_chain(st, 2, 0, T, 0, NULL);
+                op_ok(r < 0, "linear chain");
+                taken &= r == 0;
+                if (r == 0) continue;
+            }
+            op_ok(dsv4_cuda_linear_multi(j0, 2, 0, T, NULL), "linear multi");
+            op_ok(dsv4_cuda_rmsnorm(dqr, T, Lq, Lq, dnw, 1e-6f, NULL), "rmsnorm");
+            op_ok(dsv4_cuda_linear(&w[2], dqr, 0, T, dq, NULL), "linear");
+        }
+        cudaEventRecord(e1, 0);
+        sync_ok();
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        us[path] = 1000.0 * ms / it;
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
+    printf("time linear chain %-24s T=%d: separate %7.2f us (3 launches), chain %7.2f us%s  %7.1f GB/s  %5.1f%% of copy  (%.3fx)\n",
+           tag, T, us[0], us[1], taken ? "" : " (NOT taken: separate)", bytes / us[1] / 1e3, 100.0 * bytes / us[1] / 1e3 / g_copy_gbs,
+           us[0] / us[1]);
+    for (int i = 0; i < 3; i++) dsv4_cuda_free(dd[i]), dsv4_cuda_free(ds[i]);
+    dsv4_cuda_free(dx), dsv4_cuda_free(dnw), dsv4_cuda_free(dqr), dsv4_cuda_free(dkv), dsv4_cuda_free(dq), free(x), free(nw);
+    mweights_free(&m);
+}
+
+/* Times the attention's output at T rows: wo_a's G groups (FP8, fp32 x) and wo_b ([Dout, G 1024], FP8 act quant) as
+ * the separate calls (dsv4_cuda_linear_multi, dsv4_cuda_linear) and as one dsv4_cuda_linear_chain, the weights rotated
+ * through > 256 MiB of copies */
+void bench_linear_chain_wo(const char *tag, int G, int Dout, int T) {
+    const int Ro = 1024, gin = 4096;
+    const mspec s[2] = {{DSV4_WF_FP8, G * Ro, gin, 0, 0, 0}, {DSV4_WF_FP8, Dout, G * Ro, 1, 0, 0}};
+    mweights m;
+    mweights_make(&m, s, 2, 0);
+    size_t DB[2], SB[2], per = 0;
+    for (int i = 0; i < 2; i++) DB[i] = m.h[i].data_b, SB[i] = m.h[i].scale_b, per += DB[i] + SB[i];
+    int NR = (int)((256u << 20) / per) + 1;
+    if (NR > 64) NR = 64;
+    uint8_t *dd[2], *ds[2];
+    for (int i = 0; i < 2; i++) {
+        dd[i] = dsv4_cuda_alloc(DB[i] * NR), ds[i] = dsv4_cuda_alloc(SB[i] * NR);
+        if (!dd[i] || !ds[i]) op_ok(-1, "bench alloc");
+        for (int k = 0; k < NR; k++) dsv4_cuda_upload(dd[i] + DB[i] * k, m.h[i].data, DB[i]), dsv4_cuda_upload(ds[i] + SB[i] * k, m.h[i].scale, SB[i]);
+    }
+    float *o = randn((size_t)T * G * gin, 1.0f);
+    float *d_o = dup_to_dev(o, 4 * (size_t)T * G * gin), *dz = dsv4_cuda_alloc(4 * (size_t)T * G * Ro), *dy = dsv4_cuda_alloc(4 * (size_t)T * Dout);
+    double us[2] = {0, 0};
+    const double bytes = (double)(DB[0] + SB[0] + DB[1] + SB[1]);
+    const int it = 50;
+    int taken = 1;
+    for (int path = 0; path < 2; path++) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        for (int k = -3; k < it; k++) {
+            if (k == 0) cudaEventRecord(e0, 0);
+            const int c = (k + 3) % NR;
+            dsv4_cuda_weight w[2];
+            for (int i = 0; i < 2; i++) w[i] = m.w[i], w[i].data = dd[i] + DB[i] * c, w[i].scale = ds[i] + SB[i] * c;
+            dsv4_cuda_linear_job ja[16], jo = {w[1], dz, 0, dy, 0};
+            for (int i = 0; i < G; i++) {
+                ja[i] = (dsv4_cuda_linear_job){w[0], d_o + (size_t)i * gin, (int64_t)G * gin, dz + (size_t)i * Ro, (int64_t)G * Ro};
+                ja[i].w.row0 = i * Ro, ja[i].w.rows = Ro;
+            }
+            if (path == 1) {
+                const dsv4_cuda_linear_stage st[2] = {{ja, G, 0, NULL, 0, 0, NULL, 0.0f}, {&jo, 1, 1, NULL, 0, 0, NULL, 0.0f}};
+                const int r = dsv4_cuda_linear_chain(st, 2, 0, T, 1, NULL);
+                op_ok(r < 0, "linear chain");
+                taken &= r == 0;
+                if (r == 0) continue;
+            }
+            op_ok(dsv4_cuda_linear_multi(ja, G, 0, T, NULL), "linear multi");
+            op_ok(dsv4_cuda_linear(&w[1], dz, 0, T, dy, NULL), "linear");
+        }
+        cudaEventRecord(e1, 0);
+        sync_ok();
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        us[path] = 1000.0 * ms / it;
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
+    printf("time linear chain %-24s T=%d: separate %7.2f us (2 launches), chain %7.2f us%s  %7.1f GB/s  %5.1f%% of copy  (%.3fx)\n",
+           tag, T, us[0], us[1], taken ? "" : " (NOT taken: separate)", bytes / us[1] / 1e3, 100.0 * bytes / us[1] / 1e3 / g_copy_gbs,
+           us[0] / us[1]);
+    for (int i = 0; i < 2; i++) dsv4_cuda_free(dd[i]), dsv4_cuda_free(ds[i]);
+    dsv4_cuda_free(d_o), dsv4_cuda_free(dz), dsv4_cuda_free(dy), free(o);
+    mweights_free(&m);
+}
+
+/* Times the gate (BF16 [E, 4096], fp32 x) and the routing at T rows as the two calls (dsv4_cuda_linear,
+ * dsv4_cuda_moe_route) and as one dsv4_cuda_linear_route, the gate rotated through > 256 MiB of copies */
+void bench_linear_route(const char *tag, int E, int K, int T) {
+    const int D = 4096;
+    hweight h = make_weight(DSV4_WF_BF16, E, D, 0, 0);
+    dsv4_cuda_weight dg;
+    op_ok(dsv4_cuda_weight_upload(&h.w, &dg), "weight upload");
+    const size_t DB = h.data_b;
+    int NR = (int)((256u << 20) / DB) + 1;
+    if (NR > 64) NR = 64;
+    uint8_t *dd = dsv4_cuda_alloc(DB * NR);
+    if (!dd) op_ok(-1, "bench alloc");
+    for (int k = 0; k < NR; k++) dsv4_cuda_upload(dd + DB * k, h.data, DB);
+    float *x = randn((size_t)T * D, 1.0f), *bias = randn(E, 0.1f);
+    int *sid = malloc(sizeof(int) * T);
+    for (int t = 0; t < T; t++) sid[t] = t;
+    float *dx = dup_to_dev(x, 4 * (size_t)T * D), *db = dup_to_dev(bias, 4 * (size_t)E), *dl = dsv4_cuda_alloc(4 * (size_t)T * E);
+    float *dw = dsv4_cuda_alloc(4 * (size_t)T * K);
+    int *ds = dsv4_cuda_alloc(4 * (size_t)T * K), *dsid = dup_to_dev(sid, 4 * (size_t)T);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    double us[2] = {0, 0};
+    const int it = 50;
+    int taken = 1;
+    for (int path = 0; path < 2; path++) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        for (int k = -3; k < it; k++) {
+            if (k == 0) cudaEventRecord(e0, 0);
+            dsv4_cuda_weight w = dg;
+            w.data = dd + DB * ((k + 3) % NR);
+            if (path == 1) {
+                const int r = dsv4_cuda_linear_route(&w, dx, T, dl, E, K, db, NULL, NULL, 2.5f, dsid, ds, dw, &dp, 2, NULL);
+                op_ok(r < 0, "linear route");
+                taken &= r == 0;
+                if (r == 0) continue;
+            }
+            op_ok(dsv4_cuda_linear(&w, dx, 0, T, dl, NULL), "linear");
+            op_ok(dsv4_cuda_moe_route(dl, T, E, K, db, NULL, NULL, 2.5f, dsid, ds, dw, &dp, NULL), "moe_route");
+        }
+        cudaEventRecord(e1, 0);
+        sync_ok();
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        us[path] = 1000.0 * ms / it;
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
+    printf("time linear route %-24s T=%d: gate + moe_route %7.2f us (2 launches), one launch %7.2f us%s  (%.3fx)\n", tag, T, us[0],
+           us[1], taken ? "" : " (NOT taken: separate)", us[0] / us[1]);
+    dsv4_cuda_free(dd), dsv4_cuda_free(dx), dsv4_cuda_free(db), dsv4_cuda_free(dl), dsv4_cuda_free(dw), dsv4_cuda_free(ds);
+    dsv4_cuda_free(dsid), dplan_free(&dp), dsv4_cuda_weight_free(&dg), free_hweight(&h), free(x), free(bias), free(sid);
 }

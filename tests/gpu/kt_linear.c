@@ -548,3 +548,201 @@ void test_linear_gemm_declines(void) {
     dsv4_cuda_weight_free(&da), dsv4_cuda_weight_free(&db), dsv4_cuda_weight_free(&dc);
     free_hweight(&a), free_hweight(&b), free_hweight(&c);
 }
+
+/* ---- chains (dsv4_cuda_linear_chain) ---- */
+
+/* One chain of the q path against the separate calls, bitwise: stage 0 wq_a + wkv (FP8 act quant, Lq / 512 x D),
+ * stage 1 after the barrier and the RMSNorm of qr (weighted) a projection of qr. mode 0: stage 1 [Rq, Lq]; mode 1:
+ * stage 1 [Ri, Lq] (the indexer's query projection) and stage 2, without a barrier, [Rq, Lq] of qr; mode 2: stage 1
+ * [Ri, Lq], then a second barrier with the RMSNorm of stage 1's output (Ri <= 2048 values) and stage 2 [Rq, Ri] of it.
+ * Runs the chain once, then twice back to back (the barrier's generation moves on) on slot `slot`, every output
+ * compared with dsv4_cuda_linear_multi, dsv4_cuda_rmsnorm and dsv4_cuda_linear's. */
+void test_linear_chain(int T, int mode, int D, int Lq, int Rq, int Ri, int slot) {
+    const mspec sa[2] = {{DSV4_WF_FP8, Lq, D, 1, 0, 0}, {DSV4_WF_FP8, 512, D, 1, 0, 0}};
+    const mspec sb[2] = {{DSV4_WF_FP8, Rq, mode == 2 ? Ri : Lq, 1, 0, 0}, {DSV4_WF_FP8, Ri, Lq, 1, 0, 0}};
+    mweights ma, mb;
+    mweights_make(&ma, sa, 2, 0);
+    mweights_make(&mb, sb, 2, 0);
+    float *x = rand_wide((size_t)T * D), *nw = randn(Lq, 1.0f), *nw2 = randn(Ri, 1.0f);
+    float *dx = dup_to_dev(x, 4 * (size_t)T * D), *dnw = dup_to_dev(nw, 4 * (size_t)Lq), *dnw2 = dup_to_dev(nw2, 4 * (size_t)Ri);
+    const int R[4] = {Lq, 512, Rq, Ri};
+    float *ref[4], *got[4];
+    for (int i = 0; i < 4; i++) ref[i] = dsv4_cuda_alloc(4 * (size_t)T * R[i]), got[i] = dsv4_cuda_alloc(4 * (size_t)T * R[i]);
+    /* the separate calls */
+    dsv4_cuda_linear_job j0[2] = {{ma.w[0], dx, 0, ref[0], 0}, {ma.w[1], dx, 0, ref[1], 0}};
+    op_ok(dsv4_cuda_linear_multi(j0, 2, 0, T, NULL), "linear multi");
+    op_ok(dsv4_cuda_rmsnorm(ref[0], T, Lq, Lq, dnw, 1e-6f, NULL), "rmsnorm");
+    if (mode) op_ok(dsv4_cuda_linear(&mb.w[1], ref[0], 0, T, ref[3], NULL), "linear");
+    if (mode == 2) op_ok(dsv4_cuda_rmsnorm(ref[3], T, Ri, Ri, dnw2, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_linear(&mb.w[0], mode == 2 ? ref[3] : ref[0], 0, T, ref[2], NULL), "linear");
+    sync_ok();
+    int bad = 0, taken = 1;
+    for (int run = 0; run < 2; run++) {
+        for (int i = 0; i < 4; i++) op_ok(dsv4_cuda_memset(got[i], 0xff, 4 * (size_t)T * R[i], NULL), "memset");
+        dsv4_cuda_linear_job c0[2] = {{ma.w[0], dx, 0, got[0], 0}, {ma.w[1], dx, 0, got[1], 0}};
+        dsv4_cuda_linear_job cq = {mb.w[0], mode == 2 ? got[3] : got[0], 0, got[2], 0}, ci = {mb.w[1], got[0], 0, got[3], 0};
+        dsv4_cuda_linear_stage st[3] = {{c0, 2, 0, NULL, 0, 0, NULL, 0.0f}, {&cq, 1, 1, got[0], Lq, Lq, dnw, 1e-6f},
+                                        {&cq, 1, 0, NULL, 0, 0, NULL, 0.0f}};
+        if (mode) st[1].jobs = &ci;
+        if (mode == 2) st[2].sync = 1, st[2].norm_x = got[3], st[2].norm_n = Ri, st[2].norm_ld = Ri, st[2].norm_w = dnw2, st[2].norm_eps = 1e-6f;
+        for (int rep = 0; rep < 1 + run; rep++) { /* the second run: two chains back to back (PDL, the slot reused) */
+            const int r = dsv4_cuda_linear_chain(st, mode ? 3 : 2, 0, T, slot, NULL);
+            op_ok(r < 0, "linear chain");
+            taken &= r == 0;
+        }
+        sync_ok();
+        for (int i = 0; i < (mode ? 4 : 3); i++) {
+            float *a = malloc(4 * (size_t)T * R[i]), *b = malloc(4 * (size_t)T * R[i]);
+            from_dev(a, ref[i], 4 * (size_t)T * R[i]);
+            from_dev(b, got[i], 4 * (size_t)T * R[i]);
+            bad += memcmp(a, b, 4 * (size_t)T * R[i]) != 0;
+            free(a), free(b);
+        }
+    }
+    g_checks++;
+    if (bad || !taken) g_fail++;
+    static const char *mn[3] = {"wq_b-like", "idx-like | wq_b-like", "idx-like | norm | its projection"};
+    printf("%-4s linear chain T=%d: wq_a+wkv %dx%d | q norm (n %d) | %s (slot %d, 2 runs): %s, %d outputs differ from the "
+           "separate calls%s\n",
+           bad || !taken ? "FAIL" : "ok", T, Lq, D, Lq, mn[mode], slot, taken ? "taken" : "NOT taken", bad, bad || !taken ? " <<<" : "");
+    for (int i = 0; i < 4; i++) dsv4_cuda_free(ref[i]), dsv4_cuda_free(got[i]);
+    dsv4_cuda_free(dx), dsv4_cuda_free(dnw), dsv4_cuda_free(dnw2), free(x), free(nw), free(nw2);
+    mweights_free(&ma), mweights_free(&mb);
+}
+
+/* What a chain does not take (nothing enqueued: the outputs keep their fill) and what it rejects */
+void test_linear_chain_edges(void) {
+    const mspec wx[1] = {{DSV4_WF_F32, 256, 4096, 0, 0, 0}};
+    const mspec fb[1] = {{DSV4_WF_FP8, 4096, 1024, 1, 0, 0}};
+    mweights ma, mx, mb;
+    mweights_make(&ma, qkv, 2, 0);
+    mweights_make(&mx, wx, 1, 0);
+    mweights_make(&mb, fb, 1, 0);
+    const int T = 9;
+    float *dx = dsv4_cuda_alloc(4 * (size_t)T * 4096), *dy = dsv4_cuda_alloc(4 * (size_t)T * 4096);
+    float *dq = dsv4_cuda_alloc(4 * (size_t)T * 4096), *dk = dsv4_cuda_alloc(4 * (size_t)T * 4096);
+    op_ok(dsv4_cuda_memset(dx, 0, 4 * (size_t)T * 4096, NULL), "memset");
+    int fails = 0;
+    for (int c = 0; c < 6; c++) {
+        op_ok(dsv4_cuda_memset(dy, 0xff, 4 * (size_t)T * 4096, NULL), "memset");
+        op_ok(dsv4_cuda_memset(dq, 0xff, 4 * (size_t)T * 4096, NULL), "memset");
+        op_ok(dsv4_cuda_memset(dk, 0xff, 4 * (size_t)T * 4096, NULL), "memset");
+        dsv4_cuda_linear_job j0[2] = {{ma.w[0], dx, 0, dq, 0}, {ma.w[1], dx, 0, dk, 0}}, jb = {mb.w[0], dq, 0, dy, 0};
+        if (c == 2) /* both stages F32 weights (no chain form), of the same x */
+            j0[0] = (dsv4_cuda_linear_job){mx.w[0], dx, 0, dq, 0}, jb = (dsv4_cuda_linear_job){mx.w[0], dx, 0, dy, 0};
+        dsv4_cuda_linear_stage st[2] = {{j0, c == 2 ? 1 : 2, 0, NULL, 0, 0, NULL, 0.0f}, {&jb, 1, 1, NULL, 0, 0, NULL, 0.0f}};
+        int r, want;
+        if (c == 0) r = dsv4_cuda_linear_chain(st, 2, 0, 9, 0, NULL), want = 1;      /* 9 rows */
+        else if (c == 1) r = dsv4_cuda_linear_chain(st, 1, 0, 1, 0, NULL), want = 1; /* one stage */
+        else if (c == 2) r = dsv4_cuda_linear_chain(st, 2, 0, 1, 0, NULL), want = 1; /* F32 weights: no chain form */
+        else if (c == 3) r = dsv4_cuda_linear_chain(st, 2, 0, 1, 8, NULL), want = -1; /* no slot 8 */
+        else if (c == 4) st[1].n = 0, r = dsv4_cuda_linear_chain(st, 2, 0, 1, 0, NULL), want = -1; /* a stage without jobs */
+        else st[1].sync = 0, st[1].norm_x = dq, st[1].norm_n = 1024, st[1].norm_ld = 1024, /* a norm without the barrier */
+            r = dsv4_cuda_linear_chain(st, 2, 0, 1, 0, NULL), want = -1;
+        sync_ok();
+        float *y = malloc(4 * (size_t)T * 4096);
+        int kept = 1;
+        for (int b = 0; b < 3; b++) { /* no output of either stage written */
+            from_dev(y, b == 0 ? dy : b == 1 ? dq : dk, 4 * (size_t)T * 4096);
+            for (size_t i = 0; i < (size_t)T * 4096; i++) {
+                uint32_t u;
+                memcpy(&u, y + i, 4);
+                kept &= u == 0xffffffffu;
+            }
+        }
+        free(y);
+        fails += r != want || !kept;
+        if (r != want || !kept) printf("     linear chain edge %d: returned %d (want %d), output %s\n", c, r, want, kept ? "kept" : "WRITTEN");
+    }
+    g_checks++;
+    if (fails) g_fail++;
+    printf("%-4s linear chain: not taken at 9 rows, one stage, F32 weights; slot 8, an empty stage, a norm without sync rejected; "
+           "nothing written%s\n",
+           fails ? "FAIL" : "ok", fails ? " <<<" : "");
+    dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_free(dq), dsv4_cuda_free(dk);
+    mweights_free(&ma), mweights_free(&mx), mweights_free(&mb);
+}
+
+/* The attention's output: wo_a's G groups (FP8 without act quant, fp32 x as two f16 terms; views of one [G 1024, 4096]
+ * weight, strided x and y as the forward's) then wo_b (FP8 act quant, [Dout, G 1024]) as a chain of two x-term kinds,
+ * against dsv4_cuda_linear_multi and dsv4_cuda_linear, bitwise, twice (slot 1) */
+void test_linear_chain_wo(int G, int Dout, int T) {
+    const int Ro = 1024, gin = 4096;
+    mspec wx[16];
+    ms_wo_a_x32(wx, G);
+    const mspec sb[1] = {{DSV4_WF_FP8, Dout, G * Ro, 1, 0, 0}};
+    mweights ma, mb;
+    mweights_make(&ma, wx, G, 1);
+    mweights_make(&mb, sb, 1, 0);
+    float *o = rand_wide((size_t)T * G * gin);
+    float *d_o = dup_to_dev(o, 4 * (size_t)T * G * gin);
+    const size_t zn = (size_t)T * G * Ro, yn = (size_t)T * Dout;
+    float *rz = dsv4_cuda_alloc(4 * zn), *ry = dsv4_cuda_alloc(4 * yn), *gz = dsv4_cuda_alloc(4 * zn), *gy = dsv4_cuda_alloc(4 * yn);
+    dsv4_cuda_linear_job ja[16];
+    for (int i = 0; i < G; i++) ja[i] = (dsv4_cuda_linear_job){ma.w[i], d_o + (size_t)i * gin, (int64_t)G * gin, rz + (size_t)i * Ro, (int64_t)G * Ro};
+    op_ok(dsv4_cuda_linear_multi(ja, G, 0, T, NULL), "linear multi");
+    op_ok(dsv4_cuda_linear(&mb.w[0], rz, 0, T, ry, NULL), "linear");
+    sync_ok();
+    float *a = malloc(4 * (zn > yn ? zn : yn)), *b = malloc(4 * (zn > yn ? zn : yn));
+    int bad = 0, taken = 1;
+    for (int run = 0; run < 2; run++) {
+        op_ok(dsv4_cuda_memset(gz, 0xff, 4 * zn, NULL), "memset");
+        op_ok(dsv4_cuda_memset(gy, 0xff, 4 * yn, NULL), "memset");
+        for (int i = 0; i < G; i++) ja[i].y = gz + (size_t)i * Ro;
+        dsv4_cuda_linear_job jo = {mb.w[0], gz, 0, gy, 0};
+        const dsv4_cuda_linear_stage st[2] = {{ja, G, 0, NULL, 0, 0, NULL, 0.0f}, {&jo, 1, 1, NULL, 0, 0, NULL, 0.0f}};
+        const int r = dsv4_cuda_linear_chain(st, 2, 0, T, 1, NULL);
+        op_ok(r < 0, "linear chain");
+        taken &= r == 0;
+        sync_ok();
+        from_dev(a, rz, 4 * zn), from_dev(b, gz, 4 * zn);
+        bad += memcmp(a, b, 4 * zn) != 0;
+        from_dev(a, ry, 4 * yn), from_dev(b, gy, 4 * yn);
+        bad += memcmp(a, b, 4 * yn) != 0;
+    }
+    g_checks++;
+    if (bad || !taken) g_fail++;
+    printf("%-4s linear chain T=%d: wo_a %d groups (two x terms) | wo_b %dx%d (act quant) (slot 1, 2 runs): %s, %d outputs differ "
+           "from the separate calls%s\n",
+           bad || !taken ? "FAIL" : "ok", T, G, Dout, G * Ro, taken ? "taken" : "NOT taken", bad, bad || !taken ? " <<<" : "");
+    free(a), free(b), free(o);
+    dsv4_cuda_free(d_o), dsv4_cuda_free(rz), dsv4_cuda_free(ry), dsv4_cuda_free(gz), dsv4_cuda_free(gy);
+    mweights_free(&ma), mweights_free(&mb);
+}
+
+/* Clusters (KG = 2: the 128-256-row BF16 projections, 32 column slices) in both stages: stage 0 [256, 4096] of x, the
+ * barrier with the RMSNorm of its output, stage 1 [128, 4096] of another x (half the clusters idle), against the
+ * separate calls, bitwise */
+void test_linear_chain_kg2(int T) {
+    const mspec sb[2] = {{DSV4_WF_BF16, 256, 4096, 0, 0, 0}, {DSV4_WF_BF16, 128, 4096, 0, 0, 0}};
+    mweights m;
+    mweights_make(&m, sb, 2, 0);
+    float *x = rand_wide((size_t)2 * T * 4096), *nw = randn(256, 1.0f);
+    float *dx = dup_to_dev(x, 4 * (size_t)2 * T * 4096), *dx2 = dx + (size_t)T * 4096, *dnw = dup_to_dev(nw, 4 * 256);
+    const size_t yn = (size_t)T * 256; /* y1: T x 128 */
+    float *r0 = dsv4_cuda_alloc(4 * yn), *r1 = dsv4_cuda_alloc(4 * yn), *g0 = dsv4_cuda_alloc(4 * yn), *g1 = dsv4_cuda_alloc(4 * yn);
+    op_ok(dsv4_cuda_linear(&m.w[0], dx, 0, T, r0, NULL), "linear");
+    op_ok(dsv4_cuda_rmsnorm(r0, T, 256, 256, dnw, 1e-6f, NULL), "rmsnorm");
+    op_ok(dsv4_cuda_linear(&m.w[1], dx2, 0, T, r1, NULL), "linear");
+    op_ok(dsv4_cuda_memset(g0, 0xff, 4 * yn, NULL), "memset");
+    op_ok(dsv4_cuda_memset(g1, 0xff, 4 * yn, NULL), "memset");
+    dsv4_cuda_linear_job j0 = {m.w[0], dx, 0, g0, 0}, j1 = {m.w[1], dx2, 0, g1, 0};
+    const dsv4_cuda_linear_stage st[2] = {{&j0, 1, 0, NULL, 0, 0, NULL, 0.0f}, {&j1, 1, 1, g0, 256, 256, dnw, 1e-6f}};
+    const int r = dsv4_cuda_linear_chain(st, 2, 0, T, 2, NULL);
+    op_ok(r < 0, "linear chain");
+    sync_ok();
+    float *a = malloc(4 * yn), *b = malloc(4 * yn);
+    int bad = 0;
+    from_dev(a, r0, 4 * yn), from_dev(b, g0, 4 * yn);
+    bad += memcmp(a, b, 4 * yn) != 0;
+    from_dev(a, r1, 4 * yn / 2), from_dev(b, g1, 4 * yn / 2);
+    bad += memcmp(a, b, 4 * yn / 2) != 0;
+    g_checks++;
+    if (bad || r) g_fail++;
+    printf("%-4s linear chain T=%d: BF16 256x4096 in 2-block clusters | norm | BF16 128x4096: %s, %d outputs differ from the "
+           "separate calls%s\n",
+           bad || r ? "FAIL" : "ok", T, r ? "NOT taken" : "taken", bad, bad || r ? " <<<" : "");
+    free(a), free(b), free(x), free(nw);
+    dsv4_cuda_free(dx), dsv4_cuda_free(dnw), dsv4_cuda_free(r0), dsv4_cuda_free(r1), dsv4_cuda_free(g0), dsv4_cuda_free(g1);
+    mweights_free(&m);
+}

@@ -855,3 +855,97 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
     free(himg), free(yg);
     free(o1), free(o2), free(hq), free(hr), free(hst), free(u), free(ys), free(yr);
 }
+
+/* The gate's linear and the routing in one launch (dsv4_cuda_linear_route) against dsv4_cuda_linear then
+ * dsv4_cuda_moe_route, bitwise (the logits, picks, weights and plan), run twice (the barrier slot reused); and the
+ * shapes it leaves to the two calls (nothing written) */
+void test_linear_route(int T, int E, int K, int hash, dsv4_wfmt fmt) {
+    const int D = 4096, V = 1000;
+    hweight h = make_weight(fmt, E, D, 0, 0);
+    dsv4_cuda_weight dg;
+    op_ok(dsv4_cuda_weight_upload(&h.w, &dg), "weight upload");
+    float *x = randn((size_t)T * D, 1.0f), *bias = randn(E, 0.1f);
+    int *tok = malloc(sizeof(int) * T), *tid2eid = malloc(sizeof(int) * (size_t)V * K), *sid = malloc(sizeof(int) * T);
+    for (int t = 0; t < T; t++) tok[t] = (int)(rnd_u32() % V), sid[t] = rnd_uni() < 0.2f && T > 1 ? -1 : t;
+    for (int i = 0; i < V * K; i++) tid2eid[i] = (int)(rnd_u32() % E);
+    const float rsc = 2.5f;
+    float *dx = dup_to_dev(x, sizeof(float) * (size_t)T * D), *db = dup_to_dev(bias, sizeof(float) * E);
+    int *dtok = dup_to_dev(tok, sizeof(int) * T), *dt2e = dup_to_dev(tid2eid, sizeof(int) * (size_t)V * K),
+        *dsid = dup_to_dev(sid, sizeof(int) * T);
+    int *ds[2];
+    float *dw[2], *dl[2];
+    dsv4_cuda_moe_plan dp[2];
+    for (int i = 0; i < 2; i++) {
+        ds[i] = dsv4_cuda_alloc(sizeof(int) * (size_t)T * K), dw[i] = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K);
+        dl[i] = dsv4_cuda_alloc(sizeof(float) * (size_t)T * E);
+        dp[i] = dplan_new(T, K, E);
+    }
+    op_ok(dsv4_cuda_linear(&dg, dx, 0, T, dl[0], NULL), "linear");
+    op_ok(dsv4_cuda_moe_route(dl[0], T, E, K, hash ? NULL : db, hash ? dt2e : NULL, dtok, rsc, dsid, ds[0], dw[0], &dp[0], NULL),
+          "moe_route");
+    int bad = 0, taken = 1;
+    size_t n = 0;
+    float *vr = NULL;
+    for (int run = 0; run < 2; run++) {
+        op_ok(dsv4_cuda_memset(dl[1], 0xff, sizeof(float) * (size_t)T * E, NULL), "memset");
+        const int r = dsv4_cuda_linear_route(&dg, dx, T, dl[1], E, K, hash ? NULL : db, hash ? dt2e : NULL, dtok, rsc, dsid, ds[1],
+                                             dw[1], &dp[1], 2, NULL);
+        op_ok(r < 0, "linear route");
+        taken &= r == 0;
+        sync_ok();
+        if (!vr) vr = plan_vec(&dp[0], ds[0], dw[0], T, K, E, &n);
+        float *vg = plan_vec(&dp[1], ds[1], dw[1], T, K, E, &n);
+        bad += memcmp(vr, vg, sizeof(float) * n) != 0;
+        float *a = malloc(sizeof(float) * (size_t)T * E), *b = malloc(sizeof(float) * (size_t)T * E);
+        from_dev(a, dl[0], sizeof(float) * (size_t)T * E), from_dev(b, dl[1], sizeof(float) * (size_t)T * E);
+        bad += memcmp(a, b, sizeof(float) * (size_t)T * E) != 0;
+        free(a), free(b), free(vg);
+    }
+    g_checks++;
+    if (bad || !taken) g_fail++;
+    printf("%-4s linear route%s %s T=%d E=%d K=%d (2 runs): %s, %d of 4 outputs differ from linear + moe_route%s\n",
+           bad || !taken ? "FAIL" : "ok", hash ? " hash" : "", dsv4_wfmt_name(fmt), T, E, K, taken ? "taken" : "NOT taken", bad,
+           bad || !taken ? " <<<" : "");
+    for (int i = 0; i < 2; i++) dsv4_cuda_free(ds[i]), dsv4_cuda_free(dw[i]), dsv4_cuda_free(dl[i]), dplan_free(&dp[i]);
+    dsv4_cuda_free(dx), dsv4_cuda_free(db), dsv4_cuda_free(dtok), dsv4_cuda_free(dt2e), dsv4_cuda_free(dsid);
+    dsv4_cuda_weight_free(&dg), free_hweight(&h);
+    free(x), free(bias), free(tok), free(tid2eid), free(sid), free(vr);
+}
+
+/* what dsv4_cuda_linear_route leaves to the two calls: 9 tokens, 384 experts (Pro's), an FP8 gate; nothing written */
+void test_linear_route_declines(void) {
+    int fails = 0;
+    for (int c = 0; c < 3; c++) {
+        const int T = c == 0 ? 9 : 2, E = c == 1 ? 384 : 256, K = 6, D = 4096;
+        hweight h = make_weight(c == 2 ? DSV4_WF_FP8 : DSV4_WF_BF16, E, D, 0, 0);
+        dsv4_cuda_weight dg;
+        op_ok(dsv4_cuda_weight_upload(&h.w, &dg), "weight upload");
+        float *dx = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D), *dl = dsv4_cuda_alloc(sizeof(float) * (size_t)T * E);
+        float *db = dsv4_cuda_alloc(sizeof(float) * E), *dw = dsv4_cuda_alloc(sizeof(float) * (size_t)T * K);
+        int *ds = dsv4_cuda_alloc(sizeof(int) * (size_t)T * K), *dsid = dsv4_cuda_alloc(sizeof(int) * T);
+        dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+        op_ok(dsv4_cuda_memset(dx, 0, sizeof(float) * (size_t)T * D, NULL), "memset");
+        op_ok(dsv4_cuda_memset(dl, 0xff, sizeof(float) * (size_t)T * E, NULL), "memset");
+        op_ok(dsv4_cuda_memset(db, 0, sizeof(float) * E, NULL), "memset");
+        op_ok(dsv4_cuda_memset(dsid, 0, sizeof(int) * T, NULL), "memset");
+        const int r = dsv4_cuda_linear_route(&dg, dx, T, dl, E, K, db, NULL, NULL, 1.0f, dsid, ds, dw, &dp, 2, NULL);
+        sync_ok();
+        float *l = malloc(sizeof(float) * (size_t)T * E);
+        from_dev(l, dl, sizeof(float) * (size_t)T * E);
+        int kept = 1;
+        for (size_t i = 0; i < (size_t)T * E; i++) {
+            uint32_t u;
+            memcpy(&u, l + i, 4);
+            kept &= u == 0xffffffffu;
+        }
+        if (r != 1 || !kept) printf("     linear route decline %d: returned %d (want 1), logits %s\n", c, r, kept ? "kept" : "WRITTEN");
+        fails += r != 1 || !kept;
+        free(l);
+        dsv4_cuda_free(dx), dsv4_cuda_free(dl), dsv4_cuda_free(db), dsv4_cuda_free(dw), dsv4_cuda_free(ds), dsv4_cuda_free(dsid);
+        dplan_free(&dp), dsv4_cuda_weight_free(&dg), free_hweight(&h);
+    }
+    g_checks++;
+    if (fails) g_fail++;
+    printf("%-4s linear route: left to the two calls at 9 tokens, 384 experts, an FP8 gate (nothing written)%s\n", fails ? "FAIL" : "ok",
+           fails ? " <<<" : "");
+}
