@@ -377,13 +377,43 @@ __global__ void __launch_bounds__(NW * 32, NW >= 8 ? 1 : 2) attn_kv8_kernel(cons
     }
 }
 
-/* attn_kv8_combine: a block per (head, query), a thread per 4 dims: ak_fold_out (attn_fold.cuh) */
+/* one block per (head, query): folds the query's span states in order (the full mode's operations); the states come in
+ * AK_CB at a time, all loads in flight, then fold in order */
+#define AK_CB 16
 __global__ void attn_kv8_combine(const float *part, int H, int Dh, int R, int nspan, const float *sink, float oscale,
                                  float *out, int vec, ak_rope ro) {
     dev_pdl_enter();
     const int h = blockIdx.x, t = blockIdx.y, nq4 = (Dh + 3) >> 2;
+    const int64_t pst = ak_pst(Dh);
+    const float *pp = part + ((int64_t)t * H + h) * nspan * pst;
     const float sk = sink[h];
-    for (int c = threadIdx.x; c < nq4; c += blockDim.x) ak_fold_out(part, t, h, c, H, Dh, R, nspan, sk, oscale, out, vec, ro);
+    for (int c = threadIdx.x; c < nq4; c += blockDim.x) {
+        float M = -INFINITY, L = 0.0f;
+        float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int s0 = 0; s0 < nspan; s0 += AK_CB) {
+            float m[AK_CB], l[AK_CB];
+            float4 xs[AK_CB];
+#pragma unroll
+            for (int u = 0; u < AK_CB; u++) {
+                const float *ps = pp + (s0 + u) * pst;
+                const bool in = s0 + u < nspan;
+                m[u] = in ? ps[0] : -INFINITY;
+                l[u] = in ? ps[1] : 0.0f;
+                xs[u] = in ? *(const float4 *)(ps + 4 + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < AK_CB; u++) {
+                if (m[u] == -INFINITY) continue;
+                float Mn, a, b;
+                ak_coef(M, m[u], Mn, a, b);
+                L = ak_fold1(L, a, l[u], b);
+                O = ak_fold4(O, a, xs[u], b);
+                M = Mn;
+            }
+        }
+        ak_st4(out + ((int64_t)t * H + h) * Dh + 4 * c, Dh - 4 * c, ak_rope4(ak_fin4(O, ak_den(M, L, sk), oscale), 4 * c, Dh, R, ro, t),
+               vec);
+    }
 }
 
 int ak_combine_launch(const float *part, int T, int H, int Dh, int R, int nspan, const float *sink, float oscale,

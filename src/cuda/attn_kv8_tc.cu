@@ -105,15 +105,13 @@ static size_t tc_smem(int Dh, int R, int HB) {
  * DEC true (decode steps): spans of spt tiles, nspan of them, each span's state (m, l, O) started afresh; gridDim.z ==
  * 1: the block takes every span and folds each into the total (attn_fold.cuh; the total's O waits in out between
  * spans), else the block takes span blockIdx.z and writes its state (m, l, O x 2^12) to part for ak_combine_launch:
- * the same bits either way; with fcnt (a counter per (query, head block), zero between launches) the last block of
- * a (query, head block) to write its state folds them all (ak_fold_out, attn_kv8_combine's operations: the same bits
- * again) and resets the counter, instead of ak_combine_launch. orope: the output's inverse RoPE (freq NULL: none). */
+ * the same bits either way. orope: the output's inverse RoPE (freq NULL: none). */
 template <bool DEC, int HB, bool HL>
 __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel(const float *q, int H, int Dh, int R,
                                                               const uint8_t *const *base, const float *kv2,
                                                               const int *idx, int nidx, const float *sink, float scale,
                                                               float *out, float *part, int spt, int nspan, int vec,
-                                                              ak_rope orope, unsigned *fcnt) {
+                                                              ak_rope orope) {
     dev_pdl_enter();
     extern __shared__ __align__(16) uint8_t tsm[];
     static_assert(HB == TC_HB || (DEC && HB == 16), "64 heads a block, or 16 (decode)");
@@ -551,34 +549,6 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
                 if (d + 1 < Dh) orow[d + 1] = y[1];
             }
         }
-        if (!full && fcnt) {
-            /* the last of the group's nspan blocks to get here folds the group's states: every thread's state writes,
-             * then the count (release); the last block's reads after it (acquire) */
-            int *last = ids; /* (the entry ids are not read past here) */
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) { /* atomicInc wraps the count to 0 at the last block: ready for the next launch */
-                const int l = atomicInc(fcnt + (size_t)t * gridDim.y + blockIdx.y, (unsigned)nspan - 1) == (unsigned)nspan - 1;
-                __threadfence(); /* (acquire, in the thread that saw the count) */
-                *last = l;
-            }
-            __syncthreads();
-            if (*last) {
-                __threadfence();
-                /* the group's outputs, two a thread at a time (ak_fold_out2: their loads together) */
-                const int nq4 = (Dh + 3) >> 2, ovec = Dh % 4 == 0 && !((uintptr_t)out & 15), ni = HB * nq4;
-                for (int i = tid; i < ni; i += 2 * TC_NT) {
-                    const int j = i + TC_NT, ha = h0 + i / nq4, ca = i - (i / nq4) * nq4;
-                    const int hb = j < ni ? h0 + j / nq4 : ha, cb = j < ni ? j - (j / nq4) * nq4 : ca;
-                    const bool oka = ha < H, okb = j < ni && hb < H;
-                    if (oka)
-                        ak_fold_out2(part, t, ha, ca, t, hb, cb, okb, H, Dh, R, nspan, sink[ha], okb ? sink[hb] : 0.0f, 1.0f / TC_PS,
-                                     out, ovec, orope);
-                    else if (okb)
-                        ak_fold_out(part, t, hb, cb, H, Dh, R, nspan, sink[hb], 1.0f / TC_PS, out, ovec, orope);
-                }
-            }
-        }
     }
 }
 
@@ -629,27 +599,11 @@ static int tc_h16(int T, int H, int Dh, int R, int nspan_launched) {
 }
 static int tc_force_mode = -1;
 
-extern "C" void dsv4_cuda_attn_kv8_tc_force(int mode) { tc_force_mode = mode >= 0 && mode <= 7 ? mode : -1; }
+extern "C" void dsv4_cuda_attn_kv8_tc_force(int mode) { tc_force_mode = mode >= 0 && mode <= 3 ? mode : -1; }
 
 extern "C" int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R) {
     return H > 0 && Dh <= TC_D && Dh > R && R >= 0 && R <= TC_LO && R % 2 == 0 && (Dh - R) % 64 == 0 &&
            Dh - R + TC_LO <= TC_D && tc_smem(Dh, R, TC_HB) <= (size_t)dsv4_cuda_dev.smem_optin;
-}
-
-/* the decode form's fold counters (fold: a counter per (query, head block), T <= TC_PMAX_T and H / 16 blocks at most
- * TC_FOLD_HB; zero at load, each reset by the block that completes it). One set for every launch: decode attentions
- * never run concurrently (each layer's waits on the previous one's output, on one stream). */
-#define TC_FOLD_HB 64
-__device__ unsigned tc_fold_cnt[TC_PMAX_T * TC_FOLD_HB];
-/* the counters' address (resolved once, by dsv4_cuda_attn_kv8_tc_scratch: before any graph capture) */
-static unsigned *tc_fold_ptr(void) {
-    static unsigned *p;
-    static int tried;
-    if (!p && !tried) {
-        tried = 1;
-        if (cudaGetSymbolAddress((void **)&p, tc_fold_cnt) != cudaSuccess) cudaGetLastError(), p = NULL;
-    }
-    return p;
 }
 
 /* enough for every list of up to nidx entries: the span count is not monotone in the length (a short list's spans
@@ -666,7 +620,6 @@ extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) 
         }
     }
     if (nspan <= 1 || T <= 0 || H <= 0) return 0;
-    (void)tc_fold_ptr();
     return (size_t)(T < TC_PMAX_T ? T : TC_PMAX_T) * H * nspan * (size_t)ak_pst(Dh);
 }
 
@@ -675,7 +628,7 @@ extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) 
 template <bool DEC, int HB, bool HL = true>
 static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                   const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
-                  float *out, float *scratch, int spt, int partial, cudaStream_t st, int fold = 0) {
+                  float *out, float *scratch, int spt, int partial, cudaStream_t st) {
     if (T < 0 || nidx < 0 || !dsv4_cuda_attn_kv8_tc_fits(H, Dh, R))
         return dsv4_cuda_fail("attn_kv8_tc: shape outside the path (T %d H %d Dh %d R %d nidx %d)", T, H, Dh, R, nidx);
     if (!T) return 0;
@@ -699,12 +652,10 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
         return dsv4_cuda_fail("attn_kv8_tc: %d entries in %d spans need 16-byte aligned scratch", nidx, nspan);
     const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)kv2 & 15);
     const ak_rope ro = {freq, pos};
-    const int nhb = (H + HB - 1) / HB;
-    unsigned *fc = partial && fold && T <= TC_PMAX_T && nhb <= TC_FOLD_HB ? tc_fold_ptr() : NULL;
-    dev_launch(attn_kv8_tc_kernel<DEC, HB, HL>, dim3(T, nhb, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
-               base, kv2, idx, nidx, sink, scale, out, scratch, spe, nspan, vec, ro, fc);
+    dev_launch(attn_kv8_tc_kernel<DEC, HB, HL>, dim3(T, (H + HB - 1) / HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
+               base, kv2, idx, nidx, sink, scale, out, scratch, spe, nspan, vec, ro);
     if (dsv4_cuda_check_launch("attn_kv8_tc")) return -1;
-    if (!partial || fc) return 0;
+    if (!partial) return 0;
     const int ovec = Dh % 4 == 0 && !((uintptr_t)out & 15);
     return ak_combine_launch(scratch, T, H, Dh, R, nspan, sink, 1.0f / TC_PS, out, ovec, ro, st);
 }
@@ -745,21 +696,16 @@ extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, i
     const int partial = tc_force_mode >= 0 ? !(tc_force_mode & 1) && T <= TC_PMAX_T : T <= TC_PMAX_T;
     int spe, nspan;
     tc_spans(nidx, tc_dec_spt(nidx), &spe, &nspan);
-    const int h16 = tc_force_mode >= 0 ? (tc_force_mode & 2) != 0 : tc_h16(T, H, Dh, R, partial && nspan > 1 ? nspan : 1);
+    const int h16 = tc_force_mode >= 0 ? tc_force_mode >= 2 : tc_h16(T, H, Dh, R, partial && nspan > 1 ? nspan : 1);
     const int sp = tc_dec_spt(nidx);
-    /* the spans' fold in the attention's last block of a group (DSV4_CUDA_ATTN_FOLD=1, read once; force mode bit 2),
-     * else attn_kv8_combine after it: the same bits */
-    static int fold_env = -1;
-    if (fold_env < 0) fold_env = dsv4_env_int("DSV4_CUDA_ATTN_FOLD", 0) != 0;
-    const int fold = tc_force_mode >= 0 ? (tc_force_mode & 4) != 0 : fold_env;
     cudaStream_t st = DSV4_STREAM(stream);
     if (tc_hl(1))
         return h16 ? tc_run<true, 16, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
-                                            partial, st, fold)
+                                            partial, st)
                    : tc_run<true, TC_HB, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
-                                               partial, st, fold);
+                                               partial, st);
     return h16 ? tc_run<true, 16, false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
-                                         partial, st, fold)
+                                         partial, st)
                : tc_run<true, TC_HB, false>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
-                                            partial, st, fold);
+                                            partial, st);
 }

@@ -155,29 +155,6 @@ int dsv4_cuda_linear_ws(const dsv4_cuda_weight *w, const void *x, int x_bf16, in
 int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *ws, size_t ws_bytes,
                               void *stream);
 
-/* A chain of 2 or 3 grouped linears in one launch, for decode steps of at most 8 rows: stage s's jobs (as
- * dsv4_cuda_linear_multi's; stage 0 up to 16 of them, the others up to 4; one weight format and cluster size in all
- * stages, one kind of x terms in the stages after the first), after a grid-wide wait for the stages before it where it
- * reads what they write (sync), and then first the RMSNorm of norm_x's T rows (norm_n <= 2048 values, rows norm_ld
- * apart, weight norm_w or NULL; dsv4_cuda_rmsnorm's bits) if norm_x is set (only with sync). Every y row is bitwise
- * what the separate calls give (dsv4_cuda_linear_multi per stage, dsv4_cuda_rmsnorm between). x is fp32 in every stage
- * (x_bf16: not taken). A stage without sync must not read what the stage right before it writes. slot (0 .. 7): the
- * call site's barrier. The blocks of a chain wait for each other, holding their SMs: it must not run beside another
- * chain (on another stream), which could hold the SMs its last blocks need; a kernel beside it on another stream only
- * delays it. The launch shape depends only on the stages and T (CUDA-graph capture).
- * Returns 0 (enqueued), 1 (not taken: nothing enqueued; the caller runs the stages as separate calls) or -1. */
-typedef struct dsv4_cuda_linear_stage {
-    const dsv4_cuda_linear_job *jobs;
-    int n;
-    int sync;
-    float *norm_x;
-    int norm_n;
-    int64_t norm_ld;
-    const float *norm_w;
-    float norm_eps;
-} dsv4_cuda_linear_stage;
-int dsv4_cuda_linear_chain(const dsv4_cuda_linear_stage *st, int ns, int x_bf16, int T, int slot, void *stream);
-
 /* In place, for each of `rows` rows of n values (row stride ld): x = w * x / sqrt(mean(x^2) + eps);
  * w [n] or NULL (unweighted; per-head norms are rows = T*H, n = ld = head dim).
  * Twin: dsv4_cpu_rmsnorm. */
@@ -240,12 +217,6 @@ extern int dsv4_cuda_hc_test_flags;
 void dsv4_cuda_hc_post_mix_big(int on);
 /* 1 when the last dsv4_cuda_hc_post_pre call took hc_post_mix_big (tests) */
 int dsv4_cuda_hc_post_mix_big_last(void);
-/* hc_post_pre with few tokens (the post in the mixing kernel), M 4, the mixes stored (mix): 1 the finishing kernel's work
- * (x, its norm, the mixes, pre) in the mixing kernel's last block of each row instead of its own launch (the same bits),
- * 0 its own launch, -1 the default (DSV4_HC_FOLD, 0 unless set) */
-void dsv4_cuda_hc_fold(int on);
-/* 1 when the last dsv4_cuda_hc_post_pre call took that fold (tests) */
-int dsv4_cuda_hc_fold_last(void);
 int dsv4_cuda_hc_pre(const float *X, int T, int M, int D, const dsv4_cuda_weight *fn, const float *scale,
                      const float *base, int iters, float norm_eps, float hc_eps, const float *norm_w, float *x,
                      float *post, float *comb, void *scratch, void *stream);

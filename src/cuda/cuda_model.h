@@ -266,14 +266,6 @@ int dsv4_cuda_moe_group_maxt_plan(int K, int E);
  * Few tokens (T <= 8, E <= 256) in one kernel (one launch fewer on the decode chain; DSV4_CUDA_ROUTE_GROUP=0: two). */
 int dsv4_cuda_moe_route(const float *logits, int T, int E, int K, const float *bias, const int *tid2eid, const int *tokens,
                         float route_scale, const int *sid, int *sel, float *weight, const dsv4_cuda_moe_plan *p, void *stream);
-/* The gate's linear (gate [E, D] . x [T, D] -> logits [T, E]) and dsv4_cuda_moe_route of those logits in one launch:
- * the GEMV's last block to finish routes and groups (linear.cu, gemv_tc_route). The same values as dsv4_cuda_linear then
- * dsv4_cuda_moe_route. slot (0 .. 7): the linear chains' barrier state it counts on (a call site's own; nothing waits
- * on it, so it may run beside anything). Returns 0 (enqueued), 1 (not taken: nothing enqueued; the caller runs the two
- * calls: more than 8 tokens, more than 256 experts, a gate form without this kernel) or -1. */
-int dsv4_cuda_linear_route(const dsv4_cuda_weight *gate, const float *x, int T, float *logits, int E, int K, const float *bias,
-                           const int *tid2eid, const int *tokens, float route_scale, const int *sid, int *sel, float *weight,
-                           const dsv4_cuda_moe_plan *p, int slot, void *stream);
 /* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),
  * y[i] = h[i] . w2^T ([T*K, D]). One launch each over (active expert, block of output rows) with a fixed
  * shape for maxslots = min(E, T*K) experts; blocks past *nact return. FP8 / MXFP4 / NVFP4 experts with
@@ -304,13 +296,6 @@ void dsv4_cuda_moe_pfb_force(int prod, int xtok);
 /* NVFP4 experts with the FP8 act quant (NVIDIA's checkpoints of the DeepSeek recipe) on the BF16 prefill kernels too: 1 on,
  * 0 off (the f16 kernels), -1 the default (DSV4_MOE_PFB_NVFP4, 0 unless set until its tests have run on a GPU). */
 void dsv4_cuda_moe_pfb_nvfp4(int on);
-/* Measurement builds only (-DDSV4_MF8_TRACE, the FP8 experts' clock trace, moe_f8.cuh): the next n launches of the FP8
- * expert kernel record into buf, launch k at buf + k * DSV4_MF8_TR_BLOCKS * 16 * DSV4_MF8_TR_ROW u64 (rows: block b,
- * warp w at (b * 16 + w) * DSV4_MF8_TR_ROW; the fields in moe_f8.cuh); n 0 or buf NULL disarms. -1 in other builds. */
-#define DSV4_MF8_TR_BLOCKS 4096
-#define DSV4_MF8_TR_UNITS 32
-#define DSV4_MF8_TR_ROW (DSV4_MF8_TR_UNITS + 10)
-int dsv4_cuda_moe_f8_trace(void *buf, int n);
 /* out[t] = sum of y[tslot[t, j]] in increasing expert id, then + shared[t] (shared may be NULL): the
  * CPU's summation order. */
 int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, int K, int D, const float *shared, float *out,

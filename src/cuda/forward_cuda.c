@@ -436,26 +436,10 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     }
     CK(tail_join(g)); /* the previous layer's ring store read w->kv */
     dsv4_cuda_linear_job qkv[2] = {ljob(&gl->wq_a, x, w->qr), ljob(&gl->wkv, x, w->kv)};
-    /* Small decode steps with DSV4_LINEAR_CHAIN bit 2 (sliding-window layers) or 4 (compressed layers, beside their
-     * stream-2 branch, whose blocks may keep some of the chain's from starting): wq_a + wkv, the q norm and the next
-     * projection of qr in one launch (dsv4_cuda_linear_chain: the same bits; on the main stream only, where no other
-     * chain runs beside it): wq_b, or in forked ratio-4 layers the indexer's query projection (the indexer's branch
-     * starts right after it). qb: wq_b is done. Else (or not taken) the separate calls. */
-    int qb = 0, qc = 0;
-    if ((g->lchain & (ly->ratio ? 4 : 2)) && !g->prof && !w->lws && !(w->gemm && w->gemm_ws) && (!idx || iqm)) {
-        dsv4_cuda_linear_job nx = idx ? ljob(&gl->idx_wq_b, w->qr, w->qi) : ljob(&gl->wq_b, w->qr, w->q);
-        const dsv4_cuda_linear_stage cs[2] = {{qkv, 2, 0, NULL, 0, 0, NULL, 0.0f}, {&nx, 1, 1, w->qr, Lq, Lq, gl->q_norm, eps}};
-        const int r = dsv4_cuda_linear_chain(cs, 2, 0, T, 0, st);
-        CK(r < 0);
-        qc = r == 0;
-        qb = qc && !idx;
-    }
-    if (!qc) {
-        CK(lin_multi(g, w, qkv, 2, T));
-        CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
-    }
+    CK(lin_multi(g, w, qkv, 2, T));
+    CK(dsv4_cuda_rmsnorm(w->qr, T, Lq, Lq, gl->q_norm, eps, st));
     if (idx) { /* the indexer after qr; its compressor's pending rows after the join */
-        if (iqm && !qc) CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
+        if (iqm) CK(lin(g, w, &gl->idx_wq_b, w->qr, T, w->qi));
         CK(branch_begin(g, fork));
         int rc = 0;
         BR(run_indexer(g, w, b, L, !iqm));
@@ -493,7 +477,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         const int qf = fork && ly->ratio == 0;
         CK(branch_begin(g, qf));
         int rc = 0;
-        if (!qb) BR(lin(g, w, &gl->wq_b, w->qr, T, w->q));
+        BR(lin(g, w, &gl->wq_b, w->qr, T, w->q));
         if (qh) BR(dsv4_cuda_norm_rope_h16(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, g->stream)); /* head norm + RoPE */
         else BR(dsv4_cuda_norm_rope_q8(w->q, T, H, Dh, NULL, eps, R / 2, gl->rope_freq, b->pos, 0, 0, g->stream));
         CK(branch_end(g, st, qf, rc));
@@ -537,19 +521,6 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     /* grouped output projection: group gi's heads (gin columns of o from gi * gin) through rows gi * Ro .. of wo_a
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
      * copy each group's slices in and out instead */
-    /* Small decode steps with DSV4_LINEAR_CHAIN bit 1: wo_a's groups and wo_b in one launch (dsv4_cuda_linear_chain: the
-     * same bits), else (or not taken) the separate calls below */
-    if (!tnt && G <= 16 && (g->lchain & 1) && !g->prof && !w->lws && !(w->gemm && w->gemm_ws)) {
-        dsv4_cuda_linear_job ja[16], jo = ljob(&gl->wo_b, w->z, out);
-        for (int i = 0; i < G; i++) {
-            ja[i] = ljob(&gl->wo_a, w->o + (size_t)i * gin, w->z + (size_t)i * Ro);
-            if (G > 1) ja[i].w.row0 += i * Ro, ja[i].w.rows = Ro, ja[i].ldx = (int64_t)H * Dh, ja[i].ldy = (int64_t)G * Ro;
-        }
-        const dsv4_cuda_linear_stage cs[2] = {{ja, G, 0, NULL, 0, 0, NULL, 0.0f}, {&jo, 1, 1, NULL, 0, 0, NULL, 0.0f}};
-        const int r = dsv4_cuda_linear_chain(cs, 2, 0, T, 1, st);
-        CK(r < 0);
-        if (r == 0) return 0;
-    }
     if (tnt) { /* the terms in o's rows: group gi's at bf16 element gi * 2 gin of each row (dsv4_cuda_attn_kv8_wg_terms) */
         for (int gi = 0; gi < G; gi++) CK(wo_a_terms(g, w, &wv, gi, tnt, T, H * Dh, gin, Ro, G));
     } else if (G == 1) {
@@ -614,28 +585,15 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
      * steps: no multi-token staging, no GEMM), as attention()'s forks */
     const int early = fork && g->sh_early && !w->lws && !(w->gemm && w->gemm_ws);
     if (early) CK(shared_expert(g, w, gl, x, T, I, fork));
+    CK(lin(g, w, &gl->gate, x, T, w->lgE));
     if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
     const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;
     const int gsz = even < w->tg ? even : w->tg;
+    /* one token group: the router and the grouping together (one kernel with few tokens) */
     const float *gbias = ly->hash ? NULL : gl->gate_bias;
     const int *t2e = ly->hash ? gl->tid2eid : NULL;
-    /* Small decode steps with DSV4_LINEAR_CHAIN bit 8: the gate and the routing in one launch (dsv4_cuda_linear_route:
-     * the same values; no block of it waits, so it may run beside the shared expert's branch); else (or not taken) the
-     * gate's linear, then with one token group the router and the grouping together (one kernel with few tokens) */
-    int routed = 0;
-    if ((g->lchain & 8) && ng == 1 && !g->prof && !w->lws && !(w->gemm && w->gemm_ws)) {
-        const int r = dsv4_cuda_linear_route(&gl->gate, x, T, w->lgE, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel,
-                                             w->ew, &w->plan, 2, st);
-        CK(r < 0);
-        routed = r == 0;
-    }
-    if (!routed) {
-        CK(lin(g, w, &gl->gate, x, T, w->lgE));
-        if (ng == 1)
-            CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
-        else
-            CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
-    }
+    if (ng == 1) CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
+    else CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
     if (ly->has_shared && !early) CK(shared_expert(g, w, gl, x, T, I, fork));
     /* routed experts, in equal groups of at most w->tg tokens (each token's result does not depend on its group) */
     *po = (dsv4_cuda_hc_f){out, NULL, NULL, 0, NULL};

@@ -101,10 +101,6 @@ struct dsv4_cuda_model {
     int hc_pend; /* that work not yet waited for by the main stream */
     int sh_early; /* the shared expert's branch forked before the gate (DSV4_CUDA_SHARED_EARLY=0: after the router) */
     int idxq_main;  /* ratio-4 layers' indexer query projection on the main stream (DSV4_CUDA_IDXQ_MAIN=0: stream2) */
-    int lchain;     /* DSV4_LINEAR_CHAIN bits: small decode steps' linears as chains (dsv4_cuda_linear_chain; off until
-                     * measured): 1 wo_a's groups | wo_b; 2 wq_a + wkv | q norm | wq_b in sliding-window layers; 4 the
-                     * same (or | the indexer's query projection) in compressed layers, beside their stream-2 branch; 8
-                     * the gate's linear with the routing in its last block (dsv4_cuda_linear_route) */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */

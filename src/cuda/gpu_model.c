@@ -308,13 +308,6 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
      * indexer's branch and the shared expert's on the critical chain) */
     g->sh_early = env_on("DSV4_CUDA_SHARED_EARLY", 1); /* session 34: batch 1 0.984x, batch 8 0.979x, 64 / 256 unchanged */
     g->idxq_main = env_on("DSV4_CUDA_IDXQ_MAIN", 1); /* session 34: batch 1 0.995x, 8 0.999x, 64 / 256 unchanged */
-    /* session 36, written without a device, off until measured: bits of DSV4_LINEAR_CHAIN (1 = wo_a | wo_b, 2 = the q
-     * path in sliding-window layers, 4 = the q path in compressed layers, beside their stream-2 branches, 8 = the gate
-     * and the routing; 15: all) */
-    {
-        const char *lc = getenv("DSV4_LINEAR_CHAIN");
-        g->lchain = lc && *lc ? (int)strtol(lc, NULL, 0) & 15 : 0;
-    }
     g->hc_defer = env_on("DSV4_CUDA_HC_DEFER", 1);
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
      * faster steps at batch 1-4, 0.3 % slower at 8, where the post blocks' four copies of the additions cost more than

@@ -118,8 +118,7 @@ int dsv4_cuda_attn_kv8_wg_terms_enabled(void);
 int dsv4_cuda_attn_kv8_tc_hilo(int dec, int on);
 /* Decode steps: spans of DSV4_CUDA_ATTN_TC_SPT tiles of 32 entries (default 2; lists under 512 entries
  * DSV4_CUDA_ATTN_TC_SPT_SHORT, default 1; more when the list has more than 32 spans of that size), each span's state folded in order into the total, by the query's block or, up to 32 queries,
- * by a combine kernel over the spans' states in scratch (dsv4_cuda_attn_kv8_tc_scratch floats, 16-byte aligned), or
- * with DSV4_CUDA_ATTN_FOLD=1 by the last block of each (query, heads) group to finish (no combine launch);
+ * by a combine kernel over the spans' states in scratch (dsv4_cuda_attn_kv8_tc_scratch floats, 16-byte aligned);
  * blocks of 16 heads when they fit in one wave, else of 64 (DSV4_CUDA_ATTN_TC_H16=0 / 1: never / always): the same
  * bits for any T. Then the inverse RoPE as dsv4_cuda_attn_kv8_rope does it (freq NULL: none). */
 int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
@@ -128,8 +127,7 @@ int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, int R, const
 size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx);
 int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R);
 /* Tests only: dsv4_cuda_attn_kv8_tc_dec's launch shape (bit 0: 0 a block per span when T <= 32, 1 per query; bit 1:
- * 0 64 heads a block, 1 16 heads; bit 2: the spans folded by each group's last block, else by the combine kernel;
- * -1: auto). Every shape gives the same bits. */
+ * 0 64 heads a block, 1 16 heads; -1: auto). Every shape gives the same bits. */
 void dsv4_cuda_attn_kv8_tc_force(int mode);
 /* 0 when DSV4_CUDA_ATTN_TC=0 (read once): prefill passes then take dsv4_cuda_attn_kv8 */
 int dsv4_cuda_attn_tc_enabled(void);

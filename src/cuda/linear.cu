@@ -38,11 +38,9 @@
  * takes go through the multi-token GEMM of linear_bi.cu instead, bitwise the GEMV (DSV4_LINEAR_MT=0: the GEMV). */
 #include <cooperative_groups.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "common.cuh"
 #include "linear_gemv.cuh"
-#include "moe_group.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -304,174 +302,21 @@ __device__ __forceinline__ unsigned long long tc_gtime() {
 #else
 #define TC_TR(k) ((void)0)
 #endif
-/* ---- chains (dsv4_cuda_linear_chain): GEMV stages in one launch ----
- * A decode step's linears often come in a row: wq_a + wkv, the RMSNorm of qr, wq_b. Each launch boundary drains the
- * weight stream (a GEMV block fills its SM, so the next kernel's blocks cannot start and load ahead until it exits;
- * bench/NOTES.md "Session 35"). A chain runs the stages in the same resident blocks: a block that ends stage s arrives
- * at a grid-wide barrier, issues its first two weight steps of stage s + 1 (which depend on nothing) and only then
- * waits; the last block to arrive runs the RMSNorm between the stages, if any, and opens the barrier. Each stage is
- * what its own launch would compute (its jobs, slices, summation order), so every row is bitwise the separate calls'.
- * The barrier: a count that the last arrival wraps to 0 (atomicInc) and a generation it advances, per slot (a call
- * site: two chains never share one at once); the grid is never larger than the resident blocks (so every block runs
- * at once: the blocks that wait hold their SMs). The stages run as straight-line code, each with its values at fixed
- * places in the parameters: a stage loop (a runtime index into them) made ptxas spill inside the GEMV's steps. */
-#define TC_MAXST 3
-#define TC_CHAIN_SLOTS 8
-/* A chain's job table: stage 0's jobs from 0 (up to TC_MAXJ: Pro's 16 wo_a groups), stage 1's from TC_MAXJ, stage 2's
- * from TC_MAXJ + TC_CJS (up to TC_CJS each): every stage's first job at a fixed place (its act quant, bf16 rounding, FP8
- * scale kind and row length are read from it, as a launch's job 0). */
-#define TC_CJS 4
-#define TC_CJ (TC_MAXJ + 2 * TC_CJS)
-__host__ __device__ constexpr int tc_cj0(int s) { return s == 0 ? 0 : TC_MAXJ + (s - 1) * TC_CJS; }
-struct tc_chain {
-    int nst, slot;
-    int sync[TC_MAXST];  /* before stage s > 0: wait for the stages before (it reads what they write) */
-    float *nx[TC_MAXST]; /* with sync: the RMSNorm (dsv4_cuda_rmsnorm's bits) of rows t0 .. t0+nt-1 of nx first */
-    const float *nw[TC_MAXST];
-    int nn[TC_MAXST], nld[TC_MAXST];
-    float eps[TC_MAXST];
-};
-/* p[s]: stage s's launch parameters (its jobs tc_cj0(s) .. + nj - 1 of the table, slicing, staging layout), as its own
- * launch's. The stages run as straight-line code (gemv_tc_chain), so each stage's values sit at fixed offsets (a
- * runtime index into the parameters in the GEMV's loop costs registers it does not have: ptxas spilled in the steps). */
-/* The routing tail (gemv_tc_route, dsv4_cuda_linear_route): moe_route_group_block's arguments */
-struct tc_route {
-    const float *logits, *bias;
-    const int *tid2eid, *tokens, *sid;
-    int *sel;
-    float *weight;
-    dsv4_cuda_moe_plan p;
-    int E, K, T;
-    float scale;
-    size_t goff;
-};
-struct tc_cargs {
-    tc_params p[TC_MAXST];
-    tc_job j[TC_CJ];
-    tc_chain c;
-    tc_route r;
-};
-static_assert(sizeof(tc_cargs) <= 4096, "a chain's parameters fit the classic 4 KB kernel-parameter space");
-template <int NJ> __device__ __forceinline__ const tc_params &tc_pp(const tc_args<NJ> &a, int) { return a.p; }
-__device__ __forceinline__ const tc_params &tc_pp(const tc_cargs &a, int s) { return a.p[s]; }
-
-__device__ unsigned tc_chain_bar[2 * TC_CHAIN_SLOTS]; /* per slot: arrivals, generation */
-__device__ __forceinline__ unsigned tc_ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void tc_st_release(unsigned *p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-/* The chain's own shared memory: TC_CHAIN_SMEM bytes at the end of the dynamic region (past every stage's staging;
- * a kernel with static shared memory could not raise its dynamic limit to the opt-in maximum): [0] the generation the
- * block arrived in, [1] whether it arrived last; from byte 128 the RMSNorm's 16 warp sums. */
-#define TC_CHAIN_SMEM 256
-__device__ __forceinline__ unsigned *tc_chain_sh() {
-    extern __shared__ __align__(16) unsigned char tc_sm[];
-    unsigned dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    return (unsigned *)(tc_sm + dyn - TC_CHAIN_SMEM);
-}
-/* RMSNorm of rows t0 .. t0+nt-1 of x (n <= 8 RMS_NT values, rows ld apart) in place, two rows at once (threads 256 h ..
- * 256 h + 255 take row t0 + 2 i + h): thread j of a half plays rmsnorm_kernel's thread j (RMS_NT = 256), its quads j,
- * j + 256 (at most two: held in registers, one read of the row) in order, warp_sum_d, rms_sum8 over the half's 8
- * warps; then x r times the weight, element by element, as both of rmsnorm_kernel's forms. Reads x at L2 (the other
- * blocks wrote it). part: 16 doubles of shared memory. */
-__device__ __noinline__ void tc_chain_norm(float *x, int ld, int n, const float *w, float eps, int t0, int nt, double *part) {
-    const int h = threadIdx.x >> 8, j = threadIdx.x & (RMS_NT - 1);
-    for (int i = 0; 2 * i < nt; i++) {
-        const int t = 2 * i + h;
-        float *row = x + (int64_t)(t0 + (t < nt ? t : 0)) * ld;
-        float v[2][4];
-#pragma unroll
-        for (int k = 0; k < 2; k++)
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int e = 4 * (j + k * RMS_NT) + u;
-                v[k][u] = t < nt && e < n ? __ldcg(row + e) : 0.0f;
-            }
-        double ss = 0;
-#pragma unroll
-        for (int k = 0; k < 2; k++)
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (t < nt && 4 * (j + k * RMS_NT) + u < n) ss += (double)v[k][u] * v[k][u];
-        ss = warp_sum_d(ss);
-        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-        __syncthreads();
-        ss = rms_sum8(part + h * (RMS_NT / 32));
-        const float r = 1.0f / sqrtf((float)(ss / n) + eps);
-#pragma unroll
-        for (int k = 0; k < 2; k++)
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int e = 4 * (j + k * RMS_NT) + u;
-                if (t < nt && e < n) row[e] = w ? __fmul_rn(w[e], __fmul_rn(v[k][u], r)) : __fmul_rn(v[k][u], r);
-            }
-        __syncthreads(); /* part is reused */
-    }
-}
-/* Before stage stg (with sync): the block has ended the stage before (the barrier inside also keeps its staged x until
- * every warp is done with it). As cooperative groups' grid sync: the block's barrier, then its thread 0 fences (its
- * block's stores, ordered before the fence by the barrier, go before the count) and counts the block in; the generation
- * is read before the count moves (it cannot advance before this block arrives). The last block to arrive fences again
- * (the grid's stores before its reads), runs the stage's RMSNorm at once (before its weight loads: nothing else is
- * live) and opens the barrier with a release store; the others issue their first weight steps, then wait in
- * tc_chain_wait. */
-__device__ __forceinline__ void tc_chain_count(unsigned *sh, unsigned *bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned g0 = tc_ld_acquire(bar + 1);
-        __threadfence();
-        const unsigned old = atomicInc(bar, gridDim.x - 1);
-        if (old == gridDim.x - 1) __threadfence();
-        sh[0] = g0, sh[1] = old == gridDim.x - 1;
-    }
-    __syncthreads();
-}
-__device__ __forceinline__ void tc_chain_arrive(const tc_chain &c, int stg, int t0, int nt) {
-    unsigned *sh = tc_chain_sh(), *bar = tc_chain_bar + 2 * c.slot;
-    tc_chain_count(sh, bar);
-    if (sh[1]) {
-        if (c.nx[stg]) tc_chain_norm(c.nx[stg], c.nld[stg], c.nn[stg], c.nw[stg], c.eps[stg], t0, nt, (double *)(sh + 32));
-        __syncthreads();
-        if (threadIdx.x == 0) tc_st_release(bar + 1, sh[0] + 1);
-    }
-}
-/* the blocks but the last: wait until the last one opens the barrier */
-__device__ __forceinline__ void tc_chain_wait(int slot) {
-    const unsigned *sh = tc_chain_sh(), *bar = tc_chain_bar + 2 * slot;
-    if (!sh[1] && threadIdx.x == 0) {
-        while (tc_ld_acquire(bar + 1) == sh[0]) {
-        }
-        __threadfence(); /* as cooperative groups' grid sync: the block's reads after the barrier see the grid's writes */
-    }
-    __syncthreads();
-}
-
-/* One stage of the GEMV: a launch's whole work, or stage stg of a chain (CHAIN) */
-template <int FMT, int XT, int NT, int NJ, int CHAIN, class KA>
-__device__ __forceinline__ void gemv_tc_stage(const KA &ka, const int stg) {
+template <int FMT, int XT, int NT, int NJ>
+__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__ tc_args<NJ> ka) {
     using F = tc_fmt<FMT>;
     constexpr int V = F::V, E = F::E, WT = F::WT, BF = F::BF;
     extern __shared__ __align__(16) unsigned char tc_sm[];
+    const tc_params &p = ka.p;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const tc_params &p = tc_pp(ka, stg);
-    if constexpr (CHAIN) { /* every block, idle ones too, ends the stage before: the next waits for the whole grid */
-        if (stg > 0 && ka.c.sync[stg]) tc_chain_arrive(ka.c, stg, p.t0, p.nt);
-        else if (stg > 0) __syncthreads(); /* the block's warps are done with the staged x before it is restaged */
-    }
-    const int KW = p.KW, KG = p.KG, RW = TC_WARPS / KW, S = p.S, NU = p.NU, nt = p.nt, jb = CHAIN ? tc_cj0(stg) : 0;
+    const int KW = p.KW, KG = p.KG, RW = TC_WARPS / KW, S = p.S, NU = p.NU, nt = p.nt;
     const int kw = warp % KW, rw = warp / KW;
     int ji = 0, cid = blockIdx.x / KG, ncl = gridDim.x / KG;
     if (NJ > 1) {
-        for (int i = 1; i < p.nj; i++) ji = cid >= ka.j[jb + i].c0 ? i : ji;
-        cid -= ka.j[jb + ji].c0, ncl = ka.j[jb + ji].ncl;
+        for (int i = 1; i < p.nj; i++) ji = cid >= ka.j[i].c0 ? i : ji;
+        cid -= ka.j[ji].c0, ncl = ka.j[ji].ncl;
     }
-    const tc_job &J0 = ka.j[jb], &J = ka.j[jb + ji];
-    const bool idle = CHAIN && cid >= ncl; /* a chain's grid is its largest stage's: the other stages leave blocks idle */
+    const tc_job &J0 = ka.j[0], &J = ka.j[ji];
     const int kg = KG > 1 ? (int)cg::this_cluster().block_rank() : 0;
     const int s = kg * KW + kw;
     const int ub0 = kg * KW * NU / S, nub = (kg + 1) * KW * NU / S - ub0; /* the block's units */
@@ -481,7 +326,7 @@ __device__ __forceinline__ void gemv_tc_stage(const KA &ka, const int stg) {
      * per-tile barrier in the same iteration of the unrolled loop below */
     const int nsteps = (((NU + S - 1) / S) * V + CH - 1) / CH;
     const int iters = (J.NRG + ncl - 1) / ncl;
-    const int total = idle ? 0 : iters * nsteps;
+    const int total = iters * nsteps;
 
     uint16_t *xs = (uint16_t *)tc_sm;
     float *sx = (float *)(tc_sm + (size_t)XT * nt * p.tok * 2);
@@ -492,25 +337,19 @@ __device__ __forceinline__ void gemv_tc_stage(const KA &ka, const int stg) {
     if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + 8] = tc_gtime();
     TC_TR(0);
 #endif
-    /* Programmatic dependent launch: let the next kernel of the stream start its launch now (it waits for this
-     * grid in its own griddepcontrol.wait), load this warp's first two weight steps into registers, then wait for
-     * the previous kernel's results (x; a chain's later stage: for the stages before it, tc_chain_wait). The weights
-     * are the model's, which no kernel of a forward writes, so they may be read before the wait: a block launched
-     * while the previous kernel still runs has them when x is ready (session 23: batch 1 0.985-0.994x against
-     * loading them after x), and a chain's stage has them in flight while the stage before it ends. The PDL calls
-     * are no-ops without the launch attribute. Then x's loads and staging (tc_stage8); the weights requested before
-     * the wait delay them (bench/NOTES.md "Decode GEMV fixed cost"). */
-    if (stg == 0) dev_pdl_trigger();
+    /* Programmatic dependent launch: let the next kernel of the stream start its launch now (it waits for this grid in
+     * its own griddepcontrol.wait), load this warp's first two weight steps into registers, then wait for the previous
+     * kernel's results (x). The weights are the model's, which no kernel of a forward writes, so they may be read before
+     * the wait: a block launched while the previous kernel still runs has them when x is ready (session 23: batch 1
+     * 0.985-0.994x against loading them after x). Both are no-ops without the launch attribute. Then x's loads and
+     * staging (tc_stage8); the weights requested before the wait delay them (bench/NOTES.md "Decode GEMV fixed cost"). */
+    dev_pdl_trigger();
     auto load = [&](tc_buf<CH> &b, int gs) { /* step gs into registers */
         if (gs < total) tc_load<FMT, CH>(J0, J, b, tile_of(gs / nsteps), ch0 + (gs % nsteps) * CH, ch1, g, c);
     };
     tc_buf<CH> b0, b1; /* two steps in flight */
     load(b0, 0), load(b1, 1);
-    if (stg == 0) dev_pdl_wait();
-    else if constexpr (CHAIN) {
-        if (ka.c.sync[stg]) tc_chain_wait(ka.c.slot);
-    }
-    if (idle) return;
+    dev_pdl_wait();
     TC_TR(1);
     tc_stage8<FMT, XT, 1>(p, J0, J, xs, sx, ub0, nub);
     TC_TR(2);
@@ -651,34 +490,6 @@ __device__ __forceinline__ void gemv_tc_stage(const KA &ka, const int stg) {
     TC_TR(6);
     if (p.trace && lane == 0) p.trace[((size_t)blockIdx.x * TC_WARPS + warp) * 10 + 9] = tc_gtime();
 #endif
-}
-template <int FMT, int XT, int NT, int NJ>
-__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc(const __grid_constant__ tc_args<NJ> ka) {
-    gemv_tc_stage<FMT, XT, NT, NJ, 0>(ka, 0);
-}
-/* The gate and the routing (dsv4_cuda_linear_route): the GEMV as a one-stage chain, then every block counts itself in
- * at the chain's barrier (tc_chain_count: the same fences) and the last one routes and groups the tokens from the
- * logits the grid wrote (moe_route_group_block, as moe_route_group_kernel; its shared memory from the start of the
- * dynamic region, past the GEMV's use). No block waits for another: any grid size, anything beside it. */
-template <int FMT, int XT>
-__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc_route(const __grid_constant__ tc_cargs ka) {
-    extern __shared__ __align__(16) unsigned char tc_sm[];
-    gemv_tc_stage<FMT, XT, 1, TC_MAXJ, 1>(ka, 0);
-    unsigned *sh = tc_chain_sh(), *bar = tc_chain_bar + 2 * ka.c.slot;
-    tc_chain_count(sh, bar);
-    if (!sh[1]) return;
-    const tc_route &r = ka.r;
-    moe_route_group_block(r.logits, r.E, r.K, r.bias, r.tid2eid, r.tokens, r.scale, r.sid, r.T, r.goff, r.sel, r.weight, r.p,
-                          (uint32_t *)tc_sm);
-    __syncthreads();
-    if (threadIdx.x == 0) tc_st_release(bar + 1, sh[0] + 1);
-}
-/* A chain (dsv4_cuda_linear_chain) of 2 or 3 stages: stage 0 with XT0 x terms, the others with XT */
-template <int FMT, int XT0, int XT, int NT>
-__global__ void __launch_bounds__(TC_THREADS, 1) gemv_tc_chain(const __grid_constant__ tc_cargs ka) {
-    gemv_tc_stage<FMT, XT0, NT, TC_MAXJ, 1>(ka, 0);
-    gemv_tc_stage<FMT, XT, NT, TC_MAXJ, 1>(ka, 1);
-    if (ka.c.nst > 2) gemv_tc_stage<FMT, XT, NT, TC_MAXJ, 1>(ka, 2);
 }
 
 /* ---- element path and prefill GEMM ---- */
@@ -862,9 +673,7 @@ static int tc_occ_n;
 static int tc_max_clusters(const void *fn, int KG, size_t smem) {
     for (int i = 0; i < tc_occ_n; i++)
         if (tc_occ_cache[i].fn == fn && tc_occ_cache[i].kg == KG && tc_occ_cache[i].smem == smem) return tc_occ_cache[i].n;
-    cudaFuncAttributes fa; /* static shared memory (the routing tail's scan) comes out of the same opt-in maximum */
-    const int st = cudaFuncGetAttributes(&fa, fn) == cudaSuccess ? (int)fa.sharedSizeBytes : 0;
-    cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dsv4_cuda_dev.smem_optin - st);
+    cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dsv4_cuda_dev.smem_optin);
     int n = 0;
     if (KG == 1) {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, TC_THREADS, smem);
@@ -1024,15 +833,6 @@ static int bad_weight(const dsv4_cuda_weight *w, int T) {
     return 0;
 }
 
-/* a job of a grouped call: its weight, x / y and row strides (`what`: the call, for the message) */
-static int bad_job(const dsv4_cuda_linear_job *jb, int i, int T, const char *what) {
-    if (bad_weight(&jb->w, T)) return -1;
-    if ((jb->ldx && jb->ldx < jb->w.cols) || (jb->ldy && jb->ldy < jb->w.rows) || jb->ldx > 0x7fffffff || jb->ldy > 0x7fffffff ||
-        (T > 0 && (!jb->x || !jb->y)))
-        return dsv4_cuda_fail("%s: job %d: bad x / y (row strides %lld, %lld)", what, i, (long long)jb->ldx, (long long)jb->ldy);
-    return 0;
-}
-
 /* y = x . W^T for x rows at stride ldx and y rows at stride ldy (elements); T > 0, the weight checked. */
 static int linear_one(const dsv4_cuda_weight *w, const void *x, int64_t ldx, int x_bf16, int T, float *y, int64_t ldy,
                       void *ws, size_t wsb, cudaStream_t st) {
@@ -1098,8 +898,14 @@ extern "C" int dsv4_cuda_linear_multi(const dsv4_cuda_linear_job *jobs, int n, i
 extern "C" int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n, int x_bf16, int T, void *ws, size_t wsb,
                                          void *stream) {
     if (n < 0 || (n > 0 && !jobs) || T < 0) return dsv4_cuda_fail("linear multi: bad job list (n %d T %d)", n, T);
-    for (int i = 0; i < n; i++)
-        if (bad_job(&jobs[i], i, T, "linear multi")) return -1;
+    for (int i = 0; i < n; i++) {
+        const dsv4_cuda_linear_job *jb = &jobs[i];
+        if (bad_weight(&jb->w, T)) return -1;
+        if ((jb->ldx && jb->ldx < jb->w.cols) || (jb->ldy && jb->ldy < jb->w.rows) || jb->ldx > 0x7fffffff || jb->ldy > 0x7fffffff ||
+            (T > 0 && (!jb->x || !jb->y)))
+            return dsv4_cuda_fail("linear multi: job %d: bad x / y (row strides %lld, %lld)", i, (long long)jb->ldx,
+                                  (long long)jb->ldy);
+    }
     if (T == 0 || n == 0) return 0;
     if (n > 64) /* grouped 64 jobs at a time */
         return dsv4_cuda_linear_multi_ws(jobs, 64, x_bf16, T, ws, wsb, stream) ||
@@ -1132,257 +938,4 @@ extern "C" int dsv4_cuda_linear_multi_ws(const dsv4_cuda_linear_job *jobs, int n
         if (nj == 1 ? tc_any<1>(tj, 1, q, x_bf16, T, ws, wsb, st) : tc_any<TC_MAXJ>(tj, nj, q, x_bf16, T, ws, wsb, st)) return -1;
     }
     return 0;
-}
-
-/* ---- chains (the kernel side: "chains" above) ---- */
-
-using tc_cfn = void (*)(const tc_cargs);
-/* The forms a chain takes: stage 0's x terms xt0 and the later stages' xt, each one (x exact in 16 bits: act quant)
- * or the format's split of fp32 x (2 f16 / 3 bf16 terms), the later stages' not more than stage 0's. F32 weights: the
- * separate calls. ptxas -v: no spill but F16's two-term form's 4 bytes, once a stage (scripts/spill_budget.txt). */
-template <int FMT> static tc_cfn pick_chain_fmt(int xt0, int xt) {
-    constexpr int XN = tc_fmt<FMT>::BF ? 3 : 2;
-    if (xt0 == 1 && xt == 1) return gemv_tc_chain<FMT, 1, 1, 1>;
-    if (xt0 == XN && xt == 1) return gemv_tc_chain<FMT, XN, 1, 1>;
-    if (xt0 == XN && xt == XN) { /* NVFP4's spilled 8-20 bytes inside the steps (ptxas, cuobjdump): the separate calls */
-        if constexpr (FMT == DSV4_WF_NVFP4) return NULL;
-        else return gemv_tc_chain<FMT, XN, XN, 1>;
-    }
-    return NULL;
-}
-static tc_cfn pick_chain(int fmt, int xt0, int xt) {
-    switch (fmt) {
-    case DSV4_WF_BF16: return pick_chain_fmt<DSV4_WF_BF16>(xt0, xt);
-    case DSV4_WF_F16: return pick_chain_fmt<DSV4_WF_F16>(xt0, xt);
-    case DSV4_WF_FP8: return pick_chain_fmt<DSV4_WF_FP8>(xt0, xt);
-    case DSV4_WF_MXFP4: return pick_chain_fmt<DSV4_WF_MXFP4>(xt0, xt);
-    case DSV4_WF_NVFP4: return pick_chain_fmt<DSV4_WF_NVFP4>(xt0, xt);
-    default: return NULL;
-    }
-}
-
-extern "C" int dsv4_cuda_linear_chain(const dsv4_cuda_linear_stage *st, int ns, int x_bf16, int T, int slot, void *stream) {
-    if (ns < 0 || (ns > 0 && !st) || T < 0 || slot < 0 || slot >= TC_CHAIN_SLOTS)
-        return dsv4_cuda_fail("linear chain: bad stage list (%d stages, T %d, slot %d)", ns, T, slot);
-    int njt = 0;
-    for (int s = 0; s < ns; s++) {
-        if (st[s].n < 1 || !st[s].jobs) return dsv4_cuda_fail("linear chain: stage %d has no jobs", s);
-        if (st[s].norm_x && (s == 0 || !st[s].sync))
-            return dsv4_cuda_fail("linear chain: stage %d: an RMSNorm needs the barrier before the stage (sync)", s);
-        if (st[s].norm_x && (st[s].norm_n <= 0 || st[s].norm_ld < st[s].norm_n))
-            return dsv4_cuda_fail("linear chain: stage %d: bad RMSNorm shape (n %d, row stride %lld)", s, st[s].norm_n,
-                                  (long long)st[s].norm_ld);
-        for (int i = 0; i < st[s].n; i++)
-            if (bad_job(&st[s].jobs[i], njt + i, T, "linear chain")) return -1;
-        njt += st[s].n;
-    }
-    /* what one launch takes: 2 .. TC_MAXST stages, 1 .. 8 rows of fp32 x, up to TC_MAXJ jobs in stage 0 and TC_CJS in
-     * each later one, every job on the tensor-core GEMV with one format and cluster size, the later stages with one
-     * kind of x terms, each stage's jobs sharing their launch as dsv4_cuda_linear_multi's */
-    if (ns < 2 || ns > TC_MAXST || T < 1 || T > 8 || x_bf16) return 1;
-    for (int s = 0; s < ns; s++)
-        if (st[s].norm_x && st[s].norm_n > 8 * RMS_NT) return 1; /* the norm holds two quads a thread */
-    const int fmt = st[0].jobs[0].w.fmt;
-    tc_cargs a;
-    memset(&a, 0, sizeof a);
-    tc_plan qs[TC_MAXST];
-    for (int s = 0; s < ns; s++) {
-        if (st[s].n > (s ? TC_CJS : TC_MAXJ)) return 1;
-        const tc_plan q = qs[s] = tc_plan_of(&st[s].jobs[0].w, 0);
-        if (!q.ok || q.KG != qs[0].KG || st[s].jobs[0].w.fmt != fmt || (s > 1 && q.xt != qs[1].xt)) return 1;
-        for (int i = 1; i < st[s].n; i++)
-            if (!tc_same(&st[s].jobs[0].w, q, &st[s].jobs[i].w, tc_plan_of(&st[s].jobs[i].w, 0))) return 1;
-    }
-    const int KG = qs[0].KG;
-    size_t smem = 0;
-    for (int s = 0; s < ns; s++) {
-        const tc_plan &q = qs[s];
-        tc_params &p = a.p[s]; /* as the stage's own launch: its slicing and staging layout */
-        p.xbf16 = 0, p.t0 = 0, p.nt = T, p.KG = KG, p.S = q.S, p.KW = q.S / KG, p.NU = q.NU, p.nub = q.nub;
-        p.tok = tc_tok(fmt, q.nub), p.nj = st[s].n;
-        tc_chain &c = a.c;
-        const int jn = tc_cj0(s);
-        c.sync[s] = s > 0 && st[s].sync;
-        if (c.sync[s] && st[s].norm_x) {
-            if (st[s].norm_ld > 0x7fffffff) return 1;
-            c.nx[s] = st[s].norm_x, c.nw[s] = st[s].norm_w, c.nn[s] = st[s].norm_n, c.nld[s] = (int)st[s].norm_ld;
-            c.eps[s] = st[s].norm_eps;
-        }
-        for (int i = 0; i < st[s].n; i++) {
-            const dsv4_cuda_linear_job *ji = &st[s].jobs[i];
-            tc_job &t = a.j[jn + i];
-            t.w = ji->w, t.x = ji->x, t.y = ji->y;
-            t.ldx = ji->ldx ? (int)ji->ldx : ji->w.cols, t.ldy = ji->ldy ? (int)ji->ldy : ji->w.rows;
-            t.xv = ((uintptr_t)ji->x & 15) == 0 && t.ldx % 4 == 0;
-            t.NRT = (ji->w.rows + 15) / 16;
-            t.NRG = (t.NRT + TC_WARPS / p.KW - 1) / (TC_WARPS / p.KW);
-        }
-        const size_t sm = tc_smem(fmt, q.xt, T, q.nub, q.S, 0);
-        smem = sm > smem ? sm : smem;
-    }
-    smem += TC_CHAIN_SMEM; /* the barrier state and the RMSNorm's sums, past every stage's staging */
-    if (smem > (size_t)dsv4_cuda_dev.smem_optin) return 1;
-    const tc_cfn fn = pick_chain(fmt, qs[0].xt, qs[1].xt);
-    if (!fn) return 1;
-    a.c.nst = ns, a.c.slot = slot;
-    /* each stage's clusters as tc_run gives its jobs (a job's rows do not depend on them); the grid is the largest
-     * stage's, at most the resident clusters */
-    const int N = tc_max_clusters((const void *)fn, KG, smem);
-    int grid = 0;
-    for (int s = 0; s < ns; s++) {
-        tc_job *jj = a.j + tc_cj0(s);
-        const int nj = a.p[s].nj;
-        int nrg_max = 0, nrg_sum = 0, ncl = 0;
-        for (int j = 0; j < nj; j++) nrg_max = jj[j].NRG > nrg_max ? jj[j].NRG : nrg_max, nrg_sum += jj[j].NRG;
-        if (nj == 1) {
-            ncl = N < nrg_sum ? N : nrg_sum;
-            jj[0].c0 = 0, jj[0].ncl = ncl;
-        } else {
-            int k = (nrg_sum + N - 1) / N;
-            for (k = k > 1 ? k : 1; k < nrg_max; k++) {
-                int n = 0;
-                for (int j = 0; j < nj; j++) n += (jj[j].NRG + k - 1) / k;
-                if (n <= N) break;
-            }
-            for (int j = 0; j < nj; j++) jj[j].c0 = ncl, jj[j].ncl = (jj[j].NRG + k - 1) / k, ncl += jj[j].ncl;
-        }
-        grid = ncl > grid ? ncl : grid;
-    }
-    if (grid > N) return 1; /* every block must be resident at once */
-    if (tc_no_pdl < 0) {
-        tc_no_pdl = dsv4_env_int("DSV4_LINEAR_NO_PDL", 0) != 0;
-        tc_half = dsv4_env_int("DSV4_LINEAR_HALF", tc_half) != 0;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
-    int na = 0;
-    if (KG > 1) {
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = KG, at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
-        na++;
-    }
-    if (!tc_no_pdl) {
-        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[na].val.programmaticStreamSerializationAllowed = 1;
-        na++;
-    }
-    cfg.gridDim = dim3(grid * KG);
-    cfg.blockDim = dim3(TC_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = DSV4_STREAM(stream);
-    cfg.attrs = at;
-    cfg.numAttrs = na;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, fn, a);
-    if (e != cudaSuccess && !tc_no_pdl) { /* refused with the PDL attribute and taken without: no PDL (as tc_run) */
-        cudaGetLastError();
-        cfg.numAttrs = KG > 1 ? 1 : 0;
-        e = cudaLaunchKernelEx(&cfg, fn, a);
-        if (e == cudaSuccess) tc_no_pdl = 1;
-    }
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return dsv4_cuda_fail("linear chain: launch (grid %d x %d, %zu bytes of shared memory): %s", grid, KG, smem,
-                              cudaGetErrorString(e));
-    }
-    return dsv4_cuda_check_launch("linear chain");
-}
-
-/* ---- the gate and the routing in one launch (gemv_tc_route) ---- */
-
-using tc_rfn = void (*)(const tc_cargs);
-/* the gate's forms: BF16 (the releases') or F32 weights; others take the two calls. ptxas -v: no spill (the routing's
- * 128-byte stack is moe_group_block's slot list, as in moe_route_group_kernel). */
-static tc_rfn pick_route(int fmt, int xt) {
-    switch (fmt) {
-    case DSV4_WF_BF16: return xt == 1 ? gemv_tc_route<DSV4_WF_BF16, 1> : gemv_tc_route<DSV4_WF_BF16, 3>;
-    case DSV4_WF_F32: return xt == 3 ? gemv_tc_route<DSV4_WF_F32, 3> : NULL;
-    default: return NULL;
-    }
-}
-
-extern "C" int dsv4_cuda_linear_route(const dsv4_cuda_weight *gate, const float *x, int T, float *logits, int E, int K,
-                                      const float *bias, const int *tid2eid, const int *tokens, float route_scale, const int *sid,
-                                      int *sel, float *weight, const dsv4_cuda_moe_plan *p, int slot, void *stream) {
-    if (bad_weight(gate, T)) return -1;
-    if (!x || !logits || !sid || !sel || !weight || !p || T < 0 || slot < 0 || slot >= TC_CHAIN_SLOTS)
-        return dsv4_cuda_fail("linear route: bad arguments (T %d, slot %d)", T, slot);
-    /* what moe_route_group_block takes (dsv4_cuda_moe_route's one-block form) and one GEMV launch */
-    static int rg = -1;
-    if (rg < 0) rg = dsv4_env_int("DSV4_CUDA_ROUTE_GROUP", 1) != 0;
-    if (T < 1 || T > ROUTE_GROUP_T || gate->rows != E || E > 32 * ROUTER_RPL || K < 1 || K > 32 || K > E ||
-        T * K > GROUP_CACHE || (!tid2eid && !bias) || (tid2eid && !tokens) || !rg)
-        return 1;
-    const tc_plan q = tc_plan_of(gate, 0);
-    if (!q.ok) return 1;
-    const tc_rfn fn = pick_route(gate->fmt, q.xt);
-    if (!fn) return 1;
-    tc_cargs a;
-    memset(&a, 0, sizeof a);
-    tc_params &pp = a.p[0];
-    pp.xbf16 = 0, pp.t0 = 0, pp.nt = T, pp.KG = q.KG, pp.S = q.S, pp.KW = q.S / q.KG, pp.NU = q.NU, pp.nub = q.nub;
-    pp.tok = tc_tok(gate->fmt, q.nub), pp.nj = 1;
-    tc_job &t = a.j[0];
-    t.w = *gate, t.x = x, t.y = logits, t.ldx = gate->cols, t.ldy = E;
-    t.xv = ((uintptr_t)x & 15) == 0 && t.ldx % 4 == 0;
-    t.NRT = (E + 15) / 16;
-    t.NRG = (t.NRT + TC_WARPS / pp.KW - 1) / (TC_WARPS / pp.KW);
-    a.c.nst = 1, a.c.slot = slot;
-    tc_route &r = a.r;
-    r.logits = logits, r.bias = tid2eid ? NULL : bias, r.tid2eid = tid2eid, r.tokens = tokens, r.sid = sid, r.sel = sel;
-    r.weight = weight, r.p = *p, r.E = E, r.K = K, r.T = T, r.scale = route_scale;
-    const size_t rs = moe_route_smem(T, K, E, &r.goff), gs = tc_smem(gate->fmt, q.xt, T, q.nub, q.S, 0);
-    static const void *rfn[4]; /* each form's static shared memory (the routing's scan), queried once */
-    static size_t rst[4];
-    int ri = 0;
-    while (ri < 4 && rfn[ri] && rfn[ri] != (const void *)fn) ri++;
-    if (ri == 4) return 1;
-    if (!rfn[ri]) {
-        cudaFuncAttributes fa;
-        if (cudaFuncGetAttributes(&fa, (const void *)fn) != cudaSuccess) {
-            cudaGetLastError();
-            return 1;
-        }
-        rfn[ri] = (const void *)fn, rst[ri] = fa.sharedSizeBytes;
-    }
-    const size_t smem = (rs > gs ? rs : gs) + TC_CHAIN_SMEM;
-    if (smem + rst[ri] > (size_t)dsv4_cuda_dev.smem_optin) return 1;
-    const int KG = q.KG, N = tc_max_clusters((const void *)fn, KG, smem);
-    const int ncl = N < t.NRG ? N : t.NRG;
-    t.c0 = 0, t.ncl = ncl;
-    if (tc_no_pdl < 0) {
-        tc_no_pdl = dsv4_env_int("DSV4_LINEAR_NO_PDL", 0) != 0;
-        tc_half = dsv4_env_int("DSV4_LINEAR_HALF", tc_half) != 0;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
-    int na = 0;
-    if (KG > 1) {
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = KG, at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
-        na++;
-    }
-    if (!tc_no_pdl) {
-        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[na].val.programmaticStreamSerializationAllowed = 1;
-        na++;
-    }
-    cfg.gridDim = dim3(ncl * KG);
-    cfg.blockDim = dim3(TC_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = DSV4_STREAM(stream);
-    cfg.attrs = at;
-    cfg.numAttrs = na;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, fn, a);
-    if (e != cudaSuccess && !tc_no_pdl) { /* refused with the PDL attribute and taken without: no PDL (as tc_run) */
-        cudaGetLastError();
-        cfg.numAttrs = KG > 1 ? 1 : 0;
-        e = cudaLaunchKernelEx(&cfg, fn, a);
-        if (e == cudaSuccess) tc_no_pdl = 1;
-    }
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return dsv4_cuda_fail("linear route: launch (grid %d x %d, %zu bytes of shared memory): %s", ncl, KG, smem,
-                              cudaGetErrorString(e));
-    }
-    return dsv4_cuda_check_launch("linear route");
 }

@@ -48,10 +48,8 @@ extern "C" {
 int dsv4_cuda_hc_test_flags; /* cuda_backend.h: test hooks */
 }
 
-static unsigned *hc_fold_ptr(void);
 extern "C" size_t dsv4_cuda_hc_scratch_bytes(int T, int M, int D) {
     if (T <= 0 || M <= 0 || D <= 0) return 0;
-    (void)hc_fold_ptr(); /* (resolved here, before any graph capture) */
     const size_t n = (size_t)T * hc_nsc(M * D), nr = (size_t)(2 + M) * M;
     return ((n * nr * sizeof(float) + 15) & ~(size_t)15) + n * sizeof(double);
 }
@@ -255,94 +253,11 @@ __device__ __forceinline__ float4 hc_fq(const dsv4_cuda_hc_f &src, int t, int D,
     return acc;
 }
 
-/* hc_post_mix's last block doing the finishing kernel's work (FIN; hc_run's fold): the pre of M = 4 streams with the
- * mixes stored for hc_comb_kernel (mixo), x (+ the RMSNorm with nw) of each of the block's tokens, hc_finish_kernel<0, 4, 4>'s
- * bits: the rows' mixes and pre a thread per row, x element-wise, and the norm's sum with thread r playing hc_finish's
- * threads r and r + 128 (each one's quads, its squares in its own order; warp w's two warp_sum_d into red[w] and
- * red[w + 4]), so rms_sum8 adds the same eight values in the same order. cnt: a counter per block row (blockIdx.y),
- * zero between launches. */
-struct hc_fin {
-    const float *scale, *base, *nw; /* nw NULL: x without the norm */
-    float norm_eps, hc_eps;
-    float *x, *mixo;
-    unsigned *cnt;
-};
-__device__ void hc_fin_token(const float *X, int D, int nr, int nsc, const float *part, const double *ssp, const hc_fin &F, int t) {
-    constexpr int M = 4, NT = 128;
-    __shared__ float pre[M];
-    __shared__ double red[RMS_NT / 32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, MD = M * D, D4 = D >> 2;
-    const float *pt = part + (int64_t)t * nsc * nr;
-    const double *st = ssp + (int64_t)t * nsc;
-    const float sc0 = F.scale[0];
-    for (int r = tid; r < nr; r += NT) { /* hc_finish's row loop (the partials at L2: other blocks wrote them) */
-        float s = 0;
-        double q = 0;
-#pragma unroll 8
-        for (int k = 0; k < nsc; k++) s += __ldcg(pt + k * nr + r), q += __ldcg(st + k);
-        const float rs = 1.0f / sqrtf((float)(q / MD) + F.norm_eps), m = s * rs;
-        F.mixo[(int64_t)t * nr + r] = m;
-        if (r < M) pre[r] = dsv4_hc_sigmoid(m * sc0 + F.base[r]) + F.hc_eps;
-    }
-    __syncthreads();
-    float p[M];
-#pragma unroll
-    for (int j = 0; j < M; j++) p[j] = pre[j];
-    const float4 *X4 = (const float4 *)(X + (int64_t)t * MD);
-    float4 a[2][4];
-    double ss[2] = {0, 0};
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int qd = tid + NT * h + RMS_NT * k; /* hc_finish's thread tid + 128 h, its quad k */
-            a[h][k] = make_float4(0, 0, 0, 0);
-            if (qd >= D4) continue;
-#pragma unroll
-            for (int j = 0; j < M; j++) {
-                const float4 v = __ldcg(X4 + (int64_t)j * D4 + qd);
-                a[h][k].x = fmaf(p[j], v.x, a[h][k].x), a[h][k].y = fmaf(p[j], v.y, a[h][k].y);
-                a[h][k].z = fmaf(p[j], v.z, a[h][k].z), a[h][k].w = fmaf(p[j], v.w, a[h][k].w);
-            }
-            if (F.nw) ss[h] = rms_sq4(ss[h], a[h][k]);
-        }
-    float4 *xt = (float4 *)(F.x + (int64_t)t * D);
-    if (!F.nw) {
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (tid + NT * h + RMS_NT * k < D4) xt[tid + NT * h + RMS_NT * k] = a[h][k];
-    } else {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const double w = warp_sum_d(ss[h]);
-            if (lane == 0) red[warp + 4 * h] = w;
-        }
-        __syncthreads();
-        const double sst = rms_sum8(red);
-        const float rn = 1.0f / sqrtf((float)(sst / D) + F.norm_eps);
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int qd = tid + NT * h + RMS_NT * k;
-                if (qd >= D4) continue;
-                const float4 v = a[h][k], w = ((const float4 *)F.nw)[qd];
-                float4 o;
-                o.x = __fmul_rn(w.x, __fmul_rn(v.x, rn)), o.y = __fmul_rn(w.y, __fmul_rn(v.y, rn));
-                o.z = __fmul_rn(w.z, __fmul_rn(v.z, rn)), o.w = __fmul_rn(w.w, __fmul_rn(v.w, rn));
-                xt[qd] = o;
-            }
-    }
-    __syncthreads(); /* pre and red are the next token's */
-}
-
-template <int TB, int FIN = 0>
+template <int TB>
 __global__ void __launch_bounds__(128) hc_post_mix(const __grid_constant__ dsv4_cuda_hc_f src, const float *__restrict__ Xin,
                                                    float *__restrict__ Xout, int T, int M, int D, const float *__restrict__ post,
                                                    const float *__restrict__ comb, const float *__restrict__ W, int nr,
-                                                   int nsc, float *__restrict__ part, double *__restrict__ ssp, hc_fin F) {
+                                                   int nsc, float *__restrict__ part, double *__restrict__ ssp) {
     __shared__ __align__(16) float xs[TB][HC_SC];
     const int K = M * D, sc = blockIdx.x, t0 = blockIdx.y * TB, c0 = sc * HC_SC, tid = threadIdx.x;
     const int j = c0 / D, d0 = c0 - j * D;
@@ -370,20 +285,6 @@ __global__ void __launch_bounds__(128) hc_post_mix(const __grid_constant__ dsv4_
         *(float4 *)(xs[i / (HC_SC / 4)] + 4 * (i % (HC_SC / 4))) = make_float4(0, 0, 0, 0);
     __syncthreads();
     hc_tok_mix<TB>(xs, wv, nr, nsc, sc, t0, nt, part, ssp);
-    if constexpr (FIN) { /* the last of the row's nsc blocks: every block's Xout and partials written (release), then read */
-        __shared__ int last;
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) { /* atomicInc wraps the count to 0 at the last block: ready for the next launch */
-            const int l = atomicInc(F.cnt + blockIdx.y, gridDim.x - 1) == gridDim.x - 1;
-            __threadfence(); /* (acquire, in the thread that saw the count) */
-            last = l;
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        for (int tk = 0; tk < nt; tk++) hc_fin_token(Xout, D, nr, nsc, part, ssp, F, t0 + tk);
-    }
 }
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
@@ -877,29 +778,6 @@ static int hc_pmb_on(void) {
 }
 extern "C" void dsv4_cuda_hc_post_mix_big(int on) { hc_pmb = on == 0 || on == 1 ? on : -1; }
 static int hc_pmb_last; /* whether the last hc_post_pre took hc_post_mix_big (tests) */
-/* hc_run's fold: the counters (a block row each: T < HC_BIG_T tokens, at least one a row; zero at load, each reset by
- * the block that completes it; one set for the process: hc_post_pre runs on one stream, one call at a time), and the
- * switch (DSV4_HC_FOLD, read once; dsv4_cuda_hc_fold for tests: 0 / 1, -1 the environment's) */
-__device__ unsigned hc_fold_cnt[HC_BIG_T];
-static unsigned *hc_fold_ptr(void) {
-    static unsigned *p;
-    static int tried;
-    if (!p && !tried) {
-        tried = 1;
-        if (cudaGetSymbolAddress((void **)&p, hc_fold_cnt) != cudaSuccess) cudaGetLastError(), p = NULL;
-    }
-    return p;
-}
-static int hc_fold_last; /* whether the last hc_post_pre took the fold (tests) */
-extern "C" int dsv4_cuda_hc_fold_last(void) { return hc_fold_last; }
-static int hc_fold_force = -1;
-static int hc_fold_on(void) {
-    static int on = -1;
-    if (hc_fold_force >= 0) return hc_fold_force;
-    if (on < 0) on = dsv4_env_int("DSV4_HC_FOLD", 0) != 0;
-    return on;
-}
-extern "C" void dsv4_cuda_hc_fold(int on) { hc_fold_force = on == 0 || on == 1 ? on : -1; }
 extern "C" int dsv4_cuda_hc_post_mix_big_last(void) { return hc_pmb_last; }
 
 /* the two kernels for tokens [0, T) of X; nrs: the scratch's row count ((2 + M) * M) */
@@ -946,11 +824,6 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
                     !((uintptr_t)pf->f & 15) && !((uintptr_t)pf->ys & 15) && !((uintptr_t)pf->shared & 15) &&
                     !((uintptr_t)pXin & 15) && !(flags & 8);
     hc_pmb_last = pmb;
-    /* the finishing kernel's work in the mixing kernel's last block (hc_fin_token: its bits) where that block can do it:
-     * the few-token post + mix kernel, M 4 with x in registers (xq 4), the mixes stored for hc_comb_kernel, the parallel
-     * Sinkhorn, a counter per block row (DSV4_HC_FOLD=1, dsv4_cuda_hc_fold; off until measured) */
-    const int fold = pm && xq == 4 && mixo && !(flags & 1) && !(flags & 4) && T < HC_BIG_T && hc_fold_on() && hc_fold_ptr();
-    hc_fold_last = fold;
     if (pmb) {
         static int pmb_attr;
         if (!pmb_attr) {
@@ -974,12 +847,12 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
         } else if (pm) { /* n == T here */
             const int pb = n == 1 ? 1 : tb;
             void (*k)(const dsv4_cuda_hc_f, const float *, float *, int, int, int, const float *, const float *, const float *,
-                      int, int, float *, double *, hc_fin) =
-                fold ? (pb == 1 ? hc_post_mix<1, 1> : pb == 2 ? hc_post_mix<2, 1> : pb == 4 ? hc_post_mix<4, 1> : hc_post_mix<8, 1>)
-                     : (pb == 1 ? hc_post_mix<1> : pb == 2 ? hc_post_mix<2> : pb == 4 ? hc_post_mix<4> : hc_post_mix<8>);
-            const hc_fin F = {scale, base, fuse ? nw : NULL, norm_eps, hc_eps, x, mixo, fold ? hc_fold_ptr() : NULL};
+                      int, int, float *, double *) = pb == 1   ? hc_post_mix<1>
+                                           : pb == 2 ? hc_post_mix<2>
+                                           : pb == 4 ? hc_post_mix<4>
+                                                     : hc_post_mix<8>;
             if (hc_launch(op, k, dim3(nsc, (n + pb - 1) / pb), 128, 0, st, flags, *pf, pXin, (float *)X, n, M, D,
-                          (const float *)post, (const float *)comb, W, nr, nsc, part, ssp, F))
+                          (const float *)post, (const float *)comb, W, nr, nsc, part, ssp))
                 return -1;
         } else if (big_ok && n >= HC_BIG_T) {
             const size_t smem = 2 * HC_STAGE * sizeof(float);
@@ -1002,7 +875,7 @@ static int hc_run(const char *op, const float *X, int T, int M, int D, const dsv
         } else if (!(flags & 8) && hc_launch(op, hc_mix_small, dim3(nsc, n), 128, 0, st, flags, Xg, K, *fn, nr, nsc, part, ssp)) {
             return -1;
         }
-        if (!(flags & 4) && !fold &&
+        if (!(flags & 4) &&
             hc_launch(op, fin, dim3(n), HEAD ? HC_XT : HC_XT + 32, fsm, st, flags, Xg, M, D, nr, nsc, (const float *)part,
                       (const double *)ssp, scale, base, iters, norm_eps, hc_eps, fuse ? nw : (const float *)NULL, stage,
                       flags & 1, vec, x + (int64_t)t0 * D, HEAD ? (float *)NULL : post + (int64_t)t0 * M,

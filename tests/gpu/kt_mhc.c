@@ -159,16 +159,13 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
     int *dts = dsv4_cuda_alloc(sizeof(int) * (size_t)T * KC);
     dsv4_cuda_upload(dts, tsl, sizeof(int) * (size_t)T * KC);
     float *dfc = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D), *dfb = dsv4_cuda_alloc(sizeof(float) * (size_t)T * D);
-    for (int vv = 0; vv <= 16; vv++) { /* 11-14: v 0, 6, 9, 10 with the post inside the mixing kernel (many tokens);
-                                           15, 16: v 7 and 9 with the mixes stored, the finishing kernel's work in the
-                                           mixing kernel's last block (dsv4_cuda_hc_fold: the decode chain's form) */
-        static const int vmap[6] = {0, 6, 9, 10, 7, 9};
+    for (int vv = 0; vv <= 14; vv++) { /* 11-14: v 0, 6, 9, 10 with the post inside the mixing kernel (many tokens) */
+        static const int vmap[4] = {0, 6, 9, 10};
         const int v = vv > 10 ? vmap[vv - 11] : vv;
-        dsv4_cuda_hc_post_mix_big(vv > 10 && vv < 15 ? 1 : 0);
-        dsv4_cuda_hc_fold(vv >= 15 ? 1 : 0);
+        dsv4_cuda_hc_post_mix_big(vv > 10 ? 1 : 0);
         const int fl = v == 5 ? 2 : v == 6 || v == 7 || v >= 9 ? 0 : v == 8 ? 1 : 16 * v;
         const dsv4_cuda_hc_f src = v >= 9 ? (dsv4_cuda_hc_f){dfb, dys, dts, KC, dsh} : (dsv4_cuda_hc_f){df, NULL, NULL, 0, NULL};
-        float *dmix = v == 7 || v == 8 || vv == 16 ? dsv4_cuda_alloc(sizeof(float) * (size_t)T * nr) : NULL;
+        float *dmix = v == 7 || v == 8 ? dsv4_cuda_alloc(sizeof(float) * (size_t)T * nr) : NULL;
         const size_t nX = (size_t)T * M * D;
         float *dXa = dup_to_dev(X, sizeof(float) * nX), *dXb = dup_to_dev(X, sizeof(float) * nX);
         float *dXo = v == 6 || v == 10 ? dXb : dsv4_cuda_alloc(sizeof(float) * nX);
@@ -183,12 +180,11 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
         from_dev(gx, dx, sizeof(float) * (size_t)T * D);
         op_ok(dsv4_cuda_hc_post_pre(&src, dXb, dXo, T, M, D, &dfn, ds, db, iters, 1e-6f, 1e-6f, dnw, dx2, dpb, dcb, dmix, scr, NULL),
               "hc_post_pre");
-        const int pmb_took = dsv4_cuda_hc_post_mix_big_last(), fold_took = dsv4_cuda_hc_fold_last();
+        const int pmb_took = dsv4_cuda_hc_post_mix_big_last();
         if (dmix) op_ok(dsv4_cuda_hc_comb(dmix, T, M, ds, db, iters, 1e-6f, dpb, dcb, NULL), "hc_comb");
         sync_ok();
         dsv4_cuda_hc_test_flags = 0;
         dsv4_cuda_hc_post_mix_big(-1);
-        dsv4_cuda_hc_fold(-1);
         from_dev(g2, dx2, sizeof(float) * (size_t)T * D);
         int bad = memcmp(g2, gx, sizeof(float) * (size_t)T * D) != 0;
         from_dev(ha, dXa, sizeof(float) * nX), from_dev(hb, dXo, sizeof(float) * nX);
@@ -202,19 +198,13 @@ void test_hc(int T, int M, int D, dsv4_wfmt fmt, int iters) {
             bad += 8 * (memcmp(X, hb, sizeof(float) * nX) != 0);
         }
         /* the post inside the mixing kernel must have run where its conditions hold (M 4, many tokens, F32 fn, D % 256) */
-        if (vv > 10 && vv < 15 && M == 4 && T >= 32 && fmt == DSV4_WF_F32 && D % 256 == 0 && !pmb_took) bad |= 16;
-        /* ... and the fold where its conditions hold (M 4, few tokens, F32 fn, D % 256, D <= 4096: x in registers) */
-        if (vv >= 15 && M == 4 && T < 32 && fmt == DSV4_WF_F32 && D % 256 == 0 && D <= 4096 && !fold_took) bad |= 16;
+        if (vv > 10 && M == 4 && T >= 32 && fmt == DSV4_WF_F32 && D % 256 == 0 && !pmb_took) bad |= 16;
         g_checks++;
         if (bad) g_fail++;
         printf("%-4s hc_post_pre = hc_post, hc_pre T=%d M=%d D=%d %s%s flags %d (bitwise x, X, post, comb)%s%s\n",
-               bad ? "FAIL" : "ok", T, M, D,
-               vv >= 15 ? (fold_took ? "finish in the mixing kernel's last block, " : "finish in its own kernel, ")
-               : vv <= 10 ? ""
-               : pmb_took ? "post in the mixing kernel, "
-                          : "post in the mixing kernel NOT taken, ",
+               bad ? "FAIL" : "ok", T, M, D, vv <= 10 ? "" : pmb_took ? "post in the mixing kernel, " : "post in the mixing kernel NOT taken, ",
                v == 10  ? "in place, experts' rows"
-               : v == 9 ? (dmix ? "out of place, experts' rows, hc_comb" : "out of place, experts' rows")
+               : v == 9 ? "out of place, experts' rows"
                : v == 6 ? "in place"
                : v >= 7 ? "out of place, hc_comb"
                         : "out of place",

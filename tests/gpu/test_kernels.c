@@ -11,49 +11,18 @@
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|pfb|topk|chain]   (--only linear: the linear checks and timings
+ * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|pfb|topk]   (--only linear: the linear checks and timings
  * alone; --only gemm: those of the FP8 prefill GEMM alone; --only multi: those of the grouped linears, and the single ones
  * they replace; --only mt: those of the multi-token GEMM, timed against the GEMV at Flash's shapes; --only hc: those of
  * mHC pre / post / head; --only moe: the MoE grouping / expert / combine checks and the
- * experts' timings; --only moebench: the experts' timings alone; --only pfb: the BF16 prefill experts' checks; --only topk: the indexer top-k's checks and times;
- * --only chain: the linear chains' and the gate-with-routing's checks alone) */
+ * experts' timings; --only moebench: the experts' timings alone; --only pfb: the BF16 prefill experts' checks; --only topk: the indexer top-k's checks and times) */
 #include "kt.h"
-
-/* The linear chains (dsv4_cuda_linear_chain: bitwise the separate calls, the barrier reused, every slot form; part 0)
- * and the gate with its routing (dsv4_cuda_linear_route: bitwise linear + moe_route; part 1). Their blocks meet at
- * grid-wide barriers: `--only chain` runs both first, under a timeout, in bench/device_run.sh's suite, and
- * DSV4_TEST_NOCHAIN=1 leaves them out (after a hang). */
-static void chain_checks(int part) {
-    if (part == 0) {
-        test_linear_chain(1, 0, 4096, 1024, 4096, 2048, 0);
-        test_linear_chain(3, 0, 4096, 1024, 32768, 2048, 1);
-        test_linear_chain(8, 1, 4096, 1024, 32768, 8192, 0);
-        test_linear_chain(5, 1, 4096, 1024, 4096, 2048, 7);
-        test_linear_chain(2, 0, 7168, 1536, 8192, 2048, 3); /* Pro's q norm: two quads a thread */
-        test_linear_chain(4, 2, 4096, 1024, 1024, 2048, 4); /* two barriers in one launch, a norm of 2048 values */
-        test_linear_chain_wo(8, 4096, 1);
-        test_linear_chain_wo(8, 4096, 8);
-        test_linear_chain_wo(16, 7168, 3);
-        test_linear_chain_wo(1, 4096, 2);
-        test_linear_chain_kg2(1);
-        test_linear_chain_kg2(6);
-        test_linear_chain_edges();
-    } else {
-        test_linear_route(1, 256, 6, 0, DSV4_WF_BF16);
-        test_linear_route(4, 256, 6, 1, DSV4_WF_BF16);
-        test_linear_route(8, 256, 6, 0, DSV4_WF_BF16);
-        test_linear_route(3, 64, 4, 0, DSV4_WF_F32);
-        test_linear_route_declines();
-    }
-}
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach a log even if a timeout kills the run (bench/device_run.sh) */
     setenv("DSV4_LINEAR_GEMM_F16", "1", 0); /* the split GEMM's f16 form (opt-in) is checked too */
     setenv("DSV4_MOE_F8", "0", 0); /* the f16 experts kernels' checks (the default); the FP8 kernels' through their mode bit */
-    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0, only_topk = 0, only_chain = 0;
-    const char *nce = getenv("DSV4_TEST_NOCHAIN");
-    const int nochain = nce && *nce && strcmp(nce, "0") != 0;
+    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0, only_topk = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "multi")) only_lin = only_multi = 1, i++;
@@ -65,7 +34,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moebench")) only_moe = 2, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pfb")) only_moe = 3, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "topk")) only_topk = 1, i++;
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "chain")) only_chain = 1, bench = 0, i++;
     }
     dsv4_cuda_info info;
     char err[256];
@@ -76,10 +44,6 @@ int main(int argc, char **argv) {
     printf("device: %s, sm_%d%d, %d SMs, %.1f GiB, L2 %d MiB, smem/block %d KiB\n", info.name, info.cc_major, info.cc_minor,
            info.sm_count, info.mem_total / 1073741824.0, info.l2_bytes >> 20, info.smem_optin >> 10);
 
-    if (only_chain) {
-        chain_checks(0), chain_checks(1);
-        goto checks_done;
-    }
     if (only_hc) goto hc_checks;
     if (only_gemm) goto gemm_checks;
     if (only_multi) goto multi_checks;
@@ -208,7 +172,6 @@ multi_checks: {
         test_linear_multi("element path", odd, 2, 0, 1, 1, 0, 40);
         test_linear_multi("mixed", mix, 4, 0, 1, 1, 0, 3);
         test_linear_multi("mixed", mix, 4, 0, 1, 0, 0, 20);
-        if (!nochain) chain_checks(0);
         if (only_multi) goto checks_done;
     }
     /* the multi-token GEMM (dsv4_cuda_linear_ws): bitwise the GEMV for every format and x kind it takes, rows not a
@@ -330,7 +293,6 @@ hc_checks:
     test_hc(1, 4, 4096, DSV4_WF_F32, 20); /* Flash shapes: the few-token path, then (T >= 32) the tiled one */
     test_hc(8, 4, 4096, DSV4_WF_F32, 20);
     test_hc(31, 4, 4096, DSV4_WF_F32, 20);  /* the most tokens of the fused post + mixes (hc_post_pre), a partial block */
-    test_hc(5, 4, 768, DSV4_WF_F32, 20);    /* the fold's quads past D / 4 (hc_fin_token: virtual warps without quads) */
     test_hc(300, 4, 4096, DSV4_WF_F32, 20);
     test_hc(40, 4, 1000, DSV4_WF_BF16, 3);   /* many tokens, the few-token path (BF16 fn, ragged super-chunk) */
     test_hc(37, 3, 1024, DSV4_WF_F32, 20);   /* tiled path, M 3 (15 rows), a partial token tile */
@@ -383,7 +345,6 @@ moe_checks:
     test_moe_route(5, 37, 5, 0);
     test_moe_route(9, 256, 6, 0);
     test_moe_route(3, 384, 6, 0);
-    if (!nochain) chain_checks(1);
     test_moe_group(1, 6, 256, 0);
     test_moe_group(8, 6, 256, 0);
     test_moe_group(256, 6, 256, 0);
@@ -544,14 +505,6 @@ checks_done:
             bench_linear_multi("cmp wkv+wgate Flash c4", cmp, 2, 0, 0, 1);
             bench_linear_multi("shared w1+w3 Flash", sw, 2, 0, 0, 1);
             bench_linear_multi("shared w1+w3 Flash", sw, 2, 0, 0, 8);
-            bench_linear_chain("q path Flash", 4096, 1024, 32768, 1);
-            bench_linear_chain("q path Flash", 4096, 1024, 32768, 8);
-            bench_linear_chain("q path Pro", 7168, 1536, 65536, 1);
-            bench_linear_chain_wo("wo_a+wo_b Flash", 8, 4096, 1);
-            bench_linear_chain_wo("wo_a+wo_b Flash", 8, 4096, 8);
-            bench_linear_chain_wo("wo_a+wo_b Pro", 16, 7168, 1);
-            bench_linear_route("gate+route Flash", 256, 6, 1);
-            bench_linear_route("gate+route Flash", 256, 6, 8);
         }
         if (only_multi) { /* the single linears the grouped ones replace, for comparison with older builds */
             bench_linear("wq_a Flash", DSV4_WF_FP8, 1024, 4096, T16, 6, 1);
