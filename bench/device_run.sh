@@ -23,7 +23,7 @@
 #     abcheck  each setting of AB: test_decode (fixtures, a synthetic model; this build's settings only) and a greedy
 #            run's text against the first setting's
 #     chain  test_kernels --only multi: the grouped linears' and the linear chains' checks, then their timings (chain
-#            against the separate calls: "time linear chain" lines; session 36, DSV4_LINEAR_CHAIN) (~60 s)
+#            against the separate calls: "time linear chain" / "time linear route" lines; session 36) (~60 s)
 #     mf8trace  the routed experts' clock trace (s35-mf8-trace's -DDSV4_MF8_TRACE build of test_kernels, packed as
 #            build-bin/test_kernels-mf8trace.xz: NOTES "Session 35 summary"): `--only moebench`, its "trace mf8" tables
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
@@ -51,7 +51,14 @@ bin=${DSV4:-}
 head=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 if [ -f build-bin/gpu-bins.tar.xz ]; then
     pc=$(head -n 1 build-bin/gpu-bins.commit 2>/dev/null || echo unknown)
-    if [ "$pc" = "$head" ]; then
+    # the files' digest first (scripts/gpu_bins.sh): it holds even where this copy's .git lags behind its working tree
+    tsum=$(find src tests include Makefile -type f | LC_ALL=C sort | xargs cat | md5sum | cut -c1-32)
+    if [ -f build-bin/gpu-bins.tree ] && [ "$(cat build-bin/gpu-bins.tree)" = "$tsum" ]; then
+        echo "device_run: pack of $pc: built from this tree's src, tests, include and Makefile (digest $tsum)"
+    elif [ -f build-bin/gpu-bins.tree ]; then
+        echo "device_run: pack of $pc: built from other files than this tree's src, tests, include and Makefile"
+        [ "${DEVRUN_REQUIRE_PACK:-0}" = 1 ] && exit 3
+    elif [ "$pc" = "$head" ]; then
         echo "device_run: pack of $pc (HEAD)"
     elif git diff --quiet "$pc" HEAD -- src tests include Makefile 2>/dev/null; then
         echo "device_run: pack of $pc: src, tests, include and Makefile as at HEAD ($head)"
@@ -272,7 +279,7 @@ for p in $parts; do
         [ -x build-dev/tests/gpu/test_kernels ] || { echo "chain: no build-dev/tests/gpu/test_kernels (run the suite part first)"; fail=1; continue; }
         [ ! -f "$dir/chain-hang" ] || { echo "chain: skipped (the suite's chain checks hung)"; fail=1; continue; }
         timeout 300 build-dev/tests/gpu/test_kernels --only multi >"$dir/chain.txt" 2>&1 || { echo "chain: test_kernels failed"; fail=1; }
-        grep -E "chain|checks,|FAIL" "$dir/chain.txt" | cut -c1-200
+        grep -E "chain|route|checks,|FAIL" "$dir/chain.txt" | cut -c1-200
         ;;
     mf8trace)
         if [ ! -f build-bin/test_kernels-mf8trace.xz ]; then

@@ -18,4 +18,7 @@ mkdir -p build-bin
 XZ_OPT=${XZ_OPT:--9} tar cJf build-bin/gpu-bins.tar.xz "$BUILD/dsv4" "$BUILD/tests/gpu/test_kernels" "$BUILD/tests/gpu/test_sample" \
     "$BUILD/tests/gpu/test_attn_kv8" "$BUILD/tests/gpu/fixture_check" "$BUILD/tests/gpu/test_decode"
 { git rev-parse HEAD; git status --short -- src tests include | head -n 20; } >build-bin/gpu-bins.commit 2>/dev/null || true
+# and a digest of the files it was built from, which bench/device_run.sh compares with the tree it runs in (the device's
+# copy of .git can lag behind the working tree it is given: session 36)
+find src tests include Makefile -type f | LC_ALL=C sort | xargs cat | md5sum | cut -c1-32 >build-bin/gpu-bins.tree
 echo "gpu_bins: build-bin/gpu-bins.tar.xz ($(du -h build-bin/gpu-bins.tar.xz | cut -f1)) from $(head -n 1 build-bin/gpu-bins.commit)"
