@@ -99,6 +99,7 @@ static int step_begin(dsv4_cuda_model *g, int nseq, dsv4_cuda_seq *const *seqs, 
     if (dsv4_cuda_upload_async(g->dstep, h, l.bytes, g->stream)) return FAIL_HERE(dsv4_cuda_last_error());
     *b = gpu_batch_at(g, B, B);
     gpu_ws_carve(g, B, w);
+    gpu_ws_decode_mode(w);
     *Tout = T;
     *kout = k;
     return 0;
@@ -211,6 +212,7 @@ int dsv4_cuda_decode_profile(dsv4_cuda_model *g, int batch, int iters, FILE *out
     if (g->last_bucket != k || gprof_open(g, "decode")) return -1;
     gws w;
     gpu_ws_carve(g, B, &w);
+    gpu_ws_decode_mode(&w);
     dsv4_cuda_batch b = gpu_batch_at(g, B, B);
     int rc = 0;
     for (int i = 0; i < iters && !rc; i++) { /* the step's state is rewritten the same way by every run */

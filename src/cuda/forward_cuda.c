@@ -182,6 +182,18 @@ size_t gpu_ws_bytes(const dsv4_cuda_model *g, int T) {
 }
 void gpu_ws_carve(const dsv4_cuda_model *g, int T, gws *w) { ws_layout(g, T, g->arena, w); }
 
+/* DSV4_DECODE_GEMM=1 (an experiment, off by default): decode steps of DSV4_LINEAR_GEMM_MIN_T rows or more route their
+ * linears through the prefill's tensor-core GEMMs (cuBLASLt FP8 / split bf16) instead of the batch-invariant
+ * multi-token GEMM: faster at large batches, but a sequence's bits then depend on the batch it decodes in. */
+void gpu_ws_decode_mode(gws *w) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DSV4_DECODE_GEMM");
+        on = e && *e && *e != '0';
+    }
+    w->gemm = on && w->gemm_ws != NULL;
+}
+
 void gpu_step_layout(int T, int S, gstepl *l) {
     size_t o = 0, t = (size_t)T, s = (size_t)S;
     l->tok = o, o += 4 * t;

@@ -135,6 +135,8 @@ void gpu_seq_pool_free(dsv4_cuda_model *g);
 /* forward_cuda.c */
 size_t gpu_ws_bytes(const dsv4_cuda_model *g, int T);
 void gpu_ws_carve(const dsv4_cuda_model *g, int T, gws *w);
+/* a decode step's carve: whether its linears may take the prefill's GEMMs (DSV4_DECODE_GEMM=1; not batch invariant) */
+void gpu_ws_decode_mode(gws *w);
 void gpu_step_layout(int T, int S, gstepl *l);
 dsv4_cuda_batch gpu_batch_at(const dsv4_cuda_model *g, int T, int S);
 /* embedding, every layer, device lengths: pure enqueue (capturable) */
