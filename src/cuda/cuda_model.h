@@ -293,6 +293,10 @@ void dsv4_cuda_moe_experts_path(int mode);
  * measured): prod 1 a producer warpgroup streams the x ring, 0 warp 0 refills it (DSV4_MOE_PFB_PRODUCER); xtok 1 the x
  * image a token at a time, 0 a slot at a time (DSV4_MOE_PFB_XTOK). Every form gives the same bits. */
 void dsv4_cuda_moe_pfb_force(int prod, int xtok);
+/* The FP8 experts' decode forms (fewer than 16 tokens a pass, two or four column slices a tile): 1 the slices in a
+ * thread-block cluster of one-warpgroup blocks, 0 in one block; -1: DSV4_MOE_F8_CL from the environment (default 0).
+ * The same bits either way (tests, A/B). */
+void dsv4_cuda_moe_f8_cl(int on);
 /* NVFP4 experts with the FP8 act quant (NVIDIA's checkpoints of the DeepSeek recipe) on the BF16 prefill kernels too: 1 on,
  * 0 off (the f16 kernels), -1 the default (DSV4_MOE_PFB_NVFP4, 0 unless set until its tests have run on a GPU). */
 void dsv4_cuda_moe_pfb_nvfp4(int on);

@@ -85,9 +85,9 @@ __host__ __device__ constexpr size_t mf8_xcodes(int NT, int NU, int X1) { return
 __host__ __device__ constexpr size_t mf8_xbytes(int NT, int NU, int X1) {
     return mf8_xcodes(NT, NU, X1) + (X1 ? (((size_t)NU * 4 + 15) & ~(size_t)15) : (size_t)8 * NT * NU * 4);
 }
-static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1) {
+static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1, int CL = 1) {
     const size_t x = XR ? (size_t)SL * MF8_STAGES * mf8_xstage(NT) : mf8_xbytes(NT, NU, X1);
-    return x + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 + (size_t)4 * SL * MF8_STAGES * mf8_stage_bytes(nm);
+    return x + (size_t)(SL - 1 + (CL > 1)) * nm * NT * 4 * 128 * 4 + (size_t)4 * SL * MF8_STAGES * mf8_stage_bytes(nm);
 }
 /* column slices from the shape only (the sums' order must not depend on the batch): enough warps per expert to fill the
  * GPU at batch 1, as the f16 ring's S */
@@ -99,19 +99,24 @@ static inline int mf8_slices(int R, int NU) {
 
 /* A block: SL warpgroups on one 64-row tile of one active expert (grid: R / 64 x expert slots), warpgroup s on the
  * units [s NU / SL, (s + 1) NU / SL) (a column slice); at a chunk's end the slices' sums are added in the order of s
- * by warpgroup 0, which writes the outputs. Chunks of 8 NT tokens. XR 0: the chunk's x quantized by the warpgroup
+ * by warpgroup 0, which writes the outputs. CL > 1 (SL 1): the tile's CL slices in the CL blocks of a thread-block
+ * cluster instead (grid: CL R / 64 x slots), block rank s on slice s, and rank 0 adds the peers' sums in the order of s
+ * through distributed shared memory: the same operations in the same order as SL = CL in one block, so the same bits,
+ * with blocks of 4 warps that the SMs share evenly (at batch 1, 192 blocks of 8 warps left 60 of 132 SMs with two). Chunks of 8 NT tokens. XR 0: the chunk's x quantized by the warpgroup
  * at the chunk's start (decode, fewer than MF8_RQ_T tokens: no quant launch; P.x1, a pass of one token: the token's
  * row alone, each B operand's K halves 16 bytes apart, so that its padding columns read the row's next bytes); XR 1: x
  * from P.xq (moe_quant_kernel), unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a
  * named barrier a unit). GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish.
  * Every variant gives every output the same operations in the same order: the same bits whatever NT, XR and GP. */
-template <int GATEUP, int NT, int SL, int XR, int GP>
+template <int GATEUP, int NT, int SL, int XR, int GP, int CL = 1>
 __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(const __grid_constant__ mt_params P) {
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = MF8_STAGES;
     static_assert(XR || NT == 1, "up-front staging: 8-token chunks");
+    static_assert(CL == 1 || SL == 1, "slices over a cluster: one warpgroup a block");
     extern __shared__ __align__(16) unsigned char mt_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2, tw = threadIdx.x & 127;
-    const int NU = P.NU, R = P.R, C = P.C, NUS = NU / SL, ub = wg * NUS;
+    const int crank = CL > 1 ? (int)cg::this_cluster().block_rank() : 0;
+    const int NU = P.NU, R = P.R, C = P.C, NUS = NU / (SL * CL), ub = (crank + wg) * NUS;
     const bool X1 = !XR && P.x1; /* (every expert has at most one token: chunks of one) */
     /* the plan and x. P.pre (the down projection after this kernel's gate / up, x staged here): the plan was complete
      * before this grid could start (gate / up let it launch only at its end, past its own grid wait, which waited for the
@@ -128,9 +133,10 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     unsigned char *xs = mt_sm + (XR ? (size_t)wg * S * XST : 0);                        /* XR: this warpgroup's x ring */
     float *sxs = (float *)(mt_sm + mf8_xcodes(NT, NU, X1)); /* XR 0 */
     float *red = (float *)(mt_sm + xbytes);                      /* [SL - 1][NM][NT][4][128] */
-    unsigned char *ring = (unsigned char *)(red + (SL - 1) * NM * NT * 4 * 128) + (size_t)warp * S * STG;
+    float *cred = red + (SL - 1) * NM * NT * 4 * 128;             /* CL > 1: this block's sums [NM][NT][4][128] */
+    unsigned char *ring = (unsigned char *)(cred + (CL > 1) * NM * NT * 4 * 128) + (size_t)warp * S * STG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
-    const int r0 = (int)blockIdx.x * 64 + (warp & 3) * 16; /* the warp's first row */
+    const int r0 = (int)(blockIdx.x / CL) * 64 + (warp & 3) * 16; /* the warp's first row */
 
     /* this lane's copies: 16 bytes of row r0 + g + 8h of matrix m (group c of the unit), the scale word of row l & 15 of
      * matrix l >> 4 */
@@ -342,13 +348,37 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
             }
             __syncthreads();
         }
+        if (CL > 1) { /* the cluster's slices into rank 0's, in the order of s (the peers' sums stay until it has read them) */
+            if (crank) {
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int q = 0; q < NT; q++)
+#pragma unroll
+                        for (int k = 0; k < 4; k++) cred[((m * NT + q) * 4 + k) * 128 + tw] = acc[m][q][k];
+            }
+            cg::this_cluster().sync();
+            if (!crank) {
+#pragma unroll
+                for (int s = 1; s < CL; s++) {
+                    const float *rr = cg::this_cluster().map_shared_rank(cred, s);
+#pragma unroll
+                    for (int m = 0; m < NM; m++)
+#pragma unroll
+                        for (int q = 0; q < NT; q++)
+#pragma unroll
+                            for (int k = 0; k < 4; k++) acc[m][q][k] += rr[((m * NT + q) * 4 + k) * 128 + tw];
+                }
+            }
+            cg::this_cluster().sync();
+        }
         /* the chunk's outputs: element k of n-tile q is token 8 q + 2 c + (k & 1), row r0 + g + 8 (k >> 1) */
 #pragma unroll
         for (int q = 0; q < NT; q++)
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const int tk = 8 * q + 2 * c + (k & 1), r = r0 + g + 8 * (k >> 1);
-                if (!wg && tk < nt && r < R) {
+                if (!wg && !crank && tk < nt && r < R) {
                     const int64_t sl = off + c0 + tk;
                     P.out[sl * R + r] = GATEUP ? mt_swiglu(acc[0][q][k], acc[NM - 1][q][k], P.lim, P.p.rw[sl]) : acc[0][q][k];
                 }

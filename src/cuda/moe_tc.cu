@@ -34,10 +34,13 @@
  * buffered, or moe_pf2_kernel's pipeline with the slices' sums in one warp, added in the same order): the results are
  * bitwise batch invariant. S depends only on the matrix shape. */
 #include <stdlib.h>
+#include <cooperative_groups.h>
 
 #include "linear_tc.cuh"
 #include "moe_tc.h"
 #include "wgmma.cuh"
+
+namespace cg = cooperative_groups;
 
 #define MT_WARPS 8 /* warps a block of the register-buffer kernels (prefill, FP8, the legacy decode) */
 #define MT_SB 4    /* (token, unit) items in flight per warp while staging x */
@@ -1326,11 +1329,15 @@ static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a t
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
 static int mf8_ntmax = 8;  /* DSV4_MOE_F8_NTMAX=1|2|4: its chunks at most 8 x this many tokens (measurements) */
+static int mf8_cl = -1;    /* DSV4_MOE_F8_CL=1: the decode forms' column slices over a cluster of blocks (the same bits) */
+extern "C" void dsv4_cuda_moe_f8_cl(int on) { mf8_cl = on; }
 template <int GATEUP, int NT, int XR, int GP> static mt_fn mf8_pick_s(int sl) {
     return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP> : mf8_kernel<GATEUP, NT, 1, XR, GP>;
 }
 /* groups in flight: 4 (8-, 16-token chunks), 2 (32: the registers); pipe 0: 1 */
-template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe) {
+template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe, int cl) {
+    if (!xr && cl == 2) return pipe ? mf8_kernel<GATEUP, 1, 1, 0, 4, 2> : mf8_kernel<GATEUP, 1, 1, 0, 1, 2>;
+    if (!xr && cl == 4) return pipe ? mf8_kernel<GATEUP, 1, 1, 0, 4, 4> : mf8_kernel<GATEUP, 1, 1, 0, 1, 4>;
     if (!xr) return pipe ? mf8_pick_s<GATEUP, 1, 0, 4>(sl) : mf8_pick_s<GATEUP, 1, 0, 1>(sl);
     if (nt == 8) return mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
     if (nt == 4) return pipe ? mf8_pick_s<GATEUP, 4, 1, 2>(sl) : mf8_pick_s<GATEUP, 4, 1, 1>(sl);
@@ -1339,29 +1346,32 @@ template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe) {
 }
 static int mt_nt1 = 2;     /* DSV4_MOE_NT1_AVG: 8-token decode chunks while experts average at most this many tokens (0: only T <= 8) */
 
-/* nw warps a block; ring: a ring kernel (carve-out hint) */
+/* nw warps a block; ring: a ring kernel (carve-out hint); cl > 1: thread-block clusters of cl blocks along x */
 template <typename F, typename... A>
-static int mt_launch(F fn, dim3 grid, int nw, int ring, size_t smem, cudaStream_t st, const char *what, A... args) {
+static int mt_launch_cl(F fn, dim3 grid, int cl, int nw, int ring, size_t smem, cudaStream_t st, const char *what, A... args) {
     if (mt_no_pdl < 0) {
         const char *e = getenv("DSV4_MOE_NO_PDL");
         mt_no_pdl = e && *e && *e != '0';
     }
     if (mt_set_smem((const void *)fn, smem, ring)) return -1;
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    const int ncl = cl > 1;
     cfg.gridDim = grid;
     cfg.blockDim = dim3(nw * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
-    cfg.attrs = &at;
-    cfg.numAttrs = mt_no_pdl || (mt_mode & DSV4_MOE_TC_NO_PDL) ? 0 : 1;
+    cfg.attrs = at + !ncl;
+    cfg.numAttrs = ncl + (mt_no_pdl || (mt_mode & DSV4_MOE_TC_NO_PDL) ? 0 : 1);
     cudaError_t e = cudaLaunchKernelEx(&cfg, fn, args...);
-    if (e != cudaSuccess && cfg.numAttrs) { /* no programmatic dependent launch here: plain stream order */
+    if (e != cudaSuccess && (int)cfg.numAttrs > ncl) { /* no programmatic dependent launch here: plain stream order */
         cudaGetLastError();
         mt_no_pdl = 1;
-        cfg.numAttrs = 0;
+        cfg.numAttrs = ncl;
         e = cudaLaunchKernelEx(&cfg, fn, args...);
     }
     if (e != cudaSuccess) {
@@ -1369,6 +1379,10 @@ static int mt_launch(F fn, dim3 grid, int nw, int ring, size_t smem, cudaStream_
         return dsv4_cuda_fail("%s: launch: %s", what, cudaGetErrorString(e));
     }
     return dsv4_cuda_check_launch(what);
+}
+template <typename F, typename... A>
+static int mt_launch(F fn, dim3 grid, int nw, int ring, size_t smem, cudaStream_t st, const char *what, A... args) {
+    return mt_launch_cl(fn, grid, 1, nw, ring, smem, st, what, args...);
 }
 
 typedef void (*mq_fn)(const float *, int64_t, uint8_t *, int64_t, int, int, int);
@@ -1418,6 +1432,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         if (mf8_gp < 0)
             mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0),
             mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
+        if (mf8_cl < 0) mf8_cl = dsv4_env_int("DSV4_MOE_F8_CL", 0) != 0;
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
         /* (also below MF8_RQ_T tokens when a chunk's whole x would leave one block an SM: Pro's 7,168 columns) */
@@ -1426,7 +1441,9 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         int nt = !xr ? 1 : avg8 <= 64 ? 1 : avg8 <= 128 ? 2 : avg8 <= 256 ? 4 : 8;
         if (nt > mf8_ntmax) nt = mf8_ntmax;
         while (nt > 1 && mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, 0) > (size_t)dsv4_cuda_dev.smem_optin) nt /= 2; /* (SL 4's rings) */
-        const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr);
+        /* the slices over a cluster (the decode forms: x staged by each block, 8-token chunks) */
+        const int cl = mf8_cl && !xr && (sl == 2 || sl == 4) ? sl : 1;
+        const size_t fs = cl > 1 ? mf8_smem(nt, NU, gateup ? 2 : 1, 1, xr, x1 && !xr, cl) : mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr);
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
             mt_params fp;
             memset(&fp, 0, sizeof fp);
@@ -1439,9 +1456,10 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                     return -1;
                 fp.xq = dst, fp.xq_ld = ld;
             }
-            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp) : mf8_pick<0>(nt, sl, xr, mf8_gp);
+            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp, cl) : mf8_pick<0>(nt, sl, xr, mf8_gp, cl);
             fp.pre = !gateup && pre;
-            if (mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
+            if (mt_launch_cl(fn, dim3(R / 64 * cl, maxslots), cl, 4 * (sl / cl), 1, fs, st,
+                             gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
                 return -1;
             return gateup; /* (an FP8 gate / up: its grid lets the next start only at its end) */
         }

@@ -690,6 +690,22 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     if (!hq) check(name, hg, hr, (size_t)ns * I, bh * rms(hr, (size_t)ns * I), 0);
     snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d y (own h) vs CPU", T, K, E, D, I);
     check(name, yg, yr, (size_t)ns * D, by * rms(yr, (size_t)ns * D), 0);
+    /* the decode forms' slices over a cluster of blocks (dsv4_cuda_moe_f8_cl): the same bits */
+    if (T < 16) {
+        float *hc = malloc(sizeof(float) * (size_t)ns * I), *yc = malloc(sizeof(float) * (size_t)ns * D);
+        dsv4_cuda_moe_f8_cl(1);
+        op_ok(dsv4_cuda_moe_experts(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts (cluster slices)");
+        sync_ok();
+        dsv4_cuda_moe_f8_cl(-1);
+        from_dev(hc, dh, sizeof(float) * (size_t)ns * I);
+        from_dev(yc, dy, sizeof(float) * (size_t)ns * D);
+        const int okc = !memcmp(hc, hg, sizeof(float) * (size_t)ns * I) && !memcmp(yc, yg, sizeof(float) * (size_t)ns * D);
+        g_checks++;
+        if (!okc) g_fail++;
+        printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d: slices over a cluster == in a block (bitwise)%s\n",
+               okc ? "ok" : "FAIL", T, K, E, D, I, okc ? "" : " <<<");
+        free(hc), free(yc);
+    }
     /* batch invariance on the FP8 path */
     int nt = 0;
     const int same = tokens_alone(&ms.ex, sid, dsel, dw, dx, T, K, E, D, lim, 4, &dp, dh, dy, dout, o1, &nt), bad = nt - same;

@@ -417,6 +417,7 @@ moe_checks:
     test_moe_f8(200, 6, 16, 1024, 512); /* 32-token chunks (prefill sizes) */
     test_moe_f8(64, 6, 8, 4096, 2048);
     test_moe_f8(8, 2, 8, 256, 256); /* the unseen-shape models' widths: 2 units, 1 a slice */
+    test_moe_f8(4, 6, 16, 1024, 512); /* four column slices a tile (gate / up and down): four blocks a cluster */
     test_moe_f8(96, 2, 8, 256, 128);
 pfb_checks:
     /* the prefill pass's experts on BF16 tensor cores (moe_bf16.cuh): several chunks of 128 tokens an expert, partial ones,
