@@ -121,6 +121,10 @@ void dsv4_cuda_weight_free(dsv4_cuda_weight *w);
  * columns) reads the weight once per 16 rows of x, dequantized exactly in registers; a row's result is
  * bitwise the same for any T (batch invariant). Odd sizes take an element-wise path. */
 int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream);
+/* A prototype (linear_q8.cu; tests, A/B): 1 routes dsv4_cuda_linear's FP8 act-quant weights at 1-8 rows of fp32 x (64-row
+ * multiples, 128-column multiples) to a GEMV on FP8 tensor cores (wgmma e4m3): other bits than the GEMV's (FP8 sums), and
+ * not batch invariant against the multi-token GEMM. 0 off; -1 DSV4_LINEAR_Q8 from the environment (default off). */
+void dsv4_cuda_linear_q8(int on);
 
 /* One linear of dsv4_cuda_linear_multi: y[T, w.rows] = x[T, w.cols] . w^T with x rows ldx values apart and y rows
  * ldy values apart (0: w.cols / w.rows, contiguous), e.g. a slice of a wider activation (the groups of wo_a). */

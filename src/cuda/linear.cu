@@ -885,6 +885,10 @@ extern "C" int dsv4_cuda_linear_ws(const dsv4_cuda_weight *w, const void *x, int
                                    void *stream) {
     if (bad_weight(w, T)) return -1;
     if (T == 0) return 0;
+    if (!x_bf16) { /* the QGMMA prototype (linear_q8.cu), when switched on and the shape fits it */
+        const int r = dsv4_linear_q8_run(w, (const float *)x, T, y, DSV4_STREAM(stream));
+        if (r <= 0) return r;
+    }
     return linear_one(w, x, w->cols, x_bf16, T, y, w->rows, ws, wsb, DSV4_STREAM(stream));
 }
 extern "C" int dsv4_cuda_linear(const dsv4_cuda_weight *w, const void *x, int x_bf16, int T, float *y, void *stream) {

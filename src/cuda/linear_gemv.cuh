@@ -62,6 +62,8 @@ template <int NJ> struct tc_args {
  * and column slices S): every y row bitwise the GEMV's. 0: done; 1: not taken (F32 weights, too many columns, ws NULL
  * or smaller than the jobs need; nothing enqueued); -1: launch error. */
 int dsv4_linear_bi_run(const tc_job *jobs, int nj, int xt, int S, int x_bf16, int T, void *ws, size_t wsb, cudaStream_t st);
+/* The QGMMA GEMV prototype (linear_q8.cu): 0 done, 1 not taken (off, or not its format / shape / T), -1 error */
+extern "C" int dsv4_linear_q8_run(const dsv4_cuda_weight *w, const float *x, int T, float *y, cudaStream_t st);
 /* Fewest rows of x that take it (fewer: one or two GEMV launches are as fast) */
 #define DSV4_LINEAR_BI_MIN_T DSV4_CUDA_LINEAR_WS_MIN_T
 

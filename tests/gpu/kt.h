@@ -100,6 +100,7 @@ void multi_layout(const mspec *s, int n, int xs, int ys, int64_t *xo, int64_t *y
 void test_linear_multi(const char *tag, const mspec *s, int n, int views, int xs, int ys, int xbf16, int T);
 void test_linear_multi_T(const char *tag, const mspec *s, int n, int views, int xs, int ys, int xbf16);
 void test_linear_gemm(const char *tag, int R, int C, int T, int scale_f32, int row0);
+void test_linear_q8(int R, int C, int T, int scale_f32, int row0);
 void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T, int row0, int ab, int strided);
 void test_linear_gemm_declines(void);
 

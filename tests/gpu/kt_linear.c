@@ -548,3 +548,50 @@ void test_linear_gemm_declines(void) {
     dsv4_cuda_weight_free(&da), dsv4_cuda_weight_free(&db), dsv4_cuda_weight_free(&dc);
     free_hweight(&a), free_hweight(&b), free_hweight(&c);
 }
+
+/* The QGMMA GEMV prototype (linear_q8.cu, dsv4_cuda_linear_q8): FP8 act-quant weights at T = 1 .. 8 against the CPU
+ * twin at the FP8 tensor cores' accumulation bar (test_moe_f8's: 8 x 2.6e-5 x 0.8 sqrt(C) of the reference's rms), every
+ * row of T tokens bitwise the same row at T = 1 (batch invariance within the prototype's range), a rerun bitwise equal,
+ * and how many outputs differ from the f16 GEMV (all but a few: the prototype ran). */
+void test_linear_q8(int R, int C, int T, int scale_f32, int row0) {
+    hweight h = make_weight(DSV4_WF_FP8, R + row0, C, scale_f32, 1);
+    h.w.row0 = row0, h.w.rows = R;
+    dsv4_cuda_weight dw;
+    op_ok(dsv4_cuda_weight_upload(&h.w, &dw), "weight upload");
+    float *x = rand_wide((size_t)T * C), *ref = malloc(sizeof(float) * (size_t)T * R), *got = malloc(sizeof(float) * (size_t)T * R);
+    float *g1 = malloc(sizeof(float) * (size_t)T * R), *gv = malloc(sizeof(float) * (size_t)T * R);
+    dsv4_cpu_linear(&h.w, x, T, ref);
+    float *dx = dup_to_dev(x, sizeof(float) * (size_t)T * C), *dy = dsv4_cuda_alloc(sizeof(float) * (size_t)T * R);
+    dsv4_cuda_linear_q8(0);
+    op_ok(dsv4_cuda_linear(&dw, dx, 0, T, dy, NULL), "linear (GEMV)");
+    sync_ok();
+    from_dev(gv, dy, sizeof(float) * (size_t)T * R);
+    dsv4_cuda_linear_q8(1);
+    op_ok(dsv4_cuda_linear(&dw, dx, 0, T, dy, NULL), "linear q8");
+    sync_ok();
+    from_dev(got, dy, sizeof(float) * (size_t)T * R);
+    int inv = 1;
+    for (int t = 0; t < T && inv; t++) { /* each row alone */
+        op_ok(dsv4_cuda_linear(&dw, dx + (size_t)t * C, 0, 1, dy, NULL), "linear q8 (one row)");
+        sync_ok();
+        from_dev(g1, dy, sizeof(float) * (size_t)R);
+        inv = !memcmp(g1, got + (size_t)t * R, sizeof(float) * (size_t)R);
+    }
+    op_ok(dsv4_cuda_linear(&dw, dx, 0, T, dy, NULL), "linear q8 (rerun)");
+    sync_ok();
+    from_dev(g1, dy, sizeof(float) * (size_t)T * R);
+    const int same = !memcmp(g1, got, sizeof(float) * (size_t)T * R);
+    dsv4_cuda_linear_q8(-1);
+    size_t nd = 0;
+    for (size_t i = 0; i < (size_t)T * R; i++) nd += memcmp(&got[i], &gv[i], 4) != 0;
+    char name[128];
+    snprintf(name, sizeof name, "linear q8 FP8%s %dx%d%s T=%d aq", scale_f32 ? "(f32 s)" : "", R, C, row0 ? "+view" : "", T);
+    const double bar = 8 * 2.6e-5 * 0.8 * sqrt((double)C);
+    check(name, got, ref, (size_t)T * R, bar * rms(ref, (size_t)T * R), 0);
+    g_checks += 2, g_fail += !inv + !same;
+    printf("%-4s %s: each row alone == in the batch (bitwise)%s\n", inv ? "ok" : "FAIL", name, inv ? "" : " <<<");
+    printf("%-4s %s: rerun bitwise equal%s\n", same ? "ok" : "FAIL", name, same ? "" : " <<<");
+    printf("info %s: %zu of %zu outputs differ from the f16 GEMV's bits (FP8 tensor-core sums)\n", name, nd, (size_t)T * R);
+    dsv4_cuda_free(dx), dsv4_cuda_free(dy), dsv4_cuda_weight_free(&dw);
+    free(x), free(ref), free(got), free(g1), free(gv), free_hweight(&h);
+}

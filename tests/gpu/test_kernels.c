@@ -11,18 +11,19 @@
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|pfb|topk]   (--only linear: the linear checks and timings
+ * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|pfb|topk|q8]   (--only linear: the linear checks and timings
  * alone; --only gemm: those of the FP8 prefill GEMM alone; --only multi: those of the grouped linears, and the single ones
  * they replace; --only mt: those of the multi-token GEMM, timed against the GEMV at Flash's shapes; --only hc: those of
  * mHC pre / post / head; --only moe: the MoE grouping / expert / combine checks and the
- * experts' timings; --only moebench: the experts' timings alone; --only pfb: the BF16 prefill experts' checks; --only topk: the indexer top-k's checks and times) */
+ * experts' timings; --only moebench: the experts' timings alone; --only pfb: the BF16 prefill experts' checks; --only topk: the indexer top-k's checks and times; --only q8: the QGMMA GEMV prototype's checks, and Flash's / Pro's FP8
+ * linears timed without and with it) */
 #include "kt.h"
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach a log even if a timeout kills the run (bench/device_run.sh) */
     setenv("DSV4_LINEAR_GEMM_F16", "1", 0); /* the split GEMM's f16 form (opt-in) is checked too */
     setenv("DSV4_MOE_F8", "0", 0); /* the f16 experts kernels' checks (the default); the FP8 kernels' through their mode bit */
-    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0, only_topk = 0;
+    int bench = 1, only_lin = 0, only_gemm = 0, only_hc = 0, only_multi = 0, only_moe = 0, only_mt = 0, only_topk = 0, only_q8 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "multi")) only_lin = only_multi = 1, i++;
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moebench")) only_moe = 2, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pfb")) only_moe = 3, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "topk")) only_topk = 1, i++;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "q8")) only_q8 = 1, i++;
     }
     dsv4_cuda_info info;
     char err[256];
@@ -52,6 +54,34 @@ int main(int argc, char **argv) {
     if (only_moe == 3) goto pfb_checks; /* the BF16 prefill experts alone */
     if (only_moe) goto moe_checks;
     if (only_topk) goto topk_checks;
+    if (only_q8) { /* the QGMMA GEMV prototype (linear_q8.cu): its checks, then Flash's / Pro's shapes without and with it */
+        test_linear_q8(1024, 4096, 1, 0, 0);
+        test_linear_q8(1024, 4096, 8, 0, 0);
+        test_linear_q8(4096, 1024, 3, 0, 0);
+        test_linear_q8(512, 1024, 2, 1, 0);       /* fp32 block scales */
+        test_linear_q8(1024, 8192, 5, 0, 1024);   /* a view (wo_a's groups) */
+        test_linear_q8(4096, 8192, 8, 0, 0);      /* wo_b: clusters */
+        test_linear_q8(64, 4096, 1, 0, 0);        /* one tile */
+        test_linear_q8(192, 640, 7, 0, 0);        /* 5 units over 4 slices: ragged */
+        test_linear_q8(192, 384, 7, 0, 0);        /* 3 units over 4 slices: one slice empty */
+        printf("%d checks, %d failed\n", g_checks, g_fail);
+        if (bench) {
+            static const int Tq[2] = {1, 8};
+            bench_copy();
+            for (int on = 0; on < 2; on++) {
+                dsv4_cuda_linear_q8(on);
+                printf("q8 %s\n", on ? "on (QGMMA GEMV)" : "off (gemv_tc)");
+                bench_linear("wq_a Flash", DSV4_WF_FP8, 1024, 4096, Tq, 2, 1);
+                bench_linear("wq_b Flash", DSV4_WF_FP8, 32768, 1024, Tq, 2, 1);
+                bench_linear("wo_b Flash", DSV4_WF_FP8, 4096, 8192, Tq, 2, 1);
+                bench_linear("shared w1/w3 Flash", DSV4_WF_FP8, 2048, 4096, Tq, 2, 1);
+                bench_linear("wq_b Pro", DSV4_WF_FP8, 65536, 1536, Tq, 2, 1);
+                bench_linear("wo_b Pro", DSV4_WF_FP8, 7168, 16384, Tq, 2, 1);
+            }
+            dsv4_cuda_linear_q8(-1);
+        }
+        return g_fail ? 1 : 0;
+    }
     /* linear: every format, decode (GEMV, 16-byte path) and odd sizes (element path), prefill (GEMM) */
     test_linear("wq_a", DSV4_WF_FP8, 1024, 4096, 1, 0, 1, 0);
     test_linear("wq_b", DSV4_WF_FP8, 4096, 1024, 4, 0, 1, 0);
