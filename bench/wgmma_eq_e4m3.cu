@@ -7,8 +7,9 @@
  * accumulators every 4 steps = one 128-column unit, each unit's result added in fp32 in the same order by both), step
  * (fresh every step, the experts' form in moe_f8.cuh). Prints per form how many outputs differ from mma.sync (bits and
  * value), and the largest error of each against a double reference (relative to sum |terms|; a wrong fragment layout
- * shows as O(1)). `make -f bench/Makefile wgmma-eq-e4m3` (sm_90a; H100 2026-12-06: 99.97-99.99 % of the outputs differ in every
- * form; wgmma error 8.3e-4 chain, 1.2-1.4e-4 unit, 5.5-6.1e-5 step, mma.sync ~1e-7: bench/RESULTS.md session 37). */
+ * shows as O(1)). `make -f bench/Makefile wgmma-eq-e4m3` (sm_90a; H100 2026-12-06: 99.97-99.99 % of the outputs
+ * differ in every form; wgmma error 8.3e-4 chain, 1.2-1.4e-4 unit, 5.5-6.1e-5 step, mma.sync ~1e-7: bench/RESULTS.md
+ * session 37). */
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
