@@ -36,6 +36,7 @@
 #include "attn_fold.cuh"
 #include "common.cuh"
 #include "kv_cache.cuh"
+#include "wgmma.cuh"
 
 #define TC_N 32   /* entries per tile */
 #define TC_D 512  /* dims per row in shared memory (zero-padded) */
@@ -54,6 +55,9 @@
 /* decode: lists under this many entries are short: spans of DSV4_CUDA_ATTN_TC_SPT_SHORT tiles (twice the blocks at
  * batch 1; V4's sliding-window and, up to 48K of capacity, ratio-128 layers) */
 #define TC_DEC_SHORT 512
+#ifndef TC_WG_SG
+#define TC_WG_SG 2 /* warpgroup MMA decode form: score slices a commit group */
+#endif
 
 /* halves from a row's start to its 16-byte chunk c: chunks XOR-swizzled by row (ldmatrix without bank conflicts) */
 __device__ __forceinline__ int tc_sw(int r, int c) { return (c ^ (r & 7)) << 3; }
@@ -94,8 +98,8 @@ __device__ __forceinline__ void tc_split8(const float (&v)[8], uint4 &hi, uint4 
 /* the two warps of head group g (named barrier 1 + g) */
 __device__ __forceinline__ void tc_pair_sync(int g) { asm volatile("bar.sync %0, 64;\n" ::"r"(1 + g) : "memory"); }
 
-static size_t tc_smem(int Dh, int R, int HB) {
-    return sizeof(__half) * ((size_t)2 * HB * TC_D + (size_t)TC_N * TC_D + (size_t)TC_N * TC_LO) +
+static size_t tc_smem(int Dh, int R, int HB, int WGM = 0) {
+    return sizeof(__half) * ((size_t)2 * HB * TC_D + (size_t)TC_N * TC_D + (size_t)TC_N * TC_LO) + (WGM ? (size_t)32 * 512 : 0) +
            sizeof(float) * (8 * 16 * TC_N + 8 * 16 * 2 + TC_LO) + sizeof(int) * 2 * TC_N + (size_t)TC_N * dsv4_kv_row_bytes(Dh, R);
 }
 
@@ -106,7 +110,7 @@ static size_t tc_smem(int Dh, int R, int HB) {
  * 1: the block takes every span and folds each into the total (attn_fold.cuh; the total's O waits in out between
  * spans), else the block takes span blockIdx.z and writes its state (m, l, O x 2^12) to part for ak_combine_launch:
  * the same bits either way. orope: the output's inverse RoPE (freq NULL: none). */
-template <bool DEC, int HB, bool HL>
+template <bool DEC, int HB, bool HL, bool WGM = false>
 __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel(const float *q, int H, int Dh, int R,
                                                               const uint8_t *const *base, const float *kv2,
                                                               const int *idx, int nidx, const float *sink, float scale,
@@ -115,11 +119,15 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
     dev_pdl_enter();
     extern __shared__ __align__(16) uint8_t tsm[];
     static_assert(HB == TC_HB || (DEC && HB == 16), "64 heads a block, or 16 (decode)");
+    static_assert(!WGM || (DEC && HB == TC_HB && HL), "warpgroup MMA: the decode form of 64 heads, hi + lo");
     constexpr int WG = HB / 16, DW = TC_D * WG / 8; /* head groups of 16; dims a warp (256 or 64) */
     __half *Qh = (__half *)tsm;              /* [HB heads][512] q hi */
     __half *Ql = Qh + HB * TC_D;             /* [HB][512] q lo */
     __half *Kh = Ql + HB * TC_D;             /* [32 entries][512] rows (hi) */
-    __half *Kl = Kh + TC_N * TC_D;           /* [32][64] lo of dims nope .. nope + 63 */
+    /* WGM: 32 chunks of zeros (Kz, 16 KB) before Kl: read as 256 dims N-major from Kz + 8 chunks, the rope terms of p.V
+     * land on n-tiles 24 .. 31 (rope dims 448 .. 511) and zeros elsewhere; from Kz, zeros (the warpgroup without them) */
+    __half *Kz = Kh + TC_N * TC_D;
+    __half *Kl = Kz + (WGM ? 32 * 256 : 0);  /* [32][64] lo of dims nope .. nope + 63 */
     float *Sx = (float *)(Kl + TC_N * TC_LO); /* [8 warps][16][32] partial scores, fragment order */
     float *Tml = Sx + 8 * 16 * TC_N;         /* [8 warps][16 rows][M, L] the total's (full mode; O waits in out) */
     float *Rcs = Tml + 8 * 16 * 2;           /* [R / 2][cos, sin] of the output's inverse RoPE (decode, full mode) */
@@ -159,7 +167,7 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
     /* q of the block's heads as hi + lo (zeros past H and Dh); decode: 8 steps' loads in flight */
 #pragma unroll (DEC ? 2 * WG : 1)
     for (int u = tid; u < HB * (TC_D / 8); u += TC_NT) {
-        const int r = u >> 6, c = u & 63, hh = h0 + r, d0 = 8 * c;
+        const int r = WGM ? u & (HB - 1) : u >> 6, c = WGM ? u / HB : u & 63, hh = h0 + r, d0 = 8 * c;
         float v[8];
         if (hh < H && d0 < Dh) {
             const float *src = q + ((int64_t)t * H + hh) * Dh + d0;
@@ -176,8 +184,18 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
         }
         uint4 hi, lo;
         tc_split8(v, hi, lo);
-        *(uint4 *)(Qh + r * TC_D + tc_sw(r, c)) = hi;
-        if constexpr (HL) *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
+        if constexpr (WGM) { /* wgmma's core matrices (attn_kv8_wg's q layout): chunk c of head r */
+            *(uint4 *)((uint8_t *)Qh + c * 1024 + (r >> 3) * 128 + (r & 7) * 16) = hi;
+            *(uint4 *)((uint8_t *)Ql + c * 1024 + (r >> 3) * 128 + (r & 7) * 16) = lo;
+        } else {
+            *(uint4 *)(Qh + r * TC_D + tc_sw(r, c)) = hi;
+            if constexpr (HL) *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
+        }
+    }
+    if constexpr (WGM) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) ((uint4 *)Kz)[tid + k * TC_NT] = make_uint4(0, 0, 0, 0); /* 16 KB */
+        wg_fence_proxy();
     }
     __syncthreads();
     if constexpr (!DEC) issue(s_begin, ids);
@@ -240,7 +258,7 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
         /* rows into Kh / Kl: a thread per 8 dims of a row */
 #pragma unroll 4
         for (int k = 0; k < TC_N * (TC_D / 8) / TC_NT; k++) {
-            const int u = tid + k * TC_NT, i = u >> 6, c = u & 63, d0 = 8 * c, id = cid[i];
+            const int u = tid + k * TC_NT, i = WGM ? u & (TC_N - 1) : u >> 6, c = WGM ? u / TC_N : u & 63, d0 = 8 * c, id = cid[i];
             float v[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) v[j] = 0.0f;
@@ -276,13 +294,16 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
             uint4 hi, lo;
             if (HL && d0 >= nope && d0 < nope + TC_LO) {
                 tc_split8(v, hi, lo);
-                *(uint4 *)(Kl + i * TC_LO + tc_sw(i, (d0 - nope) >> 3)) = lo;
+                if constexpr (WGM) *(uint4 *)((uint8_t *)Kl + ((d0 - nope) >> 3) * 512 + (i >> 3) * 128 + (i & 7) * 16) = lo;
+                else *(uint4 *)(Kl + i * TC_LO + tc_sw(i, (d0 - nope) >> 3)) = lo;
             } else { /* FP8 values (exact); without HL the rope dims too, as one f16 term */
                 hi.x = tc_u32(__floats2half2_rn(v[0], v[1])), hi.y = tc_u32(__floats2half2_rn(v[2], v[3]));
                 hi.z = tc_u32(__floats2half2_rn(v[4], v[5])), hi.w = tc_u32(__floats2half2_rn(v[6], v[7]));
             }
-            *(uint4 *)(Kh + i * TC_D + tc_sw(i, c)) = hi;
+            if constexpr (WGM) *(uint4 *)((uint8_t *)Kh + c * 512 + (i >> 3) * 128 + (i & 7) * 16) = hi; /* attn_kv8_wg's rows */
+            else *(uint4 *)(Kh + i * TC_D + tc_sw(i, c)) = hi;
         }
+        if constexpr (WGM) wg_fence_proxy();
         __syncthreads(); /* Kh / Kl and the next ids are in; raw is free */
         if (s + 1 < s_end) issue(s + 1, ids + ((s + 1 - s_begin) & 1) * TC_N);
 
@@ -308,6 +329,56 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
             tc_pair_sync(g);
 #pragma unroll
             for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
+        } else if constexpr (WGM) {
+            /* the decode form's chains on warpgroup MMA (the bits of mma.sync's: wgmma.cuh), warpgroup hf's four slices
+             * at once: per k-step q hi . k then q lo . k (m64n32k16, both operands in shared memory; accumulators from
+             * +0 as mma.sync's), then q hi . k lo on the rope slice (nope 448: slice 3 of warpgroup 1). Warpgroup 0 runs
+             * the same four steps on zeros (Kz: a value plus +0 is the value; no branch around a wgmma) */
+            const unsigned qha = (unsigned)__cvta_generic_to_shared(Qh), qla = (unsigned)__cvta_generic_to_shared(Ql);
+            const unsigned kha = (unsigned)__cvta_generic_to_shared(Kh);
+            const unsigned kra = (unsigned)__cvta_generic_to_shared(lo_mine ? Kl : Kz);
+            constexpr int SG = TC_WG_SG; /* slices a commit group (their chains in flight together) */
+#pragma unroll
+            for (int s0 = 0; s0 < 4; s0 += SG) {
+                float p[SG][4][4];
+#pragma unroll
+                for (int sl = 0; sl < SG; sl++)
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) p[sl][n][j] = 0.0f;
+                wg_fence();
+#pragma unroll
+                for (int sl = 0; sl < SG; sl++) {
+                    const int cb = 32 * hf + 8 * (s0 + sl); /* the slice's first chunk of 8 dims */
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) {
+                        const int c = cb + 2 * kk;
+                        wg_mma_ss_n32(p[sl], wg_desc(qha + c * 1024, 1024, 128), wg_desc(kha + c * 512, 512, 128), 1);
+                        wg_mma_ss_n32(p[sl], wg_desc(qla + c * 1024, 1024, 128), wg_desc(kha + c * 512, 512, 128), 1);
+                    }
+                    if (s0 + sl == 3)
+#pragma unroll
+                        for (int kk = 0; kk < 4; kk++)
+                            wg_mma_ss_n32(p[sl], wg_desc(qha + (cb + 2 * kk) * 1024, 1024, 128), wg_desc(kra + kk * 1024, 512, 128), 1);
+                }
+                wg_commit();
+                wg_wait<0>();
+#pragma unroll
+                for (int sl = 0; sl < SG; sl++)
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            wg_keep(p[sl][n][j]);
+                            S[4 * n + j] = s0 + sl ? __fadd_rn(S[4 * n + j], p[sl][n][j]) : p[sl][n][j];
+                        }
+            }
+#pragma unroll
+            for (int v = 0; v < 16; v++) Sx[(warp * 16 + v) * TC_N + lane] = S[v];
+            tc_pair_sync(g); /* two warps a head group: S = own half + other half (commutative) */
+#pragma unroll
+            for (int v = 0; v < 16; v++) S[v] = __fadd_rn(S[v], Sx[((warp ^ 4) * 16 + v) * TC_N + lane]);
         } else {
             /* decode: the scores in slices of 64 dims, p_i = one chain per slice (q hi then q lo products a k-step;
              * q hi . k lo after them on the rope slice), S = (((p0 + p1) + p2) + p3) + (((p4 + p5) + p6) + p7):
@@ -382,29 +453,56 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
             tc_split(S[8 * j + 4], S[8 * j + 5], ph[j][2], pl[j][2]);
             tc_split(S[8 * j + 6], S[8 * j + 7], ph[j][3], pl[j][3]);
         }
-        /* O += p.V over this warp's dims, 16 at a time */
-#pragma unroll
-        for (int dp = 0; dp < NO / 2; dp++) {
-            const int c0 = DW / 8 * hf + 2 * dp;
+        if constexpr (WGM) {
+            /* O += p.V on warpgroup MMA: per k-step of 16 entries p hi . V then p lo . V over the warpgroup's 256 dims
+             * (m64n256k16, V = the rows read N-major), then p hi . V lo: 256 dims from Kz + 8 chunks, i.e. the rope
+             * dims' lo on n-tiles 24 .. 31 of warpgroup 1 and zeros elsewhere (all zeros for warpgroup 0): mma.sync's
+             * order for every n-tile (an exact zero added changes no sum; O is never -0: it starts at +0) */
+            const unsigned vb = (unsigned)__cvta_generic_to_shared(Kh) + hf * 32 * 512;
+            const unsigned vr = (unsigned)__cvta_generic_to_shared(Kz) + (lo_mine ? 8 * 512 : 0);
+            wg_fence();
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                uint32_t b[4];
-                tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
-                tc_mma(O[2 * dp], ph[j], b[0], b[1]);
-                tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
-                if constexpr (HL) {
-                    tc_mma(O[2 * dp], pl[j], b[0], b[1]);
-                    tc_mma(O[2 * dp + 1], pl[j], b[2], b[3]);
-                }
+                wg_mma_rs_n256t(O, ph[j], wg_desc(vb + j * 256, 128, 512));
+                wg_mma_rs_n256t(O, pl[j], wg_desc(vb + j * 256, 128, 512));
             }
-            const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
-            if (HL && lo_mine && dl >= 0 && dl < TC_LO) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) wg_mma_rs_n256t(O, ph[j], wg_desc(vr + j * 256, 128, 512));
+            wg_commit();
+            wg_wait<0>();
+#pragma unroll
+            for (int n = 0; n < NO; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) wg_keep(O[n][j]);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) wg_keep(ph[j][k]), wg_keep(pl[j][k]);
+        } else {
+            /* O += p.V over this warp's dims, 16 at a time */
+#pragma unroll
+            for (int dp = 0; dp < NO / 2; dp++) {
+                const int c0 = DW / 8 * hf + 2 * dp;
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     uint32_t b[4];
-                    tc_ldsm4t(b, Kl + (16 * j + rv) * TC_LO + tc_sw(16 * j + rv, (dl >> 3) + cv));
+                    tc_ldsm4t(b, Kh + (16 * j + rv) * TC_D + tc_sw(16 * j + rv, c0 + cv));
                     tc_mma(O[2 * dp], ph[j], b[0], b[1]);
                     tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
+                    if constexpr (HL) {
+                        tc_mma(O[2 * dp], pl[j], b[0], b[1]);
+                        tc_mma(O[2 * dp + 1], pl[j], b[2], b[3]);
+                    }
+                }
+                const int dl = 8 * c0 - nope; /* p hi . V lo on the rope dims */
+                if (HL && lo_mine && dl >= 0 && dl < TC_LO) {
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        uint32_t b[4];
+                        tc_ldsm4t(b, Kl + (16 * j + rv) * TC_LO + tc_sw(16 * j + rv, (dl >> 3) + cv));
+                        tc_mma(O[2 * dp], ph[j], b[0], b[1]);
+                        tc_mma(O[2 * dp + 1], ph[j], b[2], b[3]);
+                    }
                 }
             }
         }
@@ -599,7 +697,18 @@ static int tc_h16(int T, int H, int Dh, int R, int nspan_launched) {
 }
 static int tc_force_mode = -1;
 
-extern "C" void dsv4_cuda_attn_kv8_tc_force(int mode) { tc_force_mode = mode >= 0 && mode <= 3 ? mode : -1; }
+extern "C" void dsv4_cuda_attn_kv8_tc_force(int mode) { tc_force_mode = mode >= 0 && mode <= 4 ? mode : -1; }
+
+/* decode, query blocks of 64 heads (hi + lo; Dh 512 with 64 rope dims: V4's): the decode form's chains on warpgroup
+ * MMA (the same bits). DSV4_CUDA_ATTN_TC_WG (read once; off until measured); dsv4_cuda_attn_kv8_tc_wg for tests. */
+static int tc_wg = -1;
+extern "C" void dsv4_cuda_attn_kv8_tc_wg(int on) { tc_wg = on == 0 || on == 1 ? on : -1; }
+static int tc_wg_on(void) {
+    static int env = -1;
+    if (tc_wg >= 0) return tc_wg;
+    if (env < 0) env = dsv4_env_int("DSV4_CUDA_ATTN_TC_WG", 0) != 0;
+    return env;
+}
 
 extern "C" int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R) {
     return H > 0 && Dh <= TC_D && Dh > R && R >= 0 && R <= TC_LO && R % 2 == 0 && (Dh - R) % 64 == 0 &&
@@ -625,7 +734,7 @@ extern "C" size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx) 
 
 /* DEC: the decode form (spt tiles per span asked; partial: a block per span, scratch; HB heads a block), else the
  * prefill form */
-template <bool DEC, int HB, bool HL = true>
+template <bool DEC, int HB, bool HL = true, bool WGM = false>
 static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                   const int *idx, int nidx, const float *sink, float scale, const float *freq, const int *pos,
                   float *out, float *scratch, int spt, int partial, cudaStream_t st) {
@@ -637,10 +746,12 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
             return dsv4_cuda_fail("attn_kv8_tc: memset failed");
         return 0; /* zeros rotate to zeros */
     }
-    const size_t smem = tc_smem(Dh, R, HB);
+    const size_t smem = tc_smem(Dh, R, HB, WGM);
+    if (smem > (size_t)dsv4_cuda_dev.smem_optin)
+        return dsv4_cuda_fail("attn_kv8_tc: %zu bytes of shared memory needed", smem);
     static size_t raised = 0;
     if (smem > raised) {
-        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel<DEC, HB, HL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel<DEC, HB, HL, WGM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem) != cudaSuccess)
             return dsv4_cuda_fail("attn_kv8_tc: cannot raise shared memory to %zu bytes", smem);
         raised = smem;
@@ -652,7 +763,7 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
         return dsv4_cuda_fail("attn_kv8_tc: %d entries in %d spans need 16-byte aligned scratch", nidx, nspan);
     const int vec = Dh % 4 == 0 && !((uintptr_t)q & 15) && !((uintptr_t)kv2 & 15);
     const ak_rope ro = {freq, pos};
-    dev_launch(attn_kv8_tc_kernel<DEC, HB, HL>, dim3(T, (H + HB - 1) / HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
+    dev_launch(attn_kv8_tc_kernel<DEC, HB, HL, WGM>, dim3(T, (H + HB - 1) / HB, partial ? nspan : 1), TC_NT, smem, st, q, H, Dh, R,
                base, kv2, idx, nidx, sink, scale, out, scratch, spe, nspan, vec, ro);
     if (dsv4_cuda_check_launch("attn_kv8_tc")) return -1;
     if (!partial) return 0;
@@ -692,13 +803,19 @@ extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, i
                                          const float *kv2, const int *idx, int nidx, const float *sink, float scale,
                                          const float *freq, const int *pos, float *out, float *scratch, void *stream) {
     /* the launch shape changes no bit: a block per span up to TC_PMAX_T queries (fills the GPU), else per query; 16
-     * or 64 heads a block (tc_h16) */
-    const int partial = tc_force_mode >= 0 ? !(tc_force_mode & 1) && T <= TC_PMAX_T : T <= TC_PMAX_T;
+     * or 64 heads a block (tc_h16); query blocks of 64 heads on warpgroup MMA (tc_wg_on; force mode 4) */
+    const int fm = tc_force_mode;
+    const int partial = fm >= 0 ? fm != 4 && !(fm & 1) && T <= TC_PMAX_T : T <= TC_PMAX_T;
     int spe, nspan;
     tc_spans(nidx, tc_dec_spt(nidx), &spe, &nspan);
-    const int h16 = tc_force_mode >= 0 ? tc_force_mode >= 2 : tc_h16(T, H, Dh, R, partial && nspan > 1 ? nspan : 1);
+    const int h16 = fm >= 0 ? fm == 2 || fm == 3 : tc_h16(T, H, Dh, R, partial && nspan > 1 ? nspan : 1);
     const int sp = tc_dec_spt(nidx);
     cudaStream_t st = DSV4_STREAM(stream);
+    const int wgm = (fm == 4 || (fm < 0 && tc_wg_on())) && !h16 && !(partial && nspan > 1) && tc_hl(1) && Dh == TC_D && R == TC_LO &&
+                    tc_smem(Dh, R, TC_HB, 1) <= (size_t)dsv4_cuda_dev.smem_optin;
+    if (wgm)
+        return tc_run<true, TC_HB, true, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
+                                               partial, st);
     if (tc_hl(1))
         return h16 ? tc_run<true, 16, true>(q, T, H, Dh, R, base, kv2, idx, nidx, sink, scale, freq, pos, out, scratch, sp,
                                             partial, st)

@@ -127,8 +127,12 @@ int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, int R, const
 size_t dsv4_cuda_attn_kv8_tc_scratch(int T, int H, int Dh, int nidx);
 int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R);
 /* Tests only: dsv4_cuda_attn_kv8_tc_dec's launch shape (bit 0: 0 a block per span when T <= 32, 1 per query; bit 1:
- * 0 64 heads a block, 1 16 heads; -1: auto). Every shape gives the same bits. */
+ * 0 64 heads a block, 1 16 heads; 4: query blocks of 64 heads on warpgroup MMA where the shape takes it (Dh 512, 64
+ * rope dims); -1: auto). Every shape gives the same bits. */
 void dsv4_cuda_attn_kv8_tc_force(int mode);
+/* dsv4_cuda_attn_kv8_tc_dec's query blocks of 64 heads on warpgroup MMA by default (1), not (0), or as
+ * DSV4_CUDA_ATTN_TC_WG says (-1) */
+void dsv4_cuda_attn_kv8_tc_wg(int on);
 /* 0 when DSV4_CUDA_ATTN_TC=0 (read once): prefill passes then take dsv4_cuda_attn_kv8 */
 int dsv4_cuda_attn_tc_enabled(void);
 /* Whether a decode step's attention over lists of nidx entries (a layer's, fixed for the model: never by T) takes

@@ -306,7 +306,7 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
     /* every launch shape: the same bits */
     int shapes = 0, shape_diff = 0;
     for (int cfg = 0; cfg < (tc == 1 ? 0 : tc == 2 ? 1 : 5); cfg++)
-        for (int mode = 0; mode < (tc == 2 ? 4 : 2); mode++) { /* tc: 64 / 16 heads a block x span / query blocks */
+        for (int mode = 0; mode < (tc == 2 ? 5 : 2); mode++) { /* tc: 64 / 16 heads a block x span / query blocks; 4: warpgroup MMA */
             if (tc == 2) dsv4_cuda_attn_kv8_tc_force(mode);
             else dsv4_cuda_attn_kv8_force(cfg, mode);
             if (attn_call(tc, dq, T, H, Dh, R, dbase, with_kv2 ? dkv2 : NULL, didx, nidx, dsink, scale, dout, dscr) ||
@@ -338,7 +338,7 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
         float *dout2 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * H * Dh);
         float *ra = malloc(sizeof(float) * (size_t)T * H * Dh), *rf = malloc(sizeof(float) * (size_t)T * H * Dh);
         for (int cfg = -1; cfg < (tc ? 0 : 5); cfg++)
-            for (int mode = 0; mode < (cfg < 0 ? (tc ? 5 : 1) : 2); mode++) {
+            for (int mode = 0; mode < (cfg < 0 ? (tc ? 6 : 1) : 2); mode++) {
                 if (tc) dsv4_cuda_attn_kv8_tc_force(mode - 1);
                 else dsv4_cuda_attn_kv8_force(cfg, cfg < 0 ? -1 : mode);
                 const float *k2 = with_kv2 ? dkv2 : NULL;
@@ -675,17 +675,17 @@ static void bench_attn(void) {
                 const double wt = tol_worst(o1, o2, (size_t)T * H * Dh, NULL);
                 double rl;
                 const int ok = tc_sane(dsv4_cuda_attn_kv8_tc_hilo(1, -2), wt, o1, o2, (size_t)T * H * Dh, &rl);
-                double sh[4] = {-1, -1, -1, -1};
-                for (int mode = 0; mode < 4; mode++) {
-                    if (!(mode & 1) && T > 32) continue;
+                double sh[5] = {-1, -1, -1, -1, -1};
+                for (int mode = 0; mode < 5; mode++) {
+                    if (!(mode & 1) && mode != 4 && T > 32) continue;
                     dsv4_cuda_attn_kv8_tc_force(mode);
                     sh[mode] = time_us(run_attn, &k, T == 256 ? 3 : reps);
                 }
                 dsv4_cuda_attn_kv8_tc_force(-1);
                 printf("     time attn_kv8_tc_dec T %3d nidx %3d: %7.1f us (%5.2fx attn_kv8; 64 heads a block: span blocks "
-                       "%.1f, query blocks %.1f; 16 heads: %.1f, %.1f); vs attn_kv8: worst %.3g of the tolerance, relative L2 "
-                       "%.2e%s\n",
-                       T, nidx, tcd, after / tcd, sh[0], sh[1], sh[2], sh[3], wt, rl, ok ? "" : " FAIL");
+                       "%.1f, query blocks %.1f, on warpgroup MMA %.1f; 16 heads: %.1f, %.1f); vs attn_kv8: worst %.3g of the "
+                       "tolerance, relative L2 %.2e%s\n",
+                       T, nidx, tcd, after / tcd, sh[0], sh[1], sh[4], sh[2], sh[3], wt, rl, ok ? "" : " FAIL");
                 fails += !ok;
             }
             if (T <= 64) { /* every launch shape, for tuning */
