@@ -130,8 +130,8 @@ int dsv4_cuda_attn_kv8_tc_fits(int H, int Dh, int R);
  * 0 64 heads a block, 1 16 heads; 4: query blocks of 64 heads on warpgroup MMA where the shape takes it (Dh 512, 64
  * rope dims); -1: auto). Every shape gives the same bits. */
 void dsv4_cuda_attn_kv8_tc_force(int mode);
-/* dsv4_cuda_attn_kv8_tc_dec's query blocks of 64 heads on warpgroup MMA by default (1), not (0), or as
- * DSV4_CUDA_ATTN_TC_WG says (-1) */
+/* dsv4_cuda_attn_kv8_tc_dec's query blocks of 64 heads on warpgroup MMA (1), not (0), or as DSV4_CUDA_ATTN_TC_WG
+ * says (-1; default on). The same bits either way. */
 void dsv4_cuda_attn_kv8_tc_wg(int on);
 /* 0 when DSV4_CUDA_ATTN_TC=0 (read once): prefill passes then take dsv4_cuda_attn_kv8 */
 int dsv4_cuda_attn_tc_enabled(void);
