@@ -208,8 +208,18 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     };
 
     const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NUS;
-#pragma unroll
-    for (int i = 0; i < S - 1; i++) issue(i, n);
+    /* XF (P.xpre < S - 1, an experiment: DSV4_MOE_F8_XPRE): the first chunk's x is staged after only P.xpre units of
+     * weights are issued, so that its loads do not queue behind the whole prologue's weight requests (the clock trace:
+     * x staged 4-6 us after the grid wait at T = 1); the other prologue units follow. Same operations, same bits. */
+    const bool XF = !XR && !PRE && P.xpre < S - 1;
+    const int npre = XF ? P.xpre : S - 1;
+    for (int i = 0; i < npre; i++) issue(i, n);
+    if (XF) {
+        stage(0, cnt < 8 * NT ? cnt : 8 * NT);
+        wg_fence_proxy();
+        mf8_wg_sync(wg);
+        for (int i = npre; i < S - 1; i++) issue(i, n);
+    }
     if (PRE) dev_pdl_wait();
     float acc[NM][NT][4], ua[NM][NT][4];
 #pragma unroll
@@ -224,7 +234,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
         if (uu == 0) { /* a new chunk */
             c0 = ch * 8 * NT;
             nt = cnt - c0 < 8 * NT ? cnt - c0 : 8 * NT;
-            if (!XR) {
+            if (!XR && !(XF && ch == 0)) {
                 mf8_wg_sync(wg); /* the previous chunk's wgmmas are done (each waited) */
                 stage(c0, nt);
                 wg_fence_proxy();

@@ -690,6 +690,23 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     if (!hq) check(name, hg, hr, (size_t)ns * I, bh * rms(hr, (size_t)ns * I), 0);
     snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d y (own h) vs CPU", T, K, E, D, I);
     check(name, yg, yr, (size_t)ns * D, by * rms(yr, (size_t)ns * D), 0);
+    /* the first chunk's x staged before the weights' prologue copies (DSV4_MOE_TC_F8_XFIRST; the blocks' own x staging,
+     * below MF8_RQ_T tokens): the same bits */
+    if (!hq) {
+        float *h2 = malloc(sizeof(float) * (size_t)ns * I), *y2 = malloc(sizeof(float) * (size_t)ns * D);
+        dsv4_cuda_moe_experts_path(DSV4_MOE_TC_F8 | DSV4_MOE_TC_F8_XFIRST);
+        op_ok(dsv4_cuda_moe_experts(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts (x first)");
+        sync_ok();
+        from_dev(h2, dh, sizeof(float) * (size_t)ns * I);
+        from_dev(y2, dy, sizeof(float) * (size_t)ns * D);
+        dsv4_cuda_moe_experts_path(DSV4_MOE_TC_F8);
+        const int same = !memcmp(h2, hg, sizeof(float) * (size_t)ns * I) && !memcmp(y2, yg, sizeof(float) * (size_t)ns * D);
+        g_checks++;
+        if (!same) g_fail++;
+        printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: x staged before the weights' prologue == the default (bitwise)%s\n",
+               same ? "ok" : "FAIL", T, K, E, same ? "" : " <<<");
+        free(h2), free(y2);
+    }
     /* batch invariance on the FP8 path */
     int nt = 0;
     const int same = tokens_alone(&ms.ex, sid, dsel, dw, dx, T, K, E, D, lim, 4, &dp, dh, dy, dout, o1, &nt), bad = nt - same;
