@@ -212,13 +212,15 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
      * weights are issued, so that its loads do not queue behind the whole prologue's weight requests (the clock trace:
      * x staged 4-6 us after the grid wait at T = 1); the other prologue units follow. Same operations, same bits. */
     const bool XF = !XR && !PRE && P.xpre < S - 1;
-    const int npre = XF ? P.xpre : S - 1;
-    for (int i = 0; i < npre; i++) issue(i, n);
     if (XF) {
+        for (int i = 0; i < P.xpre; i++) issue(i, n);
         stage(0, cnt < 8 * NT ? cnt : 8 * NT);
         wg_fence_proxy();
         mf8_wg_sync(wg);
-        for (int i = npre; i < S - 1; i++) issue(i, n);
+        for (int i = P.xpre; i < S - 1; i++) issue(i, n);
+    } else {
+#pragma unroll
+        for (int i = 0; i < S - 1; i++) issue(i, n);
     }
     if (PRE) dev_pdl_wait();
     float acc[NM][NT][4], ua[NM][NT][4];
