@@ -209,11 +209,13 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
 
     const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NUS;
     /* XF (P.xpre < S - 1, an experiment: DSV4_MOE_F8_XPRE): the first chunk's x is staged after only P.xpre units of
-     * weights are issued, so that its loads do not queue behind the whole prologue's weight requests (the clock trace:
-     * x staged 4-6 us after the grid wait at T = 1); the other prologue units follow. Same operations, same bits. */
-    const bool XF = !XR && !PRE && P.xpre < S - 1;
+     * weights are issued (PRE: before the grid wait), so that its loads do not queue behind the whole prologue's weight
+     * requests (the clock trace: x staged 4-6 us after the grid wait at T = 1); the other prologue units follow. Same
+     * operations, same bits. */
+    const bool XF = !XR && P.xpre < S - 1;
     if (XF) {
         for (int i = 0; i < P.xpre; i++) issue(i, n);
+        if (PRE) dev_pdl_wait();
         stage(0, cnt < 8 * NT ? cnt : 8 * NT);
         wg_fence_proxy();
         mf8_wg_sync(wg);
@@ -221,8 +223,8 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     } else {
 #pragma unroll
         for (int i = 0; i < S - 1; i++) issue(i, n);
+        if (PRE) dev_pdl_wait();
     }
-    if (PRE) dev_pdl_wait();
     float acc[NM][NT][4], ua[NM][NT][4];
 #pragma unroll
     for (int m = 0; m < NM; m++)

@@ -1327,7 +1327,8 @@ static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a t
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
 static int mf8_ntmax = 8;  /* DSV4_MOE_F8_NTMAX=1|2|4: its chunks at most 8 x this many tokens (measurements) */
-static int mf8_xpre = MF8_STAGES - 1; /* DSV4_MOE_F8_XPRE=0..2: x staged after this many weight units (the same bits) */
+static int mf8_xpre = MF8_STAGES - 1, mf8_xpre_dn = MF8_STAGES - 1; /* DSV4_MOE_F8_XPRE / _XPRE_DOWN=0..2 (gate / up,
+                                    * down): x staged after this many weight units (the same bits; experiments) */
 template <int GATEUP, int NT, int XR, int GP> static mt_fn mf8_pick_s(int sl) {
     return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP> : mf8_kernel<GATEUP, NT, 1, XR, GP>;
 }
@@ -1420,7 +1421,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         if (mf8_gp < 0)
             mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0),
             mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8),
-            mf8_xpre = dsv4_env_int("DSV4_MOE_F8_XPRE", MF8_STAGES - 1);
+            mf8_xpre = dsv4_env_int("DSV4_MOE_F8_XPRE", MF8_STAGES - 1), mf8_xpre_dn = dsv4_env_int("DSV4_MOE_F8_XPRE_DOWN", MF8_STAGES - 1);
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
         /* (also below MF8_RQ_T tokens when a chunk's whole x would leave one block an SM: Pro's 7,168 columns) */
@@ -1444,7 +1445,8 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
             }
             const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp) : mf8_pick<0>(nt, sl, xr, mf8_gp);
             fp.pre = !gateup && pre;
-            fp.xpre = (mt_mode & DSV4_MOE_TC_F8_XFIRST) || mf8_xpre < 0 ? 0 : mf8_xpre > MF8_STAGES - 1 ? MF8_STAGES - 1 : mf8_xpre;
+            const int xp = gateup ? mf8_xpre : mf8_xpre_dn;
+            fp.xpre = (mt_mode & DSV4_MOE_TC_F8_XFIRST) || xp < 0 ? 0 : xp > MF8_STAGES - 1 ? MF8_STAGES - 1 : xp;
             if (mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
                 return -1;
             return gateup; /* (an FP8 gate / up: its grid lets the next start only at its end) */

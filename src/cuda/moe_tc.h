@@ -31,7 +31,7 @@ int dsv4_moe_tc_selftest(void);
 #define DSV4_MOE_TC_F8 64    /* MXFP4 with act quant on wgmma e4m3 (moe_f8.cuh), the default unless DSV4_MOE_F8=0 (the modes
                               * above turn it off): NOT the f16 kernels' bits (FP8 tensor-core sums) */
 #define DSV4_MOE_TC_F8_XFIRST 128 /* moe_f8.cuh with x staged by the blocks: the first chunk's x before the weights'
-                                   * prologue copies (DSV4_MOE_F8_XPRE=0; the same bits) */
+                                   * prologue copies (DSV4_MOE_F8_XPRE=0 and DSV4_MOE_F8_XPRE_DOWN=0; the same bits) */
 void dsv4_moe_tc_mode(int mode);
 /* TFLOP/s of mma.sync m16n8k16 (f16 in, f32 accumulate) alone: na (8 or 16) independent accumulators a warp, 8-warp
  * blocks, blocks_per_sm of them an SM (a ceiling for these kernels); -1 on an error. */
