@@ -27,6 +27,34 @@
 #define MF8_SB 4    /* (token, unit) items of x a warp loads before quantizing them (loads in flight) */
 #define MF8_RQ_T 16 /* from this many tokens a pass on, x act-quantized once per row (moe_quant_kernel, WO 3) */
 
+/* Clock trace (measurement builds only: -DDSV4_MF8_TRACE; dsv4_cuda_moe_f8_trace arms the next launches): lane 0 of
+ * every warp of the first MF8_TRB blocks writes a row of MF8_TRN u64 to P.trc: 0 the header ((smid + 1) << 48 |
+ * blockIdx.y << 32 | blockIdx.x << 8 | warp), 1 / 2 globaltimer at entry / exit, then clock64 at 3 entry, 4 past the
+ * grid dependency wait, 5 the first weight copies issued (the plan read), 6 the first chunk's x staged, 7 + i unit i's
+ * copies landed (i < MF8_TRU), MF8_TRN - 2 the units the warp ran, MF8_TRN - 1 exit. Blocks past the active experts
+ * write 0-4 and the exit. The default build compiles none of it. */
+#define MF8_TRB DSV4_MF8_TR_BLOCKS
+#define MF8_TRU DSV4_MF8_TR_UNITS
+#define MF8_TRN DSV4_MF8_TR_ROW
+#ifdef DSV4_MF8_TRACE
+__device__ __forceinline__ unsigned long long mf8_gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned mf8_smid() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+#define MF8_TR(k, v)                                                                                                   \
+    do {                                                                                                               \
+        if (trw) trw[k] = (unsigned long long)(v);                                                                     \
+    } while (0)
+#else
+#define MF8_TR(k, v) ((void)0)
+#endif
+
 /* 8 e2m1 nibbles (value 8c + i at bits 4i) -> e4m3 codes (x 2^-6): lo the even values, hi the odd ones */
 __device__ __forceinline__ void mf8_repack(uint32_t w, uint32_t &lo, uint32_t &hi) {
     const uint32_t t = w << 2;
@@ -113,14 +141,26 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2, tw = threadIdx.x & 127;
     const int NU = P.NU, R = P.R, C = P.C, NUS = NU / SL, ub = wg * NUS;
     const bool X1 = !XR && P.x1; /* (every expert has at most one token: chunks of one) */
+#ifdef DSV4_MF8_TRACE
+    const unsigned blin = blockIdx.y * gridDim.x + blockIdx.x;
+    unsigned long long *trw = P.trc && lane == 0 && blin < MF8_TRB ? P.trc + ((size_t)blin * 16 + warp) * MF8_TRN : NULL;
+    MF8_TR(0, ((unsigned long long)(mf8_smid() + 1) << 48) | ((unsigned long long)blockIdx.y << 32) | (blockIdx.x << 8) | warp);
+    MF8_TR(1, mf8_gtime());
+    MF8_TR(3, clock64());
+#endif
     /* the plan and x. P.pre (the down projection after this kernel's gate / up, x staged here): the plan was complete
      * before this grid could start (gate / up let it launch only at its end, past its own grid wait, which waited for the
      * plan's writer), and the weights are constants, so the first weight copies go before the wait; only h, gate / up's
      * output, needs it */
     const bool PRE = !GATEUP && !XR && P.pre;
     if (!PRE) dev_pdl_wait();
+    MF8_TR(4, clock64());
     const int ia = blockIdx.y;
-    if (ia >= *P.p.nact) return;
+    if (ia >= *P.p.nact) {
+        MF8_TR(MF8_TRN - 1, clock64());
+        MF8_TR(2, mf8_gtime());
+        return;
+    }
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
     const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
     const int64_t rowq = C / 32; /* 16-byte chunks a row */
@@ -210,6 +250,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NUS;
 #pragma unroll
     for (int i = 0; i < S - 1; i++) issue(i, n);
+    MF8_TR(5, clock64());
     if (PRE) dev_pdl_wait();
     float acc[NM][NT][4], ua[NM][NT][4];
 #pragma unroll
@@ -230,8 +271,10 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
                 wg_fence_proxy();
                 mf8_wg_sync(wg);
             }
+            if (ch == 0) MF8_TR(6, clock64());
         }
         dev_cp_wait<S - 2>(); /* unit i's copies (this thread's) */
+        if (i < MF8_TRU) MF8_TR(7 + i, clock64());
         if (XR) { /* ... and the warpgroup's: its x */
             wg_fence_proxy();
             mf8_wg_sync(wg);
@@ -358,4 +401,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     }
     mt_cp_wait_all();
     dev_pdl_trigger();
+    MF8_TR(MF8_TRN - 2, n);
+    MF8_TR(MF8_TRN - 1, clock64());
+    MF8_TR(2, mf8_gtime());
 }

@@ -225,6 +225,7 @@ struct mt_params {
     int pf; /* units of weights prefetched into L2 beyond the DEPTH in registers (0: none) */
     int x1;    /* moe_f8.cuh: a pass of one token (its x staged as one row) */
     int pre;   /* moe_f8.cuh, down: the plan is complete before the grid starts (dsv4_moe_tc_run's pre) */
+    unsigned long long *trc; /* moe_f8.cuh's clock trace (-DDSV4_MF8_TRACE builds; else NULL) */
 };
 
 /* x staging for the kernels that act-quantize it themselves: items i = (token t, unit wu) = (i / nwu, i % nwu) of n, a
@@ -1326,6 +1327,18 @@ static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a t
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
 static int mf8_ntmax = 8;  /* DSV4_MOE_F8_NTMAX=1|2|4: its chunks at most 8 x this many tokens (measurements) */
+/* the clock trace's buffer and the launches left to record (dsv4_cuda_moe_f8_trace) */
+static unsigned long long *mf8_trc;
+static int mf8_trn;
+extern "C" int dsv4_cuda_moe_f8_trace(void *buf, int n) {
+#ifdef DSV4_MF8_TRACE
+    mf8_trc = (unsigned long long *)buf, mf8_trn = buf && n > 0 ? n : 0;
+    return 0;
+#else
+    (void)buf, (void)n;
+    return -1;
+#endif
+}
 template <int GATEUP, int NT, int XR, int GP> static mt_fn mf8_pick_s(int sl) {
     return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP> : mf8_kernel<GATEUP, NT, 1, XR, GP>;
 }
@@ -1441,6 +1454,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
             }
             const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp) : mf8_pick<0>(nt, sl, xr, mf8_gp);
             fp.pre = !gateup && pre;
+            if (mf8_trn > 0) fp.trc = mf8_trc, mf8_trc += (size_t)MF8_TRB * 16 * MF8_TRN, mf8_trn--;
             if (mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
                 return -1;
             return gateup; /* (an FP8 gate / up: its grid lets the next start only at its end) */

@@ -355,6 +355,113 @@ static double moe_us(int pass, const dsv4_cuda_experts *ex, const float *dx, int
     return 1000.0 * ms / it;
 }
 
+/* ---- the FP8 experts' clock trace (builds with -DDSV4_MF8_TRACE: moe_f8.cuh; dsv4_cuda_moe_f8_trace) ---- */
+
+static int cmp_dbl(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+/* "p50 / p90 / max" of v[0..n) (sorted here) */
+static void tr_pct(const char *name, double *v, int n) {
+    if (!n) {
+        printf("  %-34s -\n", name);
+        return;
+    }
+    qsort(v, (size_t)n, sizeof(double), cmp_dbl);
+    printf("  %-34s %8.2f %8.2f %8.2f   (%d)\n", name, v[n / 2], v[(int)(0.9 * (n - 1))], v[n - 1], n);
+}
+
+/* One launch's rows (DSV4_MF8_TR_BLOCKS blocks x 16 warps): when blocks start and end against the launch (globaltimer),
+ * how many share an SM, and per warp the phases (clock64, at the SM clock): the grid wait, the plan read and first
+ * copies, x staged, the first unit landed, the period between units, the tail after the last. */
+static void moe_f8_trace_report(const unsigned long long *h, const char *what, int T, double mhz, double mb) {
+    const int R = DSV4_MF8_TR_ROW, U = DSV4_MF8_TR_UNITS, NB = DSV4_MF8_TR_BLOCKS;
+    unsigned long long g0 = ~0ull, g1 = 0;
+    int nw = 0, nblk = 0, nact = 0, sm_blocks[1024] = {0};
+    for (int b = 0; b < NB; b++)
+        for (int w = 0; w < 16; w++) {
+            const unsigned long long *r = h + ((size_t)b * 16 + w) * R;
+            if (!r[0]) continue;
+            nw++;
+            if (r[1] < g0) g0 = r[1];
+            if (r[2] > g1) g1 = r[2];
+            if (w == 0) {
+                const int sm = (int)(r[0] >> 48) - 1;
+                nblk++, nact += r[R - 2] > 0;
+                if (sm >= 0 && sm < 1024) sm_blocks[sm]++;
+            }
+        }
+    if (!nw) {
+        printf("trace mf8 T=%-3d %s: no rows (a build without -DDSV4_MF8_TRACE, or not an FP8 launch)\n", T, what);
+        return;
+    }
+    const double span = (double)(g1 - g0) * 1e-3;
+    printf("trace mf8 T=%-3d %s: %d blocks (%d with an expert), %d warps traced; span %.2f us (globaltimer), %.1f MB "
+           "-> %.0f GB/s\n", T, what, nblk, nact, nw, span, mb, mb * 1e3 / span);
+    int hist[9] = {0}, used = 0;
+    for (int sm = 0; sm < 1024; sm++)
+        if (sm_blocks[sm]) used++, hist[sm_blocks[sm] < 8 ? sm_blocks[sm] : 8]++;
+    printf("  SMs used %d; SMs with 1..8+ blocks:", used);
+    for (int k = 1; k <= 8; k++) printf(" %d", hist[k]);
+    printf("\n  %-34s %8s %8s %8s\n", "us (p50 / p90 / max over warps)", "p50", "p90", "max");
+    double *v[10];
+    int n[10] = {0};
+    for (int k = 0; k < 10; k++) v[k] = malloc(sizeof(double) * (size_t)nw);
+    for (int b = 0; b < NB; b++)
+        for (int w = 0; w < 16; w++) {
+            const unsigned long long *r = h + ((size_t)b * 16 + w) * R;
+            if (!r[0]) continue;
+            const double c = 1.0 / mhz; /* us a cycle */
+            v[0][n[0]++] = (double)(r[1] - g0) * 1e-3; /* entry, from the launch's first */
+            v[1][n[1]++] = (double)(g1 - r[2]) * 1e-3; /* exit, before the launch's last */
+            v[2][n[2]++] = (double)(long long)(r[4] - r[3]) * c; /* the grid dependency wait */
+            const int units = (int)r[R - 2];
+            if (!units) continue;
+            v[3][n[3]++] = (double)(long long)(r[5] - r[4]) * c; /* plan read, first copies issued */
+            v[4][n[4]++] = (double)(long long)(r[6] - r[5]) * c; /* x staged */
+            v[5][n[5]++] = (double)(long long)(r[7] - r[6]) * c; /* first unit landed after that */
+            const int last = (units < U ? units : U) - 1;
+            if (last > 0) v[6][n[6]++] = (double)(long long)(r[7 + last] - r[7]) * c / last; /* per unit after the first */
+            v[7][n[7]++] = (double)(long long)(r[R - 1] - r[7 + last]) * c * (units <= U ? 1 : 0); /* tail after the last (<= U units) */
+            v[8][n[8]++] = (double)(long long)(r[R - 1] - r[3]) * c; /* the warp, entry to exit */
+            v[9][n[9]++] = units;
+        }
+    static const char *names[10] = {"block entry after the first", "exit before the last", "grid dependency wait",
+                                    "plan + first copies issued", "x staged", "first unit landed", "per unit after it",
+                                    "after the last unit", "warp entry to exit", "units a warp (count)"};
+    for (int k = 0; k < 10; k++) tr_pct(names[k], v[k], n[k]), free(v[k]);
+}
+
+/* The 20th of 20 back-to-back experts calls, traced (both launches); nothing in other builds */
+static void moe_f8_trace(const dsv4_cuda_experts *ex, const float *dx, int T, int K, const dsv4_cuda_moe_plan *dp, int np, float *dh,
+                         float *dy, double mb_gu, double mb_dn) {
+    const size_t per = (size_t)DSV4_MF8_TR_BLOCKS * 16 * DSV4_MF8_TR_ROW, nb = 2 * per * sizeof(unsigned long long);
+    if (dsv4_cuda_moe_f8_trace(NULL, 0) < 0) return;
+    unsigned long long *d = dsv4_cuda_alloc(nb), *h = malloc(nb);
+    if (!d || !h) {
+        fprintf(stderr, "mf8 trace: no buffer\n");
+        exit(2);
+    }
+    dsv4_cuda_memset(d, 0, nb, NULL);
+    dsv4_cuda_moe_experts_path(DSV4_MOE_TC_F8);
+    for (int k = 0; k < 20; k++) {
+        if (k == 19) dsv4_cuda_moe_f8_trace(d, 2);
+        op_ok(dsv4_cuda_moe_experts(ex, dx, T, K, &dp[k % np], 10.0f, dh, dy, NULL), "moe_experts");
+    }
+    dsv4_cuda_moe_f8_trace(NULL, 0);
+    dsv4_cuda_moe_experts_path(0);
+    sync_ok();
+    from_dev(h, d, nb);
+    int khz = 0, dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
+    const double mhz = khz > 0 ? khz * 1e-3 : 1980.0;
+    printf("trace mf8 T=%d: clock64 at %.0f MHz (the device's maximum: an upper bound on the times)\n", T, mhz);
+    moe_f8_trace_report(h, "gate/up", T, mhz, mb_gu);
+    moe_f8_trace_report(h + per, "down", T, mhz, mb_dn);
+    dsv4_cuda_free(d), free(h);
+}
+
 void bench_moe(void) {
     const int E = 256, K = 6, D = 4096, I = 2048, NH = 4;
     hweight h1[NH], h3[NH], h2[NH];
@@ -429,6 +536,9 @@ void bench_moe(void) {
             us[mi] = moe_us(0, &ex, dx, T, K, dp, NP, dh, dy, it);
         }
         dsv4_cuda_moe_experts_path(0);
+        if (T <= 8)
+            moe_f8_trace(&ex, dx, T, K, dp, NP, dh, dy, act * 2.0 * (double)dsv4_weight_bytes(&h1[0].w) / 1e6,
+                         act * (double)dsv4_weight_bytes(&h2[0].w) / 1e6);
         const double gb = act * eb / 1e9, tf = 2.0 * T * K * 3.0 * D * I / 1e12;
         for (int mi = 0; mi < NM; mi++)
             printf("time moe_experts Flash MXFP4 aq T=%-4d (%5.1f experts, %6.1f MB) %-26s %8.1f us %6.0f GB/s (%5.1f%% of copy) %6.1f TFLOP/s%s\n",
