@@ -299,9 +299,9 @@ void dsv4_cuda_moe_pfb_nvfp4(int on);
 /* Measurement builds only (-DDSV4_MF8_TRACE, the FP8 experts' clock trace, moe_f8.cuh): the next n launches of the FP8
  * expert kernel record into buf, launch k at buf + k * DSV4_MF8_TR_BLOCKS * 16 * DSV4_MF8_TR_ROW u64 (rows: block b,
  * warp w at (b * 16 + w) * DSV4_MF8_TR_ROW; the fields in moe_f8.cuh); n 0 or buf NULL disarms. -1 in other builds. */
-#define DSV4_MF8_TR_BLOCKS 2048
+#define DSV4_MF8_TR_BLOCKS 4096
 #define DSV4_MF8_TR_UNITS 32
-#define DSV4_MF8_TR_ROW (DSV4_MF8_TR_UNITS + 9)
+#define DSV4_MF8_TR_ROW (DSV4_MF8_TR_UNITS + 10)
 int dsv4_cuda_moe_f8_trace(void *buf, int n);
 /* out[t] = sum of y[tslot[t, j]] in increasing expert id, then + shared[t] (shared may be NULL): the
  * CPU's summation order. */

@@ -30,9 +30,10 @@
 /* Clock trace (measurement builds only: -DDSV4_MF8_TRACE; dsv4_cuda_moe_f8_trace arms the next launches): lane 0 of
  * every warp of the first MF8_TRB blocks writes a row of MF8_TRN u64 to P.trc: 0 the header ((smid + 1) << 48 |
  * blockIdx.y << 32 | blockIdx.x << 8 | warp), 1 / 2 globaltimer at entry / exit, then clock64 at 3 entry, 4 past the
- * grid dependency wait, 5 the first weight copies issued (the plan read), 6 the first chunk's x staged, 7 + i unit i's
- * copies landed (i < MF8_TRU), MF8_TRN - 2 the units the warp ran, MF8_TRN - 1 exit. Blocks past the active experts
- * write 0-4 and the exit. The default build compiles none of it. */
+ * grid dependency wait (but PRE's), 5 the first weight copies issued (the plan read), 6 the first chunk's x staged, 7 + i
+ * unit i's copies landed (i < MF8_TRU), MF8_TRN - 3 past PRE's grid dependency wait (the down launch after the FP8
+ * gate / up waits after its first copies; else 0), MF8_TRN - 2 the units the warp ran, MF8_TRN - 1 exit. Blocks past the
+ * active experts write 0-4 and the exit. The default build compiles none of it. */
 #define MF8_TRB DSV4_MF8_TR_BLOCKS
 #define MF8_TRU DSV4_MF8_TR_UNITS
 #define MF8_TRN DSV4_MF8_TR_ROW
@@ -251,7 +252,10 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
 #pragma unroll
     for (int i = 0; i < S - 1; i++) issue(i, n);
     MF8_TR(5, clock64());
-    if (PRE) dev_pdl_wait();
+    if (PRE) {
+        dev_pdl_wait();
+        MF8_TR(MF8_TRN - 3, clock64());
+    }
     float acc[NM][NT][4], ua[NM][NT][4];
 #pragma unroll
     for (int m = 0; m < NM; m++)

@@ -374,10 +374,11 @@ static void tr_pct(const char *name, double *v, int n) {
 /* One launch's rows (DSV4_MF8_TR_BLOCKS blocks x 16 warps): when blocks start and end against the launch (globaltimer),
  * how many share an SM, and per warp the phases (clock64, at the SM clock): the grid wait, the plan read and first
  * copies, x staged, the first unit landed, the period between units, the tail after the last. */
-static void moe_f8_trace_report(const unsigned long long *h, const char *what, int T, double mhz, double mb) {
+static void moe_f8_trace_report(const unsigned long long *h, const char *what, int T, double mhz, double mb_expert) {
     const int R = DSV4_MF8_TR_ROW, U = DSV4_MF8_TR_UNITS, NB = DSV4_MF8_TR_BLOCKS;
     unsigned long long g0 = ~0ull, g1 = 0;
-    int nw = 0, nblk = 0, nact = 0, sm_blocks[1024] = {0};
+    int nw = 0, nblk = 0, nact = 0, sm_blocks[1024] = {0}, slot_on[DSV4_MF8_TR_BLOCKS];
+    memset(slot_on, 0, sizeof slot_on);
     for (int b = 0; b < NB; b++)
         for (int w = 0; w < 16; w++) {
             const unsigned long long *r = h + ((size_t)b * 16 + w) * R;
@@ -386,8 +387,9 @@ static void moe_f8_trace_report(const unsigned long long *h, const char *what, i
             if (r[1] < g0) g0 = r[1];
             if (r[2] > g1) g1 = r[2];
             if (w == 0) {
-                const int sm = (int)(r[0] >> 48) - 1;
+                const int sm = (int)(r[0] >> 48) - 1, slot = (int)((r[0] >> 32) & 0xffff);
                 nblk++, nact += r[R - 2] > 0;
+                if (r[R - 2] > 0 && slot < NB) slot_on[slot] = 1;
                 if (sm >= 0 && sm < 1024) sm_blocks[sm]++;
             }
         }
@@ -395,9 +397,12 @@ static void moe_f8_trace_report(const unsigned long long *h, const char *what, i
         printf("trace mf8 T=%-3d %s: no rows (a build without -DDSV4_MF8_TRACE, or not an FP8 launch)\n", T, what);
         return;
     }
-    const double span = (double)(g1 - g0) * 1e-3;
-    printf("trace mf8 T=%-3d %s: %d blocks (%d with an expert), %d warps traced; span %.2f us (globaltimer), %.1f MB "
-           "-> %.0f GB/s\n", T, what, nblk, nact, nw, span, mb, mb * 1e3 / span);
+    int experts = 0;
+    for (int k = 0; k < NB; k++) experts += slot_on[k];
+    const double span = (double)(g1 - g0) * 1e-3, mb = experts * mb_expert;
+    printf("trace mf8 T=%-3d %s: %d blocks (%d with an expert), %d experts, %d warps traced; span %.2f us (globaltimer), "
+           "%.1f MB -> %.0f GB/s%s\n", T, what, nblk, nact, experts, nw, span, mb, span > 0 ? mb * 1e3 / span : 0.0,
+           h[((size_t)(NB - 1) * 16) * R] ? " (the buffer's last block traced: the launch may have more, untraced)" : "");
     int hist[9] = {0}, used = 0;
     for (int sm = 0; sm < 1024; sm++)
         if (sm_blocks[sm]) used++, hist[sm_blocks[sm] < 8 ? sm_blocks[sm] : 8]++;
@@ -414,15 +419,15 @@ static void moe_f8_trace_report(const unsigned long long *h, const char *what, i
             const double c = 1.0 / mhz; /* us a cycle */
             v[0][n[0]++] = (double)(r[1] - g0) * 1e-3; /* entry, from the launch's first */
             v[1][n[1]++] = (double)(g1 - r[2]) * 1e-3; /* exit, before the launch's last */
-            v[2][n[2]++] = (double)(long long)(r[4] - r[3]) * c; /* the grid dependency wait */
-            const int units = (int)r[R - 2];
+            const int units = (int)r[R - 2], pre = r[R - 3] != 0; /* pre: the grid wait after the first copies */
+            v[2][n[2]++] = (double)(long long)(pre ? r[R - 3] - r[5] : r[4] - r[3]) * c; /* the grid dependency wait */
             if (!units) continue;
             v[3][n[3]++] = (double)(long long)(r[5] - r[4]) * c; /* plan read, first copies issued */
-            v[4][n[4]++] = (double)(long long)(r[6] - r[5]) * c; /* x staged */
+            v[4][n[4]++] = (double)(long long)(r[6] - (pre ? r[R - 3] : r[5])) * c; /* x staged */
             v[5][n[5]++] = (double)(long long)(r[7] - r[6]) * c; /* first unit landed after that */
             const int last = (units < U ? units : U) - 1;
             if (last > 0) v[6][n[6]++] = (double)(long long)(r[7 + last] - r[7]) * c / last; /* per unit after the first */
-            v[7][n[7]++] = (double)(long long)(r[R - 1] - r[7 + last]) * c * (units <= U ? 1 : 0); /* tail after the last (<= U units) */
+            if (units <= U) v[7][n[7]++] = (double)(long long)(r[R - 1] - r[7 + last]) * c; /* tail after the last unit */
             v[8][n[8]++] = (double)(long long)(r[R - 1] - r[3]) * c; /* the warp, entry to exit */
             v[9][n[9]++] = units;
         }
@@ -434,7 +439,7 @@ static void moe_f8_trace_report(const unsigned long long *h, const char *what, i
 
 /* The 20th of 20 back-to-back experts calls, traced (both launches); nothing in other builds */
 static void moe_f8_trace(const dsv4_cuda_experts *ex, const float *dx, int T, int K, const dsv4_cuda_moe_plan *dp, int np, float *dh,
-                         float *dy, double mb_gu, double mb_dn) {
+                         float *dy, double mb_gu, double mb_dn) { /* mb_*: MB an expert */
     const size_t per = (size_t)DSV4_MF8_TR_BLOCKS * 16 * DSV4_MF8_TR_ROW, nb = 2 * per * sizeof(unsigned long long);
     if (dsv4_cuda_moe_f8_trace(NULL, 0) < 0) return;
     unsigned long long *d = dsv4_cuda_alloc(nb), *h = malloc(nb);
@@ -537,8 +542,8 @@ void bench_moe(void) {
         }
         dsv4_cuda_moe_experts_path(0);
         if (T <= 8)
-            moe_f8_trace(&ex, dx, T, K, dp, NP, dh, dy, act * 2.0 * (double)dsv4_weight_bytes(&h1[0].w) / 1e6,
-                         act * (double)dsv4_weight_bytes(&h2[0].w) / 1e6);
+            moe_f8_trace(&ex, dx, T, K, dp, NP, dh, dy, 2.0 * (double)dsv4_weight_bytes(&h1[0].w) / 1e6,
+                         (double)dsv4_weight_bytes(&h2[0].w) / 1e6);
         const double gb = act * eb / 1e9, tf = 2.0 * T * K * 3.0 * D * I / 1e12;
         for (int mi = 0; mi < NM; mi++)
             printf("time moe_experts Flash MXFP4 aq T=%-4d (%5.1f experts, %6.1f MB) %-26s %8.1f us %6.0f GB/s (%5.1f%% of copy) %6.1f TFLOP/s%s\n",
