@@ -541,7 +541,7 @@ void bench_moe(void) {
             us[mi] = moe_us(0, &ex, dx, T, K, dp, NP, dh, dy, it);
         }
         dsv4_cuda_moe_experts_path(0);
-        if (T <= 8)
+        if (T <= 8 || T == 256) /* T 256: 8-token chunks from the act-quantized rows (XR 1), the batch-256 step's form */
             moe_f8_trace(&ex, dx, T, K, dp, NP, dh, dy, 2.0 * (double)dsv4_weight_bytes(&h1[0].w) / 1e6,
                          (double)dsv4_weight_bytes(&h2[0].w) / 1e6);
         const double gb = act * eb / 1e9, tf = 2.0 * T * K * 3.0 * D * I / 1e12;
