@@ -24,8 +24,9 @@
 #            run's text against the first setting's
 #     chain  test_kernels --only multi: the grouped linears' and the linear chains' checks, then their timings (chain
 #            against the separate calls: "time linear chain" / "time linear route" lines; session 36) (~60 s)
-#     mf8trace  the routed experts' clock trace (s35-mf8-trace's -DDSV4_MF8_TRACE build of test_kernels, packed as
-#            build-bin/test_kernels-mf8trace.xz: NOTES "Session 35 summary"): `--only moebench`, its "trace mf8" tables
+#     mf8trace  the routed experts' clock trace (s38-mf8trace's -DDSV4_MF8_TRACE build of test_kernels, packed as
+#            build-bin/test_kernels-mf8trace.xz: NOTES "Session 38 summary"): `--only moebench`, its "trace mf8" tables
+#            (T = 1, 8 and 256)
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
 #            DSV4_LINEAR_TERMS_CAT; into DIR/allsw/)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
@@ -283,7 +284,7 @@ for p in $parts; do
         ;;
     mf8trace)
         if [ ! -f build-bin/test_kernels-mf8trace.xz ]; then
-            echo "mf8trace: no build-bin/test_kernels-mf8trace.xz (build it: NOTES \"Session 35 summary\")"
+            echo "mf8trace: no build-bin/test_kernels-mf8trace.xz (build it: NOTES \"Session 38 summary\")"
             fail=1
             continue
         fi
