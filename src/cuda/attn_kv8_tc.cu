@@ -55,9 +55,7 @@
 /* decode: lists under this many entries are short: spans of DSV4_CUDA_ATTN_TC_SPT_SHORT tiles (twice the blocks at
  * batch 1; V4's sliding-window and, up to 48K of capacity, ratio-128 layers) */
 #define TC_DEC_SHORT 512
-#ifndef TC_WG_SG
-#define TC_WG_SG 2 /* warpgroup MMA decode form: score slices a commit group */
-#endif
+#define TC_WG_SG 2 /* warpgroup MMA decode form: score slices a commit group (their chains in flight together) */
 
 /* halves from a row's start to its 16-byte chunk c: chunks XOR-swizzled by row (ldmatrix without bank conflicts) */
 __device__ __forceinline__ int tc_sw(int r, int c) { return (c ^ (r & 7)) << 3; }
@@ -95,6 +93,9 @@ __device__ __forceinline__ void tc_split8(const float (&v)[8], uint4 &hi, uint4 
     tc_split(v[4], v[5], hi.z, lo.z);
     tc_split(v[6], v[7], hi.w, lo.w);
 }
+/* WGM: bytes from a tile's start to 16-byte chunk c of row r in wgmma's core matrices (8 rows x 16 bytes, 128 contiguous
+ * bytes, no swizzle; attn_kv8_wg's layout), cs bytes a chunk's column of core matrices */
+__device__ __forceinline__ int tc_cm(int c, int r, int cs) { return c * cs + (r >> 3) * 128 + (r & 7) * 16; }
 /* the two warps of head group g (named barrier 1 + g) */
 __device__ __forceinline__ void tc_pair_sync(int g) { asm volatile("bar.sync %0, 64;\n" ::"r"(1 + g) : "memory"); }
 
@@ -185,8 +186,8 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
         uint4 hi, lo;
         tc_split8(v, hi, lo);
         if constexpr (WGM) { /* wgmma's core matrices (attn_kv8_wg's q layout): chunk c of head r */
-            *(uint4 *)((uint8_t *)Qh + c * 1024 + (r >> 3) * 128 + (r & 7) * 16) = hi;
-            *(uint4 *)((uint8_t *)Ql + c * 1024 + (r >> 3) * 128 + (r & 7) * 16) = lo;
+            *(uint4 *)((uint8_t *)Qh + tc_cm(c, r, 1024)) = hi;
+            *(uint4 *)((uint8_t *)Ql + tc_cm(c, r, 1024)) = lo;
         } else {
             *(uint4 *)(Qh + r * TC_D + tc_sw(r, c)) = hi;
             if constexpr (HL) *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
@@ -294,13 +295,13 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
             uint4 hi, lo;
             if (HL && d0 >= nope && d0 < nope + TC_LO) {
                 tc_split8(v, hi, lo);
-                if constexpr (WGM) *(uint4 *)((uint8_t *)Kl + ((d0 - nope) >> 3) * 512 + (i >> 3) * 128 + (i & 7) * 16) = lo;
+                if constexpr (WGM) *(uint4 *)((uint8_t *)Kl + tc_cm((d0 - nope) >> 3, i, 512)) = lo;
                 else *(uint4 *)(Kl + i * TC_LO + tc_sw(i, (d0 - nope) >> 3)) = lo;
             } else { /* FP8 values (exact); without HL the rope dims too, as one f16 term */
                 hi.x = tc_u32(__floats2half2_rn(v[0], v[1])), hi.y = tc_u32(__floats2half2_rn(v[2], v[3]));
                 hi.z = tc_u32(__floats2half2_rn(v[4], v[5])), hi.w = tc_u32(__floats2half2_rn(v[6], v[7]));
             }
-            if constexpr (WGM) *(uint4 *)((uint8_t *)Kh + c * 512 + (i >> 3) * 128 + (i & 7) * 16) = hi; /* attn_kv8_wg's rows */
+            if constexpr (WGM) *(uint4 *)((uint8_t *)Kh + tc_cm(c, i, 512)) = hi;
             else *(uint4 *)(Kh + i * TC_D + tc_sw(i, c)) = hi;
         }
         if constexpr (WGM) wg_fence_proxy();
@@ -329,75 +330,74 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
             tc_pair_sync(g);
 #pragma unroll
             for (int v = 0; v < 16; v++) S[v] += Sx[((warp ^ 4) * 16 + v) * TC_N + lane];
-        } else if constexpr (WGM) {
-            /* the decode form's chains on warpgroup MMA (the bits of mma.sync's: wgmma.cuh), warpgroup hf's four slices
-             * at once: per k-step q hi . k then q lo . k (m64n32k16, both operands in shared memory; accumulators from
-             * +0 as mma.sync's), then q hi . k lo on the rope slice (nope 448: slice 3 of warpgroup 1). Warpgroup 0 runs
-             * the same four steps on zeros (Kz: a value plus +0 is the value; no branch around a wgmma) */
-            const unsigned qha = (unsigned)__cvta_generic_to_shared(Qh), qla = (unsigned)__cvta_generic_to_shared(Ql);
-            const unsigned kha = (unsigned)__cvta_generic_to_shared(Kh);
-            const unsigned kra = (unsigned)__cvta_generic_to_shared(lo_mine ? Kl : Kz);
-            constexpr int SG = TC_WG_SG; /* slices a commit group (their chains in flight together) */
-#pragma unroll
-            for (int s0 = 0; s0 < 4; s0 += SG) {
-                float p[SG][4][4];
-#pragma unroll
-                for (int sl = 0; sl < SG; sl++)
-#pragma unroll
-                    for (int n = 0; n < 4; n++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) p[sl][n][j] = 0.0f;
-                wg_fence();
-#pragma unroll
-                for (int sl = 0; sl < SG; sl++) {
-                    const int cb = 32 * hf + 8 * (s0 + sl); /* the slice's first chunk of 8 dims */
-#pragma unroll
-                    for (int kk = 0; kk < 4; kk++) {
-                        const int c = cb + 2 * kk;
-                        wg_mma_ss_n32(p[sl], wg_desc(qha + c * 1024, 1024, 128), wg_desc(kha + c * 512, 512, 128), 1);
-                        wg_mma_ss_n32(p[sl], wg_desc(qla + c * 1024, 1024, 128), wg_desc(kha + c * 512, 512, 128), 1);
-                    }
-                    if (s0 + sl == 3)
-#pragma unroll
-                        for (int kk = 0; kk < 4; kk++)
-                            wg_mma_ss_n32(p[sl], wg_desc(qha + (cb + 2 * kk) * 1024, 1024, 128), wg_desc(kra + kk * 1024, 512, 128), 1);
-                }
-                wg_commit();
-                wg_wait<0>();
-#pragma unroll
-                for (int sl = 0; sl < SG; sl++)
-#pragma unroll
-                    for (int n = 0; n < 4; n++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                            wg_keep(p[sl][n][j]);
-                            S[4 * n + j] = s0 + sl ? __fadd_rn(S[4 * n + j], p[sl][n][j]) : p[sl][n][j];
-                        }
-            }
-#pragma unroll
-            for (int v = 0; v < 16; v++) Sx[(warp * 16 + v) * TC_N + lane] = S[v];
-            tc_pair_sync(g); /* two warps a head group: S = own half + other half (commutative) */
-#pragma unroll
-            for (int v = 0; v < 16; v++) S[v] = __fadd_rn(S[v], Sx[((warp ^ 4) * 16 + v) * TC_N + lane]);
         } else {
-            /* decode: the scores in slices of 64 dims, p_i = one chain per slice (q hi then q lo products a k-step;
-             * q hi . k lo after them on the rope slice), S = (((p0 + p1) + p2) + p3) + (((p4 + p5) + p6) + p7):
-             * the same bits whether a warp holds four slices (64 heads a block) or one (16 heads a block) */
+            if constexpr (WGM) {
+                /* the decode form's chains on warpgroup MMA (the bits of mma.sync's: wgmma.cuh), warpgroup hf's four
+                 * slices: per k-step q hi . k then q lo . k (m64n32k16, both operands in shared memory; accumulators
+                 * from +0 as mma.sync's), then q hi . k lo on the rope slice (nope 448: slice 3 of warpgroup 1).
+                 * Warpgroup 0 runs the same four steps on zeros (Kz: a value plus +0 is the value; no branch around a
+                 * wgmma) */
+                const unsigned qha = (unsigned)__cvta_generic_to_shared(Qh), qla = (unsigned)__cvta_generic_to_shared(Ql);
+                const unsigned kha = (unsigned)__cvta_generic_to_shared(Kh);
+                const unsigned kra = (unsigned)__cvta_generic_to_shared(lo_mine ? Kl : Kz);
+                constexpr int SG = TC_WG_SG;
+#pragma unroll
+                for (int s0 = 0; s0 < 4; s0 += SG) {
+                    float p[SG][4][4];
+#pragma unroll
+                    for (int sl = 0; sl < SG; sl++)
+#pragma unroll
+                        for (int n = 0; n < 4; n++)
+#pragma unroll
+                            for (int j = 0; j < 4; j++) p[sl][n][j] = 0.0f;
+                    wg_fence();
+#pragma unroll
+                    for (int sl = 0; sl < SG; sl++) {
+                        const int cb = 32 * hf + 8 * (s0 + sl); /* the slice's first chunk of 8 dims */
+#pragma unroll
+                        for (int kk = 0; kk < 4; kk++) {
+                            const int c = cb + 2 * kk;
+                            wg_mma_ss_n32(p[sl], wg_desc(qha + c * 1024, 1024, 128), wg_desc(kha + c * 512, 512, 128), 1);
+                            wg_mma_ss_n32(p[sl], wg_desc(qla + c * 1024, 1024, 128), wg_desc(kha + c * 512, 512, 128), 1);
+                        }
+                        if (s0 + sl == 3)
+#pragma unroll
+                            for (int kk = 0; kk < 4; kk++)
+                                wg_mma_ss_n32(p[sl], wg_desc(qha + (cb + 2 * kk) * 1024, 1024, 128),
+                                              wg_desc(kra + kk * 1024, 512, 128), 1);
+                    }
+                    wg_commit();
+                    wg_wait<0>();
+#pragma unroll
+                    for (int sl = 0; sl < SG; sl++)
+#pragma unroll
+                        for (int n = 0; n < 4; n++)
+#pragma unroll
+                            for (int j = 0; j < 4; j++) {
+                                wg_keep(p[sl][n][j]);
+                                S[4 * n + j] = s0 + sl ? __fadd_rn(S[4 * n + j], p[sl][n][j]) : p[sl][n][j];
+                            }
+                }
+            } else {
+                /* decode: the scores in slices of 64 dims, p_i = one chain per slice (q hi then q lo products a k-step;
+                 * q hi . k lo after them on the rope slice), S = (((p0 + p1) + p2) + p3) + (((p4 + p5) + p6) + p7):
+                 * the same bits whether a warp holds four slices (64 heads a block) or one (16 heads a block) */
 #pragma unroll 1
-            for (int sl = 0; sl < DW / 64; sl++) {
-                const int cb = (db >> 3) + 8 * sl; /* the slice's first 16-byte chunk */
-                float p[4][4];
+                for (int sl = 0; sl < DW / 64; sl++) {
+                    const int cb = (db >> 3) + 8 * sl; /* the slice's first 16-byte chunk */
+                    float p[4][4];
 #pragma unroll
-                for (int n = 0; n < 4; n++)
+                    for (int n = 0; n < 4; n++)
 #pragma unroll
-                    for (int j = 0; j < 4; j++) p[n][j] = 0.0f;
+                        for (int j = 0; j < 4; j++) p[n][j] = 0.0f;
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) qk_step(p, p, cb + 2 * kk);
-                if (HL && 8 * cb == nope) qk_rope(p, cb); /* the rope slice */
+                    for (int kk = 0; kk < 4; kk++) qk_step(p, p, cb + 2 * kk);
+                    if (HL && 8 * cb == nope) qk_rope(p, cb); /* the rope slice */
 #pragma unroll
-                for (int n = 0; n < 4; n++)
+                    for (int n = 0; n < 4; n++)
 #pragma unroll
-                    for (int j = 0; j < 4; j++) S[4 * n + j] = sl ? __fadd_rn(S[4 * n + j], p[n][j]) : p[n][j];
+                        for (int j = 0; j < 4; j++) S[4 * n + j] = sl ? __fadd_rn(S[4 * n + j], p[n][j]) : p[n][j];
+                }
             }
 #pragma unroll
             for (int v = 0; v < 16; v++) Sx[(warp * 16 + v) * TC_N + lane] = S[v];
@@ -748,8 +748,6 @@ static int tc_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
         return 0; /* zeros rotate to zeros */
     }
     const size_t smem = tc_smem(Dh, R, HB, WGM);
-    if (smem > (size_t)dsv4_cuda_dev.smem_optin)
-        return dsv4_cuda_fail("attn_kv8_tc: %zu bytes of shared memory needed", smem);
     static size_t raised = 0;
     if (smem > raised) {
         if (cudaFuncSetAttribute((const void *)attn_kv8_tc_kernel<DEC, HB, HL, WGM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
