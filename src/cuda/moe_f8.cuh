@@ -20,10 +20,12 @@
  * 16 bytes of row g (and g + 8) of each matrix, i.e. group c of the unit (the checkpoint's row-major bytes), into chunk
  * slot g * 4 + (c ^ (g >> 1)) of the row half's 512 bytes, and reads back word c of group G from chunk (g, G): the
  * A fragment of group G needs word c of every group from lane c (a 4 x 4 transpose of words in a quad), and the slot
- * swizzle makes those 4-byte reads conflict-free. Lane l copies the scale word of row l & 15 of matrix l >> 4. */
+ * swizzle makes those 4-byte reads conflict-free. Lane l copies the scale word of row l & 15 of matrix l >> 4 (with x
+ * quantized per row and 8-token chunks: 16 bytes of them, 4 units' words, every 4 units; session 39: at batch 256 one word
+ * a unit was ~30 % of the kernel's L2 sector requests, each 4-byte copy a sector of its own). */
 #pragma once
 
-#define MF8_STAGES 4
+#define MF8_STAGES 4 /* units in a warp's weight ring (the default; the kernel's ST: 4 to 8, the same bits) */
 #define MF8_SB 4    /* (token, unit) items of x a warp loads before quantizing them (loads in flight) */
 #define MF8_RQ_T 16 /* from this many tokens a pass on, x act-quantized once per row (moe_quant_kernel, WO 3) */
 
@@ -70,8 +72,12 @@ template <int NT> __device__ __forceinline__ void mf8_mma(float (&d)[NT][4], con
 #undef MF8_D4
 }
 
-/* the 128 threads of warpgroup w (named barrier 1 + w) */
-__device__ __forceinline__ void mf8_wg_sync(int w) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory"); }
+/* the 128 threads of warpgroup w (named barrier 1 + w); one warpgroup a block: barrier 1 as an immediate, so that the
+ * kernel is known to use two barriers, not all sixteen (Nsight Compute: "Block Limit Barriers 4" with the register form) */
+template <int SL> __device__ __forceinline__ void mf8_wg_sync(int w) {
+    if constexpr (SL == 1) asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    else asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory");
+}
 
 /* shared memory of one block of SL warpgroups. XR 0: x codes of a chunk [NU * 4 groups][NT][2][8][16] and scales
  * [8 NT][NU] (staged at the chunk's start), or with X1 (passes of one token) the token's codes alone [NU * 4 groups][32]
@@ -85,9 +91,14 @@ __host__ __device__ constexpr size_t mf8_xcodes(int NT, int NU, int X1) { return
 __host__ __device__ constexpr size_t mf8_xbytes(int NT, int NU, int X1) {
     return mf8_xcodes(NT, NU, X1) + (X1 ? (((size_t)NU * 4 + 15) & ~(size_t)15) : (size_t)8 * NT * NU * 4);
 }
-static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1) {
-    const size_t x = XR ? (size_t)SL * MF8_STAGES * mf8_xstage(NT) : mf8_xbytes(NT, NU, X1);
-    return x + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 + (size_t)4 * SL * MF8_STAGES * mf8_stage_bytes(nm);
+/* XR 1 with 8-token chunks: the scale words in groups of 4 units (16 bytes a row, one copy every 4 units), slots a warp
+ * for a ring of ST units (a group's slot is written when its first unit is issued, ST - 1 units ahead, so 4 x slots >
+ * ST + 2); XR 0 (x staged up front, decode of 1-15 tokens: two blocks an SM must fit) keeps a word a unit in the stage */
+__host__ __device__ constexpr int mf8_nslot(int ST) { return (ST + 2) / 4 + 1; }
+static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1, int ST = MF8_STAGES) {
+    const size_t x = XR ? (size_t)SL * ST * mf8_xstage(NT) : mf8_xbytes(NT, NU, X1);
+    return x + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 + (size_t)4 * SL * ST * mf8_stage_bytes(nm) +
+           (XR && NT == 1 ? (size_t)4 * SL * mf8_nslot(ST) * nm * 256 : 0);
 }
 /* column slices from the shape only (the sums' order must not depend on the batch): enough warps per expert to fill the
  * GPU at batch 1, as the f16 ring's S */
@@ -105,9 +116,9 @@ static inline int mf8_slices(int R, int NU) {
  * from P.xq (moe_quant_kernel), unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a
  * named barrier a unit). GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish.
  * Every variant gives every output the same operations in the same order: the same bits whatever NT, XR and GP. */
-template <int GATEUP, int NT, int SL, int XR, int GP>
+template <int GATEUP, int NT, int SL, int XR, int GP, int ST>
 __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(const __grid_constant__ mt_params P) {
-    constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = MF8_STAGES;
+    constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = ST;
     static_assert(XR || NT == 1, "up-front staging: 8-token chunks");
     extern __shared__ __align__(16) unsigned char mt_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2, tw = threadIdx.x & 127;
@@ -122,6 +133,13 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
+    /* XR, 8-token chunks: the chunks of an expert split over CS blocks side by side in x (P.csplit; block cp of a row
+     * tile takes chunks cp, cp + CS, ...: they read the tile's weights at about the same time, once from DRAM); each
+     * chunk's outputs are computed alone (acc starts at 0), so the bits do not depend on the split */
+    const int CS = XR && NT == 1 ? P.csplit : 1, cp = XR && NT == 1 ? (int)blockIdx.x % CS : 0;
+    const int rt = XR && NT == 1 ? (int)blockIdx.x / CS : (int)blockIdx.x;
+    const int ncha = (cnt + 8 * NT - 1) / (8 * NT);
+    if (cp >= ncha) return;
     const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
     const int64_t rowq = C / 32; /* 16-byte chunks a row */
     const size_t xbytes = XR ? (size_t)SL * S * XST : mf8_xbytes(NT, NU, X1);
@@ -129,8 +147,12 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     float *sxs = (float *)(mt_sm + mf8_xcodes(NT, NU, X1)); /* XR 0 */
     float *red = (float *)(mt_sm + xbytes);                      /* [SL - 1][NM][NT][4][128] */
     unsigned char *ring = (unsigned char *)(red + (SL - 1) * NM * NT * 4 * 128) + (size_t)warp * S * STG;
+    /* scale groups (SG: x quantized per row, 8-token chunks): slots, bytes of one ([m][row][16 bytes]), this warp's offset */
+    constexpr bool SG = XR && NT == 1;
+    constexpr int NSL = SG ? mf8_nslot(S) : 1, SCG = NM * 256;
+    const int scs_off = SL * S * XST + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + warp * NSL * SCG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
-    const int r0 = (int)blockIdx.x * 64 + (warp & 3) * 16; /* the warp's first row */
+    const int r0 = rt * 64 + (warp & 3) * 16; /* the warp's first row */
 
     /* this lane's copies: 16 bytes of row r0 + g + 8h of matrix m (group c of the unit), the scale word of row l & 15 of
      * matrix l >> 4 */
@@ -145,6 +167,9 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     const uint8_t *sp = scl ? (sm_ ? w1.scale + (w1.row0 + r0 + sr) * w1.scale_stride : w0.scale + (w0.row0 + r0 + sr) * w0.scale_stride)
                             : w0.scale;
     const unsigned slot = (unsigned)(g * 4 + (c ^ (g >> 1))) * 16;
+    /* the scale words 4 units at a time (16 bytes of a row: a quarter of the sectors of one word a unit) where every
+     * row's first word of the slice is 16-byte aligned and the slice is whole groups; else a word a unit in the stage */
+    const bool s4 = SG && P.sg && NUS % 4 == 0 && __all_sync(0xffffffffu, !scl || (((uintptr_t)(sp + (size_t)ub * 4)) & 15) == 0);
     /* XR: this thread's x copies of a unit: token tw >> 3 (+ 16 j) of the chunk, piece tw & 7 (group p >> 1, row half
      * p & 1), and (threads tw < 8 NT) the unit scale of token tw; rows of the chunk being issued */
     constexpr int XJ = NT >= 2 ? NT / 2 : 1;
@@ -160,9 +185,13 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
             for (int m = 0; m < NM; m++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) mt_cp16s(sa + m * 1024 + h * 512 + slot, wp[m][h] + (int64_t)u * 64);
-            if (scl) mt_cps<4>(sa + NM * 1024 + (sm_ * 16 + sr) * 4, sp + u * 4);
+            if (scl) {
+                if (!s4) mt_cps<4>(sa + NM * 1024 + (sm_ * 16 + sr) * 4, sp + u * 4);
+                else if ((i & 3) == 0)
+                    mt_cp16s((unsigned)__cvta_generic_to_shared(mt_sm) + (unsigned)(scs_off + ((i >> 2) % NSL) * SCG + lane * 16), sp + u * 4);
+            }
             if (XR) {
-                const int ch = ich;
+                const int ch = cp + CS * ich;
                 if (ch != xchunk) { /* the rows of chunk ch's tokens this thread copies (past the expert's count: none) */
                     xchunk = ch;
                     const int c0 = ch * 8 * NT;
@@ -207,7 +236,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
         });
     };
 
-    const int nch = (cnt + 8 * NT - 1) / (8 * NT), n = nch * NUS;
+    const int nch = (ncha - cp + CS - 1) / CS, n = nch * NUS; /* this block's chunks */
 #pragma unroll
     for (int i = 0; i < S - 1; i++) issue(i, n);
     if (PRE) dev_pdl_wait();
@@ -222,27 +251,28 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     for (int i = 0, uu = 0, ch = 0; i < n; i++, uu = uu + 1 == NUS ? (ch++, 0) : uu + 1) { /* uu, ch: i's unit and chunk */
         const int u = ub + uu;
         if (uu == 0) { /* a new chunk */
-            c0 = ch * 8 * NT;
+            c0 = (cp + CS * ch) * 8 * NT;
             nt = cnt - c0 < 8 * NT ? cnt - c0 : 8 * NT;
             if (!XR) {
-                mf8_wg_sync(wg); /* the previous chunk's wgmmas are done (each waited) */
+                mf8_wg_sync<SL>(wg); /* the previous chunk's wgmmas are done (each waited) */
                 stage(c0, nt);
                 wg_fence_proxy();
-                mf8_wg_sync(wg);
+                mf8_wg_sync<SL>(wg);
             }
         }
         dev_cp_wait<S - 2>(); /* unit i's copies (this thread's) */
         if (XR) { /* ... and the warpgroup's: its x */
             wg_fence_proxy();
-            mf8_wg_sync(wg);
+            mf8_wg_sync<SL>(wg);
         }
         /* into the stage read at i - 1 (XR: every thread of the warpgroup is past it, the barrier above) */
         issue(i + S - 1, n);
         const unsigned char *st = ring + (i % S) * STG;
-        const uint32_t *scw = (const uint32_t *)(st + NM * 1024);
+        const uint32_t *scw = s4 ? (const uint32_t *)(mt_sm + scs_off + ((i >> 2) % NSL) * SCG) + (i & 3) : (const uint32_t *)(st + NM * 1024);
+        const int sst = s4 ? 4 : 1; /* words between rows */
         uint32_t sw[NM][2]; /* the rows' (g, g + 8) four group scales, read once a unit (the wgmmas' memory clobbers) */
 #pragma unroll
-        for (int m = 0; m < NM; m++) sw[m][0] = scw[m * 16 + g], sw[m][1] = scw[m * 16 + 8 + g];
+        for (int m = 0; m < NM; m++) sw[m][0] = scw[(m * 16 + g) * sst], sw[m][1] = scw[(m * 16 + 8 + g) * sst];
         const unsigned xb = XR ? xsa + (unsigned)((i % S) * XST) : xsa + (unsigned)(u * (X1 ? 128 : 4 * NT * 256));
         /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0 codes
          * above 248, scales past 2^121, would overflow: not in any checkpoint's range); D of group G into ua */

@@ -225,6 +225,8 @@ struct mt_params {
     int pf; /* units of weights prefetched into L2 beyond the DEPTH in registers (0: none) */
     int x1;    /* moe_f8.cuh: a pass of one token (its x staged as one row) */
     int pre;   /* moe_f8.cuh, down: the plan is complete before the grid starts (dsv4_moe_tc_run's pre) */
+    int csplit; /* moe_f8.cuh with x quantized per row: blocks a row tile's chunks are split over (1: one) */
+    int sg;     /* moe_f8.cuh: the scale words 4 units at a time where they can be (x quantized per row, 8-token chunks) */
 };
 
 /* x staging for the kernels that act-quantize it themselves: items i = (token t, unit wu) = (i / nwu, i % nwu) of n, a
@@ -1326,16 +1328,34 @@ static int mf8_gp = -1;    /* DSV4_MOE_F8_PIPE=0: 0, its wgmmas one group at a t
 static int mf8_sl;         /* DSV4_MOE_F8_SL=1|2|4: its column slices instead of the shape's (experiments) */
 static int mf8_rq = 1;     /* DSV4_MOE_F8_RQ=0: its blocks act-quantize x themselves at every batch */
 static int mf8_ntmax = 8;  /* DSV4_MOE_F8_NTMAX=1|2|4: its chunks at most 8 x this many tokens (measurements) */
-template <int GATEUP, int NT, int XR, int GP> static mt_fn mf8_pick_s(int sl) {
-    return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP> : mf8_kernel<GATEUP, NT, 1, XR, GP>;
+static int mf8_ntmin = 1;  /* DSV4_MOE_F8_NTMIN=2|4|8: with x quantized once per row, chunks of at least 8 x this many tokens */
+/* DSV4_MOE_F8_ST_GU=4|5|6, DSV4_MOE_F8_ST_DN=4|6|8: the weight ring's depth for 8-token chunks (-1, the default: down 8
+ * units with x quantized per row, i.e. 16+ tokens, else 4; session 39: gate / up at 5 was slower than at 4 in the step) */
+static int mf8_st_gu = -1, mf8_st_dn = -1;
+/* DSV4_MOE_F8_CSPLIT=1..4: with x quantized per row and 8-token chunks, a row tile's chunks split over that many blocks
+ * (-1, the default: 2) */
+static int mf8_csplit = -1;
+static int mf8_sg = 1; /* DSV4_MOE_F8_SG=0: the scale words a unit at a time in every variant (measurements) */
+template <int GATEUP, int NT, int XR, int GP, int ST = MF8_STAGES> static mt_fn mf8_pick_s(int sl) {
+    return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP, ST> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP, ST> : mf8_kernel<GATEUP, NT, 1, XR, GP, ST>;
+}
+/* 8-token chunks with their groups in flight: the ring's depth st (gate / up 4, 5 or 6 units, down 4, 6 or 8; else 4) */
+template <int GATEUP, int XR> static mt_fn mf8_pick_st(int sl, int st) {
+    if constexpr (GATEUP) return st == 6 ? mf8_pick_s<1, 1, XR, 4, 6>(sl) : st == 5 ? mf8_pick_s<1, 1, XR, 4, 5>(sl) : mf8_pick_s<1, 1, XR, 4>(sl);
+    else return st == 8 ? mf8_pick_s<0, 1, XR, 4, 8>(sl) : st == 6 ? mf8_pick_s<0, 1, XR, 4, 6>(sl) : mf8_pick_s<0, 1, XR, 4>(sl);
 }
 /* groups in flight: 4 (8-, 16-token chunks), 2 (32: the registers); pipe 0: 1 */
-template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe) {
-    if (!xr) return pipe ? mf8_pick_s<GATEUP, 1, 0, 4>(sl) : mf8_pick_s<GATEUP, 1, 0, 1>(sl);
+template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe, int st) {
+    if (!xr) return pipe ? mf8_pick_st<GATEUP, 0>(sl, st) : mf8_pick_s<GATEUP, 1, 0, 1>(sl);
     if (nt == 8) return mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
     if (nt == 4) return pipe ? mf8_pick_s<GATEUP, 4, 1, 2>(sl) : mf8_pick_s<GATEUP, 4, 1, 1>(sl);
     if (nt == 2) return pipe ? mf8_pick_s<GATEUP, 2, 1, 4>(sl) : mf8_pick_s<GATEUP, 2, 1, 1>(sl);
-    return pipe ? mf8_pick_s<GATEUP, 1, 1, 4>(sl) : mf8_pick_s<GATEUP, 1, 1, 1>(sl);
+    return pipe ? mf8_pick_st<GATEUP, 1>(sl, st) : mf8_pick_s<GATEUP, 1, 1, 1>(sl);
+}
+/* the ring's depth of mf8_pick (st) for 8-token chunks with their groups in flight, else MF8_STAGES */
+static int mf8_depth(int gateup, int nt, int pipe, int st) {
+    if (nt != 1 || !pipe) return MF8_STAGES;
+    return gateup ? (st == 5 || st == 6 ? st : MF8_STAGES) : (st == 6 || st == 8 ? st : MF8_STAGES);
 }
 static int mt_nt1 = 2;     /* DSV4_MOE_NT1_AVG: 8-token decode chunks while experts average at most this many tokens (0: only T <= 8) */
 
@@ -1417,16 +1437,24 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
          * place for h) and chunks of 8, 16, 32 or 64 tokens by the experts' average count */
         if (mf8_gp < 0)
             mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0),
-            mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
+            mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8),
+            mf8_ntmin = dsv4_env_int("DSV4_MOE_F8_NTMIN", 1), mf8_st_gu = dsv4_env_int("DSV4_MOE_F8_ST_GU", -1),
+            mf8_st_dn = dsv4_env_int("DSV4_MOE_F8_ST_DN", -1), mf8_csplit = dsv4_env_int("DSV4_MOE_F8_CSPLIT", -1),
+            mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0;
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
         /* (also below MF8_RQ_T tokens when a chunk's whole x would leave one block an SM: Pro's 7,168 columns) */
         const int x1 = T == 1, xr = (T >= MF8_RQ_T || mf8_smem(1, NU, gateup ? 2 : 1, sl, 0, x1) > 110 * 1024) && mf8_rq && (gateup ? scratch != NULL : 1);
         const int64_t avg8 = (int64_t)T * K * 8 / E; /* 8 x the average tokens an expert */
         int nt = !xr ? 1 : avg8 <= 64 ? 1 : avg8 <= 128 ? 2 : avg8 <= 256 ? 4 : 8;
+        if (xr && nt < mf8_ntmin && (mf8_ntmin == 2 || mf8_ntmin == 4 || mf8_ntmin == 8)) nt = mf8_ntmin;
         if (nt > mf8_ntmax) nt = mf8_ntmax;
         while (nt > 1 && mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, 0) > (size_t)dsv4_cuda_dev.smem_optin) nt /= 2; /* (SL 4's rings) */
-        const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr);
+        const int sts = gateup ? mf8_st_gu : mf8_st_dn;
+        int dep = mf8_depth(gateup, nt, mf8_gp, sts >= 0 ? sts : !xr || gateup ? MF8_STAGES : 8);
+        if (mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep) > (size_t)dsv4_cuda_dev.smem_optin) dep = MF8_STAGES;
+        const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep);
+        const int cs = !xr || nt != 1 ? 1 : mf8_csplit < 0 ? 2 : mf8_csplit >= 2 && mf8_csplit <= 4 ? mf8_csplit : 1;
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
             mt_params fp;
             memset(&fp, 0, sizeof fp);
@@ -1439,9 +1467,11 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                     return -1;
                 fp.xq = dst, fp.xq_ld = ld;
             }
-            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp) : mf8_pick<0>(nt, sl, xr, mf8_gp);
+            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp, dep) : mf8_pick<0>(nt, sl, xr, mf8_gp, dep);
             fp.pre = !gateup && pre;
-            if (mt_launch(fn, dim3(R / 64, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
+            fp.csplit = cs;
+            fp.sg = mf8_sg;
+            if (mt_launch(fn, dim3(R / 64 * cs, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
                 return -1;
             return gateup; /* (an FP8 gate / up: its grid lets the next start only at its end) */
         }
