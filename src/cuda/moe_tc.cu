@@ -1336,6 +1336,18 @@ static int mf8_st_gu = -1, mf8_st_dn = -1;
  * (-1, the default: 2) */
 static int mf8_csplit = -1;
 static int mf8_sg = 1; /* DSV4_MOE_F8_SG=0: the scale words a unit at a time in every variant (measurements) */
+static void mf8_env(void) {
+    mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0);
+    mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
+    mf8_ntmin = dsv4_env_int("DSV4_MOE_F8_NTMIN", 1), mf8_st_gu = dsv4_env_int("DSV4_MOE_F8_ST_GU", -1);
+    mf8_st_dn = dsv4_env_int("DSV4_MOE_F8_ST_DN", -1), mf8_csplit = dsv4_env_int("DSV4_MOE_F8_CSPLIT", -1);
+    mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0;
+}
+extern "C" void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg) {
+    mf8_env();
+    if (st_gu == -2) return; /* the environment's (or the defaults) */
+    mf8_st_gu = st_gu, mf8_st_dn = st_dn, mf8_csplit = csplit, mf8_sg = sg != 0;
+}
 template <int GATEUP, int NT, int XR, int GP, int ST = MF8_STAGES> static mt_fn mf8_pick_s(int sl) {
     return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP, ST> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP, ST> : mf8_kernel<GATEUP, NT, 1, XR, GP, ST>;
 }
@@ -1435,12 +1447,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         /* FP8 tensor cores (moe_f8.cuh) at every batch: column slices from the shape; fewer than MF8_RQ_T tokens: x
          * quantized by the blocks, 8-token chunks; else x act-quantized once per row (into the scratch for gate/up, in
          * place for h) and chunks of 8, 16, 32 or 64 tokens by the experts' average count */
-        if (mf8_gp < 0)
-            mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0),
-            mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8),
-            mf8_ntmin = dsv4_env_int("DSV4_MOE_F8_NTMIN", 1), mf8_st_gu = dsv4_env_int("DSV4_MOE_F8_ST_GU", -1),
-            mf8_st_dn = dsv4_env_int("DSV4_MOE_F8_ST_DN", -1), mf8_csplit = dsv4_env_int("DSV4_MOE_F8_CSPLIT", -1),
-            mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0;
+        if (mf8_gp < 0) mf8_env();
         int sl = mf8_slices(R, NU);
         if ((mf8_sl == 1 || mf8_sl == 2 || mf8_sl == 4) && NU % mf8_sl == 0) sl = mf8_sl; /* experiments: not batch invariant across values */
         /* (also below MF8_RQ_T tokens when a chunk's whole x would leave one block an SM: Pro's 7,168 columns) */

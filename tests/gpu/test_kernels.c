@@ -416,6 +416,8 @@ moe_checks:
     test_moe_f8(1, 2, 8, 256, 128);   /* X1 with 2 and 1 units */
     test_moe_f8(200, 6, 16, 1024, 512); /* 32-token chunks (prefill sizes) */
     test_moe_f8(64, 6, 8, 4096, 2048);
+    test_moe_f8(80, 6, 64, 4096, 2048); /* 8-token chunks with x quantized per row (the decode of batch 16-85 and 256): a
+                                          * third of the experts past 8 tokens, their chunks over 2 blocks, scale groups */
     test_moe_f8(8, 2, 8, 256, 256); /* the unseen-shape models' widths: 2 units, 1 a slice */
     test_moe_f8(96, 2, 8, 256, 128);
 pfb_checks:
