@@ -1334,19 +1334,20 @@ static int mf8_ntmin = 1;  /* DSV4_MOE_F8_NTMIN=2|4|8: with x quantized once per
 static int mf8_st_gu = -1, mf8_st_dn = -1;
 /* DSV4_MOE_F8_CSPLIT=1..4: with x quantized per row and 8-token chunks, a row tile's chunks split over that many blocks
  * (-1, the default: 2) */
-static int mf8_csplit = -1;
+static int mf8_csplit = -1, mf8_csplit_dn = -1; /* (DSV4_MOE_F8_CSPLIT_DN: the down projection's, -1: 2) */
 static int mf8_sg = 1; /* DSV4_MOE_F8_SG=0: the scale words a unit at a time in every variant (measurements) */
 static void mf8_env(void) {
     mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0);
     mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
     mf8_ntmin = dsv4_env_int("DSV4_MOE_F8_NTMIN", 1), mf8_st_gu = dsv4_env_int("DSV4_MOE_F8_ST_GU", -1);
     mf8_st_dn = dsv4_env_int("DSV4_MOE_F8_ST_DN", -1), mf8_csplit = dsv4_env_int("DSV4_MOE_F8_CSPLIT", -1);
+    mf8_csplit_dn = dsv4_env_int("DSV4_MOE_F8_CSPLIT_DN", mf8_csplit);
     mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0;
 }
 extern "C" void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg) {
     mf8_env();
     if (st_gu == -2) return; /* the environment's (or the defaults) */
-    mf8_st_gu = st_gu, mf8_st_dn = st_dn, mf8_csplit = csplit, mf8_sg = sg != 0;
+    mf8_st_gu = st_gu, mf8_st_dn = st_dn, mf8_csplit = mf8_csplit_dn = csplit, mf8_sg = sg != 0;
 }
 template <int GATEUP, int NT, int XR, int GP, int ST = MF8_STAGES> static mt_fn mf8_pick_s(int sl) {
     return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP, ST> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP, ST> : mf8_kernel<GATEUP, NT, 1, XR, GP, ST>;
@@ -1461,7 +1462,8 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         int dep = mf8_depth(gateup, nt, mf8_gp, sts >= 0 ? sts : !xr || gateup ? MF8_STAGES : 8);
         if (mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep) > (size_t)dsv4_cuda_dev.smem_optin) dep = MF8_STAGES;
         const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep);
-        const int cs = !xr || nt != 1 ? 1 : mf8_csplit < 0 ? 2 : mf8_csplit >= 2 && mf8_csplit <= 4 ? mf8_csplit : 1;
+        const int csv = gateup ? mf8_csplit : mf8_csplit_dn;
+        const int cs = !xr || nt != 1 ? 1 : csv < 0 ? 2 : csv >= 2 && csv <= 4 ? csv : 1;
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
             mt_params fp;
             memset(&fp, 0, sizeof fp);
