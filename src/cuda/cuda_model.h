@@ -295,9 +295,10 @@ void dsv4_cuda_moe_experts_path(int mode);
 void dsv4_cuda_moe_pfb_force(int prod, int xtok);
 /* The FP8 experts' (moe_f8.cuh) forms with x quantized per row (tests, A/B): the weight ring's depth of gate / up (4, 5,
  * 6) and down (4, 6, 8), the blocks a row tile's 8-token chunks are split over (1-4), the scale words 4 units at a time
- * (sg 1) or a unit at a time (0); -1: the default of each; st_gu -2: back to the environment's (DSV4_MOE_F8_ST_GU,
- * _ST_DN, _CSPLIT, _SG). Every form gives the same bits. */
-void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg);
+ * (sg 1) or a unit at a time (0), the x codes by cp.async.bulk on mbarriers (xbulk 1) or by cp.async and a proxy fence
+ * (0); -1: the default of each; st_gu -2: back to the environment's (DSV4_MOE_F8_ST_GU, _ST_DN, _CSPLIT, _SG, _XBULK).
+ * Every form gives the same bits. */
+void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg, int xbulk);
 /* NVFP4 experts with the FP8 act quant (NVIDIA's checkpoints of the DeepSeek recipe) on the BF16 prefill kernels too: 1 on,
  * 0 off (the f16 kernels), -1 the default (DSV4_MOE_PFB_NVFP4, 0 unless set until its tests have run on a GPU). */
 void dsv4_cuda_moe_pfb_nvfp4(int on);

@@ -35,4 +35,12 @@ __device__ __forceinline__ void dev_bulk_g2s(unsigned dst, const void *src, unsi
                  : "memory");
 }
 
+/* the box at coordinates (c0, c1, c2) of the 3-D tensor map at generic address map (a __grid_constant__ parameter's) to
+ * shared dst (128-byte aligned), completing on mbarrier bar (box bytes, out-of-range elements zero-filled and counted) */
+__device__ __forceinline__ void dev_tma_3d(unsigned dst, const void *map, int c0, int c1, int c2, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+
 #endif

@@ -25,6 +25,8 @@
  * a unit was ~30 % of the kernel's L2 sector requests, each 4-byte copy a sector of its own). */
 #pragma once
 
+#include "mbarrier.cuh"
+
 #define MF8_STAGES 4 /* units in a warp's weight ring (the default; the kernel's ST: 4 to 8, the same bits) */
 #define MF8_SB 4    /* (token, unit) items of x a warp loads before quantizing them (loads in flight) */
 #define MF8_RQ_T 16 /* from this many tokens a pass on, x act-quantized once per row (moe_quant_kernel, WO 3) */
@@ -85,7 +87,8 @@ template <int SL> __device__ __forceinline__ void mf8_wg_sync(int w) {
  * of x, [4 groups][NT][2][8][16] codes and [8 NT] scales. Then the slices' partial sums [SL - 1][NM][NT][4][128], then
  * per warp the weight ring. */
 __host__ __device__ constexpr size_t mf8_stage_bytes(int nm) { return (size_t)nm * 1024 + (size_t)nm * 64; }
-__host__ __device__ constexpr int mf8_xstage(int NT) { return NT * 1024 + NT * 32; }
+/* (8-token chunks: 1,152, so that every stage's codes start 128-byte aligned for their TMA box) */
+__host__ __device__ constexpr int mf8_xstage(int NT) { return NT == 1 ? 1152 : NT * 1024 + NT * 32; }
 /* XR 0: bytes of the x codes (the scales follow them), then of codes and scales */
 __host__ __device__ constexpr size_t mf8_xcodes(int NT, int NU, int X1) { return X1 ? (size_t)NU * 128 + 128 : (size_t)NU * 4 * NT * 256; }
 __host__ __device__ constexpr size_t mf8_xbytes(int NT, int NU, int X1) {
@@ -98,7 +101,7 @@ __host__ __device__ constexpr int mf8_nslot(int ST) { return (ST + 2) / 4 + 1; }
 static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1, int ST = MF8_STAGES) {
     const size_t x = XR ? (size_t)SL * ST * mf8_xstage(NT) : mf8_xbytes(NT, NU, X1);
     return x + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 + (size_t)4 * SL * ST * mf8_stage_bytes(nm) +
-           (XR && NT == 1 ? (size_t)4 * SL * mf8_nslot(ST) * nm * 256 : 0);
+           (XR && NT == 1 ? (size_t)4 * SL * mf8_nslot(ST) * nm * 256 + (size_t)SL * ST * 8 : 0);
 }
 /* column slices from the shape only (the sums' order must not depend on the batch): enough warps per expert to fill the
  * GPU at batch 1, as the f16 ring's S */
@@ -152,6 +155,24 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     constexpr int NSL = SG ? mf8_nslot(S) : 1, SCG = NM * 256;
     const int scs_off = SL * S * XST + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + warp * NSL * SCG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
+    /* XB (x quantized per row, 8-token chunks; P.xbulk, P.xmap): a unit's x codes for the chunk's 8 rows come as one TMA
+     * box of P.xmap ([16 bytes][8 rows from the chunk's first slot][8 pieces from the unit's first]: the core-matrix
+     * layout of the stage), issued by the warpgroup's thread 0 on the stage's mbarrier (after the scale groups: [SL][S] of
+     * 8 bytes). The async proxy writes them, so no fence.proxy.async before the wgmmas read them: that fence is
+     * MEMBAR.ALL.CTA, which waits for every cp.async of the thread in flight, the weights' of the next units too
+     * (bench/NOTES.md, session 39). The x rows are by slot (gate / up: moe_quant_slot_kernel's copy, P.xslot). Rows past
+     * the chunk's tokens are the next expert's or zeros (out of the map): columns whose outputs are not written. */
+    constexpr bool XBC = XR && NT == 1;
+    const bool XB = XBC && P.xbulk && ((unsigned)__cvta_generic_to_shared(mt_sm) & 127u) == 0;
+    constexpr int MBO = SL * S * XST + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + 4 * SL * NSL * SCG; /* mbarriers' offset */
+    auto mbar = [&](int k) { return (unsigned)__cvta_generic_to_shared(mt_sm) + (unsigned)(MBO + (wg * S + k) * 8); };
+    if (XB) {
+        if (tw == 0)
+#pragma unroll
+            for (int k = 0; k < S; k++) dev_mbar_init(mbar(k), 1);
+        dev_mbar_fence_init();
+        __syncthreads();
+    }
     const int r0 = rt * 64 + (warp & 3) * 16; /* the warp's first row */
 
     /* this lane's copies: 16 bytes of row r0 + g + 8h of matrix m (group c of the unit), the scale word of row l & 15 of
@@ -198,13 +219,21 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
 #pragma unroll
                     for (int j = 0; j < XJ; j++) {
                         const int t = (tw >> 3) + 16 * j;
-                        xrow[j] = t < 8 * NT && c0 + t < cnt ? P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld : NULL;
+                        xrow[j] = !XB && t < 8 * NT && c0 + t < cnt
+                                      ? P.xq + (int64_t)(GATEUP && !(XBC && P.xslot) ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld
+                                      : NULL;
                     }
                     const int t = tw;
-                    srow = t < 8 * NT && c0 + t < cnt ? P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld + C : NULL;
+                    srow = t < 8 * NT && c0 + t < cnt ? P.xq + (int64_t)(GATEUP && !(XBC && P.xslot) ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld + C
+                                                      : NULL;
                 }
                 const unsigned xa = xsa + (unsigned)((i % S) * XST);
                 const int pc = tw & 7, q = pc >> 1, h = pc & 1;
+                if (XB && tw == 0) {
+                    const unsigned xbar = mbar(i % S);
+                    dev_mbar_expect(xbar, 1024u);
+                    dev_tma_3d(xa, &P.xmap, 0, off + xchunk * 8, u * 8, xbar);
+                }
 #pragma unroll
                 for (int j = 0; j < XJ; j++) {
                     const int t = (tw >> 3) + 16 * j;
@@ -261,12 +290,13 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
             }
         }
         dev_cp_wait<S - 2>(); /* unit i's copies (this thread's) */
-        if (XR) { /* ... and the warpgroup's: its x */
-            wg_fence_proxy();
+        if (XR) { /* ... and the warpgroup's: its x (XB: its scale words; the codes on the stage's mbarrier below) */
+            if (!XB) wg_fence_proxy();
             mf8_wg_sync<SL>(wg);
         }
         /* into the stage read at i - 1 (XR: every thread of the warpgroup is past it, the barrier above) */
         issue(i + S - 1, n);
+        if (XB) dev_mbar_wait(mbar(i % S), (unsigned)(i / S) & 1u);
         const unsigned char *st = ring + (i % S) * STG;
         const uint32_t *scw = s4 ? (const uint32_t *)(mt_sm + scs_off + ((i >> 2) % NSL) * SCG) + (i & 3) : (const uint32_t *)(st + NM * 1024);
         const int sst = s4 ? 4 : 1; /* words between rows */

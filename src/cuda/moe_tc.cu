@@ -33,6 +33,7 @@
  * prefill: 64 tokens a chunk, x act-quantized once into scratch by moe_quant, staged with cp.async, double
  * buffered, or moe_pf2_kernel's pipeline with the slices' sums in one warp, added in the same order): the results are
  * bitwise batch invariant. S depends only on the matrix shape. */
+#include <cuda.h> /* CUtensorMap (the encoder comes through cudaGetDriverEntryPointByVersion: no libcuda link) */
 #include <stdlib.h>
 
 #include "linear_tc.cuh"
@@ -227,6 +228,9 @@ struct mt_params {
     int pre;   /* moe_f8.cuh, down: the plan is complete before the grid starts (dsv4_moe_tc_run's pre) */
     int csplit; /* moe_f8.cuh with x quantized per row: blocks a row tile's chunks are split over (1: one) */
     int sg;     /* moe_f8.cuh: the scale words 4 units at a time where they can be (x quantized per row, 8-token chunks) */
+    int xbulk;  /* moe_f8.cuh: x codes by TMA boxes of xmap on mbarriers (x quantized per row, 8-token chunks) */
+    int xslot;  /* moe_f8.cuh, gate / up: xq's rows by slot (moe_quant_slot_kernel), not by token */
+    CUtensorMap xmap; /* moe_f8.cuh with xbulk: xq as [16 bytes][rows][pieces of 16 bytes] (mf8_xmap) */
 };
 
 /* x staging for the kernels that act-quantize it themselves: items i = (token t, unit wu) = (i / nwu, i % nwu) of n, a
@@ -1154,14 +1158,8 @@ template <int NA> __global__ void __launch_bounds__(256) moe_mma_rate_kernel(flo
  * a unit's codes overwrite floats of unit u / 2 <= u, already read by the whole warp (__syncwarp), and the scales
  * (after the codes) are written once the row is read. S > 0 (moe_pf2_kernel, S column slices): after the NU scales NU
  * floats 2^(e(u - S) - e(u)) of their exponents (mt_pow2, as the register kernels' rescale computes it), 1 for u < S. */
-template <int FMT, int WO>
-__global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_t sld, uint8_t *dst, int64_t dld, int rows, int C, int S) {
-    dev_pdl_trigger();
-    dev_pdl_wait();
-    const int lane = threadIdx.x & 31, row = blockIdx.x * 8 + (threadIdx.x >> 5), NU = C / 128;
-    if (row >= rows) return;
-    const float *sr = src + (int64_t)row * sld;
-    uint8_t *dr = dst + (int64_t)row * dld;
+template <int FMT, int WO> __device__ __forceinline__ void mq_row(const float *sr, uint8_t *dr, int C, int S, int lane) {
+    const int NU = C / 128;
     float keep0 = 0.0f, keep1 = 0.0f;
     for (int u = 0; u < NU; u++) {
         float v[4];
@@ -1194,6 +1192,27 @@ __global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_
         if (lane < NU) ds[NU + lane] = lane >= S ? mt_pow2(mt_exp(p0) - mt_exp(keep0)) : 1.0f;
         if (lane + 32 < NU) ds[NU + lane + 32] = mt_pow2(mt_exp(lane >= S ? p1 : p1b) - mt_exp(keep1));
     }
+}
+
+template <int FMT, int WO>
+__global__ void __launch_bounds__(256) moe_quant_kernel(const float *src, int64_t sld, uint8_t *dst, int64_t dld, int rows, int C, int S) {
+    dev_pdl_trigger();
+    dev_pdl_wait();
+    const int lane = threadIdx.x & 31, row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    mq_row<FMT, WO>(src + (int64_t)row * sld, dst + (int64_t)row * dld, C, S, lane);
+}
+
+/* moe_f8.cuh's x codes by slot (WO 3) for gate / up's TMA boxes: row s of dst is the act quant of x's row p.rows[s], for
+ * the plan's slots (rows: an upper bound, T K) */
+__global__ void __launch_bounds__(256) moe_quant_slot_kernel(const float *src, int64_t sld, uint8_t *dst, int64_t dld, dsv4_cuda_moe_plan p,
+                                                             int rows, int C) {
+    dev_pdl_trigger();
+    dev_pdl_wait();
+    const int lane = threadIdx.x & 31, row = blockIdx.x * 8 + (threadIdx.x >> 5), na = *p.nact;
+    const int tot = na > 0 ? p.act_off[na - 1] + p.act_cnt[na - 1] : 0;
+    if (row >= rows || row >= tot) return;
+    mq_row<DSV4_WF_MXFP4, 3>(src + (int64_t)p.rows[row] * sld, dst + (int64_t)row * dld, C, 0, lane);
 }
 
 /* ---- host ---- */
@@ -1336,18 +1355,46 @@ static int mf8_st_gu = -1, mf8_st_dn = -1;
  * (-1, the default: 2) */
 static int mf8_csplit = -1, mf8_csplit_dn = -1; /* (DSV4_MOE_F8_CSPLIT_DN: the down projection's, -1: 2) */
 static int mf8_sg = 1; /* DSV4_MOE_F8_SG=0: the scale words a unit at a time in every variant (measurements) */
+static int mf8_xbulk = 1; /* DSV4_MOE_F8_XBULK=0: the x codes by cp.async with a proxy fence a unit (before session 39) */
+typedef CUresult (*mf8_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *,
+                                  const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static mf8_encode_fn mf8_enc;
+static int mf8_enc_state; /* 0 not looked up, 1 found, -1 unavailable (the x codes by cp.async then) */
+/* xq (rows of ld bytes: C codes in moe_f8.cuh's order, then the scales) as a 3-D map for the TMA boxes of moe_f8.cuh: dims
+ * (innermost first) 16 bytes, rows (stride ld), pieces of 16 bytes (stride 16), box 16 x 8 x 8: a unit's 8 pieces of 8
+ * rows land as [piece][row][16 bytes], the stage's core matrices. 0, or -1 when the driver cannot encode it. */
+static int mf8_xmap(CUtensorMap *m, const uint8_t *xq, int64_t ld, int rows, int C) {
+    if (!mf8_enc_state) {
+        cudaDriverEntryPointQueryResult q;
+        void *f = NULL;
+        mf8_enc_state = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+                                q == cudaDriverEntryPointSuccess && f
+                            ? 1
+                            : -1;
+        if (mf8_enc_state < 0) cudaGetLastError();
+        else mf8_enc = (mf8_encode_fn)f;
+    }
+    if (mf8_enc_state < 0 || rows < 1 || ld % 16 || ((uintptr_t)xq & 15)) return -1;
+    const cuuint64_t dims[3] = {16, (cuuint64_t)rows, (cuuint64_t)C / 16}, strides[2] = {(cuuint64_t)ld, 16};
+    const cuuint32_t box[3] = {16, 8, 8}, estr[3] = {1, 1, 1};
+    return mf8_enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)xq, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                   CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -1;
+}
 static void mf8_env(void) {
     mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0);
     mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
     mf8_ntmin = dsv4_env_int("DSV4_MOE_F8_NTMIN", 1), mf8_st_gu = dsv4_env_int("DSV4_MOE_F8_ST_GU", -1);
     mf8_st_dn = dsv4_env_int("DSV4_MOE_F8_ST_DN", -1), mf8_csplit = dsv4_env_int("DSV4_MOE_F8_CSPLIT", -1);
     mf8_csplit_dn = dsv4_env_int("DSV4_MOE_F8_CSPLIT_DN", mf8_csplit);
-    mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0;
+    mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0, mf8_xbulk = dsv4_env_int("DSV4_MOE_F8_XBULK", 1) != 0;
 }
-extern "C" void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg) {
+extern "C" void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg, int xbulk) {
     mf8_env();
     if (st_gu == -2) return; /* the environment's (or the defaults) */
-    mf8_st_gu = st_gu, mf8_st_dn = st_dn, mf8_csplit = mf8_csplit_dn = csplit, mf8_sg = sg != 0;
+    mf8_st_gu = st_gu, mf8_st_dn = st_dn, mf8_csplit = mf8_csplit_dn = csplit, mf8_sg = sg != 0, mf8_xbulk = xbulk != 0;
 }
 template <int GATEUP, int NT, int XR, int GP, int ST = MF8_STAGES> static mt_fn mf8_pick_s(int sl) {
     return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP, ST> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP, ST> : mf8_kernel<GATEUP, NT, 1, XR, GP, ST>;
@@ -1469,12 +1516,21 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
             memset(&fp, 0, sizeof fp);
             fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU, fp.x1 = x1 && !xr;
             if (xr) { /* x act-quantized once per row (the same codes and scales as the kernels' own quant) */
-                const int rows = gateup ? T : T * K;
                 const int64_t ld = gateup ? (((int64_t)C + 4 * NU + 15) & ~(int64_t)15) : (int64_t)4 * C;
                 uint8_t *dst = gateup ? (uint8_t *)scratch : (uint8_t *)x;
-                if (mt_launch(mq_pick(fmt, 3), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant, fp8)", x, (int64_t)C, dst, ld, rows, C, 0))
+                /* 8-token chunks: the x codes by TMA boxes where the driver encodes the map; gate / up's rows then by slot
+                 * (the scratch holds T K rows of 4 C bytes: y's) */
+                const int xb = nt == 1 && mf8_xbulk && mf8_xmap(&fp.xmap, dst, ld, T * K, C) == 0;
+                const int rows = gateup && !xb ? T : T * K;
+                if (xb && gateup) {
+                    if (mt_launch(moe_quant_slot_kernel, dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant by slot, fp8)", x, (int64_t)C, dst,
+                                  ld, *p, rows, C))
+                        return -1;
+                } else if (mt_launch(mq_pick(fmt, 3), dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant, fp8)", x, (int64_t)C, dst, ld, rows,
+                                     C, 0)) {
                     return -1;
-                fp.xq = dst, fp.xq_ld = ld;
+                }
+                fp.xq = dst, fp.xq_ld = ld, fp.xbulk = xb, fp.xslot = xb && gateup;
             }
             const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp, dep) : mf8_pick<0>(nt, sl, xr, mf8_gp, dep);
             fp.pre = !gateup && pre;
