@@ -273,8 +273,9 @@ int dsv4_cuda_moe_route(const float *logits, int T, int E, int K, const float *b
  * the expert's tokens as the mma's N); the rest through a CUDA-core kernel (a warp per weight row). Either
  * way each output value goes through the same operations in the same order whatever else shares the expert
  * (batch invariant). x [T, D]. The inputs of each product (x, h) are act-quantized as the weights'
- * act_quant asks. h and y are also scratch: with act quant and at least 16 rows per expert on average, y
- * first holds x's FP8 codes and h is replaced by its codes in place before the down projection. */
+ * act_quant asks. h and y are also scratch: with act quant and 16+ tokens, y first holds x's FP8 codes (by token, or
+ * by slot, up to T K rows, where 8-token chunks take them by TMA) and h is replaced by its codes in place before the
+ * down projection. */
 int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,
                           float lim, float *h, float *y, void *stream);
 /* The same for a pass that is not a decode step (a prefill pass): MXFP4 experts with the FP8 act quant and enough
@@ -299,6 +300,8 @@ void dsv4_cuda_moe_pfb_force(int prod, int xtok);
  * (0); -1: the default of each; st_gu -2: back to the environment's (DSV4_MOE_F8_ST_GU, _ST_DN, _CSPLIT, _SG, _XBULK).
  * Every form gives the same bits. */
 void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg, int xbulk);
+/* FP8 expert launches so far that took the x codes by TMA boxes (the driver's encoder found, the map accepted; tests) */
+long dsv4_cuda_moe_f8_xbulk_launches(void);
 /* NVFP4 experts with the FP8 act quant (NVIDIA's checkpoints of the DeepSeek recipe) on the BF16 prefill kernels too: 1 on,
  * 0 off (the f16 kernels), -1 the default (DSV4_MOE_PFB_NVFP4, 0 unless set until its tests have run on a GPU). */
 void dsv4_cuda_moe_pfb_nvfp4(int on);

@@ -8,7 +8,8 @@
  * 16 w + 15 of the tile as the A operand of wgmma m64nNk32 e4m3 (registers), one k32 step per 32-column MXFP4 group: the
  * group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 to 64 tokens are B
  * (shared memory, K-major core matrices): act-quantized by each warpgroup for its slice at the chunk's start (XR 0), or
- * quantized once per row by moe_quant_kernel and copied unit by unit through a ring (XR 1); the same codes and
+ * quantized once per row by moe_quant_kernel and copied unit by unit through a ring (XR 1; 8-token chunks: one TMA box
+ * a unit, rows by slot, XB below); the same codes and
  * power-of-two scales as the f16 kernels' (mt_quant<1>). Per group: D = A B (fresh), then u += D x 2^(e - 121) (e: the
  * row's E8M0 group scale, times the 2^6 the codes carry); per 128-column unit: acc += u x sx (the token's act-quant scale
  * of the unit); per chunk the slices' acc added in a fixed order. Each output's operations depend on the shape only, not
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
      * (bench/NOTES.md, session 39). The x rows are by slot (gate / up: moe_quant_slot_kernel's copy, P.xslot). Rows past
      * the chunk's tokens are the next expert's or zeros (out of the map): columns whose outputs are not written. */
     constexpr bool XBC = XR && NT == 1;
-    const bool XB = XBC && P.xbulk && ((unsigned)__cvta_generic_to_shared(mt_sm) & 127u) == 0;
+    const bool XB = XBC && P.xbulk; /* (the boxes' 128-byte alignment: the dynamic shared memory's base, no static one) */
     constexpr int MBO = SL * S * XST + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + 4 * SL * NSL * SCG; /* mbarriers' offset */
     auto mbar = [&](int k) { return (unsigned)__cvta_generic_to_shared(mt_sm) + (unsigned)(MBO + (wg * S + k) * 8); };
     if (XB) {

@@ -1361,6 +1361,7 @@ typedef CUresult (*mf8_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t
                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 static mf8_encode_fn mf8_enc;
 static int mf8_enc_state; /* 0 not looked up, 1 found, -1 unavailable (the x codes by cp.async then) */
+static long mf8_xb_launches; /* launches with the x codes by TMA (dsv4_cuda_moe_f8_xbulk_launches) */
 /* xq (rows of ld bytes: C codes in moe_f8.cuh's order, then the scales) as a 3-D map for the TMA boxes of moe_f8.cuh: dims
  * (innermost first) 16 bytes, rows (stride ld), pieces of 16 bytes (stride 16), box 16 x 8 x 8: a unit's 8 pieces of 8
  * rows land as [piece][row][16 bytes], the stage's core matrices. 0, or -1 when the driver cannot encode it. */
@@ -1391,6 +1392,7 @@ static void mf8_env(void) {
     mf8_csplit_dn = dsv4_env_int("DSV4_MOE_F8_CSPLIT_DN", mf8_csplit);
     mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0, mf8_xbulk = dsv4_env_int("DSV4_MOE_F8_XBULK", 1) != 0;
 }
+extern "C" long dsv4_cuda_moe_f8_xbulk_launches(void) { return mf8_xb_launches; }
 extern "C" void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg, int xbulk) {
     mf8_env();
     if (st_gu == -2) return; /* the environment's (or the defaults) */
@@ -1531,6 +1533,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                     return -1;
                 }
                 fp.xq = dst, fp.xq_ld = ld, fp.xbulk = xb, fp.xslot = xb && gateup;
+                if (xb) mf8_xb_launches++;
             }
             const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp, dep) : mf8_pick<0>(nt, sl, xr, mf8_gp, dep);
             fp.pre = !gateup && pre;

@@ -710,6 +710,13 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
         }
         dsv4_cuda_moe_f8_force(-2, 0, 0, 0, 0);
         free(y2);
+        /* 8-token chunks with x quantized per row: the default takes the x codes by TMA (so the forms above compared it) */
+        if ((int64_t)T * K <= 8LL * E) {
+            const long nl = dsv4_cuda_moe_f8_xbulk_launches();
+            g_checks++, g_fail += nl == 0;
+            printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: x codes by TMA in %ld launches so far%s\n", nl ? "ok" : "FAIL", T, K, E, nl,
+                   nl ? "" : " <<<");
+        }
     }
     /* batch invariance on the FP8 path */
     int nt = 0;
