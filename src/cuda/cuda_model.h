@@ -296,8 +296,8 @@ void dsv4_cuda_moe_experts_path(int mode);
 void dsv4_cuda_moe_pfb_force(int prod, int xtok);
 /* The FP8 experts' (moe_f8.cuh) forms with x quantized per row (tests, A/B): the weight ring's depth of gate / up (4, 5,
  * 6) and down (4, 6, 8), the blocks a row tile's 8-token chunks are split over (1-4), the scale words 4 units at a time
- * (sg 1) or a unit at a time (0), the x codes by cp.async.bulk on mbarriers (xbulk 1) or by cp.async and a proxy fence
- * (0); -1: the default of each; st_gu -2: back to the environment's (DSV4_MOE_F8_ST_GU, _ST_DN, _CSPLIT, _SG, _XBULK).
+ * (sg 1) or a unit at a time (0), the x codes by TMA boxes on mbarriers (xbulk 1: 8-token chunks, 2: 64-token
+ * chunks too) or by cp.async and a proxy fence (0); -1: the default of each; st_gu -2: back to the environment's (DSV4_MOE_F8_ST_GU, _ST_DN, _CSPLIT, _SG, _XBULK).
  * Every form gives the same bits. */
 void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg, int xbulk);
 /* FP8 expert launches so far that took the x codes by TMA boxes (the driver's encoder found, the map accepted; tests) */

@@ -99,10 +99,10 @@ __host__ __device__ constexpr size_t mf8_xbytes(int NT, int NU, int X1) {
  * for a ring of ST units (a group's slot is written when its first unit is issued, ST - 1 units ahead, so 4 x slots >
  * ST + 2); XR 0 (x staged up front, decode of 1-15 tokens: two blocks an SM must fit) keeps a word a unit in the stage */
 __host__ __device__ constexpr int mf8_nslot(int ST) { return (ST + 2) / 4 + 1; }
-static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1, int ST = MF8_STAGES) {
+static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1, int ST = MF8_STAGES, int XT = 0) {
     const size_t x = XR ? (size_t)SL * ST * mf8_xstage(NT) : mf8_xbytes(NT, NU, X1);
     return x + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 + (size_t)4 * SL * ST * mf8_stage_bytes(nm) +
-           (XR && NT == 1 ? (size_t)4 * SL * mf8_nslot(ST) * nm * 256 + (size_t)SL * ST * 8 : 0);
+           (XR && NT == 1 ? (size_t)4 * SL * mf8_nslot(ST) * nm * 256 : 0) + (XR && (NT == 1 || XT) ? (size_t)SL * ST * 8 : 0);
 }
 /* column slices from the shape only (the sums' order must not depend on the batch): enough warps per expert to fill the
  * GPU at batch 1, as the f16 ring's S */
@@ -120,7 +120,7 @@ static inline int mf8_slices(int R, int NU) {
  * from P.xq (moe_quant_kernel), unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a
  * named barrier a unit). GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish.
  * Every variant gives every output the same operations in the same order: the same bits whatever NT, XR and GP. */
-template <int GATEUP, int NT, int SL, int XR, int GP, int ST>
+template <int GATEUP, int NT, int SL, int XR, int GP, int ST, int XT>
 __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(const __grid_constant__ mt_params P) {
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = ST;
     static_assert(XR || NT == 1, "up-front staging: 8-token chunks");
@@ -163,9 +163,9 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
      * MEMBAR.ALL.CTA, which waits for every cp.async of the thread in flight, the weights' of the next units too
      * (bench/NOTES.md, session 39). The x rows are by slot (gate / up: moe_quant_slot_kernel's copy, P.xslot). Rows past
      * the chunk's tokens are the next expert's or zeros (out of the map): columns whose outputs are not written. */
-    constexpr bool XBC = XR && NT == 1;
+    constexpr bool XBC = XR && (NT == 1 || XT); /* (XT: chunks of 16+ tokens by TMA too, instances of their own) */
     const bool XB = XBC && P.xbulk; /* (the boxes' 128-byte alignment: the dynamic shared memory's base, no static one) */
-    constexpr int MBO = SL * S * XST + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + 4 * SL * NSL * SCG; /* mbarriers' offset */
+    constexpr int MBO = SL * S * XST + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + (SG ? 4 * SL * NSL * SCG : 0); /* mbarriers */
     auto mbar = [&](int k) { return (unsigned)__cvta_generic_to_shared(mt_sm) + (unsigned)(MBO + (wg * S + k) * 8); };
     if (XB) {
         if (tw == 0)
@@ -232,8 +232,8 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
                 const int pc = tw & 7, q = pc >> 1, h = pc & 1;
                 if (XB && tw == 0) {
                     const unsigned xbar = mbar(i % S);
-                    dev_mbar_expect(xbar, 1024u);
-                    dev_tma_3d(xa, &P.xmap, 0, off + xchunk * 8, u * 8, xbar);
+                    dev_mbar_expect(xbar, 1024u * NT);
+                    dev_tma_3d(xa, &P.xmap, 0, off + xchunk * 8 * NT, u * 8, xbar);
                 }
 #pragma unroll
                 for (int j = 0; j < XJ; j++) {
@@ -348,7 +348,9 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
 #pragma unroll
                 for (int m = 0; m < NM; m++)
                     mf8_mma<NT>(d[j][m], a[j][m],
-                                X1 ? wg_desc(xb + (unsigned)((G0 + j) * 32), 16, 256) : wg_desc(xb + (unsigned)((G0 + j) * NT * 256), 128, 256));
+                                X1                 ? wg_desc(xb + (unsigned)((G0 + j) * 32), 16, 256)
+                                : NT > 1 && XBC && XB ? wg_desc(xb + (unsigned)((G0 + j) * NT * 256), NT * 128, 128) /* ([piece][row][16]) */
+                                                      : wg_desc(xb + (unsigned)((G0 + j) * NT * 256), 128, 256));
                 wg_commit();
             }
             if constexpr (GP == 4) {

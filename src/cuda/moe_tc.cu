@@ -1355,7 +1355,9 @@ static int mf8_st_gu = -1, mf8_st_dn = -1;
  * (-1, the default: 2) */
 static int mf8_csplit = -1, mf8_csplit_dn = -1; /* (DSV4_MOE_F8_CSPLIT_DN: the down projection's, -1: 2) */
 static int mf8_sg = 1; /* DSV4_MOE_F8_SG=0: the scale words a unit at a time in every variant (measurements) */
-static int mf8_xbulk = 1; /* DSV4_MOE_F8_XBULK=0: the x codes by cp.async with a proxy fence a unit (before session 39) */
+/* DSV4_MOE_F8_XBULK=0: the x codes by cp.async with a proxy fence a unit (before session 39); 1 (default): by TMA boxes
+ * in 8-token chunks; 2: also in 64-token chunks (the prefill's; unmeasured) */
+static int mf8_xbulk = 1;
 typedef CUresult (*mf8_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *,
                                   const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -1365,7 +1367,7 @@ static long mf8_xb_launches; /* launches with the x codes by TMA (dsv4_cuda_moe_
 /* xq (rows of ld bytes: C codes in moe_f8.cuh's order, then the scales) as a 3-D map for the TMA boxes of moe_f8.cuh: dims
  * (innermost first) 16 bytes, rows (stride ld), pieces of 16 bytes (stride 16), box 16 x 8 x 8: a unit's 8 pieces of 8
  * rows land as [piece][row][16 bytes], the stage's core matrices. 0, or -1 when the driver cannot encode it. */
-static int mf8_xmap(CUtensorMap *m, const uint8_t *xq, int64_t ld, int rows, int C) {
+static int mf8_xmap(CUtensorMap *m, const uint8_t *xq, int64_t ld, int rows, int C, int brows) {
     if (!mf8_enc_state) {
         cudaDriverEntryPointQueryResult q;
         void *f = NULL;
@@ -1378,7 +1380,7 @@ static int mf8_xmap(CUtensorMap *m, const uint8_t *xq, int64_t ld, int rows, int
     }
     if (mf8_enc_state < 0 || rows < 1 || ld % 16 || ((uintptr_t)xq & 15)) return -1;
     const cuuint64_t dims[3] = {16, (cuuint64_t)rows, (cuuint64_t)C / 16}, strides[2] = {(cuuint64_t)ld, 16};
-    const cuuint32_t box[3] = {16, 8, 8}, estr[3] = {1, 1, 1};
+    const cuuint32_t box[3] = {16, (cuuint32_t)brows, 8}, estr[3] = {1, 1, 1};
     return mf8_enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)xq, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                    CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
                ? 0
@@ -1390,16 +1392,16 @@ static void mf8_env(void) {
     mf8_ntmin = dsv4_env_int("DSV4_MOE_F8_NTMIN", 1), mf8_st_gu = dsv4_env_int("DSV4_MOE_F8_ST_GU", -1);
     mf8_st_dn = dsv4_env_int("DSV4_MOE_F8_ST_DN", -1), mf8_csplit = dsv4_env_int("DSV4_MOE_F8_CSPLIT", -1);
     mf8_csplit_dn = dsv4_env_int("DSV4_MOE_F8_CSPLIT_DN", mf8_csplit);
-    mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0, mf8_xbulk = dsv4_env_int("DSV4_MOE_F8_XBULK", 1) != 0;
+    mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0, mf8_xbulk = dsv4_env_int("DSV4_MOE_F8_XBULK", 1);
 }
 extern "C" long dsv4_cuda_moe_f8_xbulk_launches(void) { return mf8_xb_launches; }
 extern "C" void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg, int xbulk) {
     mf8_env();
     if (st_gu == -2) return; /* the environment's (or the defaults) */
-    mf8_st_gu = st_gu, mf8_st_dn = st_dn, mf8_csplit = mf8_csplit_dn = csplit, mf8_sg = sg != 0, mf8_xbulk = xbulk != 0;
+    mf8_st_gu = st_gu, mf8_st_dn = st_dn, mf8_csplit = mf8_csplit_dn = csplit, mf8_sg = sg != 0, mf8_xbulk = xbulk;
 }
-template <int GATEUP, int NT, int XR, int GP, int ST = MF8_STAGES> static mt_fn mf8_pick_s(int sl) {
-    return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP, ST> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP, ST> : mf8_kernel<GATEUP, NT, 1, XR, GP, ST>;
+template <int GATEUP, int NT, int XR, int GP, int ST = MF8_STAGES, int XT = (NT == 1)> static mt_fn mf8_pick_s(int sl) {
+    return sl == 4 ? mf8_kernel<GATEUP, NT, 4, XR, GP, ST, XT> : sl == 2 ? mf8_kernel<GATEUP, NT, 2, XR, GP, ST, XT> : mf8_kernel<GATEUP, NT, 1, XR, GP, ST, XT>;
 }
 /* 8-token chunks with their groups in flight: the ring's depth st (gate / up 4, 5 or 6 units, down 4, 6 or 8; else 4) */
 template <int GATEUP, int XR> static mt_fn mf8_pick_st(int sl, int st) {
@@ -1407,9 +1409,10 @@ template <int GATEUP, int XR> static mt_fn mf8_pick_st(int sl, int st) {
     else return st == 8 ? mf8_pick_s<0, 1, XR, 4, 8>(sl) : st == 6 ? mf8_pick_s<0, 1, XR, 4, 6>(sl) : mf8_pick_s<0, 1, XR, 4>(sl);
 }
 /* groups in flight: 4 (8-, 16-token chunks), 2 (32: the registers); pipe 0: 1 */
-template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe, int st) {
+/* xt: 64-token chunks whose x may come by TMA (DSV4_MOE_F8_XBULK=2; instances of their own) */
+template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe, int st, int xt) {
     if (!xr) return pipe ? mf8_pick_st<GATEUP, 0>(sl, st) : mf8_pick_s<GATEUP, 1, 0, 1>(sl);
-    if (nt == 8) return mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
+    if (nt == 8) return xt ? mf8_pick_s<GATEUP, 8, 1, 1, MF8_STAGES, 1>(sl) : mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
     if (nt == 4) return pipe ? mf8_pick_s<GATEUP, 4, 1, 2>(sl) : mf8_pick_s<GATEUP, 4, 1, 1>(sl);
     if (nt == 2) return pipe ? mf8_pick_s<GATEUP, 2, 1, 4>(sl) : mf8_pick_s<GATEUP, 2, 1, 1>(sl);
     return pipe ? mf8_pick_st<GATEUP, 1>(sl, st) : mf8_pick_s<GATEUP, 1, 1, 1>(sl);
@@ -1509,8 +1512,9 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         while (nt > 1 && mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, 0) > (size_t)dsv4_cuda_dev.smem_optin) nt /= 2; /* (SL 4's rings) */
         const int sts = gateup ? mf8_st_gu : mf8_st_dn;
         int dep = mf8_depth(gateup, nt, mf8_gp, sts >= 0 ? sts : !xr || gateup ? MF8_STAGES : 8);
-        if (mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep) > (size_t)dsv4_cuda_dev.smem_optin) dep = MF8_STAGES;
-        const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep);
+        const int xt = xr && nt == 8 && mf8_xbulk >= 2; /* (the 64-token chunks' TMA instances) */
+        if (mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep, xt) > (size_t)dsv4_cuda_dev.smem_optin) dep = MF8_STAGES;
+        const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep, xt);
         const int csv = gateup ? mf8_csplit : mf8_csplit_dn;
         const int cs = !xr || nt != 1 ? 1 : csv < 0 ? 2 : csv >= 2 && csv <= 4 ? csv : 1;
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
@@ -1522,7 +1526,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                 uint8_t *dst = gateup ? (uint8_t *)scratch : (uint8_t *)x;
                 /* 8-token chunks: the x codes by TMA boxes where the driver encodes the map; gate / up's rows then by slot
                  * (the scratch holds T K rows of 4 C bytes: y's) */
-                const int xb = nt == 1 && mf8_xbulk && mf8_xmap(&fp.xmap, dst, ld, T * K, C) == 0;
+                const int xb = (nt == 1 ? mf8_xbulk >= 1 : xt) && mf8_xmap(&fp.xmap, dst, ld, T * K, C, 8 * nt) == 0;
                 const int rows = gateup && !xb ? T : T * K;
                 if (xb && gateup) {
                     if (mt_launch(moe_quant_slot_kernel, dim3((rows + 7) / 8), 8, 0, 0, st, "moe_experts (act quant by slot, fp8)", x, (int64_t)C, dst,
@@ -1535,7 +1539,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                 fp.xq = dst, fp.xq_ld = ld, fp.xbulk = xb, fp.xslot = xb && gateup;
                 if (xb) mf8_xb_launches++;
             }
-            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp, dep) : mf8_pick<0>(nt, sl, xr, mf8_gp, dep);
+            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp, dep, xt) : mf8_pick<0>(nt, sl, xr, mf8_gp, dep, xt);
             fp.pre = !gateup && pre;
             fp.csplit = cs;
             fp.sg = mf8_sg;

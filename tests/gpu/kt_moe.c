@@ -693,7 +693,7 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     /* the forms with x quantized per row (16+ tokens): ring depths, chunk splits and the scale words a unit at a time give
      * the default's y, bitwise */
     if (hq) {
-        static const int form[4][5] = {{4, 4, 1, 0, 1}, {5, 6, 3, 1, 1}, {6, 8, 4, 0, 1}, {4, 8, 2, 1, 0}};
+        static const int form[4][5] = {{4, 4, 1, 0, 1}, {5, 6, 3, 1, 2}, {6, 8, 4, 0, 1}, {4, 8, 2, 1, 0}};
         float *y2 = malloc(sizeof(float) * (size_t)ns * D);
         for (int f = 0; f < 4; f++) {
             dsv4_cuda_moe_f8_force(form[f][0], form[f][1], form[f][2], form[f][3], form[f][4]);
@@ -706,7 +706,7 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
             printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: gate/up ring %d, down ring %d, chunks over %d blocks, scale "
                    "words %s, x %s: y %s%s\n",
                    nd ? "FAIL" : "ok", T, K, E, form[f][0], form[f][1], form[f][2], form[f][3] ? "4 units at a time" : "a unit at a time",
-                   form[f][4] ? "by cp.async.bulk" : "by cp.async", nd ? "differs" : "bitwise the default's", nd ? " <<<" : "");
+                   form[f][4] == 2 ? "by TMA (64-token chunks too)" : form[f][4] ? "by TMA" : "by cp.async", nd ? "differs" : "bitwise the default's", nd ? " <<<" : "");
         }
         dsv4_cuda_moe_f8_force(-2, 0, 0, 0, 0);
         free(y2);
