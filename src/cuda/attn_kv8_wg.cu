@@ -116,7 +116,7 @@ template <bool FIX>
 __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, int H, int Dh, int R,
                                                              const uint8_t *const *base, const uint8_t *kv2p,
                                                              const int *idx, int nidx, const float *sink, float scale,
-                                                             float *out, ak_rope rp, int G, int ntm, int qh, long long *trc) {
+                                                             float *out, ak_rope rp, int G, int ntm, int qh, int ost, long long *trc) {
     dev_pdl_enter();
     extern __shared__ __align__(128) uint8_t wsm[];
     uint8_t *Qs = wsm + WA_QS, *Ks = wsm + WA_KS, *raw = wsm + WA_RAW;
@@ -405,6 +405,45 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
             if (ntm > 1)
                 *(__nv_bfloat162 *)(p + gin) = __floats2bfloat162_rn(x - __low2float(hi), y - __high2float(hi));
         };
+        /* ost (V4's rows, whole blocks of 64 heads, out 16-byte aligned): the terms through shared memory, so that global
+         * memory takes 16-byte stores of whole rows (a warp a 512-byte row) instead of 4-byte ones a quarter of a sector
+         * apart: each warp stages its 16 heads x 256 dims per term as [term][row][256 + 8 pad] bf16 (the pad makes the
+         * quads' 4-byte writes conflict-free), then copies row by row. Session 40's source profile had the 4-byte stores
+         * at ~30 % of a sliding-window layer's samples. The same values as put's. */
+        if (FIX && ost && H % WA_H == 0 && !((uintptr_t)out & 15)) {
+            constexpr int RW = 132; /* 4-byte words a staged row: 512 bytes + 16 of pad */
+            static_assert(WA_NT / 32 * 2 * 16 * RW * 4 <= WA_CS, "the staged terms stay below the cos / sin table");
+            uint32_t *sw = (uint32_t *)wsm + warp * (2 * 16 * RW);
+#pragma unroll
+            for (int n = 0; n < 32; n++) {
+                const int d = 256 * wg + 8 * n + 2 * tq;
+                if (rp.freq && d >= r0) {
+                    const float2 c = cs[(d - r0) >> 1];
+                    ak_unrot_cs(O[n][0], O[n][1], c.x, c.y);
+                    ak_unrot_cs(O[n][2], O[n][3], c.x, c.y);
+                }
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float x = O[n][2 * e], y = O[n][2 * e + 1];
+                    const __nv_bfloat162 hi = __floats2bfloat162_rn(x, y);
+                    sw[(gr + 8 * e) * RW + 4 * n + tq] = *(const uint32_t *)&hi;
+                    if (ntm > 1) {
+                        const __nv_bfloat162 mid = __floats2bfloat162_rn(x - __low2float(hi), y - __high2float(hi));
+                        sw[(16 + gr + 8 * e) * RW + 4 * n + tq] = *(const uint32_t *)&mid;
+                    }
+                }
+            }
+            __syncwarp();
+            for (int tm = 0; tm < ntm; tm++)
+#pragma unroll 4
+                for (int r = 0; r < 16; r++) {
+                    const int h = h0 + 16 * g + r, gh = h / hpg;
+                    const uint4 v = *(const uint4 *)(sw + (16 * tm + r) * RW + 4 * lane);
+                    *(uint4 *)(tb + (int64_t)gh * 2 * gin + (int64_t)tm * gin + (h - gh * hpg) * Dh + 256 * wg + 8 * lane) = v;
+                }
+            WA_TR(101);
+            return;
+        }
 #pragma unroll
         for (int n = 0; n < 32; n++) {
             const int d = 256 * wg + 8 * n + 2 * tq;
@@ -495,12 +534,15 @@ static int wa_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
         cudaMalloc((void **)&trc, ntr * sizeof(long long)) == cudaSuccess)
         cudaMemsetAsync(trc, 0, ntr * sizeof(long long), st);
     if (!ntm) rp.freq = NULL, rp.pos = NULL, G = 1, qh = 0;
+    /* the terms through shared memory (the kernel's ost; DSV4_ATTN_WG_OST=0: 4-byte stores from registers; session 40) */
+    static int ost = -1;
+    if (ost < 0) ost = dsv4_env_int("DSV4_ATTN_WG_OST", 1) != 0;
     if (Dh == 512 && R == 64) /* V4's rows: the chunks' kinds known at compile time */
         dev_launch(attn_kv8_wg_kernel<true>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, rp, G, ntm, qh, trc);
+                   nidx, sink, scale, out, rp, G, ntm, qh, ost, trc);
     else
         dev_launch(attn_kv8_wg_kernel<false>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, rp, G, ntm, qh, trc);
+                   nidx, sink, scale, out, rp, G, ntm, qh, ost, trc);
     if (trc) {
         long long *h = (long long *)malloc(ntr * sizeof(long long));
         FILE *f = fopen(trf, "a");
