@@ -16,7 +16,9 @@
  *     written as bf16 values into an image in the order the tensor cores read (below), in y (scratch until the down
  *     projection).
  *  2. mb_kernel<1> (gate / up): a block is 128 rows of w1 and the same 128 rows of w3 (so 128 columns of h, one unit
- *     of the down projection) of one active expert, over the expert's tokens in chunks of 128 (N = 128).
+ *     of the down projection) of one active expert, over the expert's tokens in chunks of 128 (N = 128; an expert's
+ *     last chunk of fewer tokens takes wgmmas of N = its tokens rounded up to 32, mb_params.nfit: 192 tokens an expert,
+ *     the 8K prefill's average, are 128 + 64 columns of work instead of 2 x 128).
  *     Two warpgroups (64 rows each) hold the two accumulators (64 x 128 each, wgmma m64n128k16); warp 0 also streams
  *     the x image unit by unit (one cp.async.bulk a unit into a 4-stage ring, mbarriers full / empty: a stage is
  *     refilled once all 8 warps' wgmmas that read it are done; PROD: a third warpgroup's warp 8 streams it instead,
@@ -77,17 +79,39 @@ template <int I> __device__ __forceinline__ uint32_t mb_dec(uint32_t w, uint32_t
     return mb_mul(((t << 6) & 0x01C001C0u) | ((t << 12) & 0x80008000u), m);
 }
 
-/* d (64 x 128 fp32, 16 n-tiles) = (acc ? d : 0) + A (registers) . B (descriptor), wgmma m64n128k16 bf16 */
-__device__ __forceinline__ void mb_mma(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc, int acc) {
+/* d's first NT n-tiles (64 x 8 NT fp32) = (acc ? d : 0) + A (registers) . B (descriptor), wgmma m64n(8 NT)k16 bf16, NT 4,
+ * 8, 12 or 16 (a chunk's tokens rounded up to 32: mb_params.nfit); the tiles past NT are untouched */
+template <int NT> __device__ __forceinline__ void mb_mma(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc, int acc) {
+    static_assert(NT == 4 || NT == 8 || NT == 12 || NT == 16, "n-tiles of mb_mma: 4, 8, 12 or 16");
 #define MB_D4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,"
-                 "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0; }"
-                 : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3), MB_D4(4), MB_D4(5), MB_D4(6), MB_D4(7), MB_D4(8), MB_D4(9), MB_D4(10),
-                   MB_D4(11), MB_D4(12), MB_D4(13), MB_D4(14), MB_D4(15)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
-                 : "memory");
+    if constexpr (NT == 4)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0; }"
+                     : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                     : "memory");
+    if constexpr (NT == 8)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }"
+                     : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3), MB_D4(4), MB_D4(5), MB_D4(6), MB_D4(7)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                     : "memory");
+    if constexpr (NT == 12)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %53, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, {%48,%49,%50,%51}, %52, p, 1, 1, 0; }"
+                     : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3), MB_D4(4), MB_D4(5), MB_D4(6), MB_D4(7), MB_D4(8), MB_D4(9), MB_D4(10), MB_D4(11)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                     : "memory");
+    if constexpr (NT == 16)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0; }"
+                     : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3), MB_D4(4), MB_D4(5), MB_D4(6), MB_D4(7), MB_D4(8), MB_D4(9), MB_D4(10), MB_D4(11), MB_D4(12), MB_D4(13), MB_D4(14), MB_D4(15)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                     : "memory");
 #undef MB_D4
 }
 
@@ -207,6 +231,7 @@ struct mb_params {
     float lim;
     void *out; /* gate / up: h's image (rows of 2 R bytes); down: y [slots, R] fp32 */
     int R, C;
+    int nfit;       /* 1: a chunk's wgmmas only as wide as its tokens rounded up to 32 (n-tiles 4, 8, 12, 16); 0: 128 */
     long long *trc; /* the clock trace (mb_kernel's TR instances only): [MB_TRB blocks][3 roles][MB_TRN] */
 };
 
@@ -410,7 +435,8 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
 
     /* unit it (u: its place in its chunk of ng n-groups): its weights from the ring (at k-step 1, unit it + MB_W - 1's
      * copies into the stage read at it - 1), the x stage it % MB_S */
-    auto unit = [&](int it, int u, int ng) {
+    auto unit = [&](auto ntc, int it, int u, int ng) {
+        constexpr int NT = decltype(ntc)::value;
         const int s = it % MB_S;
         trs(1);
         dev_cp_wait<MB_W - 2>();
@@ -467,7 +493,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
             }
             wg_fence();
 #pragma unroll
-            for (int m = 0; m < NM; m++) mb_mma(d[m], a[(2 * ks + m) & 3], desc, u != 0 || ks != 0);
+            for (int m = 0; m < NM; m++) mb_mma<NT>(d[m], a[(2 * ks + m) & 3], desc, u != 0 || ks != 0);
             wg_commit();
             /* the weight copies between the commit and the wait: the wait covers the copies' reads of their address
              * registers, which the next k-step's decode may reuse (after the wait they stalled it: ncu, session 26) */
@@ -488,12 +514,22 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
         if (GATEUP && tid < 128) /* (read after the epilogue's first barrier; the last reads of the previous chunk's
                                   * were before its second) */
             rws[tid] = t0 + tid < cnt ? P.p.rw[off + t0 + tid] : 0.0f;
-        for (int u = 0; u < NU; u += 2, it += 2) { /* (NU is even) */
-            unit(it, u, ng);
-            unit(it + 1, u + 1, ng);
-        }
+        /* the chunk's units with wgmmas of NT n-tiles, each branch below a whole pipeline (ptxas serializes wgmmas whose
+         * pipeline crosses a divergent path); one epilogue for all (the tiles past NT hold an earlier chunk's sums, in
+         * columns of tokens the epilogue never stores) */
+        auto units = [&](auto ntc) {
+            for (int u = 0; u < NU; u += 2, it += 2) { /* (NU is even) */
+                unit(ntc, it, u, ng);
+                unit(ntc, it + 1, u + 1, ng);
+            }
+            wg_wait<0>();
+        };
+        const int nt = P.nfit ? (ng + 3) & ~3 : 16;
+        if (nt <= 4) units(mt_int<4>());
+        else if (nt <= 8) units(mt_int<8>());
+        else if (nt <= 12) units(mt_int<12>());
+        else units(mt_int<16>());
         /* (the epilogue outside the units' loop: on every path through that loop the accumulators are in flight) */
-        wg_wait<0>();
 #pragma unroll
         for (int m = 0; m < NM; m++)
 #pragma unroll

@@ -825,19 +825,20 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
      * 3.8e-6 of it) in an NVFP4 case after other tests' draws had moved its random data; a wrong product or scale
      * is off by far more than 1e-5 of most values. */
     check(name, ys, yr, nh * D, 3e-5 * rms(yr, nh * D), 1e-5);
-    /* every form (warp 0 or a producer warpgroup refilling the x ring, the x image a slot or a token at a time) against
-     * the default's h image and y, bitwise */
+    /* every form (warp 0 or a producer warpgroup refilling the x ring, the x image a slot or a token at a time; f 4: the
+     * default's with every chunk's wgmmas 128 wide) against the default's h image and y, bitwise */
     if (took == 1) {
         uint16_t *himg2 = malloc(sizeof(float) * (size_t)T * K * I);
         float *yg2 = malloc(sizeof(float) * (size_t)T * K * D);
         const int noprod = getenv("DSV4_TEST_PFB_NOPROD") != NULL; /* (bench/device_run.sh: the producer form hung) */
-        for (int f = 0; f < 4; f++) {
-            const int prod = f & 1, xtok = f >> 1;
-            if (prod && noprod) {
+        for (int f = 0; f < 5; f++) {
+            const int prod = f == 4 ? -1 : f & 1, xtok = f == 4 ? -1 : f >> 1;
+            if (prod != 0 && noprod) {
                 printf("skip %s: producer %d, x image a token at a time %d (DSV4_TEST_PFB_NOPROD)\n", name, prod, xtok);
                 continue;
             }
             dsv4_cuda_moe_pfb_force(prod, xtok);
+            dsv4_cuda_moe_pfb_nfit(f == 4 ? 0 : -1);
             op_ok(dsv4_cuda_fill(dh, (int64_t)T * K * I, 0.0f, NULL) || dsv4_cuda_fill(dy, (int64_t)T * K * D, 0.0f, NULL), "fill");
             op_ok(dsv4_cuda_moe_experts_pass(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL) != 1, "moe_experts_pass (form)");
             sync_ok();
@@ -853,10 +854,15 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
                     nd += memcmp(yg2 + (size_t)(r.act_off[a] + j) * D, yg + (size_t)(r.act_off[a] + j) * D, sizeof(float) * D) != 0;
                 }
             g_checks++, g_fail += nd != 0;
-            printf("%-4s %s: producer %d, x image a token at a time %d: h image and y %s%s\n", nd ? "FAIL" : "ok", name, prod, xtok,
-                   nd ? "differ" : "bitwise the default's", nd ? " <<<" : "");
+            if (f == 4)
+                printf("%-4s %s: every chunk's wgmmas 128 tokens wide: h image and y %s%s\n", nd ? "FAIL" : "ok", name,
+                       nd ? "differ" : "bitwise the default's", nd ? " <<<" : "");
+            else
+                printf("%-4s %s: producer %d, x image a token at a time %d: h image and y %s%s\n", nd ? "FAIL" : "ok", name, prod,
+                       xtok, nd ? "differ" : "bitwise the default's", nd ? " <<<" : "");
         }
         dsv4_cuda_moe_pfb_force(-1, -1);
+        dsv4_cuda_moe_pfb_nfit(-1);
         free(himg2), free(yg2);
     }
     /* the first T2 tokens alone in a pass */
