@@ -116,8 +116,21 @@ template <bool FIX>
 __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, int H, int Dh, int R,
                                                              const uint8_t *const *base, const uint8_t *kv2p,
                                                              const int *idx, int nidx, const float *sink, float scale,
-                                                             float *out, ak_rope rp, int G, int ntm, int qh, long long *trc) {
+                                                             float *out, ak_rope rp, int G, int ntm, int qh, int pf, long long *trc) {
     dev_pdl_enter();
+    /* pf: the q rows of the block that starts about one block's time from now (blocks start in order, one an SM: this
+     * one's linear index plus the SMs') into L2, so that its prologue's q loads (~10 K cycles from DRAM, session 40's
+     * trace) hit there. A hint only: nothing else depends on it. */
+    if (pf && threadIdx.x < WA_H) {
+        unsigned nsm;
+        asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+        const int64_t ln = (int64_t)blockIdx.y * gridDim.x + blockIdx.x + nsm;
+        const int tn = (int)(ln % gridDim.x), hn = (int)(ln / gridDim.x) * WA_H + (int)threadIdx.x;
+        if (ln < (int64_t)gridDim.x * gridDim.y && hn < H) {
+            const char *a = qh ? (const char *)((const __half *)q + ((int64_t)tn * H + hn) * 2 * Dh) : (const char *)(q + ((int64_t)tn * H + hn) * Dh);
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(Dh * (qh ? 2 : 4))) : "memory");
+        }
+    }
     extern __shared__ __align__(128) uint8_t wsm[];
     uint8_t *Qs = wsm + WA_QS, *Ks = wsm + WA_KS, *raw = wsm + WA_RAW;
     float *Sx = (float *)(wsm + WA_SX);
@@ -495,12 +508,15 @@ static int wa_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
         cudaMalloc((void **)&trc, ntr * sizeof(long long)) == cudaSuccess)
         cudaMemsetAsync(trc, 0, ntr * sizeof(long long), st);
     if (!ntm) rp.freq = NULL, rp.pos = NULL, G = 1, qh = 0;
+    /* the next blocks' q into L2 (the kernel's pf; DSV4_ATTN_WG_PF=0: off; session 40) */
+    static int pf = -1;
+    if (pf < 0) pf = dsv4_env_int("DSV4_ATTN_WG_PF", 1) != 0;
     if (Dh == 512 && R == 64) /* V4's rows: the chunks' kinds known at compile time */
         dev_launch(attn_kv8_wg_kernel<true>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, rp, G, ntm, qh, trc);
+                   nidx, sink, scale, out, rp, G, ntm, qh, pf, trc);
     else
         dev_launch(attn_kv8_wg_kernel<false>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, rp, G, ntm, qh, trc);
+                   nidx, sink, scale, out, rp, G, ntm, qh, pf, trc);
     if (trc) {
         long long *h = (long long *)malloc(ntr * sizeof(long long));
         FILE *f = fopen(trf, "a");

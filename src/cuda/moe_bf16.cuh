@@ -207,6 +207,7 @@ struct mb_params {
     float lim;
     void *out; /* gate / up: h's image (rows of 2 R bytes); down: y [slots, R] fp32 */
     int R, C;
+    int pf;         /* the next blocks' first units into L2 (mb_kernel; DSV4_MOE_PFB_PF) */
     long long *trc; /* the clock trace (mb_kernel's TR instances only): [MB_TRB blocks][3 roles][MB_TRN] */
 };
 
@@ -233,6 +234,29 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
     constexpr int NM = 2; /* gate / up: w1 and w3 on the block's 128 rows; down: w2's rows 256 b .. and 256 b + 128 .. */
     extern __shared__ __align__(128) unsigned char mb_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    /* pf: the first MB_W units of weights and the first two of the x image of the block that starts about one block's
+     * time from now (blocks start in order, one an SM: this one's linear index plus the SMs') into L2, so that its
+     * pipeline fill (7-9 K cycles of a ~50-110 K-cycle block, session 40's trace) reads them there. A hint only. */
+    if (P.pf) {
+        unsigned nsm;
+        asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+        const int64_t ln = ((int64_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x + nsm;
+        const int bn = (int)(ln % gridDim.x), in = (int)(ln / gridDim.x % gridDim.y), zn = (int)(ln / ((int64_t)gridDim.x * gridDim.y));
+        if (zn < (int)gridDim.z && in < *P.p.nact && zn * 128 < P.p.act_cnt[in]) {
+            const int en = P.p.act_e[in];
+            if (threadIdx.x < 256) { /* gate / up: row threadIdx.x % 128 of w1 / w3's tile; down: w2's 256 rows */
+                const int m = GATEUP ? (int)threadIdx.x >> 7 : 0, r = GATEUP ? bn * 128 + ((int)threadIdx.x & 127) : bn * 256 + (int)threadIdx.x;
+                const dsv4_cuda_weight &w = GATEUP && m ? P.WB[en] : P.WA[en];
+                const uint8_t *a = (const uint8_t *)w.data + ((int64_t)w.row0 + r) * (P.C / 2);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(MB_W * 64)) : "memory");
+            }
+            if (threadIdx.x == 0) {
+                const int rest = P.p.act_cnt[in] - zn * 128, ngn = ((rest < 128 ? rest : 128) + 7) >> 3;
+                const uint8_t *a = P.img + ((int64_t)P.p.act_off[in] + 8 * in + zn * 128) * P.C * 2;
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(2 * ngn * 2048)) : "memory");
+            }
+        }
+    }
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
