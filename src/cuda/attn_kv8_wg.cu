@@ -433,6 +433,18 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
                     }
                 }
             }
+            if (ost == 2) { /* a bulk copy a staged row (lane: term lane >> 4, row lane & 15), the block leaves once they are read */
+                wg_fence_proxy();
+                __syncwarp();
+                const int tm = lane >> 4, r = lane & 15, h = h0 + 16 * g + r, gh = h / hpg;
+                if (tm < ntm) {
+                    dev_bulk_s2g(tb + (int64_t)gh * 2 * gin + (int64_t)tm * gin + (h - gh * hpg) * Dh + 256 * wg,
+                                 (unsigned)__cvta_generic_to_shared(sw + (16 * tm + r) * RW), 512);
+                    dev_bulk_commit_wait_read();
+                }
+                WA_TR(101);
+                return;
+            }
             __syncwarp();
             for (int tm = 0; tm < ntm; tm++)
 #pragma unroll 4
@@ -536,7 +548,7 @@ static int wa_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
     if (!ntm) rp.freq = NULL, rp.pos = NULL, G = 1, qh = 0;
     /* the terms through shared memory (the kernel's ost; DSV4_ATTN_WG_OST=0: 4-byte stores from registers; session 40) */
     static int ost = -1;
-    if (ost < 0) ost = dsv4_env_int("DSV4_ATTN_WG_OST", 1) != 0;
+    if (ost < 0) ost = dsv4_env_int("DSV4_ATTN_WG_OST", 1), ost = ost < 0 || ost > 2 ? 1 : ost; /* 2: bulk copies (s40-abulk) */
     if (Dh == 512 && R == 64) /* V4's rows: the chunks' kinds known at compile time */
         dev_launch(attn_kv8_wg_kernel<true>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
                    nidx, sink, scale, out, rp, G, ntm, qh, ost, trc);

@@ -35,4 +35,16 @@ __device__ __forceinline__ void dev_bulk_g2s(unsigned dst, const void *src, unsi
                  : "memory");
 }
 
+/* bytes (a multiple of 16; both addresses 16-byte aligned) from shared src to global dst, in this thread's bulk async
+ * group (the writes to src visible to the async proxy first: fence.proxy.async, then a barrier, then this) */
+__device__ __forceinline__ void dev_bulk_s2g(void *dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+/* this thread's bulk copies so far as one group; then until they have read their shared source (it may be reused, or
+ * the block may exit) */
+__device__ __forceinline__ void dev_bulk_commit_wait_read() {
+    asm volatile("cp.async.bulk.commit_group;\n"
+                 "cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
 #endif
