@@ -301,6 +301,9 @@ void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg);
 /* NVFP4 experts with the FP8 act quant (NVIDIA's checkpoints of the DeepSeek recipe) on the BF16 prefill kernels too: 1 on,
  * 0 off (the f16 kernels), -1 the default (DSV4_MOE_PFB_NVFP4, 0 unless set until its tests have run on a GPU). */
 void dsv4_cuda_moe_pfb_nvfp4(int on);
+/* The BF16 prefill experts' branch-free SwiGLU (moe_bf16.cuh: mb_swiglu_fast) against dev_swiglu on n random pairs in its
+ * range, bitwise: *ok the pairs it takes, *bad those that differ (tests) */
+int dsv4_cuda_moe_pfb_swiglu_check(int64_t n, uint32_t seed, float lim, long long *ok, long long *bad);
 /* out[t] = sum of y[tslot[t, j]] in increasing expert id, then + shared[t] (shared may be NULL): the
  * CPU's summation order. */
 int dsv4_cuda_moe_combine(const float *y, const int *tslot, int T, int K, int D, const float *shared, float *out,

@@ -200,6 +200,39 @@ __global__ void __launch_bounds__(256, 3) mb_ximage_tok_kernel(const float *x, d
     });
 }
 
+/* The SwiGLU's division without its slow path. __fdiv_rn compiles to MUFU.RCP, FCHK and five FFMA, with a call to a
+ * slow path where FCHK flags the operands (denormals, infinities, extreme exponents); here the same five operations
+ * (rcp.approx then the FFMA chain, the product's addend +0 as the compiler's), taken only where the gate value g
+ * (the numerator; clamped to lim as dev_swiglu does) keeps both operands in a plain normal range: -34 <= g <= 2^60
+ * and |g| >= 2^-50, so the denominator 1 + e^-g lies in [1, 2^50] and the quotient is normal. There FCHK passes and
+ * __fdiv_rn returns the fast path's value, so these are its bits. */
+__device__ __forceinline__ bool mb_div_ok(float g, float lim) {
+    const float a = lim > 0 ? fminf(g, lim) : g;
+    return a >= -34.0f && a <= 0x1p60f && fabsf(a) >= 0x1p-50f;
+}
+__device__ __forceinline__ float mb_div_fast(float a, float b) {
+    float q;
+    asm("{ .reg .f32 r0, t, r1, q0, e, nb;\n"
+        "  rcp.approx.ftz.f32 r0, %2;\n"
+        "  neg.f32 nb, %2;\n"
+        "  fma.rn.f32 t, nb, r0, 0f3F800000;\n"
+        "  fma.rn.f32 r1, r0, t, r0;\n"
+        "  fma.rn.f32 q0, %1, r1, 0f00000000;\n"
+        "  fma.rn.f32 e, nb, q0, %1;\n"
+        "  fma.rn.f32 %0, r1, e, q0; }"
+        : "=f"(q)
+        : "f"(a), "f"(b));
+    return q;
+}
+/* dev_swiglu with mb_div_fast (callers: every gate value of the warp passed mb_div_ok) */
+__device__ __forceinline__ float mb_swiglu_fast(float g, float u, float lim, float w) {
+    if (lim > 0) {
+        g = fminf(g, lim);
+        u = fminf(fmaxf(u, -lim), lim);
+    }
+    return __fmul_rn(__fmul_rn(mb_div_fast(g, 1.0f + expf(-g)), u), w);
+}
+
 struct mb_params {
     const dsv4_cuda_weight *WA, *WB; /* device [E]; WB: w3 (gate / up) */
     const uint8_t *img;              /* the input's image (x in y, or h's in h) */
@@ -365,18 +398,35 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
          * columns */
         asm volatile("bar.sync 1, 256;" ::: "memory");
 #pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (NV) d[0][j][k] = __fmul_rn(d[0][j][k], fsa), d[1][j][k] = __fmul_rn(d[1][j][k], fsb);
+        /* every gate value of the warp in mb_div_ok's range: the 64 SwiGLUs a thread without the division's slow-path
+         * branches (independent chains the compiler can interleave: each IEEE division was a region of its own, one
+         * chain at a time; session 40), else as before; the same bits either way */
+        bool fast = true;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) fast = fast & mb_div_ok(d[0][j][k], P.lim);
+        if (__all_sync(0xffffffffu, fast)) {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) d[0][j][k] = mb_swiglu_fast(d[0][j][k], d[1][j][k], P.lim, rws[8 * j + 2 * c + (k & 1)]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) d[0][j][k] = dev_swiglu(d[0][j][k], d[1][j][k], P.lim, rws[8 * j + 2 * c + (k & 1)]);
+        }
+#pragma unroll
         for (int j = 0; j < 16; j++) {
             float mx[2];
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int tp = 8 * j + 2 * c + e;
-                const float rw = rws[tp];
-                if (NV) {
-                    d[0][j][e] = __fmul_rn(d[0][j][e], fsa), d[1][j][e] = __fmul_rn(d[1][j][e], fsb);
-                    d[0][j][2 + e] = __fmul_rn(d[0][j][2 + e], fsa), d[1][j][2 + e] = __fmul_rn(d[1][j][2 + e], fsb);
-                }
-                d[0][j][e] = dev_swiglu(d[0][j][e], d[1][j][e], P.lim, rw);
-                d[0][j][2 + e] = dev_swiglu(d[0][j][2 + e], d[1][j][2 + e], P.lim, rw);
                 float v = tp < nv ? fmaxf(fabsf(d[0][j][e]), fabsf(d[0][j][2 + e])) : 0.0f;
                 v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
                 v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));

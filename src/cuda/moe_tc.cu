@@ -1569,6 +1569,44 @@ static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1;
 extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
 extern "C" void dsv4_cuda_moe_pfb_nvfp4(int on) { mb_fnv = on == 0 || on == 1 ? on : -1; }
 
+/* mb_swiglu_fast against dev_swiglu, bitwise, on n values a thread's worth of gate / up pairs spread over
+ * mb_div_ok's range (the gate's exponent uniform in 2^-50 .. 2^6, either sign, clamped to -34 .. lim; the up value and
+ * the weight random): the count of pairs mb_div_ok takes and of those that differ (tests) */
+__global__ void mb_swiglu_check_kernel(int64_t n, uint32_t seed, float lim, unsigned long long *cnt) {
+    unsigned long long ok = 0, bad = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t x = ((uint64_t)seed << 32) ^ (uint64_t)i;
+        auto next = [&]() { /* splitmix64 */
+            x += 0x9E3779B97F4A7C15ull;
+            uint64_t z = x;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            return z ^ (z >> 31);
+        };
+        const uint64_t r0 = next(), r1 = next();
+        const float m = 1.0f + (float)(r0 & 0xFFFFFF) * 0x1p-24f; /* [1, 2) */
+        const int ex = (int)((r0 >> 24) % 57) - 50;                 /* 2^-50 .. 2^6 */
+        float g = ldexpf(m, ex) * ((r0 >> 40) & 1 ? -1.0f : 1.0f);
+        g = fmaxf(g, -34.0f);
+        const float u = ((float)(r1 & 0xFFFFFF) * 0x1p-24f - 0.5f) * 40.0f, w = (float)((r1 >> 24) & 0xFFFF) * 0x1p-16f;
+        if (!mb_div_ok(g, lim)) continue;
+        ok++;
+        const float a = mb_swiglu_fast(g, u, lim, w), b = dev_swiglu(g, u, lim, w);
+        bad += __float_as_uint(a) != __float_as_uint(b);
+    }
+    atomicAdd(cnt, ok), atomicAdd(cnt + 1, bad);
+}
+extern "C" int dsv4_cuda_moe_pfb_swiglu_check(int64_t n, uint32_t seed, float lim, long long *ok, long long *bad) {
+    unsigned long long *d = NULL, h[2] = {0, 0};
+    if (cudaMalloc((void **)&d, sizeof h) != cudaSuccess) return dsv4_cuda_fail("swiglu check: no memory");
+    cudaMemset(d, 0, sizeof h);
+    mb_swiglu_check_kernel<<<1024, 256>>>(n, seed, lim, d);
+    const int rc = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess ? dsv4_cuda_fail("swiglu check: kernel failed") : 0;
+    cudaFree(d);
+    *ok = (long long)h[0], *bad = (long long)h[1];
+    return rc;
+}
+
 /* the clock trace (moe_bf16.cuh; DSV4_MOE_PFB_TRACE=FILE, with the producer warpgroup, not under graph capture): the
  * kernel's TR instance into a device buffer, then each traced warp's stamps appended to FILE as
  * "call KIND T <T> NU <NU>" and "blk SLOT role ROLE: v1 v2 ..." (v: (clock - start) << 4 | tag) */

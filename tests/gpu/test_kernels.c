@@ -434,6 +434,18 @@ pfb_checks:
     /* Pro's widths (D 7168, I 3072: 56 and 24 units, other n-group counts) in both formats */
     test_moe_pfb(DSV4_WF_MXFP4, 200, 6, 32, 7168, 3072, 23, 0, 176);
     test_moe_pfb(DSV4_WF_NVFP4, 200, 6, 32, 7168, 3072, 23, 0, 176);
+    /* their SwiGLU's branch-free division against dev_swiglu's (the gate / up epilogue takes it where a warp's gates all
+     * lie in its range), bitwise on 2^26 random pairs a limit */
+    for (int li = 0; li < 2; li++) {
+        const float lim = li ? 10.0f : 0.0f;
+        long long ok = 0, bad = 0;
+        const int rc = dsv4_cuda_moe_pfb_swiglu_check((int64_t)1 << 26, 40u + (uint32_t)li, lim, &ok, &bad);
+        g_checks++;
+        const int fine = !rc && bad == 0 && ok > ((int64_t)1 << 24);
+        if (!fine) g_fail++;
+        printf("%-4s moe bf16 prefill SwiGLU, limit %g: the branch-free division on %lld pairs, %lld differ from dev_swiglu%s\n",
+               fine ? "ok" : "FAIL", lim, ok, bad, fine ? "" : " <<<");
+    }
     if (only_moe) goto checks_done;
     {
         int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
