@@ -404,12 +404,13 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
                 if (NV) d[0][j][k] = __fmul_rn(d[0][j][k], fsa), d[1][j][k] = __fmul_rn(d[1][j][k], fsb);
         /* every gate value of the warp in mb_div_ok's range: the 64 SwiGLUs a thread without the division's slow-path
          * branches (independent chains the compiler can interleave: each IEEE division was a region of its own, one
-         * chain at a time; session 40), else as before; the same bits either way */
+         * chain at a time; session 40), else as before; the same bits either way. Tokens past the chunk's (their
+         * columns of D hold whatever the image's stale rows gave: never stored, not in the amax) do not count. */
         bool fast = true;
 #pragma unroll
         for (int j = 0; j < 16; j++)
 #pragma unroll
-            for (int k = 0; k < 4; k++) fast = fast & mb_div_ok(d[0][j][k], P.lim);
+            for (int k = 0; k < 4; k++) fast = fast & (8 * j + 2 * c + (k & 1) >= nv || mb_div_ok(d[0][j][k], P.lim));
         if (__all_sync(0xffffffffu, fast)) {
 #pragma unroll
             for (int j = 0; j < 16; j++)
