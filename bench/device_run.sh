@@ -2,7 +2,7 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro profile trace nvfp4 serve ab abdec abcheck chain mf8trace allsw
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro hf profile trace nvfp4 serve ab abdec abcheck chain mf8trace allsw
 #                                        switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
@@ -10,6 +10,8 @@
 #            decode forms) and --only-dec (decode shapes, long lists) (~60 s; needs the suite's build or the pack)
 #     flash  Flash, 4 layers: batch 1, 8, 64 at 4K with the 8K prefill; batch 256 at 8K; batch 1 at 64K (~60 s)
 #     pro    Pro, 3 layers: batch 1, 8 at 4K with the 8K prefill (~60 s; a 45.6 GB checkpoint in /dev/shm, kept)
+#     hf     Hugging Face transformers' DeepSeek-V4 (bench/hf_bench.py) against dsv4 bench on the same Flash layers
+#            (HF_LAYERS, default 4): batch 1, 8 at 4K and a 2,048-token prefill, HF time / dsv4 time (issue 5 item 3)
 #     profile  op profiles (`--profile`) of the Flash 8K prefill (4 layers) and of a batch-256 step at 8K (~40 s)
 #     trace  the GPU's own kernel timelines (`--trace`, CUPTI): Flash 4 layers, the 8K prefill with batch 1 at 4K, then
 #            batch 256 at 8K; bench/trace_report.py's tables (median replay, kernels by solo time, batch 1's timeline)
@@ -179,6 +181,22 @@ for p in $parts; do
         ;;
     pro)
         run pro --synthetic pro --layers 3 --batch 1,8 --context 4096 --prompt 8192 --steps 10 --keep
+        ;;
+    hf)
+        # issue 5 item 3: Hugging Face transformers' DeepSeek-V4 (the device image's torch / transformers; bf16 weights,
+        # eager: bench/hf_bench.py's docstring says what it can not run) on the same synthetic layers as a dsv4 bench run
+        # of the same shapes, and the ratios HF time / dsv4 time (RESULTS session 8: 2 layers, 28.5x at batch 1).
+        # HF_LAYERS (default 4: the four layer kinds; ~60 GB of bf16 weights, an H200's; 2 fits an H100)
+        H="--synthetic flash --layers ${HF_LAYERS:-4} --batch 1,8 --context 4096 --prompt 2048"
+        run hf $H --steps 20 --keep --json-file "$dir/hf-dsv4.json"
+        echo "== hf: python3 bench/hf_bench.py $H --steps 20 --compare $dir/hf-dsv4.json" | tee -a "$dir/hf.txt"
+        # shellcheck disable=SC2086
+        if ! PYTHONUNBUFFERED=1 timeout 560 python3 bench/hf_bench.py $H --steps 20 --compare "$dir/hf-dsv4.json" \
+            --json-file "$dir/hf.json" >>"$dir/hf.txt" 2>&1; then
+            echo "hf: bench/hf_bench.py failed: $(tail -n 1 "$dir/hf.txt")"
+            fail=1
+        fi
+        sed -n '/^dsv4 (/,$p' "$dir/hf.txt"
         ;;
     profile)
         P="--synthetic flash --layers 4 --keep --profile"
