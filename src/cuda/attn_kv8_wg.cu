@@ -399,11 +399,19 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
         __nv_bfloat16 *tb = (__nv_bfloat16 *)(out + (int64_t)t * H * Dh);
         __nv_bfloat16 *pA = tb + (int64_t)gA * 2 * gin + (hA - gA * hpg) * Dh, *pB = tb + (int64_t)gB * 2 * gin + (hB - gB * hpg) * Dh;
         const float2 *cs = (const float2 *)(wsm + WA_CS);
+        /* the inverse RoPE of O's pairs at dim d (rows A and B), and a pair's split terms: hi = bf16(v), mid = bf16(v - hi) */
+        auto unrot = [&](int n, int d) {
+            if (rp.freq && d >= r0) {
+                const float2 c = cs[(d - r0) >> 1];
+                ak_unrot_cs(O[n][0], O[n][1], c.x, c.y);
+                ak_unrot_cs(O[n][2], O[n][3], c.x, c.y);
+            }
+        };
+        auto mid_of = [](float x, float y, __nv_bfloat162 hi) { return __floats2bfloat162_rn(x - __low2float(hi), y - __high2float(hi)); };
         auto put = [&](__nv_bfloat16 *p, float x, float y) {
             const __nv_bfloat162 hi = __floats2bfloat162_rn(x, y);
             *(__nv_bfloat162 *)p = hi;
-            if (ntm > 1)
-                *(__nv_bfloat162 *)(p + gin) = __floats2bfloat162_rn(x - __low2float(hi), y - __high2float(hi));
+            if (ntm > 1) *(__nv_bfloat162 *)(p + gin) = mid_of(x, y, hi);
         };
         /* ost (V4's rows, whole blocks of 64 heads, out 16-byte aligned): the terms through shared memory, so that global
          * memory takes 16-byte stores of whole rows (a warp a 512-byte row) instead of 4-byte ones a quarter of a sector
@@ -416,19 +424,14 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
             uint32_t *sw = (uint32_t *)wsm + warp * (2 * 16 * RW);
 #pragma unroll
             for (int n = 0; n < 32; n++) {
-                const int d = 256 * wg + 8 * n + 2 * tq;
-                if (rp.freq && d >= r0) {
-                    const float2 c = cs[(d - r0) >> 1];
-                    ak_unrot_cs(O[n][0], O[n][1], c.x, c.y);
-                    ak_unrot_cs(O[n][2], O[n][3], c.x, c.y);
-                }
+                unrot(n, 256 * wg + 8 * n + 2 * tq);
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const float x = O[n][2 * e], y = O[n][2 * e + 1];
                     const __nv_bfloat162 hi = __floats2bfloat162_rn(x, y);
                     sw[(gr + 8 * e) * RW + 4 * n + tq] = *(const uint32_t *)&hi;
                     if (ntm > 1) {
-                        const __nv_bfloat162 mid = __floats2bfloat162_rn(x - __low2float(hi), y - __high2float(hi));
+                        const __nv_bfloat162 mid = mid_of(x, y, hi);
                         sw[(16 + gr + 8 * e) * RW + 4 * n + tq] = *(const uint32_t *)&mid;
                     }
                 }
@@ -448,11 +451,7 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
         for (int n = 0; n < 32; n++) {
             const int d = 256 * wg + 8 * n + 2 * tq;
             if (d >= Dh) continue;
-            if (rp.freq && d >= r0) {
-                const float2 c = cs[(d - r0) >> 1];
-                ak_unrot_cs(O[n][0], O[n][1], c.x, c.y);
-                ak_unrot_cs(O[n][2], O[n][3], c.x, c.y);
-            }
+            unrot(n, d);
             if (hA < H) put(pA + d, O[n][0], O[n][1]);
             if (hB < H) put(pB + d, O[n][2], O[n][3]);
         }
