@@ -207,6 +207,7 @@ struct mb_params {
     float lim;
     void *out; /* gate / up: h's image (rows of 2 R bytes); down: y [slots, R] fp32 */
     int R, C;
+    int hst;        /* gate / up: h's image through shared memory (16-byte stores; DSV4_MOE_PFB_HST=0: 2-byte stores) */
     long long *trc; /* the clock trace (mb_kernel's TR instances only): [MB_TRB blocks][3 roles][MB_TRN] */
 };
 
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
 
     /* NVFP4: the sums' factors 2^7 scale2 (w1 / w2, and w3) */
     const float fsa = NV ? P.WA[ex].scale2 * 128.0f : 1.0f, fsb = NV && GATEUP ? P.WB[ex].scale2 * 128.0f : 1.0f;
-    auto epilogue = [&](int cp) {
+    auto epilogue = [&](int cp, int it_end) {
         const int t0 = cp * 128, nv = cnt - t0 < 128 ? cnt - t0 : 128;
         if constexpr (!GATEUP) {
             float *y = (float *)P.out;
@@ -394,6 +395,36 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
         }
         asm volatile("bar.sync 1, 256;" ::: "memory");
         uint8_t *himg = (uint8_t *)P.out + ((int64_t)off + 8 * ia + t0) * P.R * 2;
+        if (P.hst) {
+            /* h's image through shared memory: the block's part of the chunk is one contiguous run of ng 2048 bytes
+             * (unit blockIdx.x), staged in the x stage of the chunk's last unit (every wgmma that read it is done, and
+             * the producer refills it only once all 8 warps have released it, after this epilogue), then copied out as
+             * 16-byte stores, a warp 512 contiguous bytes. A thread's values lie 2 bytes apart from lane g ^ 4's (logical
+             * columns 2 i, 2 i + 1: mb_logical's bit 0 is row bit 2), so a shuffle pairs them into 4-byte words: lanes
+             * g < 4 store token tp's word, lanes g >= 4 token tp + 1's. The padding tokens' values are stored as zeros
+             * (the 2-byte path leaves them unwritten; no kernel reads them into a stored output). The same values as the
+             * 2-byte path's. (Session 41; the attention's terms the same way in session 40.) */
+            const int ng = (nv + 7) >> 3, hi = g >> 2;
+            unsigned char *hs = mb_sm + ((it_end - 1) % MB_S) * MB_STAGE;
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int kp = 0; kp < 4; kp += 2) {
+                    const int tp = 8 * j + 2 * c;
+                    const uint32_t va = tp < nv ? mb_q8(d[0][j][kp], scs[tp], scsi[tp]) : 0u,
+                                   vb = tp + 1 < nv ? mb_q8(d[0][j][kp + 1], scs[tp + 1], scsi[tp + 1]) : 0u;
+                    const uint32_t o = __shfl_xor_sync(0xffffffffu, hi ? va : vb, 4);
+                    const uint32_t wv = hi ? (o | (vb << 16)) : (va | (o << 16));
+                    *(uint32_t *)(hs + mb_off(mb_logical(rl + 8 * (kp >> 1)) & ~1, tp + hi, ng)) = wv;
+                }
+            asm volatile("bar.sync 1, 256;" ::: "memory");
+            uint4 *dst = (uint4 *)(himg + (int64_t)blockIdx.x * ng * 2048);
+            const uint4 *srcs = (const uint4 *)hs;
+#pragma unroll 4
+            for (int i = tid; i < ng * 128; i += 256) dst[i] = srcs[i];
+            if (it_end < n) wg_fence_proxy(); /* (these generic accesses before the next bulk copy into the stage) */
+            return;
+        }
 #pragma unroll
         for (int j = 0; j < 16; j++)
 #pragma unroll
@@ -501,7 +532,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
 #pragma unroll
                 for (int k = 0; k < 4; k++) wg_keep(d[m][j][k]);
         trs(4);
-        epilogue(z + cl * Z);
+        epilogue(z + cl * Z, it);
         trs(5);
     }
 }
