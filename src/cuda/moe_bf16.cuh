@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
              * (unit blockIdx.x), staged in the x stage of the chunk's last unit (every wgmma that read it is done, and
              * the producer refills it only once all 8 warps have released it, after this epilogue), then copied out as
              * 16-byte stores, a warp 512 contiguous bytes. A thread's values lie 2 bytes apart from lane g ^ 4's (logical
-             * columns 2 i, 2 i + 1: mb_logical's bit 0 is row bit 2), so a shuffle pairs them into 4-byte words: lanes
+             * columns 2 i, 2 i + 1: mb_logical's bit 0 is row bit 2), so a shuffle (lane ^ 16) pairs them into 4-byte words: lanes
              * g < 4 store token tp's word, lanes g >= 4 token tp + 1's. The padding tokens' values are stored as zeros
              * (the 2-byte path leaves them unwritten; no kernel reads them into a stored output). The same values as the
              * 2-byte path's. (Session 41; the attention's terms the same way in session 40.) */
@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
                     const int tp = 8 * j + 2 * c;
                     const uint32_t va = tp < nv ? mb_q8(d[0][j][kp], scs[tp], scsi[tp]) : 0u,
                                    vb = tp + 1 < nv ? mb_q8(d[0][j][kp + 1], scs[tp + 1], scsi[tp + 1]) : 0u;
-                    const uint32_t o = __shfl_xor_sync(0xffffffffu, hi ? va : vb, 4);
+                    const uint32_t o = __shfl_xor_sync(0xffffffffu, hi ? va : vb, 16); /* (lane g ^ 4) */
                     const uint32_t wv = hi ? (o | (vb << 16)) : (va | (o << 16));
                     *(uint32_t *)(hs + mb_off(mb_logical(rl + 8 * (kp >> 1)) & ~1, tp + hi, ng)) = wv;
                 }
