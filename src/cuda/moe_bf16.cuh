@@ -401,8 +401,9 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
              * the producer refills it only once all 8 warps have released it, after this epilogue), then copied out as
              * 16-byte stores, a warp 512 contiguous bytes. A thread's values lie 2 bytes apart from lane g ^ 4's (logical
              * columns 2 i, 2 i + 1: mb_logical's bit 0 is row bit 2), so a shuffle (lane ^ 16) pairs them into 4-byte words: lanes
-             * g < 4 store token tp's word, lanes g >= 4 token tp + 1's. The padding tokens' values are stored as zeros
-             * (the 2-byte path leaves them unwritten; no kernel reads them into a stored output). The same values as the
+             * g < 4 store token tp's word, lanes g >= 4 token tp + 1's. The padding tokens of the chunk's last n-group are
+             * stored as zeros (the 2-byte path leaves them unwritten; no kernel reads them into a stored output); n-groups
+             * past ng are not the chunk's. The same values as the
              * 2-byte path's. (Session 41; the attention's terms the same way in session 40.) */
             const int ng = (nv + 7) >> 3, hi = g >> 2;
             unsigned char *hs = mb_sm + ((it_end - 1) % MB_S) * MB_STAGE;
@@ -410,6 +411,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
             for (int j = 0; j < 16; j++)
 #pragma unroll
                 for (int kp = 0; kp < 4; kp += 2) {
+                    if (j >= ng) break; /* (n-group j past the chunk's: its offsets would alias the next k-step's) */
                     const int tp = 8 * j + 2 * c;
                     const uint32_t va = tp < nv ? mb_q8(d[0][j][kp], scs[tp], scsi[tp]) : 0u,
                                    vb = tp + 1 < nv ? mb_q8(d[0][j][kp + 1], scs[tp + 1], scsi[tp + 1]) : 0u;
