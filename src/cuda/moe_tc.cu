@@ -1565,8 +1565,9 @@ static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=1: the x image a token at a time (mb
 
 static int mb_nv;       /* DSV4_MOE_PFB_NVFP4 (default 1): NVFP4 experts (with the FP8 act quant) here too (mb_kernel's NV) */
 
-static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1;
-extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
+static int mb_xvec;     /* DSV4_MOE_PFB_XVEC (default 1): the x image with 16-byte loads and stores (mb_row_pieces_v) */
+static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fxvec = -1;
+extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok, int xvec) { mb_fprod = prod, mb_fxtok = xtok, mb_fxvec = xvec; }
 extern "C" void dsv4_cuda_moe_pfb_nvfp4(int on) { mb_fnv = on == 0 || on == 1 ? on : -1; }
 
 /* the clock trace (moe_bf16.cuh; DSV4_MOE_PFB_TRACE=FILE, with the producer warpgroup, not under graph capture): the
@@ -1613,7 +1614,8 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     if (mb_on < 0) mb_on = dsv4_env_int("DSV4_MOE_PFB", 1) != 0, mb_avg = dsv4_env_int("DSV4_MOE_PFB_AVG", 32),
                      mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 1) != 0,
                      mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 0) != 0, /* (the producer on, the x image a token at a time off: NOTES "Session 30") */
-                     mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 1) != 0; /* (on since session 30: NVFP4 8K prefill +33 %) */
+                     mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 1) != 0, /* (on since session 30: NVFP4 8K prefill +33 %) */
+                     mb_xvec = dsv4_env_int("DSV4_MOE_PFB_XVEC", 1) != 0;
     const int64_t slots = (int64_t)T * K;
     /* the images: at most T K + 8 maxslots rows of 2 D bytes (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in
      * h's T K rows of 4 I): they fit while 8 maxslots <= T K (always at the default DSV4_MOE_PFB_AVG) */
@@ -1632,7 +1634,11 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     const int nth = prod ? MB_PTHREADS : MB_THREADS;
     const void *fg = (const void *)kg, *fd = (const void *)kd;
     if (mt_set_smem(fg, MB_SMEM, 0) || mt_set_smem(fd, MB_SMEM, 0)) return -1;
-    if (xtok && K <= MB_XK) mb_ximage_tok_kernel<<<(unsigned)((T + 7) / 8), 256, 0, st>>>(x, *p, T, K, ex->D, (uint8_t *)y);
+    const int xvec = mb_fxvec >= 0 ? mb_fxvec : mb_xvec;
+    if (xtok && K <= MB_XK) {
+        if (xvec) mb_ximage_tok_kernel<1><<<(unsigned)((T + 7) / 8), 256, 0, st>>>(x, *p, T, K, ex->D, (uint8_t *)y);
+        else mb_ximage_tok_kernel<0><<<(unsigned)((T + 7) / 8), 256, 0, st>>>(x, *p, T, K, ex->D, (uint8_t *)y);
+    } else if (xvec) mb_ximage_v_kernel<<<dim3(16, maxslots), 256, 0, st>>>(x, *p, ex->D, (uint8_t *)y);
     else mb_ximage_kernel<<<dim3(16, maxslots), 256, 0, st>>>(x, *p, ex->D, (uint8_t *)y);
     if (dsv4_cuda_check_launch("moe_experts (x image, bf16 prefill)")) return -1;
     mb_params P;
