@@ -168,62 +168,56 @@ __global__ void __launch_bounds__(256) mb_ximage_kernel(const float *x, dsv4_cud
 }
 
 /* 1''. The same image with 16-byte loads and stores (DSV4_MOE_PFB_XVEC, default 1; session 41): mb_row_pieces reads
- * each value with its own 4-byte load, 16 of them in flight a lane, half of each 32-byte sector a load instruction. Here a
- * warp takes a row four units at a time, lane l = 8 q + 2 h + b loading physical columns 4 l .. 4 l + 3 of each unit (one
- * float4: the warp 512 contiguous bytes a unit). The unit's amax is a warp reduction over the same 128 values, so the
- * same scale and codes (mb_q8) as mb_piece. Column 4 l + i is element kk = 2 q + b of core-matrix row pc = 4 h + i
- * (mb_phys's inverse), so lanes b = 0 and 1 (a shuffle) hold the two halves of word q of pieces 4 h + i: lane b forms
- * those of i = 2 b and 2 b + 1 into the warp's staging words [unit][pc][q] in shared memory, and then each lane stores
- * one 16-byte piece to every destination (a slot's, or each of a token's slots). */
-#define MB_XV_STG 256 /* staging words a warp: 4 units x 16 pieces x 4 words */
+ * each value with its own 4-byte load and reduces a unit's amax over 16 lanes (Nsight Compute: latency-bound, half the
+ * stalls on the shuffles' scoreboard). Here a warp takes a row four units at a time, the 8 lanes of group G = lane >> 3
+ * unit u0 + G: lane li = 2 h + b of the group loads physical columns 32 k + 4 li .. + 3 (k = 0..3; float4s, the group
+ * 512 contiguous bytes), i.e. element kk = 2 k + b of core-matrix rows pc = 4 h + i (mb_phys's inverse). The unit's amax
+ * is a reduction over the group's 8 lanes (the same 128 values), so the same scale and codes (mb_q8) as mb_piece. Lanes
+ * b = 0 and 1 then swap half their codes (one shuffle a word), after which each holds two whole pieces, pc = 4 h + 2 b
+ * and + 1 (rows 2 h + b of the unit's k-step pair, k halves 0 and 1), and stores them (16 bytes each) to every
+ * destination: a slot's, or each of a token's slots. */
 template <int ND>
-__device__ __forceinline__ void mb_row_pieces_v(const float *xr, int NU, uint32_t *stg, uint8_t *const (&cb)[ND], const int (&ngs)[ND], int lane) {
-    const int q = lane >> 3, h = (lane >> 1) & 3, b = lane & 1;
-    int po[ND]; /* this lane's piece (pc = lane & 15) in a unit of each destination */
-#pragma unroll
-    for (int k = 0; k < ND; k++) po[k] = ((lane & 15) >> 1) * ngs[k] * 256 + (lane & 1) * 128;
+__device__ __forceinline__ void mb_row_pieces_v(const float *xr, int NU, uint8_t *const (&cb)[ND], const int (&ngs)[ND], int lane) {
+    const int G = lane >> 3, li = lane & 7, h = li >> 1, b = li & 1;
     for (int u0 = 0; u0 < NU; u0 += 4) {
+        const int u = u0 + G;
         float4 v[4];
 #pragma unroll
-        for (int r = 0; r < 4; r++) v[r] = u0 + r < NU ? *(const float4 *)(xr + (u0 + r) * 128 + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int k = 0; k < 4; k++) v[k] = u < NU ? *(const float4 *)(xr + u * 128 + 32 * k + 4 * li) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float a = 1e-4f;
 #pragma unroll
-        for (int r = 0; r < 4; r++) {
-            float a = fmaxf(fmaxf(1e-4f, fabsf(v[r].x)), fmaxf(fmaxf(fabsf(v[r].y), fabsf(v[r].z)), fabsf(v[r].w)));
+        for (int k = 0; k < 4; k++) a = fmaxf(a, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
 #pragma unroll
-            for (int o = 1; o < 32; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-            const float sc = dev_pow2_ceil(a * (1.0f / 448.0f)), inv = 1.0f / sc;
-            const uint32_t c01 = (uint32_t)mb_q8(v[r].x, sc, inv) | ((uint32_t)mb_q8(v[r].y, sc, inv) << 16);
-            const uint32_t c23 = (uint32_t)mb_q8(v[r].z, sc, inv) | ((uint32_t)mb_q8(v[r].w, sc, inv) << 16);
-            /* lane b = 0 keeps i = 0, 1 and sends i = 2, 3; lane b = 1 the other way */
-            const uint32_t o = __shfl_xor_sync(0xffffffffu, b ? c01 : c23, 1), m = b ? c23 : c01;
-            const uint32_t w0 = b ? __byte_perm(o, m, 0x5410) : __byte_perm(m, o, 0x5410); /* i = 2 b: lo from b = 0 */
-            const uint32_t w1 = b ? __byte_perm(o, m, 0x7632) : __byte_perm(m, o, 0x7632); /* i = 2 b + 1 */
-            stg[r * 64 + (4 * h + 2 * b) * 4 + q] = w0;
-            stg[r * 64 + (4 * h + 2 * b + 1) * 4 + q] = w1;
+        for (int o = 1; o < 8; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        const float sc = dev_pow2_ceil(a * (1.0f / 448.0f)), inv = 1.0f / sc;
+        uint32_t pa[4], pb[4]; /* word k of pieces 4 h + 2 b and 4 h + 2 b + 1 */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t p01 = (uint32_t)mb_q8(v[k].x, sc, inv) | ((uint32_t)mb_q8(v[k].y, sc, inv) << 16);
+            const uint32_t p23 = (uint32_t)mb_q8(v[k].z, sc, inv) | ((uint32_t)mb_q8(v[k].w, sc, inv) << 16);
+            const uint32_t r = __shfl_xor_sync(0xffffffffu, b ? p01 : p23, 1), m = b ? p23 : p01; /* (kk 2 k from b = 0) */
+            pa[k] = b ? __byte_perm(r, m, 0x5410) : __byte_perm(m, r, 0x5410);
+            pb[k] = b ? __byte_perm(r, m, 0x7632) : __byte_perm(m, r, 0x7632);
         }
-        __syncwarp();
+        if (u < NU)
 #pragma unroll
-        for (int r = 0; r < 4; r += 2) {
-            const int u = u0 + r + (lane >> 4);
-            const uint4 w = *(const uint4 *)(stg + (r + (lane >> 4)) * 64 + (lane & 15) * 4);
-            if (u < NU)
-#pragma unroll
-                for (int k = 0; k < ND; k++)
-                    if (cb[k]) *(uint4 *)(cb[k] + (int64_t)u * ngs[k] * 2048 + po[k]) = w;
-        }
-        __syncwarp();
+            for (int d = 0; d < ND; d++)
+                if (cb[d]) {
+                    uint8_t *pp = cb[d] + (int64_t)u * ngs[d] * 2048 + (2 * h + b) * ngs[d] * 256;
+                    *(uint4 *)pp = make_uint4(pa[0], pa[1], pa[2], pa[3]);
+                    *(uint4 *)(pp + 128) = make_uint4(pb[0], pb[1], pb[2], pb[3]);
+                }
     }
 }
 
 __global__ void __launch_bounds__(256) mb_ximage_v_kernel(const float *x, dsv4_cuda_moe_plan p, int C, uint8_t *img) {
-    __shared__ __align__(16) uint32_t stg[8 * MB_XV_STG];
     const int ia = blockIdx.y;
     if (ia >= *p.nact) return;
     const int off = p.act_off[ia], cnt = p.act_cnt[ia], NU = C / 128, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int j = blockIdx.x * 8 + warp; j < cnt; j += gridDim.x * 8) {
         int ng[1];
         uint8_t *const cb[1] = {mb_slot_piece(img, off, ia, C, j, cnt, 0, ng[0])};
-        mb_row_pieces_v<1>(x + (int64_t)p.rows[off + j] * C, NU, stg + warp * MB_XV_STG, cb, ng, lane);
+        mb_row_pieces_v<1>(x + (int64_t)p.rows[off + j] * C, NU, cb, ng, lane);
     }
 }
 
@@ -234,7 +228,6 @@ __global__ void __launch_bounds__(256) mb_ximage_v_kernel(const float *x, dsv4_c
 #define MB_XK 8 /* the most slots a token here (V4: 6; more: mb_ximage_kernel) */
 template <int V>
 __global__ void __launch_bounds__(256, V ? 2 : 3) mb_ximage_tok_kernel(const float *x, dsv4_cuda_moe_plan p, int T, int K, int C, uint8_t *img) {
-    __shared__ __align__(16) uint32_t stg[V ? 8 * MB_XV_STG : 1];
     const int t = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= T) return;
     const int NU = C / 128, pc = lane & 15, uh = lane >> 4, na = *p.nact;
@@ -259,7 +252,7 @@ __global__ void __launch_bounds__(256, V ? 2 : 3) mb_ximage_tok_kernel(const flo
         uint8_t *cb0[MB_XK];
 #pragma unroll
         for (int k = 0; k < MB_XK; k++) cb0[k] = cb[k] ? cb[k] - ((pc >> 1) * ngs[k] * 256 + (pc & 1) * 128) : NULL;
-        mb_row_pieces_v<MB_XK>(x + (int64_t)t * C, NU, stg + (threadIdx.x >> 5) * MB_XV_STG, cb0, ngs, lane);
+        mb_row_pieces_v<MB_XK>(x + (int64_t)t * C, NU, cb0, ngs, lane);
         return;
     }
     mb_row_pieces(x + (int64_t)t * C, NU, pc, uh, [=](int u, uint4 w) {
