@@ -289,10 +289,13 @@ int dsv4_cuda_moe_experts_pass(const dsv4_cuda_experts *ex, const float *x, int 
  * programmatic dependent launch (all three measured slower), 32 the FP4 prefill on moe_pf2_kernel's mma.sync. Results are
  * bitwise the same with 2, 4, 8 and 32. */
 void dsv4_cuda_moe_experts_path(int mode);
-/* The BF16 prefill kernels' forms (tests, A/B; -1: the environment's default, read once; both 0 unless set, until
- * measured): prod 1 a producer warpgroup streams the x ring, 0 warp 0 refills it (DSV4_MOE_PFB_PRODUCER); xtok 1 the x
- * image a token at a time, 0 a slot at a time (DSV4_MOE_PFB_XTOK). Every form gives the same bits. */
-void dsv4_cuda_moe_pfb_force(int prod, int xtok);
+/* The BF16 prefill kernels' forms (tests, A/B; -1: the environment's default, read once): prod 1 a producer warpgroup
+ * streams the x ring, 0 warp 0 refills it (DSV4_MOE_PFB_PRODUCER, default 1); xtok 1 the x image a token at a time, 0 a
+ * slot at a time (DSV4_MOE_PFB_XTOK, default 0); xg 1 (with the producer) no x image: each token's row act-quantized once
+ * and gathered by the producer warpgroup, a TMA box a row (DSV4_MOE_PFB_XG, default 0). Every form gives the same bits.
+ * dsv4_cuda_moe_pfb_xg_launches: gate / up launches that took xg so far. */
+void dsv4_cuda_moe_pfb_force(int prod, int xtok, int xg);
+long dsv4_cuda_moe_pfb_xg_launches(void);
 /* The FP8 experts' (moe_f8.cuh) forms with x quantized per row (tests, A/B): the weight ring's depth of gate / up (4, 5,
  * 6) and down (4, 6, 8), the blocks a row tile's 8-token chunks are split over (1-4), the scale words 4 units at a time
  * (sg 1) or a unit at a time (0); -1: the default of each; st_gu -2: back to the environment's (DSV4_MOE_F8_ST_GU,

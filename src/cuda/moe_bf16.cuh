@@ -99,6 +99,56 @@ __device__ __forceinline__ uint16_t mb_q8(float v, float s, float inv) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(dev_e4m3(b) * s));
 }
 
+/* XG (gate / up's x gathered by the producer; DSV4_MOE_PFB_XG, session 41): a 2-D TMA box of P.xmap (x's act-quantized
+ * bf16 rows in the image's logical column order, [T][C], mb_xrow_kernel) into shared memory, 128-byte swizzled */
+__device__ __forceinline__ void mb_tma_2d(unsigned dst, const void *map, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+/* descriptor of a K-major B tile of 128-byte rows (64 bf16 of K a row, one row a token) with the 128-byte swizzle, at
+ * shared address sa (the atom's 1024-byte aligned base plus 32 bytes a k16 step): SBO 1024 (8 rows), LBO unused (1),
+ * layout type 1 (SWIZZLE_128B) in bits 62-63 */
+__device__ __forceinline__ uint64_t mb_desc_sw128(unsigned sa) {
+    return (uint64_t)((sa & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+/* 1''. XG: each token's x row once (not once a slot: a sixth of mb_ximage_kernel's quantization and writes),
+ * act-quantized as mb_piece does (the unit's amax over its 128 values, the power-of-two scale, mb_q8) and written as bf16
+ * in the image's logical column order (logical column L of a unit holds physical column p with mb_logical(p) = L), so
+ * that a 64-column box of a row is a token's 128-byte row of a k half of the unit's B. A warp a token, 4 units at a time:
+ * lane l quantizes physical columns 4 l .. + 3 of each (one float4), places its 4 values at their logical columns in the
+ * warp's staging row, then the warp writes the unit's 256 bytes (8 a lane). */
+__global__ void __launch_bounds__(256) mb_xrow_kernel(const float *x, int T, int C, uint16_t *xr) {
+    __shared__ __align__(16) uint16_t stg[8][4][128];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * 8 + warp, NU = C / 128;
+    if (t >= T) return;
+    const float *row = x + (int64_t)t * C;
+    uint16_t *out = xr + (int64_t)t * C;
+    int lp[4]; /* the logical columns of this lane's physical columns 4 lane + i */
+#pragma unroll
+    for (int i = 0; i < 4; i++) lp[i] = mb_logical(4 * lane + i);
+    for (int u0 = 0; u0 < NU; u0 += 4) {
+        float4 v[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) v[r] = u0 + r < NU ? *(const float4 *)(row + (u0 + r) * 128 + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            float a = fmaxf(fmaxf(1e-4f, fabsf(v[r].x)), fmaxf(fmaxf(fabsf(v[r].y), fabsf(v[r].z)), fabsf(v[r].w)));
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            const float sc = dev_pow2_ceil(a * (1.0f / 448.0f)), inv = 1.0f / sc;
+            stg[warp][r][lp[0]] = mb_q8(v[r].x, sc, inv), stg[warp][r][lp[1]] = mb_q8(v[r].y, sc, inv);
+            stg[warp][r][lp[2]] = mb_q8(v[r].z, sc, inv), stg[warp][r][lp[3]] = mb_q8(v[r].w, sc, inv);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            if (u0 + r < NU) *(uint2 *)(out + (u0 + r) * 128 + 4 * lane) = *(const uint2 *)&stg[warp][r][4 * lane];
+        __syncwarp();
+    }
+}
+
 /* 1. the x image of a pass: a warp takes a slot (active expert blockIdx.y) and two units at a time, lane l the
  * 16-byte core-matrix row pc = l & 15 of unit u0 + (l >> 4), i.e. k-step pc >> 1, k half pc & 1: its 8 physical
  * columns 32 (kk >> 1) + 8 (s >> 1) + 2 (s & 1) + h + 4 (kk & 1), act-quantized as mt_quant<1> does (the unit's amax
@@ -201,6 +251,7 @@ __global__ void __launch_bounds__(256, 3) mb_ximage_tok_kernel(const float *x, d
 }
 
 struct mb_params {
+    CUtensorMap xmap;                /* XG: mb_xrow_kernel's rows [T][C] bf16, box 64 x 1, 128-byte swizzle (first: 64-byte aligned) */
     const dsv4_cuda_weight *WA, *WB; /* device [E]; WB: w3 (gate / up) */
     const uint8_t *img;              /* the input's image (x in y, or h's in h) */
     dsv4_cuda_moe_plan p;
@@ -228,10 +279,11 @@ struct mb_params {
  * (2 x 4 significant bits, 2^-17 .. 21); the sums are scaled by 2^7 scale2 at the end. Lane c's 32 columns are scale
  * groups 2 c and 2 c + 1 (k-steps 0-3 and 4-7); it copies the 4 bytes holding them (a unit's 8 scales: bytes
  * 4 (c >> 1) ..), so its weight stage is MXFP4's */
-template <int GATEUP, int PROD, int TR = 0, int NV = 0>
+template <int GATEUP, int PROD, int TR = 0, int NV = 0, int XG = 0>
 __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2; /* gate / up: w1 and w3 on the block's 128 rows; down: w2's rows 256 b .. and 256 b + 128 .. */
-    extern __shared__ __align__(128) unsigned char mb_sm[];
+    static_assert(!XG || (GATEUP && PROD && !TR), "x gathered by the producer warpgroup: gate / up only");
+    extern __shared__ __align__(1024) unsigned char mb_sm[]; /* (XG: the stages' swizzle atoms 1024-byte aligned) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
@@ -280,6 +332,26 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
     };
     if (PROD) {
         if (warp >= 8) {
+            if constexpr (XG) {
+                /* XG: the producer warpgroup's thread i copies token i of the chunk (its two 64-column boxes of the unit,
+                 * 128-byte rows of the stage's two k halves, swizzled); thread 0 expects the chunk's nv x 256 bytes */
+                asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
+                const int pi = tid - 256;
+                int row = -1, gcl = -1;
+                for (int it = 0, cl = 0, u = 0; it < n; it++) {
+                    const int s = it % MB_S, t0 = (z + cl * Z) * 128, nv = cnt - t0 < 128 ? cnt - t0 : 128;
+                    if (cl != gcl) gcl = cl, row = pi < nv ? P.p.rows[off + t0 + pi] : -1;
+                    if (it >= MB_S) dev_mbar_wait(emptyb + 8 * s, ((it / MB_S) - 1) & 1);
+                    if (pi == 0) dev_mbar_expect(fullb + 8 * s, (unsigned)nv * 256);
+                    if (row >= 0) {
+                        const unsigned dst = sb + s * MB_STAGE + pi * 128;
+                        mb_tma_2d(dst, &P.xmap, u * 128, row, fullb + 8 * s);
+                        mb_tma_2d(dst + MB_STAGE / 2, &P.xmap, u * 128 + 64, row, fullb + 8 * s);
+                    }
+                    if (++u == NU) u = 0, cl++;
+                }
+                return;
+            }
             asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
             if (warp == 8)
                 for (int it = 0; it < n; it++) produce(it);
@@ -444,10 +516,11 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
         if (!NV) big = __any_sync(0xffffffffu, big);
         dev_mbar_wait(fullb + 8 * s, (it / MB_S) & 1);
         trs(2);
-        const uint64_t desc0 = wg_desc(sb + s * MB_STAGE, 128, 256); /* (+ 16 ng a k-step: ng 256 bytes) */
+        /* (+ 16 ng a k-step: ng 256 bytes; XG: k half ks / 4 at + 16 KB, 32 bytes a k-step inside the swizzled rows) */
+        const uint64_t desc0 = XG ? mb_desc_sw128(sb + s * MB_STAGE) : wg_desc(sb + s * MB_STAGE, 128, 256);
 #pragma unroll
         for (int ks = 0; ks < 8; ks++) {
-            const uint64_t desc = desc0 + (uint64_t)(ks * 16 * ng);
+            const uint64_t desc = XG ? desc0 + (uint64_t)(((ks >> 2) * (MB_STAGE / 2) + (ks & 3) * 32) >> 4) : desc0 + (uint64_t)(ks * 16 * ng);
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 uint32_t (&A)[4] = a[(2 * ks + m) & 3];

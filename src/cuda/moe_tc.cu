@@ -33,6 +33,7 @@
  * prefill: 64 tokens a chunk, x act-quantized once into scratch by moe_quant, staged with cp.async, double
  * buffered, or moe_pf2_kernel's pipeline with the slices' sums in one warp, added in the same order): the results are
  * bitwise batch invariant. S depends only on the matrix shape. */
+#include <cuda.h> /* CUtensorMap (the encoder through cudaGetDriverEntryPointByVersion: no libcuda link) */
 #include <stdlib.h>
 
 #include "linear_tc.cuh"
@@ -1565,8 +1566,39 @@ static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=1: the x image a token at a time (mb
 
 static int mb_nv;       /* DSV4_MOE_PFB_NVFP4 (default 1): NVFP4 experts (with the FP8 act quant) here too (mb_kernel's NV) */
 
-static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1;
-extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
+static int mb_xg;       /* DSV4_MOE_PFB_XG=1: gate / up's x gathered a token row at a time by the producer (mb_kernel's XG) */
+
+static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fxg = -1;
+extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok, int xg) { mb_fprod = prod, mb_fxtok = xtok, mb_fxg = xg; }
+static long mb_xg_launches; /* gate / up launches with XG (tests: the form ran) */
+extern "C" long dsv4_cuda_moe_pfb_xg_launches(void) { return mb_xg_launches; }
+
+/* XG's map of mb_xrow_kernel's rows (T rows of C bf16): dims (innermost first) C, T; box 64 x 1 (a token's 128 bytes of a
+ * unit's k half) with the 128-byte swizzle. 0, or -1 when the driver cannot encode it (the x image then). */
+typedef CUresult (*mb_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *,
+                                 const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static int mb_xmap(CUtensorMap *m, const uint16_t *xr, int T, int C) {
+    static mb_encode_fn enc;
+    static int state; /* 0 not looked up, 1 found, -1 unavailable */
+    if (!state) {
+        cudaDriverEntryPointQueryResult q;
+        void *f = NULL;
+        state = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+                        q == cudaDriverEntryPointSuccess && f
+                    ? 1
+                    : -1;
+        if (state < 0) cudaGetLastError();
+        else enc = (mb_encode_fn)f;
+    }
+    if (state < 0 || T < 1 || C % 128 || ((uintptr_t)xr & 15)) return -1;
+    const cuuint64_t dims[2] = {(cuuint64_t)C, (cuuint64_t)T}, strides[1] = {(cuuint64_t)C * 2};
+    const cuuint32_t box[2] = {64, 1}, estr[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)xr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -1;
+}
 extern "C" void dsv4_cuda_moe_pfb_nvfp4(int on) { mb_fnv = on == 0 || on == 1 ? on : -1; }
 
 /* the clock trace (moe_bf16.cuh; DSV4_MOE_PFB_TRACE=FILE, with the producer warpgroup, not under graph capture): the
@@ -1613,7 +1645,8 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     if (mb_on < 0) mb_on = dsv4_env_int("DSV4_MOE_PFB", 1) != 0, mb_avg = dsv4_env_int("DSV4_MOE_PFB_AVG", 32),
                      mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 1) != 0,
                      mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 0) != 0, /* (the producer on, the x image a token at a time off: NOTES "Session 30") */
-                     mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 1) != 0; /* (on since session 30: NVFP4 8K prefill +33 %) */
+                     mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 1) != 0, /* (on since session 30: NVFP4 8K prefill +33 %) */
+                     mb_xg = dsv4_env_int("DSV4_MOE_PFB_XG", 0) != 0; /* (off until measured) */
     const int64_t slots = (int64_t)T * K;
     /* the images: at most T K + 8 maxslots rows of 2 D bytes (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in
      * h's T K rows of 4 I): they fit while 8 maxslots <= T K (always at the default DSV4_MOE_PFB_AVG) */
@@ -1632,15 +1665,25 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     const int nth = prod ? MB_PTHREADS : MB_THREADS;
     const void *fg = (const void *)kg, *fd = (const void *)kd;
     if (mt_set_smem(fg, MB_SMEM, 0) || mt_set_smem(fd, MB_SMEM, 0)) return -1;
-    if (xtok && K <= MB_XK) mb_ximage_tok_kernel<<<(unsigned)((T + 7) / 8), 256, 0, st>>>(x, *p, T, K, ex->D, (uint8_t *)y);
-    else mb_ximage_kernel<<<dim3(16, maxslots), 256, 0, st>>>(x, *p, ex->D, (uint8_t *)y);
-    if (dsv4_cuda_check_launch("moe_experts (x image, bf16 prefill)")) return -1;
     mb_params P;
-    P.WA = ex->w1, P.WB = ex->w3, P.img = (const uint8_t *)y, P.p = *p, P.lim = lim, P.out = h, P.R = ex->I, P.C = ex->D;
-    const int pz = mb_pz >= 1 && mb_pz <= 8 ? mb_pz : 1;
+    memset(&P, 0, sizeof P);
     P.trc = NULL;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     const int tr = prod && !nv13 && !nv2 && mb_trace_file() && cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+    /* XG (the producer warpgroup gathers token rows: no trace instance) or the x image */
+    const int xg = (mb_fxg >= 0 ? mb_fxg : mb_xg) && prod && !tr && mb_xmap(&P.xmap, (const uint16_t *)y, T, ex->D) == 0;
+    if (xg) {
+        void (*const kx)(mb_params) = nv13 ? mb_kernel<1, 1, 0, 1, 1> : mb_kernel<1, 1, 0, 0, 1>;
+        if (mt_set_smem((const void *)kx, MB_SMEM, 0)) return -1;
+        mb_xrow_kernel<<<(unsigned)((T + 7) / 8), 256, 0, st>>>(x, T, ex->D, (uint16_t *)y);
+        if (dsv4_cuda_check_launch("moe_experts (x rows, bf16 prefill)")) return -1;
+    } else {
+        if (xtok && K <= MB_XK) mb_ximage_tok_kernel<<<(unsigned)((T + 7) / 8), 256, 0, st>>>(x, *p, T, K, ex->D, (uint8_t *)y);
+        else mb_ximage_kernel<<<dim3(16, maxslots), 256, 0, st>>>(x, *p, ex->D, (uint8_t *)y);
+        if (dsv4_cuda_check_launch("moe_experts (x image, bf16 prefill)")) return -1;
+    }
+    P.WA = ex->w1, P.WB = ex->w3, P.img = (const uint8_t *)y, P.p = *p, P.lim = lim, P.out = h, P.R = ex->I, P.C = ex->D;
+    const int pz = mb_pz >= 1 && mb_pz <= 8 ? mb_pz : 1;
     static int tr_told;
     if (mb_trace_file() && !tr && !tr_told) {
         tr_told = 1;
@@ -1652,7 +1695,11 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
             mb_trace_run(mb_kernel<1, 1, 1>, dim3(ex->I / 128, maxslots, pz), nth, P, st, "gateup", T))
             return -1;
     } else {
-        kg<<<dim3(ex->I / 128, maxslots, pz), nth, MB_SMEM, st>>>(P);
+        if (xg) {
+            mb_xg_launches++;
+            if (nv13) mb_kernel<1, 1, 0, 1, 1><<<dim3(ex->I / 128, maxslots, pz), nth, MB_SMEM, st>>>(P);
+            else mb_kernel<1, 1, 0, 0, 1><<<dim3(ex->I / 128, maxslots, pz), nth, MB_SMEM, st>>>(P);
+        } else kg<<<dim3(ex->I / 128, maxslots, pz), nth, MB_SMEM, st>>>(P);
         if (dsv4_cuda_check_launch("moe_experts (gate/up, bf16 prefill)")) return -1;
     }
     P.WA = ex->w2, P.WB = NULL, P.img = (const uint8_t *)h, P.lim = 0.0f, P.out = y, P.R = ex->D, P.C = ex->I;
