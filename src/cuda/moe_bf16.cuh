@@ -335,7 +335,10 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
             if constexpr (XG) {
                 /* XG: the producer warpgroup's thread i copies token i of the chunk (its two 64-column boxes of the unit,
                  * 128-byte rows of the stage's two k halves, swizzled); thread 0 expects the chunk's nv x 256 bytes */
-                asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
+                /* (24, as below: the block starts at 168 registers a thread (384 threads), and the consumers' increase to 240
+                 * waits until the producers have freed exactly (168 - 24) x 128 of them; session 41's first XG build
+                 * decreased to 32 and hung there) */
+                asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
                 const int pi = tid - 256;
                 int row = -1, gcl = -1;
                 for (int it = 0, cl = 0, u = 0; it < n; it++) {
