@@ -344,6 +344,9 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
                 for (int it = 0, cl = 0, u = 0; it < n; it++) {
                     const int s = it % MB_S, t0 = (z + cl * Z) * 128, nv = cnt - t0 < 128 ? cnt - t0 : 128;
                     if (cl != gcl) gcl = cl, row = pi < nv ? P.p.rows[off + t0 + pi] : -1;
+                    /* (no token of its own: only the block's last chunk is partial, and a thread that copies nothing must
+                     * not keep waiting on the empty barriers, which may run two phases past it: parity is ambiguous then) */
+                    if (row < 0) return;
                     if (it >= MB_S) dev_mbar_wait(emptyb + 8 * s, ((it / MB_S) - 1) & 1);
                     if (pi == 0) dev_mbar_expect(fullb + 8 * s, (unsigned)nv * 256);
                     if (row >= 0) {

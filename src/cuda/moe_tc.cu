@@ -1591,7 +1591,7 @@ static int mb_xmap(CUtensorMap *m, const uint16_t *xr, int T, int C) {
         if (state < 0) cudaGetLastError();
         else enc = (mb_encode_fn)f;
     }
-    if (state < 0 || T < 1 || C % 128 || ((uintptr_t)xr & 15)) return -1;
+    if (state < 0 || T < 1 || C % 128 || ((uintptr_t)xr & 127)) return -1; /* (128-byte aligned for the swizzle) */
     const cuuint64_t dims[2] = {(cuuint64_t)C, (cuuint64_t)T}, strides[1] = {(cuuint64_t)C * 2};
     const cuuint32_t box[2] = {64, 1}, estr[2] = {1, 1};
     return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)xr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,

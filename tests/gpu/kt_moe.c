@@ -846,8 +846,9 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
         const int noprod = getenv("DSV4_TEST_PFB_NOPROD") != NULL; /* (bench/device_run.sh: the producer form hung) */
         for (int f = 0; f < 5; f++) { /* f 4: x rows gathered by the producer (XG) */
             const int prod = f == 4 ? 1 : f & 1, xtok = f == 4 ? 0 : f >> 1, xg = f == 4;
-            if (prod && noprod) {
-                printf("skip %s: producer %d, x image a token at a time %d (DSV4_TEST_PFB_NOPROD)\n", name, prod, xtok);
+            if ((prod && noprod) || (xg && getenv("DSV4_TEST_PFB_NOXG"))) {
+                printf("skip %s: producer %d, x image a token at a time %d%s (%s)\n", name, prod, xtok, xg ? ", x rows gathered by TMA" : "",
+                       xg && !(prod && noprod) ? "DSV4_TEST_PFB_NOXG" : "DSV4_TEST_PFB_NOPROD");
                 continue;
             }
             const long xg0 = dsv4_cuda_moe_pfb_xg_launches();
