@@ -804,9 +804,13 @@ extern "C" int dsv4_cuda_attn_kv8_tc_dec(const float *q, int T, int H, int Dh, i
     /* the launch shape changes no bit: a block per span up to TC_PMAX_T queries (fills the GPU), else per query; 16
      * or 64 heads a block (tc_h16); query blocks of 64 heads on warpgroup MMA (tc_wg_on; force mode 4) */
     const int fm = tc_force_mode;
-    const int partial = fm >= 0 ? fm != 4 && !(fm & 1) && T <= TC_PMAX_T : T <= TC_PMAX_T;
     int spe, nspan;
     tc_spans(nidx, tc_dec_spt(nidx), &spe, &nspan);
+    /* experiment (DSV4_CUDA_ATTN_TC_FULL_NS=n, read once; 0: never): lists of at most n spans in full mode at every T
+     * (a block folds its spans itself: no combine launch on the chain; the same bits) */
+    static int full_ns = -1;
+    if (full_ns < 0) full_ns = dsv4_env_int("DSV4_CUDA_ATTN_TC_FULL_NS", 0);
+    const int partial = fm >= 0 ? fm != 4 && !(fm & 1) && T <= TC_PMAX_T : T <= TC_PMAX_T && nspan > full_ns;
     const int h16 = fm >= 0 ? fm == 2 || fm == 3 : tc_h16(T, H, Dh, R, partial && nspan > 1 ? nspan : 1);
     const int sp = tc_dec_spt(nidx);
     cudaStream_t st = DSV4_STREAM(stream);

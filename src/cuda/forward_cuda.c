@@ -583,9 +583,12 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     const int fork = ly->has_shared && g->stream2 && !g->prof;
     /* early only where neither the gate's linear nor the shared expert's stage x in the shared workspaces (small decode
      * steps: no multi-token staging, no GEMM), as attention()'s forks */
-    const int early = fork && g->sh_early && !w->lws && !(w->gemm && w->gemm_ws);
-    if (early) CK(shared_expert(g, w, gl, x, T, I, fork));
+    const int early = fork && g->sh_early && !w->lws && !(w->gemm && w->gemm_ws) ? g->sh_early : 0;
+    if (early == 1) CK(shared_expert(g, w, gl, x, T, I, fork));
     CK(lin(g, w, &gl->gate, x, T, w->lgE));
+    /* 2: after the gate, so that the gate's 2 MB do not share the memory with the shared expert's 16 MB (the gate is on
+     * the routed experts' chain, the shared expert is not), and the shared w1 / w3 stream while the router runs */
+    if (early == 2) CK(shared_expert(g, w, gl, x, T, I, fork));
     if (w->tg < 1) return gpu_fail("forward_cuda.c", __LINE__, "moe: no token group of the routed experts fits moe_group's shared memory");
     const int ng = (T + w->tg - 1) / w->tg, even = ((T + ng - 1) / ng + 31) / 32 * 32;
     const int gsz = even < w->tg ? even : w->tg;

@@ -99,7 +99,7 @@ struct dsv4_cuda_model {
     void *stream3, *ev_hc, *ev_hcd; /* small decode passes: each sub-block's mHC post / comb (the Sinkhorn) beside its
                                      * work (forward_cuda.c, sub_block): the stream, its fork and done events */
     int hc_pend; /* that work not yet waited for by the main stream */
-    int sh_early; /* the shared expert's branch forked before the gate (DSV4_CUDA_SHARED_EARLY=0: after the router) */
+    int sh_early; /* the shared expert's branch forked before the gate (1), after it (2), or (DSV4_CUDA_SHARED_EARLY=0) after the router */
     int idxq_main;  /* ratio-4 layers' indexer query projection on the main stream (DSV4_CUDA_IDXQ_MAIN=0: stream2) */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */

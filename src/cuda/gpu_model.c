@@ -306,7 +306,10 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->attn_fork = env_on("DSV4_CUDA_ATTN_FORK", 1);
     /* decode steps' branch structure (forward_cuda.c; bench/NOTES.md "Session 33": the kernel timeline showed the
      * indexer's branch and the shared expert's on the critical chain) */
-    g->sh_early = env_on("DSV4_CUDA_SHARED_EARLY", 1); /* session 34: batch 1 0.984x, batch 8 0.979x, 64 / 256 unchanged */
+    { /* session 34: before the gate, batch 1 0.984x, batch 8 0.979x, 64 / 256 unchanged; 2: after the gate, before the router */
+        const char *v = getenv("DSV4_CUDA_SHARED_EARLY");
+        g->sh_early = !(v && *v) ? 1 : !strcmp(v, "2") ? 2 : strcmp(v, "0") != 0;
+    }
     g->idxq_main = env_on("DSV4_CUDA_IDXQ_MAIN", 1); /* session 34: batch 1 0.995x, 8 0.999x, 64 / 256 unchanged */
     g->hc_defer = env_on("DSV4_CUDA_HC_DEFER", 1);
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
