@@ -266,6 +266,26 @@ int dsv4_cuda_moe_group_maxt_plan(int K, int E);
  * Few tokens (T <= 8, E <= 256) in one kernel (one launch fewer on the decode chain; DSV4_CUDA_ROUTE_GROUP=0: two). */
 int dsv4_cuda_moe_route(const float *logits, int T, int E, int K, const float *bias, const int *tid2eid, const int *tokens,
                         float route_scale, const int *sid, int *sel, float *weight, const dsv4_cuda_moe_plan *p, void *stream);
+/* The router's inputs of dsv4_cuda_moe_route (logits [T, E], bias or tid2eid with tokens, sid) and its outputs sel /
+ * weight [T, K], for dsv4_cuda_moe_experts_routed */
+typedef struct dsv4_cuda_moe_route_args {
+    const float *logits, *bias;
+    const int *tid2eid, *tokens, *sid;
+    float route_scale;
+    int E;
+    int *sel;
+    float *weight;
+} dsv4_cuda_moe_route_args;
+/* dsv4_cuda_moe_route into p, then dsv4_cuda_moe_experts: the same values. With DSV4_MOE_ROUTE_IN=1 (read once; an
+ * experiment, off by default) a pass of one token on the FP8 expert kernels routes inside them instead: every block of
+ * gate / up and of down routes the token itself, and one block writes sel, weight and p for the kernels after it (one
+ * launch fewer on the decode chain). */
+int dsv4_cuda_moe_experts_routed(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_route_args *ra,
+                                 const dsv4_cuda_moe_plan *p, float lim, float *h, float *y, void *stream);
+/* 1 when DSV4_MOE_ROUTE_IN is on (tests: dsv4_cuda_moe_route_in_force(1 | 0), -1 back to the environment's) */
+void dsv4_cuda_moe_route_in_force(int on);
+/* calls that routed inside the FP8 kernels so far (tests: that the fused form ran) */
+int dsv4_cuda_moe_route_in_taken(void);
 /* The routed experts of a plan: h[i] = SwiGLU(x[rows[i]] . w1^T, x[rows[i]] . w3^T) * rw[i] ([T*K, I]),
  * y[i] = h[i] . w2^T ([T*K, D]). One launch each over (active expert, block of output rows) with a fixed
  * shape for maxslots = min(E, T*K) experts; blocks past *nact return. FP8 / MXFP4 / NVFP4 experts with

@@ -592,8 +592,13 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
     /* one token group: the router and the grouping together (one kernel with few tokens) */
     const float *gbias = ly->hash ? NULL : gl->gate_bias;
     const int *t2e = ly->hash ? gl->tid2eid : NULL;
-    if (ng == 1) CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
-    else CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
+    /* a decode step of one token: the router with the experts (dsv4_cuda_moe_experts_routed: inside their kernels where
+     * DSV4_MOE_ROUTE_IN asks for it and they run on the FP8 kernels, else dsv4_cuda_moe_route first: the same plan) */
+    const int routed = ng == 1 && T == 1 && !w->gemm && (early || !fork); /* (a late fork stays after the router) */
+    if (!routed && ng == 1)
+        CK(dsv4_cuda_moe_route(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, b->sid, w->rsel, w->ew, &w->plan, st));
+    else if (!routed)
+        CK(dsv4_cuda_router(w->lgE, T, E, K, gbias, t2e, b->tok, c->route_scale, w->rsel, w->ew, st));
     if (ly->has_shared && !early) CK(shared_expert(g, w, gl, x, T, I, fork));
     /* routed experts, in equal groups of at most w->tg tokens (each token's result does not depend on its group) */
     *po = (dsv4_cuda_hc_f){out, NULL, NULL, 0, NULL};
@@ -603,7 +608,10 @@ static int moe(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b, int L
         if (ng > 1) CK(dsv4_cuda_moe_group(w->rsel + (size_t)g0 * K, w->ew + (size_t)g0 * K, b->sid + g0, tg, K, E, &w->plan, st));
         if (w->gemm) /* a pass: the prefill kernels where they take it */
             CK(dsv4_cuda_moe_experts_pass(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st) < 0);
-        else
+        else if (routed) {
+            const dsv4_cuda_moe_route_args ra = {w->lgE, gbias, t2e, b->tok, b->sid, c->route_scale, E, w->rsel, w->ew};
+            CK(dsv4_cuda_moe_experts_routed(&gl->ex, x, T, K, &ra, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
+        } else
             CK(dsv4_cuda_moe_experts(&gl->ex, x + (size_t)g0 * D, tg, K, &w->plan, c->swiglu_limit, w->hs, w->ys, st));
         if (fork && g0 == 0) CK(dsv4_cuda_stream_wait(st, g->ev_join)); /* the shared expert's y, for the combine */
         if (defer) {

@@ -108,6 +108,48 @@ static inline int mf8_slices(int R, int NU) {
     return sl;
 }
 
+/* Route-in (P.rin, a pass of one token): warp 0 routes the token as moe_route_group_kernel does (router_reg_warp: the same
+ * picks and weights) into scr (1,416 bytes of shared memory, free until the block's staging and copies start), and the
+ * plan moe_group_block makes of one token's picks follows from them: the distinct valid picks (an expert in range, a
+ * repeated one at its first pick, none when the token is idle) in increasing expert id are the active experts, slot a
+ * the a-th of them with one row (token 0) and its pick's weight, tslot 0 .. nact - 1 then -1. Block (0, 0) of gate /
+ * up writes that plan (and the picks and weights) for the kernels after this grid. Returns nact; slot ia's expert and
+ * weight into ex / rwv when ia < nact. */
+__device__ __noinline__ int mf8_route_in(const mt_params &P, int ia, bool write, unsigned char *scr, int &ex, float &rwv) {
+    float *s = (float *)scr;                              /* [32 * ROUTER_RPL] the router's scores */
+    int *osel = (int *)(s + 32 * ROUTER_RPL), *se = osel + 32; /* [32] picks, [32] slot -> expert */
+    float *ow = (float *)(se + 32), *sw = ow + 32;        /* [32] weights, [32] slot -> weight */
+    int *sn = (int *)(sw + 32);                           /* nact */
+    const int K = P.rK, E = P.rE, lane = threadIdx.x & 31;
+    if (threadIdx.x < 32) {
+        router_reg_warp(P.rl, E, K, P.rb, P.rt2e, P.rt2e ? P.rtok[0] : 0, P.rsc, s, osel, ow);
+        __syncwarp();
+        const int v = lane < K ? osel[lane] : -1;
+        bool used = lane < K && P.rsid[0] >= 0 && v >= 0 && v < E;
+        for (int j = 0; j < lane && j < K; j++)
+            if (osel[j] == v) used = false;
+        const unsigned um = __ballot_sync(0xffffffffu, used);
+        int rank = 0;
+        for (int j = 0; j < K; j++) {
+            const int vj = __shfl_sync(0xffffffffu, v, j);
+            if (((um >> j) & 1u) && vj < v) rank++;
+        }
+        const int na = __popc(um);
+        if (used) se[rank] = v, sw[rank] = ow[lane];
+        if (lane == 0) *sn = na;
+        if (write) {
+            if (lane < K) P.rsel[lane] = v, P.rwt[lane] = ow[lane], P.rp.tslot[lane] = lane < na ? lane : -1;
+            if (used) P.rp.act_e[rank] = v, P.rp.act_off[rank] = rank, P.rp.act_cnt[rank] = 1, P.rp.rows[rank] = 0, P.rp.rw[rank] = ow[lane];
+            if (lane == 0) *P.rp.nact = na;
+        }
+    }
+    __syncthreads();
+    const int na = *sn;
+    if (ia < na) ex = se[ia], rwv = sw[ia];
+    __syncthreads(); /* scr is the staging's and the copies' space next */
+    return na;
+}
+
 /* A block: SL warpgroups on one 64-row tile of one active expert (grid: R / 64 x expert slots), warpgroup s on the
  * units [s NU / SL, (s + 1) NU / SL) (a column slice); at a chunk's end the slices' sums are added in the order of s
  * by warpgroup 0, which writes the outputs. Chunks of 8 NT tokens. XR 0: the chunk's x quantized by the warpgroup
@@ -131,8 +173,14 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     const bool PRE = !GATEUP && !XR && P.pre;
     if (!PRE) dev_pdl_wait();
     const int ia = blockIdx.y;
-    if (ia >= *P.p.nact) return;
-    const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
+    int ex = 0, off = ia, cnt = 1;
+    float rwv = 0.0f; /* route-in: this slot's routing weight */
+    if (!XR && P.rin) { /* (before the staging and the copies: the plan's values from the router's logits) */
+        if (ia >= mf8_route_in(P, ia, GATEUP && blockIdx.x == 0 && ia == 0, mt_sm, ex, rwv)) return;
+    } else {
+        if (ia >= *P.p.nact) return;
+        ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
+    }
     /* XR, 8-token chunks: the chunks of an expert split over CS blocks side by side in x (P.csplit; block cp of a row
      * tile takes chunks cp, cp + CS, ...: they read the tile's weights at about the same time, once from DRAM); each
      * chunk's outputs are computed alone (acc starts at 0), so the bits do not depend on the split */
@@ -380,7 +428,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
                 const int tk = 8 * q + 2 * c + (k & 1), r = r0 + g + 8 * (k >> 1);
                 if (!wg && tk < nt && r < R) {
                     const int64_t sl = off + c0 + tk;
-                    P.out[sl * R + r] = GATEUP ? mt_swiglu(acc[0][q][k], acc[NM - 1][q][k], P.lim, P.p.rw[sl]) : acc[0][q][k];
+                    P.out[sl * R + r] = GATEUP ? mt_swiglu(acc[0][q][k], acc[NM - 1][q][k], P.lim, !XR && P.rin ? rwv : P.p.rw[sl]) : acc[0][q][k];
                 }
 #pragma unroll
                 for (int m = 0; m < NM; m++) acc[m][q][k] = 0.0f;

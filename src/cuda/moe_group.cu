@@ -583,14 +583,40 @@ extern "C" int dsv4_cuda_moe_experts(const dsv4_cuda_experts *ex, const float *x
     cudaStream_t st = DSV4_STREAM(stream);
     int f8 = 0; /* gate / up on the FP8 kernel (dsv4_moe_tc_run) */
     if (ex->tc13 && !mx_cuda_cores) {
-        if ((f8 = dsv4_moe_tc_run(1, ex->fmt13, ex->aq13, ex->w1, ex->w3, ex->I, ex->D, ex->E, x, T, K, maxslots, p, lim, h, y, 0, st)) < 0)
+        if ((f8 = dsv4_moe_tc_run(1, ex->fmt13, ex->aq13, ex->w1, ex->w3, ex->I, ex->D, ex->E, x, T, K, maxslots, p, lim, h, y, 0, NULL, st)) < 0)
             return -1;
     } else if (mx_launch(1, ex->fmt13, ex->vec13, ex->w1, ex->w3, ex->I, ex->D, x, T, maxslots, p, lim, h, st)) {
         return -1;
     }
     if (ex->tc2 && !mx_cuda_cores)
-        return dsv4_moe_tc_run(0, ex->fmt2, ex->aq2, ex->w2, NULL, ex->D, ex->I, ex->E, h, T, K, maxslots, p, 0.0f, y, NULL, f8, st) < 0 ? -1 : 0;
+        return dsv4_moe_tc_run(0, ex->fmt2, ex->aq2, ex->w2, NULL, ex->D, ex->I, ex->E, h, T, K, maxslots, p, 0.0f, y, NULL, f8, NULL, st) < 0 ? -1 : 0;
     return mx_launch(0, ex->fmt2, ex->vec2, ex->w2, NULL, ex->D, ex->I, h, T, maxslots, p, 0.0f, y, st);
+}
+
+static int route_in = -1; /* DSV4_MOE_ROUTE_IN (read once), dsv4_cuda_moe_route_in_force */
+static int route_in_taken;
+extern "C" void dsv4_cuda_moe_route_in_force(int on) { route_in = on < 0 ? -1 : on != 0; }
+extern "C" int dsv4_cuda_moe_route_in_taken(void) { return route_in_taken; }
+
+extern "C" int dsv4_cuda_moe_experts_routed(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_route_args *ra,
+                                            const dsv4_cuda_moe_plan *p, float lim, float *h, float *y, void *stream) {
+    if (route_in < 0) route_in = dsv4_env_int("DSV4_MOE_ROUTE_IN", 0) != 0;
+    cudaStream_t st = DSV4_STREAM(stream);
+    /* one token, both projections on the FP8 kernels (MXFP4 with act quant), a router of one warp (moe_route_group's
+     * limits): the route inside them; else the router's kernel first */
+    if (route_in && T == 1 && K >= 1 && K <= 32 && K <= ra->E && ra->E == ex->E && ra->E <= 32 * ROUTER_RPL && ex->w1 &&
+        (ra->tid2eid ? ra->tokens != NULL : ra->bias != NULL) && ex->tc13 && ex->tc2 && !mx_cuda_cores &&
+        ex->fmt13 == DSV4_WF_MXFP4 && ex->fmt2 == DSV4_WF_MXFP4 && ex->aq13 && ex->aq2) {
+        const int maxslots = ex->E < K ? ex->E : K;
+        const int f8 = dsv4_moe_tc_run(1, ex->fmt13, ex->aq13, ex->w1, ex->w3, ex->I, ex->D, ex->E, x, T, K, maxslots, p, lim, h, y, 0, ra, st);
+        if (f8 < 0) return -1;
+        route_in_taken += f8 == 3;
+        return dsv4_moe_tc_run(0, ex->fmt2, ex->aq2, ex->w2, NULL, ex->D, ex->I, ex->E, h, T, K, maxslots, p, 0.0f, y, NULL, f8,
+                               f8 == 3 ? ra : NULL, st) < 0 ? -1 : 0;
+    }
+    if (dsv4_cuda_moe_route(ra->logits, T, ra->E, K, ra->bias, ra->tid2eid, ra->tokens, ra->route_scale, ra->sid, ra->sel, ra->weight, p, stream))
+        return -1;
+    return dsv4_cuda_moe_experts(ex, x, T, K, p, lim, h, y, stream);
 }
 
 extern "C" int dsv4_cuda_moe_experts_pass(const dsv4_cuda_experts *ex, const float *x, int T, int K, const dsv4_cuda_moe_plan *p,

@@ -227,6 +227,16 @@ struct mt_params {
     int pre;   /* moe_f8.cuh, down: the plan is complete before the grid starts (dsv4_moe_tc_run's pre) */
     int csplit; /* moe_f8.cuh with x quantized per row: blocks a row tile's chunks are split over (1: one) */
     int sg;     /* moe_f8.cuh: the scale words 4 units at a time where they can be (x quantized per row, 8-token chunks) */
+    /* moe_f8.cuh, a pass of one token (x staged by the blocks): rin 1, every block routes the token itself
+     * (mf8_route_in: router_reg_warp, moe_route_group_kernel's values) instead of reading p, and block (0, 0) of gate /
+     * up writes the plan rp and the picks rsel / weights rwt for the kernels after it */
+    int rin, rE, rK;
+    float rsc;
+    const float *rl, *rb;
+    const int *rt2e, *rtok, *rsid;
+    int *rsel;
+    float *rwt;
+    dsv4_cuda_moe_plan rp;
 };
 
 /* x staging for the kernels that act-quantize it themselves: items i = (token t, unit wu) = (i / nwu, i % nwu) of n, a
@@ -241,7 +251,7 @@ __device__ __forceinline__ void mt_stage_items(const mt_params &P, int off, int 
         for (int bb = 0; bb < SB; bb++) {
             const int i = i0 + bb * step, t = i / nwu, wu = i - t * nwu;
             const float *src = NULL;
-            if (i < n) src = P.x + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.C + (int64_t)(u0 + wu) * 128;
+            if (i < n) src = P.x + (int64_t)(GATEUP ? (P.rin ? 0 : P.p.rows[off + c0 + t]) : off + c0 + t) * P.C + (int64_t)(u0 + wu) * 128;
 #pragma unroll
             for (int q = 0; q < 4; q++) v[bb][q] = src ? src[q * 32 + lane] : 0.0f;
         }
@@ -1231,6 +1241,7 @@ double dsv4_moe_tc_mma_rate(int na, int blocks_per_sm) {
     return (double)grid * 8 * iters * na * 4096.0 / (ms * 1e-3) / 1e12;
 }
 
+#include "moe_router.cuh"
 #include "moe_f8.cuh"
 #include "moe_bf16.cuh"
 
@@ -1423,7 +1434,7 @@ template <int FMT> static mt_fn mp_pick(int gateup, int S, int wg) {
 
 int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,
                     const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out,
-                    float *scratch, int pre, cudaStream_t st) {
+                    float *scratch, int pre, const dsv4_cuda_moe_route_args *ri, cudaStream_t st) {
     const int NU = C / 128, NRP = gateup ? (R + 15) / 16 : (R + 31) / 32, xt = aq ? 1 : 2;
     /* column slices from the shape only: enough (tile pair, slice) warps per expert to fill the GPU at batch 1 */
     int S = 1;
@@ -1465,8 +1476,16 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         const int csv = gateup ? mf8_csplit : mf8_csplit_dn;
         const int cs = !xr || nt != 1 ? 1 : csv < 0 ? 2 : csv >= 2 && csv <= 4 ? csv : 1;
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
+            const int rin = ri && !xr && x1 && T == 1; /* route-in: the token's x staged by the blocks */
+            if (ri && !rin && gateup && dsv4_cuda_moe_route(ri->logits, T, ri->E, K, ri->bias, ri->tid2eid, ri->tokens, ri->route_scale,
+                                                            ri->sid, ri->sel, ri->weight, p, st))
+                return -1;
             mt_params fp;
             memset(&fp, 0, sizeof fp);
+            if (rin) {
+                fp.rin = 1, fp.rE = ri->E, fp.rK = K, fp.rsc = ri->route_scale, fp.rl = ri->logits, fp.rb = ri->bias;
+                fp.rt2e = ri->tid2eid, fp.rtok = ri->tokens, fp.rsid = ri->sid, fp.rsel = ri->sel, fp.rwt = ri->weight, fp.rp = *p;
+            }
             fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU, fp.x1 = x1 && !xr;
             if (xr) { /* x act-quantized once per row (the same codes and scales as the kernels' own quant) */
                 const int rows = gateup ? T : T * K;
@@ -1477,14 +1496,17 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                 fp.xq = dst, fp.xq_ld = ld;
             }
             const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp, dep) : mf8_pick<0>(nt, sl, xr, mf8_gp, dep);
-            fp.pre = !gateup && pre;
+            fp.pre = !gateup && pre && (pre != 3 || rin); /* (gate / up routed inside: the plan is its output) */
             fp.csplit = cs;
             fp.sg = mf8_sg;
             if (mt_launch(fn, dim3(R / 64 * cs, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
                 return -1;
-            return gateup; /* (an FP8 gate / up: its grid lets the next start only at its end) */
+            return gateup ? (rin ? 3 : 1) : 0; /* (an FP8 gate / up: its grid lets the next start only at its end) */
         }
     }
+    if (ri && gateup && dsv4_cuda_moe_route(ri->logits, T, ri->E, K, ri->bias, ri->tid2eid, ri->tokens, ri->route_scale, ri->sid,
+                                            ri->sel, ri->weight, p, st))
+        return -1;
     /* pf: the FP4 prefill on moe_pf2_kernel (the register kernel with DSV4_MOE_PF=0 or the comparison modes) */
     const size_t mp_smem = (size_t)MP2_DEPTH * (fmt == DSV4_WF_NVFP4 ? mp_fmt<DSV4_WF_NVFP4>::STAGE : mp_fmt<DSV4_WF_MXFP4>::STAGE);
     const int pf = pq && (fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4) && S <= 2 && mp_off != 1 &&

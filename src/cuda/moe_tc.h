@@ -41,9 +41,12 @@ double dsv4_moe_tc_mma_rate(int na, int blocks_per_sm);
 /* one of the two launches (gate / up with the SwiGLU, then down) of the grouped experts on tensor cores: -1 on an error,
  * else 1 when gate / up ran on the FP8 kernel (moe_f8.cuh), whose grid lets the next one start only at its end; pass
  * that as pre to the down projection's call (its first weight copies then go before its grid wait) */
+/* ri (a pass of one token): route inside the FP8 kernels (moe_f8.cuh's mf8_route_in) where they run, and then return
+ * 3 for gate / up (pass ri and pre = 3 to the down projection's call); where they do not, gate / up routes first with
+ * dsv4_cuda_moe_route (the same plan) and runs as without ri. */
 int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, const dsv4_cuda_weight *WB, int R, int C, int E,
                     const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim, float *out,
-                    float *scratch, int pre, cudaStream_t st);
+                    float *scratch, int pre, const dsv4_cuda_moe_route_args *ri, cudaStream_t st);
 
 /* The routed experts of a prefill pass on BF16 tensor cores (moe_bf16.cuh: exact products, fp32 sums over all the
  * columns; not the decode kernels' bits, so never for a decode step): MXFP4 experts with the FP8 act quant, D and I

@@ -630,6 +630,56 @@ static void mx_batch_free(mx_batch *b) {
     free(b->sel), free(b->sid), free(b->w), free(b->x);
 }
 
+/* dsv4_cuda_moe_experts_routed with the route inside the FP8 kernels (DSV4_MOE_ROUTE_IN) against the router's kernel
+ * then the experts (the same call with it off), one token: the plan, the picks and weights, h and y, bitwise; fails
+ * unless the fused form ran. hash: tid2eid routing (repeated picks possible); idle: the token's sid -1 (no expert). */
+void test_moe_route_in(int E, int K, int D, int I, int hash, int idle) {
+    const float lim = 10.0f, rsc = 2.5f;
+    const int V = 100;
+    mx_set ms = mx_set_new(DSV4_WF_MXFP4, E, D, I, 0);
+    float *lg = randn(E, 2.0f), *bias = randn(E, 0.1f), *x = randn(D, 1.0f);
+    int tok = (int)(rnd_u32() % V), sid = idle ? -1 : 0, *tid2eid = malloc(sizeof(int) * (size_t)V * K);
+    for (int i = 0; i < V * K; i++) tid2eid[i] = (int)(rnd_u32() % (uint32_t)(K + 2)) * (E / (K + 2)); /* repeats */
+    float *dlg = dup_to_dev(lg, sizeof(float) * E), *db = dup_to_dev(bias, sizeof(float) * E), *dx = dup_to_dev(x, sizeof(float) * D);
+    int *dtok = dup_to_dev(&tok, sizeof(int)), *dsid = dup_to_dev(&sid, sizeof(int)), *dt2e = dup_to_dev(tid2eid, sizeof(int) * (size_t)V * K);
+    int *ds[2];
+    float *dw[2], *dh[2], *dy[2], *hh[2], *yh[2], *vp[2];
+    dsv4_cuda_moe_plan dp[2];
+    size_t n = 0;
+    dsv4_cuda_moe_experts_path(DSV4_MOE_TC_F8);
+    const int taken0 = dsv4_cuda_moe_route_in_taken();
+    for (int i = 0; i < 2; i++) {
+        ds[i] = dsv4_cuda_alloc(sizeof(int) * K), dw[i] = dsv4_cuda_alloc(sizeof(float) * K), dp[i] = dplan_new(1, K, E);
+        dh[i] = dsv4_cuda_alloc(sizeof(float) * (size_t)K * I), dy[i] = dsv4_cuda_alloc(sizeof(float) * (size_t)K * D);
+        op_ok(dsv4_cuda_memset(dh[i], 0, sizeof(float) * (size_t)K * I, NULL), "memset");
+        op_ok(dsv4_cuda_memset(dy[i], 0, sizeof(float) * (size_t)K * D, NULL), "memset");
+        const dsv4_cuda_moe_route_args ra = {dlg, hash ? NULL : db, hash ? dt2e : NULL, dtok, dsid, rsc, E, ds[i], dw[i]};
+        dsv4_cuda_moe_route_in_force(i);
+        op_ok(dsv4_cuda_moe_experts_routed(&ms.ex, dx, 1, K, &ra, &dp[i], lim, dh[i], dy[i], NULL), "moe_experts_routed");
+        sync_ok();
+        vp[i] = plan_vec(&dp[i], ds[i], dw[i], 1, K, E, &n);
+        hh[i] = malloc(sizeof(float) * (size_t)K * I), yh[i] = malloc(sizeof(float) * (size_t)K * D);
+        from_dev(hh[i], dh[i], sizeof(float) * (size_t)K * I), from_dev(yh[i], dy[i], sizeof(float) * (size_t)K * D);
+    }
+    dsv4_cuda_moe_route_in_force(-1);
+    dsv4_cuda_moe_experts_path(0);
+    const int taken = dsv4_cuda_moe_route_in_taken() - taken0;
+    char name[160];
+    snprintf(name, sizeof name, "moe route inside the FP8 experts%s%s E=%d K=%d D=%d I=%d: plan, picks (%d active), h, y bitwise the "
+             "router's kernel's (fused launches %d)", hash ? " hash" : "", idle ? " idle" : "", E, K, D, I, (int)vp[0][0], taken);
+    check(name, vp[1], vp[0], n, 0, 0);
+    check(name, hh[1], hh[0], (size_t)K * I, 0, 0);
+    check(name, yh[1], yh[0], (size_t)K * D, 0, 0);
+    if (taken != 1) check("moe route inside the FP8 experts: the fused form ran", (const float[]){(float)taken}, (const float[]){1.0f}, 1, 0, 0);
+    for (int i = 0; i < 2; i++) {
+        dsv4_cuda_free(ds[i]), dsv4_cuda_free(dw[i]), dplan_free(&dp[i]), dsv4_cuda_free(dh[i]), dsv4_cuda_free(dy[i]);
+        free(vp[i]), free(hh[i]), free(yh[i]);
+    }
+    dsv4_cuda_free(dlg), dsv4_cuda_free(db), dsv4_cuda_free(dx), dsv4_cuda_free(dtok), dsv4_cuda_free(dsid), dsv4_cuda_free(dt2e);
+    free(lg), free(bias), free(x), free(tid2eid);
+    mx_set_free(&ms);
+}
+
 /* The FP8 decode path (DSV4_MOE_TC_F8, moe_f8.cuh: wgmma e4m3, not the f16 kernels' bits) against the CPU backend, one
  * matrix at a time: h (gate / up, SwiGLU, routing weight) against dsv4_cpu_linear of the same x, and each slot's down
  * projection y against dsv4_cpu_linear of the FP8 path's own h (both act-quantize the same fp32 values to the same codes,

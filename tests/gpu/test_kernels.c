@@ -409,6 +409,11 @@ moe_checks:
     test_moe_invariant("pq", DSV4_WF_FP8, 1, 200, 6, 16, 512, 512);
     /* the FP8 experts path (opt in: other numerics): 8-, 16- and 32-token chunks, x quantized by the blocks or once */
     test_moe_f8(1, 6, 32, 4096, 2048);
+    /* the router inside them (one token; DSV4_MOE_ROUTE_IN) */
+    test_moe_route_in(64, 6, 4096, 2048, 0, 0);
+    test_moe_route_in(64, 6, 4096, 2048, 1, 0);
+    test_moe_route_in(64, 6, 4096, 2048, 0, 1);
+    test_moe_route_in(37, 5, 1024, 512, 0, 0);
     test_moe_f8(8, 6, 16, 4096, 2048);
     test_moe_f8(40, 6, 16, 1024, 512);
     test_moe_f8(2, 6, 8, 7168, 3072); /* Pro's widths */
