@@ -1543,6 +1543,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
     int gx = (NRP + RT - 1) / RT; /* decode: one tile pair per warp */
     if (pq) gx = (gx + 3) / 4;    /* prefill: four in a row per warp (fewer block starts) */
     mt_params prm;
+    memset(&prm, 0, sizeof prm); /* (the fields these kernels do not read too: mt_stage_items reads rin) */
     prm.WA = WA, prm.WB = WB, prm.x = x, prm.xq = NULL, prm.xq_ld = 0, prm.p = *p, prm.lim = lim, prm.out = out;
     prm.R = R, prm.C = C, prm.NU = NU, prm.S = S, prm.RT = RT, prm.NRP = NRP, prm.W = W, prm.ntok = ntok;
     prm.tok = W * 128 + pad, prm.gx = gx, prm.iters = (NRP + gx * RT - 1) / (gx * RT);
