@@ -109,7 +109,7 @@ static inline int mf8_slices(int R, int NU) {
 }
 
 /* Route-in (P.rin, a pass of one token): warp 0 routes the token as moe_route_group_kernel does (router_reg_warp: the same
- * picks and weights) into scr (1,416 bytes of shared memory, free until the block's staging and copies start), and the
+ * picks and weights) into scr (1,540 bytes of shared memory, free until the block's staging and copies start), and the
  * plan moe_group_block makes of one token's picks follows from them: the distinct valid picks (an expert in range, a
  * repeated one at its first pick, none when the token is idle) in increasing expert id are the active experts, slot a
  * the a-th of them with one row (token 0) and its pick's weight, tslot 0 .. nact - 1 then -1. Block (0, 0) of gate /
@@ -176,7 +176,10 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     int ex = 0, off = ia, cnt = 1;
     float rwv = 0.0f; /* route-in: this slot's routing weight */
     if (!XR && P.rin) { /* (before the staging and the copies: the plan's values from the router's logits) */
-        if (ia >= mf8_route_in(P, ia, GATEUP && blockIdx.x == 0 && ia == 0, mt_sm, ex, rwv)) return;
+        if (ia >= mf8_route_in(P, ia, GATEUP && blockIdx.x == 0 && ia == 0, mt_sm, ex, rwv)) {
+            if (PRE) dev_pdl_wait(); /* (the grid ends after gate / up's, whose block (0, 0) wrote the plan) */
+            return;
+        }
     } else {
         if (ia >= *P.p.nact) return;
         ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
