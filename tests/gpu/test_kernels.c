@@ -410,10 +410,11 @@ moe_checks:
     /* the FP8 experts path (opt in: other numerics): 8-, 16- and 32-token chunks, x quantized by the blocks or once */
     test_moe_f8(1, 6, 32, 4096, 2048);
     /* the router inside them (one token; DSV4_MOE_ROUTE_IN) */
-    test_moe_route_in(64, 6, 4096, 2048, 0, 0);
-    test_moe_route_in(64, 6, 4096, 2048, 1, 0);
-    test_moe_route_in(64, 6, 4096, 2048, 0, 1);
-    test_moe_route_in(37, 5, 1024, 512, 0, 0);
+    test_moe_route_in(64, 6, 4096, 2048, 0, 0, 1);
+    test_moe_route_in(64, 6, 4096, 2048, 1, 0, 1);
+    test_moe_route_in(64, 6, 4096, 2048, 0, 1, 1);
+    test_moe_route_in(37, 5, 1024, 512, 0, 0, 0); /* (4 slices: x quantized per row, so the router's kernel first) */
+    test_moe_route_in(40, 8, 1024, 2048, 0, 0, 1); /* (down in 4 slices, x staged by its blocks) */
     test_moe_f8(8, 6, 16, 4096, 2048);
     test_moe_f8(40, 6, 16, 1024, 512);
     test_moe_f8(2, 6, 8, 7168, 3072); /* Pro's widths */
