@@ -299,8 +299,8 @@ void dsv4_cuda_moe_pfb_force(int prod, int xtok);
  * _ST_DN, _CSPLIT, _SG). Every form gives the same bits. */
 void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg);
 /* The same experts' down projection on two 64-row tiles a warpgroup (moe_f8.cuh's GATEUP 2) where it applies (x quantized
- * per row, 8-token chunks, rows a multiple of 128): 1 on, 0 off, -1 the environment's (DSV4_MOE_F8_D2, 0 unless set until
- * measured); _count: the launches that took it so far (tests). The same bits. */
+ * per row, 8-token chunks, rows a multiple of 128): 1 on, 0 off, -1 the environment's (DSV4_MOE_F8_D2, 1 unless set to 0:
+ * the default since session 43); _count: the launches that took it so far (tests). The same bits. */
 void dsv4_cuda_moe_f8_d2(int on);
 int dsv4_cuda_moe_f8_d2_count(void);
 /* NVFP4 experts with the FP8 act quant (NVIDIA's checkpoints of the DeepSeek recipe) on the BF16 prefill kernels too: 1 on,

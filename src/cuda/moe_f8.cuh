@@ -120,7 +120,7 @@ template <int GATEUP, int NT, int SL, int XR, int GP, int ST>
 __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(const __grid_constant__ mt_params P) {
     /* GATEUP 2: the down projection on two 64-row tiles a warpgroup (rows 128 b .. 128 b + 63 and the next 64 as the two
      * matrices: one x stage and one unit's waits, descriptors and copies' addressing for twice the weights; each row's
-     * operations are the 64-row form's, so the same bits; DSV4_MOE_F8_D2) */
+     * operations are the 64-row form's, so the same bits; the default where it applies, DSV4_MOE_F8_D2=0 turns it off) */
     constexpr bool GU = GATEUP == 1, D2 = GATEUP == 2;
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = ST;
     static_assert(!D2 || XR, "two row tiles: x quantized per row");

@@ -1336,9 +1336,10 @@ static int mf8_st_gu = -1, mf8_st_dn = -1;
  * (-1, the default: 2) */
 static int mf8_csplit = -1, mf8_csplit_dn = -1; /* (DSV4_MOE_F8_CSPLIT_DN: the down projection's, -1: 2) */
 static int mf8_sg = 1; /* DSV4_MOE_F8_SG=0: the scale words a unit at a time in every variant (measurements) */
-/* DSV4_MOE_F8_D2=1: with x quantized per row and 8-token chunks, the down projection on two 64-row tiles a warpgroup
- * (moe_f8.cuh's GATEUP 2, a 4-unit ring); 0: one tile; mf8_d2_force: tests */
-static int mf8_d2 = 0, mf8_d2_force = -1, mf8_d2_n;
+/* DSV4_MOE_F8_D2=0: with x quantized per row and 8-token chunks, the down projection on one 64-row tile a warpgroup
+ * instead of two (moe_f8.cuh's GATEUP 2, a 4-unit ring: the default since session 43, batch 256 0.976x, 64 0.987x on an
+ * H100); mf8_d2_force: tests */
+static int mf8_d2 = 1, mf8_d2_force = -1, mf8_d2_n;
 static void mf8_env(void) {
     mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0);
     mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
@@ -1346,7 +1347,7 @@ static void mf8_env(void) {
     mf8_st_dn = dsv4_env_int("DSV4_MOE_F8_ST_DN", -1), mf8_csplit = dsv4_env_int("DSV4_MOE_F8_CSPLIT", -1);
     mf8_csplit_dn = dsv4_env_int("DSV4_MOE_F8_CSPLIT_DN", mf8_csplit);
     mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0;
-    mf8_d2 = dsv4_env_int("DSV4_MOE_F8_D2", 0) != 0;
+    mf8_d2 = dsv4_env_int("DSV4_MOE_F8_D2", 1) != 0;
 }
 extern "C" void dsv4_cuda_moe_f8_d2(int on) { mf8_d2_force = on == 0 || on == 1 ? on : -1; }
 extern "C" int dsv4_cuda_moe_f8_d2_count(void) { return mf8_d2_n; }
