@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     const int scs_off = SL * S * XST + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + warp * NSL * SCG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
     const int r0 = rt * (D2 ? 128 : 64) + (warp & 3) * 16; /* the warp's first row (D2: of matrix 0; matrix 1's + 64) */
-    const int64_t mrow = D2 ? 64 : 0;                        /* matrix 1's rows past matrix 0's (D2) */
+    constexpr int mrow = D2 ? 64 : 0;                        /* matrix 1's rows past matrix 0's (D2) */
 
     /* this lane's copies: 16 bytes of row r0 + g + 8h of matrix m (group c of the unit), the scale word of row l & 15 of
      * matrix l >> 4 */
