@@ -695,6 +695,7 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
     if (hq) {
         static const int form[3][4] = {{4, 4, 1, 0}, {5, 6, 3, 1}, {6, 8, 4, 0}};
         float *y2 = malloc(sizeof(float) * (size_t)ns * D);
+        dsv4_cuda_moe_f8_d2(0); /* (the down projection's ring depths: its one-tile form) */
         for (int f = 0; f < 3; f++) {
             dsv4_cuda_moe_f8_force(form[f][0], form[f][1], form[f][2], form[f][3]);
             op_ok(dsv4_cuda_fill(dy, (int64_t)ns * D, 0.0f, NULL), "fill");
@@ -707,6 +708,35 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
                    "words %s: y %s%s\n",
                    nd ? "FAIL" : "ok", T, K, E, form[f][0], form[f][1], form[f][2], form[f][3] ? "4 units at a time" : "a unit at a time",
                    nd ? "differs" : "bitwise the default's", nd ? " <<<" : "");
+        }
+        dsv4_cuda_moe_f8_force(-2, 0, 0, 0);
+        dsv4_cuda_moe_f8_d2(-1);
+        /* the down projection on two row tiles a warpgroup (the default) against one, chunks split or not, scale words
+         * either way: y bitwise the one-tile form's and the default's, taken where the shape allows it (8-token chunks) */
+        static const int dform[3][2] = {{-1, 1}, {1, 0}, {3, 1}};
+        for (int f = 0; f < 3; f++) {
+            dsv4_cuda_moe_f8_force(-1, -1, dform[f][0], dform[f][1]);
+            dsv4_cuda_moe_f8_d2(0);
+            op_ok(dsv4_cuda_fill(dy, (int64_t)ns * D, 0.0f, NULL), "fill");
+            op_ok(dsv4_cuda_moe_experts(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts (one row tile)");
+            sync_ok();
+            from_dev(y2, dy, sizeof(float) * (size_t)ns * D);
+            int nd = memcmp(y2, yg, sizeof(float) * (size_t)ns * D) != 0;
+            dsv4_cuda_moe_f8_d2(1);
+            const int n0 = dsv4_cuda_moe_f8_d2_count();
+            op_ok(dsv4_cuda_fill(dy, (int64_t)ns * D, 0.0f, NULL), "fill");
+            op_ok(dsv4_cuda_moe_experts(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts (two row tiles)");
+            sync_ok();
+            const int nx = dsv4_cuda_moe_f8_d2_count() - n0, want = T * K * 8 / E > 64 || D % 128 ? 0 : 1;
+            dsv4_cuda_moe_f8_d2(-1);
+            from_dev(y2, dy, sizeof(float) * (size_t)ns * D);
+            nd |= memcmp(y2, yg, sizeof(float) * (size_t)ns * D) != 0;
+            g_checks++, g_fail += nd || nx != want;
+            printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: down on one and on two row tiles (two: %d launch, %d expected), "
+                   "chunks over %s blocks, scale words %s: y %s%s\n",
+                   nd || nx != want ? "FAIL" : "ok", T, K, E, nx, want, dform[f][0] < 0 ? "the default's" : dform[f][0] == 1 ? "1" : "3",
+                   dform[f][1] ? "4 units at a time" : "a unit at a time", nd ? "differs" : "bitwise the same (and the default's)",
+                   nd || nx != want ? " <<<" : "");
         }
         dsv4_cuda_moe_f8_force(-2, 0, 0, 0);
         free(y2);
