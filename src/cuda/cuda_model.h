@@ -298,6 +298,11 @@ void dsv4_cuda_moe_pfb_force(int prod, int xtok);
  * (sg 1) or a unit at a time (0); -1: the default of each; st_gu -2: back to the environment's (DSV4_MOE_F8_ST_GU,
  * _ST_DN, _CSPLIT, _SG). Every form gives the same bits. */
 void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg);
+/* The same experts with x copied a warpgroup's slice a chunk (moe_f8.cuh's XR 2) where it applies: 1 on, 0 off, -1 the
+ * environment's (DSV4_MOE_F8_XUP, 0 unless set until measured); _count: the launches that took it so far (tests). The
+ * same bits. */
+void dsv4_cuda_moe_f8_xup(int on);
+int dsv4_cuda_moe_f8_xup_count(void);
 /* NVFP4 experts with the FP8 act quant (NVIDIA's checkpoints of the DeepSeek recipe) on the BF16 prefill kernels too: 1 on,
  * 0 off (the f16 kernels), -1 the default (DSV4_MOE_PFB_NVFP4, 0 unless set until its tests have run on a GPU). */
 void dsv4_cuda_moe_pfb_nvfp4(int on);

@@ -8,7 +8,9 @@
  * 16 w + 15 of the tile as the A operand of wgmma m64nNk32 e4m3 (registers), one k32 step per 32-column MXFP4 group: the
  * group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 to 64 tokens are B
  * (shared memory, K-major core matrices): act-quantized by each warpgroup for its slice at the chunk's start (XR 0), or
- * quantized once per row by moe_quant_kernel and copied unit by unit through a ring (XR 1); the same codes and
+ * quantized once per row by moe_quant_kernel and copied unit by unit through a ring (XR 1), or those codes copied for the
+ * warpgroup's whole slice at the chunk's start (XR 2, 8-token chunks: no x copies, proxy fence or warpgroup barrier a
+ * unit, only at a chunk's start; DSV4_MOE_F8_XUP); the same codes and
  * power-of-two scales as the f16 kernels' (mt_quant<1>). Per group: D = A B (fresh), then u += D x 2^(e - 121) (e: the
  * row's E8M0 group scale, times the 2^6 the codes carry); per 128-column unit: acc += u x sx (the token's act-quant scale
  * of the unit); per chunk the slices' acc added in a fixed order. Each output's operations depend on the shape only, not
@@ -96,7 +98,7 @@ __host__ __device__ constexpr size_t mf8_xbytes(int NT, int NU, int X1) {
  * ST + 2); XR 0 (x staged up front, decode of 1-15 tokens: two blocks an SM must fit) keeps a word a unit in the stage */
 __host__ __device__ constexpr int mf8_nslot(int ST) { return (ST + 2) / 4 + 1; }
 static inline size_t mf8_smem(int NT, int NU, int nm, int SL, int XR, int X1, int ST = MF8_STAGES) {
-    const size_t x = XR ? (size_t)SL * ST * mf8_xstage(NT) : mf8_xbytes(NT, NU, X1);
+    const size_t x = XR == 1 ? (size_t)SL * ST * mf8_xstage(NT) : mf8_xbytes(NT, NU, XR ? 0 : X1);
     return x + (size_t)(SL - 1) * nm * NT * 4 * 128 * 4 + (size_t)4 * SL * ST * mf8_stage_bytes(nm) +
            (XR && NT == 1 ? (size_t)4 * SL * mf8_nslot(ST) * nm * 256 : 0);
 }
@@ -114,12 +116,17 @@ static inline int mf8_slices(int R, int NU) {
  * at the chunk's start (decode, fewer than MF8_RQ_T tokens: no quant launch; P.x1, a pass of one token: the token's
  * row alone, each B operand's K halves 16 bytes apart, so that its padding columns read the row's next bytes); XR 1: x
  * from P.xq (moe_quant_kernel), unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a
- * named barrier a unit). GP: groups whose wgmmas are in flight together (1, 2, 4), promoted in order as they finish.
+ * named barrier a unit); XR 2: x from P.xq too, the warpgroup's slice of a chunk copied at the chunk's start into XR 0's
+ * layout (the first chunk's before the weights' first copies, so that unit 0's wait covers it), then a unit needs only
+ * its weights: each warp's ring is its own (a __syncwarp after the wait). GP: groups whose wgmmas are in flight together
+ * (1, 2, 4), promoted in order as they finish.
  * Every variant gives every output the same operations in the same order: the same bits whatever NT, XR and GP. */
 template <int GATEUP, int NT, int SL, int XR, int GP, int ST>
 __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(const __grid_constant__ mt_params P) {
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = ST;
     static_assert(XR || NT == 1, "up-front staging: 8-token chunks");
+    static_assert(XR != 2 || NT == 1, "x copied a slice at a time: 8-token chunks");
+    constexpr bool XG = XR == 1, XU = XR == 2; /* x through the ring; x copied a slice a chunk */
     extern __shared__ __align__(16) unsigned char mt_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, wg = warp >> 2, tw = threadIdx.x & 127;
     const int NU = P.NU, R = P.R, C = P.C, NUS = NU / SL, ub = wg * NUS;
@@ -142,15 +149,15 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     if (cp >= ncha) return;
     const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
     const int64_t rowq = C / 32; /* 16-byte chunks a row */
-    const size_t xbytes = XR ? (size_t)SL * S * XST : mf8_xbytes(NT, NU, X1);
-    unsigned char *xs = mt_sm + (XR ? (size_t)wg * S * XST : 0);                        /* XR: this warpgroup's x ring */
-    float *sxs = (float *)(mt_sm + mf8_xcodes(NT, NU, X1)); /* XR 0 */
+    const size_t xbytes = XG ? (size_t)SL * S * XST : mf8_xbytes(NT, NU, X1);
+    unsigned char *xs = mt_sm + (XG ? (size_t)wg * S * XST : 0);                        /* XR 1: this warpgroup's x ring */
+    float *sxs = (float *)(mt_sm + mf8_xcodes(NT, NU, X1)); /* XR 0, 2 */
     float *red = (float *)(mt_sm + xbytes);                      /* [SL - 1][NM][NT][4][128] */
     unsigned char *ring = (unsigned char *)(red + (SL - 1) * NM * NT * 4 * 128) + (size_t)warp * S * STG;
     /* scale groups (SG: x quantized per row, 8-token chunks): slots, bytes of one ([m][row][16 bytes]), this warp's offset */
     constexpr bool SG = XR && NT == 1;
     constexpr int NSL = SG ? mf8_nslot(S) : 1, SCG = NM * 256;
-    const int scs_off = SL * S * XST + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + warp * NSL * SCG;
+    const int scs_off = (int)xbytes + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + warp * NSL * SCG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
     const int r0 = rt * 64 + (warp & 3) * 16; /* the warp's first row */
 
@@ -190,7 +197,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
                 else if ((i & 3) == 0)
                     mt_cp16s((unsigned)__cvta_generic_to_shared(mt_sm) + (unsigned)(scs_off + ((i >> 2) % NSL) * SCG + lane * 16), sp + u * 4);
             }
-            if (XR) {
+            if (XG) {
                 const int ch = cp + CS * ich;
                 if (ch != xchunk) { /* the rows of chunk ch's tokens this thread copies (past the expert's count: none) */
                     xchunk = ch;
@@ -236,7 +243,30 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
         });
     };
 
+    /* XR 2: chunk ch's x codes and unit scales in this warpgroup's units, copied from P.xq (one commit group): the
+     * warpgroup's thread tw copies pieces tw, tw + 128, ... of the slice's [unit][token][piece 8] 16-byte pieces (piece p:
+     * group p >> 1, row half p & 1) and words tw, tw + 128, ... of its [token][unit] scales; tokens past the chunk's end
+     * not at all (their columns of D are never stored) */
+    auto stage_q = [&](int ch) {
+        const int c0 = ch * 8 * NT, nt = cnt - c0 < 8 * NT ? cnt - c0 : 8 * NT;
+        for (int k = tw; k < NUS * 64; k += 128) {
+            const int uu = k >> 6, t = (k >> 3) & 7, pc = k & 7;
+            if (t < nt) {
+                const uint8_t *row = P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld;
+                mt_cp16s(xsa + (unsigned)((ub + uu) * 4 * NT * 256 + ((pc >> 1) * 2 + (pc & 1)) * 128 + t * 16), row + (ub + uu) * 128 + pc * 16);
+            }
+        }
+        for (int k = tw; k < NUS * 8; k += 128) {
+            const int t = k / NUS, uu = k - t * NUS;
+            if (t < nt) {
+                const uint8_t *row = P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld;
+                mt_cps<4>((unsigned)__cvta_generic_to_shared(sxs + t * NU + ub + uu), row + C + (ub + uu) * 4);
+            }
+        }
+    };
+
     const int nch = (ncha - cp + CS - 1) / CS, n = nch * NUS; /* this block's chunks */
+    if (XU && n) stage_q(cp), dev_cp_commit(); /* the first chunk's x before the weights: unit 0's wait covers it */
 #pragma unroll
     for (int i = 0; i < S - 1; i++) issue(i, n);
     if (PRE) dev_pdl_wait();
@@ -259,12 +289,18 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
                 wg_fence_proxy();
                 mf8_wg_sync<SL>(wg);
             }
+            if (XU && ch) { /* (the first chunk's copies went before the ring's; unit i's wait below covers them) */
+                mf8_wg_sync<SL>(wg); /* the previous chunk's wgmmas are done (each waited) */
+                stage_q(cp + CS * ch);
+                dev_cp_commit();
+                dev_cp_wait<0>();
+            }
         }
         dev_cp_wait<S - 2>(); /* unit i's copies (this thread's) */
-        if (XR) { /* ... and the warpgroup's: its x */
+        if (XG || (XU && uu == 0)) { /* ... and the warpgroup's: its x (XR 2: the chunk's, at its start) */
             wg_fence_proxy();
             mf8_wg_sync<SL>(wg);
-        }
+        } else if (XU) __syncwarp(); /* the warp's ring: every lane's copies of unit i, every lane past unit i - 1's reads */
         /* into the stage read at i - 1 (XR: every thread of the warpgroup is past it, the barrier above) */
         issue(i + S - 1, n);
         const unsigned char *st = ring + (i % S) * STG;
@@ -273,7 +309,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
         uint32_t sw[NM][2]; /* the rows' (g, g + 8) four group scales, read once a unit (the wgmmas' memory clobbers) */
 #pragma unroll
         for (int m = 0; m < NM; m++) sw[m][0] = scw[(m * 16 + g) * sst], sw[m][1] = scw[(m * 16 + 8 + g) * sst];
-        const unsigned xb = XR ? xsa + (unsigned)((i % S) * XST) : xsa + (unsigned)(u * (X1 ? 128 : 4 * NT * 256));
+        const unsigned xb = XG ? xsa + (unsigned)((i % S) * XST) : xsa + (unsigned)(u * (X1 ? 128 : 4 * NT * 256));
         /* the rows' group scales 2^(e - 127) times the 2^6 of the re-packed codes: biased exponent e + 6 (E8M0 codes
          * above 248, scales past 2^121, would overflow: not in any checkpoint's range); D of group G into ua */
         auto promote = [&](int G, float (&d)[NM][NT][4]) {
@@ -337,11 +373,11 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
                     for (int k = 0; k < 4; k++) wg_keep(a[j][m][k]);
         }
         /* the unit's sums times the tokens' act-quant scales */
-        const float *sxu = XR ? (const float *)(xs + (i % S) * XST + NT * 1024) : NULL;
+        const float *sxu = XG ? (const float *)(xs + (i % S) * XST + NT * 1024) : NULL;
 #pragma unroll
         for (int q = 0; q < NT; q++) {
             const int t0 = 8 * q + 2 * c;
-            const float s0 = XR ? sxu[t0] : sxs[(X1 ? 0 : t0) * NU + u], s1 = XR ? sxu[t0 + 1] : sxs[(X1 ? 0 : t0 + 1) * NU + u];
+            const float s0 = XG ? sxu[t0] : sxs[(X1 ? 0 : t0) * NU + u], s1 = XG ? sxu[t0 + 1] : sxs[(X1 ? 0 : t0 + 1) * NU + u];
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 acc[m][q][0] = fmaf(ua[m][q][0], s0, acc[m][q][0]), acc[m][q][1] = fmaf(ua[m][q][1], s1, acc[m][q][1]);

@@ -1336,6 +1336,9 @@ static int mf8_st_gu = -1, mf8_st_dn = -1;
  * (-1, the default: 2) */
 static int mf8_csplit = -1, mf8_csplit_dn = -1; /* (DSV4_MOE_F8_CSPLIT_DN: the down projection's, -1: 2) */
 static int mf8_sg = 1; /* DSV4_MOE_F8_SG=0: the scale words a unit at a time in every variant (measurements) */
+/* DSV4_MOE_F8_XUP=1: with x quantized per row and 8-token chunks at the default ring depths, x copied a warpgroup's slice
+ * a chunk (moe_f8.cuh's XR 2) where that keeps the blocks an SM; 0: through the x ring; mf8_xup_force: tests */
+static int mf8_xup = 0, mf8_xup_force = -1;
 static void mf8_env(void) {
     mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0);
     mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
@@ -1343,7 +1346,11 @@ static void mf8_env(void) {
     mf8_st_dn = dsv4_env_int("DSV4_MOE_F8_ST_DN", -1), mf8_csplit = dsv4_env_int("DSV4_MOE_F8_CSPLIT", -1);
     mf8_csplit_dn = dsv4_env_int("DSV4_MOE_F8_CSPLIT_DN", mf8_csplit);
     mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0;
+    mf8_xup = dsv4_env_int("DSV4_MOE_F8_XUP", 0) != 0;
 }
+extern "C" void dsv4_cuda_moe_f8_xup(int on) { mf8_xup_force = on == 0 || on == 1 ? on : -1; }
+static int mf8_xup_n;
+extern "C" int dsv4_cuda_moe_f8_xup_count(void) { return mf8_xup_n; }
 extern "C" void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg) {
     mf8_env();
     if (st_gu == -2) return; /* the environment's (or the defaults) */
@@ -1360,6 +1367,7 @@ template <int GATEUP, int XR> static mt_fn mf8_pick_st(int sl, int st) {
 /* groups in flight: 4 (8-, 16-token chunks), 2 (32: the registers); pipe 0: 1 */
 template <int GATEUP> static mt_fn mf8_pick(int nt, int sl, int xr, int pipe, int st) {
     if (!xr) return pipe ? mf8_pick_st<GATEUP, 0>(sl, st) : mf8_pick_s<GATEUP, 1, 0, 1>(sl);
+    if (xr == 2) return mf8_pick_s<GATEUP, 1, 2, 4, GATEUP ? MF8_STAGES : 8>(sl); /* (nt 1, pipe, the default depth) */
     if (nt == 8) return mf8_pick_s<GATEUP, 8, 1, 1>(sl); /* (one group at a time: the registers) */
     if (nt == 4) return pipe ? mf8_pick_s<GATEUP, 4, 1, 2>(sl) : mf8_pick_s<GATEUP, 4, 1, 1>(sl);
     if (nt == 2) return pipe ? mf8_pick_s<GATEUP, 2, 1, 4>(sl) : mf8_pick_s<GATEUP, 2, 1, 1>(sl);
@@ -1464,6 +1472,20 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep);
         const int csv = gateup ? mf8_csplit : mf8_csplit_dn;
         const int cs = !xr || nt != 1 ? 1 : csv < 0 ? 2 : csv >= 2 && csv <= 4 ? csv : 1;
+        /* XR 2 (x a slice a chunk) where it applies and an SM holds as many blocks as with the x ring */
+        int xrk = xr;
+        if (xr && nt == 1 && mf8_gp && dep == (gateup ? MF8_STAGES : 8) && (mf8_xup_force >= 0 ? mf8_xup_force : mf8_xup)) {
+            if (!mt_sm_smem) {
+                int v = 0, dev = 0;
+                cudaGetDevice(&dev);
+                if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess || v <= 0) cudaGetLastError(), v = 228 * 1024;
+                mt_sm_smem = v;
+            }
+            const size_t fu = mf8_smem(1, NU, gateup ? 2 : 1, sl, 2, 0, dep);
+            if (fu <= (size_t)dsv4_cuda_dev.smem_optin && (size_t)mt_sm_smem / (fu + 1024) >= (size_t)mt_sm_smem / (fs + 1024)) xrk = 2;
+        }
+        mf8_xup_n += xrk == 2;
+        const size_t fsk = xrk == 2 ? mf8_smem(1, NU, gateup ? 2 : 1, sl, 2, 0, dep) : fs;
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
             mt_params fp;
             memset(&fp, 0, sizeof fp);
@@ -1476,11 +1498,11 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                     return -1;
                 fp.xq = dst, fp.xq_ld = ld;
             }
-            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xr, mf8_gp, dep) : mf8_pick<0>(nt, sl, xr, mf8_gp, dep);
+            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xrk, mf8_gp, dep) : mf8_pick<0>(nt, sl, xrk, mf8_gp, dep);
             fp.pre = !gateup && pre;
             fp.csplit = cs;
             fp.sg = mf8_sg;
-            if (mt_launch(fn, dim3(R / 64 * cs, maxslots), 4 * sl, 1, fs, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
+            if (mt_launch(fn, dim3(R / 64 * cs, maxslots), 4 * sl, 1, fsk, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
                 return -1;
             return gateup; /* (an FP8 gate / up: its grid lets the next start only at its end) */
         }

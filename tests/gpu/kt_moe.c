@@ -709,6 +709,30 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
                    nd ? "differs" : "bitwise the default's", nd ? " <<<" : "");
         }
         dsv4_cuda_moe_f8_force(-2, 0, 0, 0);
+        /* x copied a warpgroup's slice a chunk (XR 2) under the default depths, with the chunks split or not and the
+         * scale words either way: the default's y, bitwise, and taken by both launches where the shape allows it */
+        static const int xform[3][2] = {{-1, 1}, {1, 0}, {3, 1}};
+        for (int f = 0; f < 3; f++) {
+            dsv4_cuda_moe_f8_force(-1, -1, xform[f][0], xform[f][1]);
+            dsv4_cuda_moe_f8_xup(1);
+            const int n0 = dsv4_cuda_moe_f8_xup_count();
+            op_ok(dsv4_cuda_fill(dy, (int64_t)ns * D, 0.0f, NULL), "fill");
+            op_ok(dsv4_cuda_moe_experts(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts (x a slice a chunk)");
+            sync_ok();
+            const int nx = dsv4_cuda_moe_f8_xup_count() - n0;
+            dsv4_cuda_moe_f8_xup(-1);
+            from_dev(y2, dy, sizeof(float) * (size_t)ns * D);
+            /* (8-token chunks: Flash's widths and smaller take it in both launches, Pro's in neither: blocks an SM) */
+            const int want = T * K * 8 / E > 64 ? 0 : D <= 4096 ? 2 : 0;
+            const int nd = memcmp(y2, yg, sizeof(float) * (size_t)ns * D) != 0 || nx != want;
+            g_checks++, g_fail += nd;
+            printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: x a slice a chunk (%d of 2 launches, %d expected), chunks over %s "
+                   "blocks, scale words %s: y %s%s\n",
+                   nd ? "FAIL" : "ok", T, K, E, nx, want, xform[f][0] < 0 ? "the default's" : xform[f][0] == 1 ? "1" : "3",
+                   xform[f][1] ? "4 units at a time" : "a unit at a time",
+                   memcmp(y2, yg, sizeof(float) * (size_t)ns * D) ? "differs" : "bitwise the default's", nd ? " <<<" : "");
+        }
+        dsv4_cuda_moe_f8_force(-2, 0, 0, 0);
         free(y2);
     }
     /* batch invariance on the FP8 path */
