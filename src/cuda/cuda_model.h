@@ -303,6 +303,11 @@ void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg);
  * same bits. */
 void dsv4_cuda_moe_f8_xup(int on);
 int dsv4_cuda_moe_f8_xup_count(void);
+/* The same experts' down projection on two 64-row tiles a warpgroup (moe_f8.cuh's GATEUP 2) where it applies (x quantized
+ * per row, 8-token chunks, rows a multiple of 128): 1 on, 0 off, -1 the environment's (DSV4_MOE_F8_D2, 0 unless set until
+ * measured); _count: the launches that took it so far (tests). The same bits. */
+void dsv4_cuda_moe_f8_d2(int on);
+int dsv4_cuda_moe_f8_d2_count(void);
 /* NVFP4 experts with the FP8 act quant (NVIDIA's checkpoints of the DeepSeek recipe) on the BF16 prefill kernels too: 1 on,
  * 0 off (the f16 kernels), -1 the default (DSV4_MOE_PFB_NVFP4, 0 unless set until its tests have run on a GPU). */
 void dsv4_cuda_moe_pfb_nvfp4(int on);

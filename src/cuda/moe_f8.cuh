@@ -123,7 +123,12 @@ static inline int mf8_slices(int R, int NU) {
  * Every variant gives every output the same operations in the same order: the same bits whatever NT, XR and GP. */
 template <int GATEUP, int NT, int SL, int XR, int GP, int ST>
 __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(const __grid_constant__ mt_params P) {
+    /* GATEUP 2: the down projection on two 64-row tiles a warpgroup (rows 128 b .. 128 b + 63 and the next 64 as the two
+     * matrices: one x stage and one unit's waits, descriptors and copies' addressing for twice the weights; each row's
+     * operations are the 64-row form's, so the same bits; DSV4_MOE_F8_D2) */
+    constexpr bool GU = GATEUP == 1, D2 = GATEUP == 2;
     constexpr int NM = GATEUP ? 2 : 1, STG = (int)mf8_stage_bytes(GATEUP ? 2 : 1), XST = mf8_xstage(NT), S = ST;
+    static_assert(!D2 || XR, "two row tiles: x quantized per row");
     static_assert(XR || NT == 1, "up-front staging: 8-token chunks");
     static_assert(XR != 2 || NT == 1, "x copied a slice at a time: 8-token chunks");
     constexpr bool XG = XR == 1, XU = XR == 2; /* x through the ring; x copied a slice a chunk */
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     const int rt = XR && NT == 1 ? (int)blockIdx.x / CS : (int)blockIdx.x;
     const int ncha = (cnt + 8 * NT - 1) / (8 * NT);
     if (cp >= ncha) return;
-    const dsv4_cuda_weight w0 = P.WA[ex], w1 = GATEUP ? P.WB[ex] : w0;
+    const dsv4_cuda_weight w0 = P.WA[ex], w1 = GU ? P.WB[ex] : w0;
     const int64_t rowq = C / 32; /* 16-byte chunks a row */
     const size_t xbytes = XG ? (size_t)SL * S * XST : mf8_xbytes(NT, NU, X1);
     unsigned char *xs = mt_sm + (XG ? (size_t)wg * S * XST : 0);                        /* XR 1: this warpgroup's x ring */
@@ -159,7 +164,8 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     constexpr int NSL = SG ? mf8_nslot(S) : 1, SCG = NM * 256;
     const int scs_off = (int)xbytes + (SL - 1) * NM * NT * 4 * 128 * 4 + 4 * SL * S * STG + warp * NSL * SCG;
     const unsigned xsa = (unsigned)__cvta_generic_to_shared(xs), ring_sa = (unsigned)__cvta_generic_to_shared(ring);
-    const int r0 = rt * 64 + (warp & 3) * 16; /* the warp's first row */
+    const int r0 = rt * (D2 ? 128 : 64) + (warp & 3) * 16; /* the warp's first row (D2: of matrix 0; matrix 1's + 64) */
+    const int64_t mrow = D2 ? 64 : 0;                        /* matrix 1's rows past matrix 0's (D2) */
 
     /* this lane's copies: 16 bytes of row r0 + g + 8h of matrix m (group c of the unit), the scale word of row l & 15 of
      * matrix l >> 4 */
@@ -168,10 +174,10 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
     for (int m = 0; m < NM; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            wp[m][h] = (const unsigned char *)((const uint4 *)(m ? w1.data : w0.data) + ((m ? w1.row0 : w0.row0) + r0 + g + 8 * h) * rowq + c);
+            wp[m][h] = (const unsigned char *)((const uint4 *)(m ? w1.data : w0.data) + ((m ? w1.row0 + mrow : w0.row0) + r0 + g + 8 * h) * rowq + c);
     const int sm_ = lane >> 4, sr = lane & 15;
     const bool scl = sm_ < NM;
-    const uint8_t *sp = scl ? (sm_ ? w1.scale + (w1.row0 + r0 + sr) * w1.scale_stride : w0.scale + (w0.row0 + r0 + sr) * w0.scale_stride)
+    const uint8_t *sp = scl ? (sm_ ? w1.scale + (w1.row0 + mrow + r0 + sr) * w1.scale_stride : w0.scale + (w0.row0 + r0 + sr) * w0.scale_stride)
                             : w0.scale;
     const unsigned slot = (unsigned)(g * 4 + (c ^ (g >> 1))) * 16;
     /* the scale words 4 units at a time (16 bytes of a row: a quarter of the sectors of one word a unit) where every
@@ -205,10 +211,10 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
 #pragma unroll
                     for (int j = 0; j < XJ; j++) {
                         const int t = (tw >> 3) + 16 * j;
-                        xrow[j] = t < 8 * NT && c0 + t < cnt ? P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld : NULL;
+                        xrow[j] = t < 8 * NT && c0 + t < cnt ? P.xq + (int64_t)(GU ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld : NULL;
                     }
                     const int t = tw;
-                    srow = t < 8 * NT && c0 + t < cnt ? P.xq + (int64_t)(GATEUP ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld + C : NULL;
+                    srow = t < 8 * NT && c0 + t < cnt ? P.xq + (int64_t)(GU ? P.p.rows[off + c0 + t] : off + c0 + t) * P.xq_ld + C : NULL;
                 }
                 const unsigned xa = xsa + (unsigned)((i % S) * XST);
                 const int pc = tw & 7, q = pc >> 1, h = pc & 1;
@@ -228,7 +234,7 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
      * act-quantized: item (token, unit) a warp, MF8_SB items' loads in flight. Tokens past nt are not staged: column n
      * of D depends on B's column n only, and their outputs are not written. */
     auto stage = [&](int c0, int nt) {
-        mt_stage_items<MF8_SB, GATEUP>(P, off, c0, ub, NUS, nt * NUS, warp & 3, 4, lane, [&](int t, int uu, const float(&v)[4]) {
+        mt_stage_items<MF8_SB, GU>(P, off, c0, ub, NUS, nt * NUS, warp & 3, 4, lane, [&](int t, int uu, const float(&v)[4]) {
             const int u = ub + uu;
             uint16_t term[4][1];
             uint8_t code[4];
@@ -416,7 +422,8 @@ __global__ void __launch_bounds__(SL * 128, NT == 1 ? 4 / SL : 1) mf8_kernel(con
                 const int tk = 8 * q + 2 * c + (k & 1), r = r0 + g + 8 * (k >> 1);
                 if (!wg && tk < nt && r < R) {
                     const int64_t sl = off + c0 + tk;
-                    P.out[sl * R + r] = GATEUP ? mt_swiglu(acc[0][q][k], acc[NM - 1][q][k], P.lim, P.p.rw[sl]) : acc[0][q][k];
+                    P.out[sl * R + r] = GU ? mt_swiglu(acc[0][q][k], acc[NM - 1][q][k], P.lim, P.p.rw[sl]) : acc[0][q][k];
+                    if (D2) P.out[sl * R + r + 64] = acc[NM - 1][q][k];
                 }
 #pragma unroll
                 for (int m = 0; m < NM; m++) acc[m][q][k] = 0.0f;

@@ -1339,6 +1339,9 @@ static int mf8_sg = 1; /* DSV4_MOE_F8_SG=0: the scale words a unit at a time in 
 /* DSV4_MOE_F8_XUP=1: with x quantized per row and 8-token chunks at the default ring depths, x copied a warpgroup's slice
  * a chunk (moe_f8.cuh's XR 2) where that keeps the blocks an SM; 0: through the x ring; mf8_xup_force: tests */
 static int mf8_xup = 0, mf8_xup_force = -1;
+/* DSV4_MOE_F8_D2=1: with x quantized per row and 8-token chunks, the down projection on two 64-row tiles a warpgroup
+ * (moe_f8.cuh's GATEUP 2, a 4-unit ring); 0: one tile; mf8_d2_force: tests */
+static int mf8_d2 = 0, mf8_d2_force = -1, mf8_d2_n;
 static void mf8_env(void) {
     mf8_gp = dsv4_env_int("DSV4_MOE_F8_PIPE", 1) != 0, mf8_sl = dsv4_env_int("DSV4_MOE_F8_SL", 0);
     mf8_rq = dsv4_env_int("DSV4_MOE_F8_RQ", 1) != 0, mf8_ntmax = dsv4_env_int("DSV4_MOE_F8_NTMAX", 8);
@@ -1347,10 +1350,13 @@ static void mf8_env(void) {
     mf8_csplit_dn = dsv4_env_int("DSV4_MOE_F8_CSPLIT_DN", mf8_csplit);
     mf8_sg = dsv4_env_int("DSV4_MOE_F8_SG", 1) != 0;
     mf8_xup = dsv4_env_int("DSV4_MOE_F8_XUP", 0) != 0;
+    mf8_d2 = dsv4_env_int("DSV4_MOE_F8_D2", 0) != 0;
 }
 extern "C" void dsv4_cuda_moe_f8_xup(int on) { mf8_xup_force = on == 0 || on == 1 ? on : -1; }
 static int mf8_xup_n;
 extern "C" int dsv4_cuda_moe_f8_xup_count(void) { return mf8_xup_n; }
+extern "C" void dsv4_cuda_moe_f8_d2(int on) { mf8_d2_force = on == 0 || on == 1 ? on : -1; }
+extern "C" int dsv4_cuda_moe_f8_d2_count(void) { return mf8_d2_n; }
 extern "C" void dsv4_cuda_moe_f8_force(int st_gu, int st_dn, int csplit, int sg) {
     mf8_env();
     if (st_gu == -2) return; /* the environment's (or the defaults) */
@@ -1472,9 +1478,13 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         const size_t fs = mf8_smem(nt, NU, gateup ? 2 : 1, sl, xr, x1 && !xr, dep);
         const int csv = gateup ? mf8_csplit : mf8_csplit_dn;
         const int cs = !xr || nt != 1 ? 1 : csv < 0 ? 2 : csv >= 2 && csv <= 4 ? csv : 1;
-        /* XR 2 (x a slice a chunk) where it applies and an SM holds as many blocks as with the x ring */
+        /* the down projection on two row tiles a warpgroup (8-token chunks, x quantized per row, a 4-unit ring) */
+        const int d2 = !gateup && xr && nt == 1 && mf8_gp && R % 128 == 0 && (mf8_d2_force >= 0 ? mf8_d2_force : mf8_d2) &&
+                       mf8_smem(1, NU, 2, sl, 1, 0, MF8_STAGES) <= (size_t)dsv4_cuda_dev.smem_optin;
+        mf8_d2_n += d2;
+        /* XR 2 (x a slice a chunk) where it applies and an SM holds as many blocks as with the x ring (not with d2) */
         int xrk = xr;
-        if (xr && nt == 1 && mf8_gp && dep == (gateup ? MF8_STAGES : 8) && (mf8_xup_force >= 0 ? mf8_xup_force : mf8_xup)) {
+        if (!d2 && xr && nt == 1 && mf8_gp && dep == (gateup ? MF8_STAGES : 8) && (mf8_xup_force >= 0 ? mf8_xup_force : mf8_xup)) {
             if (!mt_sm_smem) {
                 int v = 0, dev = 0;
                 cudaGetDevice(&dev);
@@ -1485,7 +1495,7 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
             if (fu <= (size_t)dsv4_cuda_dev.smem_optin && (size_t)mt_sm_smem / (fu + 1024) >= (size_t)mt_sm_smem / (fs + 1024)) xrk = 2;
         }
         mf8_xup_n += xrk == 2;
-        const size_t fsk = xrk == 2 ? mf8_smem(1, NU, gateup ? 2 : 1, sl, 2, 0, dep) : fs;
+        const size_t fsk = d2 ? mf8_smem(1, NU, 2, sl, 1, 0, MF8_STAGES) : xrk == 2 ? mf8_smem(1, NU, gateup ? 2 : 1, sl, 2, 0, dep) : fs;
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
             mt_params fp;
             memset(&fp, 0, sizeof fp);
@@ -1498,11 +1508,11 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
                     return -1;
                 fp.xq = dst, fp.xq_ld = ld;
             }
-            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xrk, mf8_gp, dep) : mf8_pick<0>(nt, sl, xrk, mf8_gp, dep);
+            const mt_fn fn = gateup ? mf8_pick<1>(nt, sl, xrk, mf8_gp, dep) : d2 ? mf8_pick_s<2, 1, 1, 4>(sl) : mf8_pick<0>(nt, sl, xrk, mf8_gp, dep);
             fp.pre = !gateup && pre;
             fp.csplit = cs;
             fp.sg = mf8_sg;
-            if (mt_launch(fn, dim3(R / 64 * cs, maxslots), 4 * sl, 1, fsk, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
+            if (mt_launch(fn, dim3(R / (d2 ? 128 : 64) * cs, maxslots), 4 * sl, 1, fsk, st, gateup ? "moe_experts (gate/up, fp8)" : "moe_experts (down, fp8)", fp))
                 return -1;
             return gateup; /* (an FP8 gate / up: its grid lets the next start only at its end) */
         }

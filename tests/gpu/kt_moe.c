@@ -733,6 +733,28 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
                    memcmp(y2, yg, sizeof(float) * (size_t)ns * D) ? "differs" : "bitwise the default's", nd ? " <<<" : "");
         }
         dsv4_cuda_moe_f8_force(-2, 0, 0, 0);
+        /* the down projection on two row tiles a warpgroup, chunks split or not, scale words either way: the default's y,
+         * bitwise, and taken where the shape allows it (8-token chunks) */
+        static const int dform[3][2] = {{-1, 1}, {1, 0}, {3, 1}};
+        for (int f = 0; f < 3; f++) {
+            dsv4_cuda_moe_f8_force(-1, -1, dform[f][0], dform[f][1]);
+            dsv4_cuda_moe_f8_d2(1);
+            const int n0 = dsv4_cuda_moe_f8_d2_count();
+            op_ok(dsv4_cuda_fill(dy, (int64_t)ns * D, 0.0f, NULL), "fill");
+            op_ok(dsv4_cuda_moe_experts(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL), "moe_experts (two row tiles)");
+            sync_ok();
+            const int nx = dsv4_cuda_moe_f8_d2_count() - n0, want = T * K * 8 / E > 64 || D % 128 ? 0 : 1;
+            dsv4_cuda_moe_f8_d2(-1);
+            from_dev(y2, dy, sizeof(float) * (size_t)ns * D);
+            const int nd = memcmp(y2, yg, sizeof(float) * (size_t)ns * D) != 0;
+            g_checks++, g_fail += nd || nx != want;
+            printf("%-4s moe_experts fp8 MXFP4 aq T=%d K=%d E=%d: down on two row tiles (%d launch, %d expected), chunks over %s "
+                   "blocks, scale words %s: y %s%s\n",
+                   nd || nx != want ? "FAIL" : "ok", T, K, E, nx, want, dform[f][0] < 0 ? "the default's" : dform[f][0] == 1 ? "1" : "3",
+                   dform[f][1] ? "4 units at a time" : "a unit at a time", nd ? "differs" : "bitwise the default's",
+                   nd || nx != want ? " <<<" : "");
+        }
+        dsv4_cuda_moe_f8_force(-2, 0, 0, 0);
         free(y2);
     }
     /* batch invariance on the FP8 path */

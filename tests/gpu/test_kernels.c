@@ -420,7 +420,7 @@ moe_checks:
                                           * third of the experts past 8 tokens, their chunks over 2 blocks, scale groups */
     test_moe_f8(8, 2, 8, 256, 256); /* the unseen-shape models' widths: 2 units, 1 a slice */
     test_moe_f8(96, 2, 8, 256, 128);
-    test_moe_f8(48, 6, 64, 1024, 512); /* 8-token chunks, 4 slices of 2 units (x a slice a chunk with a scale word a unit) */
+    test_moe_f8(48, 6, 64, 1024, 512); /* 8-token chunks, 4 slices of 2 units (x a slice a chunk with a scale word a unit; the down on two row tiles) */
     test_moe_f8(16, 6, 64, 7168, 3072); /* Pro's widths at 8-token chunks: x a slice a chunk would cost blocks an SM (not taken) */
 pfb_checks:
     /* the prefill pass's experts on BF16 tensor cores (moe_bf16.cuh): several chunks of 128 tokens an expert, partial ones,
