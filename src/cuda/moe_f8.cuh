@@ -4,7 +4,8 @@
  * the f16 way in the same per-warp cp.async ring.
  *
  * A block is SL warpgroups on one 64-row tile of one active expert, warpgroup s on a column slice (below); gate / up:
- * the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2. Warp w holds rows 16 w ..
+ * the same 64 rows of w1 and w3 (two accumulators, the SwiGLU fused), down: 64 rows of w2, or with x quantized per row
+ * and 8-token chunks two 64-row tiles of w2 as the two accumulators (GATEUP 2, the default there). Warp w holds rows 16 w ..
  * 16 w + 15 of the tile as the A operand of wgmma m64nNk32 e4m3 (registers), one k32 step per 32-column MXFP4 group: the
  * group's e2m1 nibbles re-packed as e4m3 codes (values x 2^-6, exact). The x codes of the chunk's 8 to 64 tokens are B
  * (shared memory, K-major core matrices): act-quantized by each warpgroup for its slice at the chunk's start (XR 0), or
@@ -108,9 +109,10 @@ static inline int mf8_slices(int R, int NU) {
     return sl;
 }
 
-/* A block: SL warpgroups on one 64-row tile of one active expert (grid: R / 64 x expert slots), warpgroup s on the
- * units [s NU / SL, (s + 1) NU / SL) (a column slice); at a chunk's end the slices' sums are added in the order of s
- * by warpgroup 0, which writes the outputs. Chunks of 8 NT tokens. XR 0: the chunk's x quantized by the warpgroup
+/* A block: SL warpgroups on one 64-row tile of one active expert (grid: R / 64 x expert slots; GATEUP 2: a 128-row pair
+ * of tiles, R / 128), warpgroup s on the units [s NU / SL, (s + 1) NU / SL) (a column slice); at a chunk's end the
+ * slices' sums are added in the order of s by warpgroup 0, which writes the outputs. Chunks of 8 NT tokens. XR 0: the
+ * chunk's x quantized by the warpgroup
  * at the chunk's start (decode, fewer than MF8_RQ_T tokens: no quant launch; P.x1, a pass of one token: the token's
  * row alone, each B operand's K halves 16 bytes apart, so that its padding columns read the row's next bytes); XR 1: x
  * from P.xq (moe_quant_kernel), unit by unit through a ring beside the weights' (the warpgroup's 128 threads copy it, a
