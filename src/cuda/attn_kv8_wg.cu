@@ -116,7 +116,8 @@ template <bool FIX>
 __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, int H, int Dh, int R,
                                                              const uint8_t *const *base, const uint8_t *kv2p,
                                                              const int *idx, int nidx, const float *sink, float scale,
-                                                             float *out, ak_rope rp, int G, int ntm, int qh, int ost, long long *trc) {
+                                                             float *out, ak_rope rp, int G, int ntm, int qh, int ost,
+                                                             const float *tsc, long long *trc) {
     dev_pdl_enter();
     extern __shared__ __align__(128) uint8_t wsm[];
     uint8_t *Qs = wsm + WA_QS, *Ks = wsm + WA_KS, *raw = wsm + WA_RAW;
@@ -363,7 +364,7 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
      * stores (full 32-byte sectors a quad) */
     const float dA = hA < H && m0 != -INFINITY ? __fadd_rn(l0, expf(sink[hA] - m0)) : 0.0f;
     const float dB = hB < H && m1 != -INFINITY ? __fadd_rn(l1, expf(sink[hB] - m1)) : 0.0f;
-    const float rA = dA > 0 ? (1.0f / WA_PS) / dA : 0.0f, rB = dB > 0 ? (1.0f / WA_PS) / dB : 0.0f;
+    float rA = dA > 0 ? (1.0f / WA_PS) / dA : 0.0f, rB = dB > 0 ? (1.0f / WA_PS) / dB : 0.0f;
     const float b0 = mf0 == -INFINITY ? 0.0f : expf(mf0 - m0), b1 = mf1 == -INFINITY ? 0.0f : expf(mf1 - m1);
     /* the fp32 form stores the values; the terms form keeps them in O, then (below) the inverse RoPE (dsv4_cuda_rope's
      * arithmetic, ak_unrot_cs) and the split path's terms (hi = bf16(v), mid = bf16(v - hi)) in place of the row: group
@@ -392,6 +393,10 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
         WA_TR(101);
         return;
     }
+    if (ntm == 3) { /* one f16 term of v x *tsc (a power of two: the same roundings, scaled) */
+        const float sc = __ldg(tsc);
+        rA *= sc, rB *= sc;
+    }
     fin(true);
     __syncthreads();
     {
@@ -408,10 +413,19 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
             }
         };
         auto mid_of = [](float x, float y, __nv_bfloat162 hi) { return __floats2bfloat162_rn(x - __low2float(hi), y - __high2float(hi)); };
-        auto put = [&](__nv_bfloat16 *p, float x, float y) {
+        /* a pair's first term's 4 bytes: bf16 hi, or (ntm 3) the f16 term */
+        auto first = [&](float x, float y) {
+            if (ntm == 3) {
+                const __half2 h = __floats2half2_rn(x, y);
+                return *(const uint32_t *)&h;
+            }
             const __nv_bfloat162 hi = __floats2bfloat162_rn(x, y);
-            *(__nv_bfloat162 *)p = hi;
-            if (ntm > 1) *(__nv_bfloat162 *)(p + gin) = mid_of(x, y, hi);
+            return *(const uint32_t *)&hi;
+        };
+        auto put = [&](__nv_bfloat16 *p, float x, float y) {
+            const uint32_t f = first(x, y);
+            *(uint32_t *)p = f;
+            if (ntm == 2) *(__nv_bfloat162 *)(p + gin) = mid_of(x, y, *(const __nv_bfloat162 *)&f);
         };
         /* ost (V4's rows, whole blocks of 64 heads, out 16-byte aligned): the terms through shared memory, so that global
          * memory takes 16-byte stores of whole rows (a warp a 512-byte row) instead of 4-byte ones a quarter of a sector
@@ -428,16 +442,16 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const float x = O[n][2 * e], y = O[n][2 * e + 1];
-                    const __nv_bfloat162 hi = __floats2bfloat162_rn(x, y);
-                    sw[(gr + 8 * e) * RW + 4 * n + tq] = *(const uint32_t *)&hi;
-                    if (ntm > 1) {
-                        const __nv_bfloat162 mid = mid_of(x, y, hi);
+                    const uint32_t f = first(x, y);
+                    sw[(gr + 8 * e) * RW + 4 * n + tq] = f;
+                    if (ntm == 2) {
+                        const __nv_bfloat162 mid = mid_of(x, y, *(const __nv_bfloat162 *)&f);
                         sw[(16 + gr + 8 * e) * RW + 4 * n + tq] = *(const uint32_t *)&mid;
                     }
                 }
             }
             __syncwarp();
-            for (int tm = 0; tm < ntm; tm++)
+            for (int tm = 0; tm < (ntm == 2 ? 2 : 1); tm++)
 #pragma unroll 4
                 for (int r = 0; r < 16; r++) {
                     const int h = h0 + 16 * g + r, gh = h / hpg;
@@ -488,13 +502,14 @@ extern "C" int dsv4_cuda_attn_kv8_wg_terms_fits(int H, int Dh, int R, int G) {
     return dsv4_cuda_attn_kv8_wg_fits(H, Dh, R) && G > 0 && H % G == 0 && (H <= WA_H || WA_H % (H / G) == 0);
 }
 
-/* ntm 0: fp32 out; 1 / 2: the terms form (dsv4_cuda_attn_kv8_wg_terms) */
+/* ntm 0: fp32 out; 1 / 2: the terms form's bf16 terms, 3 its one f16 term of v x *tsc (dsv4_cuda_attn_kv8_wg_terms) */
 static int wa_run(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2, int nkv2,
-                  const int *idx, int nidx, const float *sink, float scale, ak_rope rp, int G, int ntm, int qh, float *out,
+                  const int *idx, int nidx, const float *sink, float scale, ak_rope rp, int G, int ntm, int qh,
+                  const float *tsc, float *out,
                   void *scratch, void *stream) {
     if (T < 0 || nidx < 0 || !dsv4_cuda_attn_kv8_wg_fits(H, Dh, R))
         return dsv4_cuda_fail("attn_kv8_wg: shape outside the path (T %d H %d Dh %d R %d nidx %d)", T, H, Dh, R, nidx);
-    if (ntm && (ntm > 2 || !dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G) || (rp.freq && !rp.pos)))
+    if (ntm && (ntm > 3 || (ntm == 3 && !tsc) || !dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G) || (rp.freq && !rp.pos)))
         return dsv4_cuda_fail("attn_kv8_wg: terms form outside the path (H %d G %d terms %d%s)", H, G, ntm,
                               rp.freq && !rp.pos ? ", RoPE without positions" : "");
     if (((uintptr_t)q & 15) || ((uintptr_t)out & 7)) return dsv4_cuda_fail("attn_kv8_wg: q must be 16-byte aligned, out 8-byte");
@@ -538,10 +553,10 @@ static int wa_run(const float *q, int T, int H, int Dh, int R, const uint8_t *co
     if (ost < 0) ost = dsv4_env_int("DSV4_ATTN_WG_OST", 1) != 0;
     if (Dh == 512 && R == 64) /* V4's rows: the chunks' kinds known at compile time */
         dev_launch(attn_kv8_wg_kernel<true>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, rp, G, ntm, qh, ost, trc);
+                   nidx, sink, scale, out, rp, G, ntm, qh, ost, tsc, trc);
     else
         dev_launch(attn_kv8_wg_kernel<false>, dim3(T, (H + WA_H - 1) / WA_H), WA_NT, smem, st, q, H, Dh, R, base, kv2p, idx,
-                   nidx, sink, scale, out, rp, G, ntm, qh, ost, trc);
+                   nidx, sink, scale, out, rp, G, ntm, qh, ost, tsc, trc);
     if (trc) {
         long long *h = (long long *)malloc(ntr * sizeof(long long));
         FILE *f = fopen(trf, "a");
@@ -565,14 +580,16 @@ extern "C" int dsv4_cuda_attn_kv8_wg(const float *q, int T, int H, int Dh, int R
                                      const float *kv2, int nkv2, const int *idx, int nidx, const float *sink, float scale,
                                      float *out, void *scratch, void *stream) {
     const ak_rope rp = {NULL, NULL};
-    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, 1, 0, 0, out, scratch, stream);
+    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, 1, 0, 0, NULL, out, scratch, stream);
 }
 
 extern "C" int dsv4_cuda_attn_kv8_wg_terms(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base,
                                            const float *kv2, int nkv2, const int *idx, int nidx, const float *sink, float scale,
-                                           const float *freq, const int *pos, int G, int nt, int qh, float *out,
-                                           void *scratch, void *stream) {
-    if (nt < 1 || nt > 2) return dsv4_cuda_fail("attn_kv8_wg_terms: %d terms (1 or 2)", nt);
+                                           const float *freq, const int *pos, int G, int nt, int qh, const float *f16s,
+                                           float *out, void *scratch, void *stream) {
+    if (nt < 1 || nt > 2 || (f16s && nt != 1))
+        return dsv4_cuda_fail("attn_kv8_wg_terms: %d terms (1 or 2 bf16, or one f16 term)", nt);
     const ak_rope rp = {R > 0 ? freq : NULL, pos};
-    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, G, nt, qh != 0, out, scratch, stream);
+    return wa_run(q, T, H, Dh, R, base, kv2, nkv2, idx, nidx, sink, scale, rp, G, f16s ? 3 : nt, qh != 0, f16s, out, scratch,
+                  stream);
 }

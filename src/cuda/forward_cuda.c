@@ -378,13 +378,17 @@ static int attn_index(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b
 }
 
 /* wo_a's group gi on the terms the attention wrote into o's rows (row = 2 HD bf16: group gi's nt terms from gi * 2 gin,
- * gin apart) into z's columns gi * Ro .. */
-static int wo_a_terms(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wv, int gi, int nt, int T, int HD, int gin, int Ro,
-                      int G) {
+ * gin apart; f16s: its one f16 term there) into z's columns gi * Ro .. */
+static int wo_a_terms(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_weight *wv, int gi, int nt, const float *f16s, int T, int HD,
+                      int gin, int Ro, int G) {
     dsv4_cuda_weight v = *wv;
     v.row0 += gi * Ro;
-    const int r = dsv4_cuda_linear_gemm_terms(&v, (const uint16_t *)w->o + (size_t)gi * 2 * gin, 2 * (int64_t)HD, gin, nt, T,
-                                              w->z + (size_t)gi * Ro, (int64_t)G * Ro, w->gemm_ws, w->gemm_wsb, g->stream);
+    const uint16_t *t = (const uint16_t *)w->o + (size_t)gi * 2 * gin;
+    float *y = w->z + (size_t)gi * Ro;
+    const int r = f16s ? dsv4_cuda_linear_gemm_terms_f16(&v, t, 2 * (int64_t)HD, T, y, (int64_t)G * Ro, f16s + 1, w->gemm_ws,
+                                                         w->gemm_wsb, g->stream)
+                       : dsv4_cuda_linear_gemm_terms(&v, t, 2 * (int64_t)HD, gin, nt, T, y, (int64_t)G * Ro, w->gemm_ws, w->gemm_wsb,
+                                                     g->stream);
     if (r > 0) return gpu_fail("forward_cuda.c", __LINE__, "wo_a: the terms GEMM declined after the attention wrote its terms");
     return r;
 }
@@ -459,7 +463,20 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     dsv4_cuda_weight wv = gl->wo_a; /* group 0's rows */
     if (G > 1) wv.rows = Ro;
     int tnt = 0;
+    const float *f16s = NULL; /* wo_a on one f16 term (DSV4_WO_A_F16; linear_gemm.h): the layer's scales */
     if (wgp && dsv4_cuda_attn_kv8_wg_terms_enabled() && gemm_takes(w, &wv, T, 1) && !dsv4_cuda_linear_gemm_fits(&wv, T) &&
+        dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G) && g->wo_a_f16 && gl->wo_a_f16s) {
+        f16s = gl->wo_a_f16s;
+        for (int gi = 0; gi < G && f16s; gi++) {
+            dsv4_cuda_weight v = wv;
+            v.row0 += gi * Ro;
+            if (!dsv4_cuda_linear_gemm_terms_f16_ready(&v, (const uint16_t *)w->o + (size_t)gi * 2 * gin, 2 * (int64_t)H * Dh, T,
+                                                       w->z + (size_t)gi * Ro, (int64_t)G * Ro))
+                f16s = NULL;
+        }
+        tnt = f16s != NULL;
+    }
+    if (!tnt && wgp && dsv4_cuda_attn_kv8_wg_terms_enabled() && gemm_takes(w, &wv, T, 1) && !dsv4_cuda_linear_gemm_fits(&wv, T) &&
         dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G)) {
         tnt = dsv4_cuda_linear_gemm_terms_nt(&wv);
         if (tnt > 2) tnt = 0;
@@ -495,7 +512,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
      * same kernels. Prefill passes: tensor cores, the whole pass at once, then the inverse RoPE. */
     if (tnt) {
         CK(dsv4_cuda_attn_kv8_wg_terms(w->q, T, H, Dh, R, w->qbase, w->kv, T, w->idx, gl->nidx, gl->attn_sink,
-                                       1.0f / sqrtf((float)Dh), gl->rope_freq, b->pos, G, tnt, qh, w->o, w->ascr, st));
+                                       1.0f / sqrtf((float)Dh), gl->rope_freq, b->pos, G, tnt, qh, f16s, w->o, w->ascr, st));
     } else if (wgp) {
         CK(dsv4_cuda_attn_kv8_wg(w->q, T, H, Dh, R, w->qbase, w->kv, T, w->idx, gl->nidx, gl->attn_sink, 1.0f / sqrtf((float)Dh),
                                  w->o, w->ascr, st));
@@ -522,7 +539,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
      * into z's columns gi * Ro ..: strided jobs of grouped linears; passes that take the FP8 GEMM (contiguous rows)
      * copy each group's slices in and out instead */
     if (tnt) { /* the terms in o's rows: group gi's at bf16 element gi * 2 gin of each row (dsv4_cuda_attn_kv8_wg_terms) */
-        for (int gi = 0; gi < G; gi++) CK(wo_a_terms(g, w, &wv, gi, tnt, T, H * Dh, gin, Ro, G));
+        for (int gi = 0; gi < G; gi++) CK(wo_a_terms(g, w, &wv, gi, tnt, f16s, T, H * Dh, gin, Ro, G));
     } else if (G == 1) {
         CK(lin(g, w, &gl->wo_a, w->o, T, w->z));
     } else {

@@ -20,6 +20,7 @@ typedef struct glayer {
     float *hc_attn_base, *hc_attn_scale, *hc_ffn_base, *hc_ffn_scale, *attn_norm, *ffn_norm;
     dsv4_cuda_weight wq_a, wq_b, wkv, wo_a, wo_b;
     float *q_norm, *kv_norm, *attn_sink;
+    float *wo_a_f16s; /* prefill's wo_a on one f16 term: {2^-s, 2^(s + shift), 0} (dsv4_cuda_wo_a_f16_scale); NULL: none */
     gcomp cmp, idx_cmp;
     dsv4_cuda_weight idx_wq_b, idx_wproj;
     dsv4_cuda_weight gate;
@@ -101,6 +102,7 @@ struct dsv4_cuda_model {
     int hc_pend; /* that work not yet waited for by the main stream */
     int sh_early; /* the shared expert's branch forked before the gate (DSV4_CUDA_SHARED_EARLY=0: after the router) */
     int idxq_main;  /* ratio-4 layers' indexer query projection on the main stream (DSV4_CUDA_IDXQ_MAIN=0: stream2) */
+    int wo_a_f16;   /* prefill passes' wo_a on one f16 term where a layer has its scales (DSV4_WO_A_F16) */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */

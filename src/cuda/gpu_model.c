@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "gpu_internal.h"
+#include "linear_gemm.h"
 
 /* ---- allocation helpers ---- */
 
@@ -215,6 +216,12 @@ static int bind_layer(dsv4_cuda_model *g, int L) {
     d->q_norm = upf(g, l->q_norm, (size_t)c->q_lora_rank, &rc);
     d->kv_norm = upf(g, l->kv_norm, (size_t)c->head_dim, &rc);
     d->attn_sink = upf(g, l->attn_sink, (size_t)c->n_heads, &rc);
+    if (d->wo_a.f16_ok) { /* the f16 term's scales from the norms of the rows the attention reads (linear_gemm.h) */
+        const float *nw[2] = {l->kv_norm, l->ratio > 0 ? l->cmp.norm : NULL};
+        const int nn[2] = {c->head_dim, l->ratio > 0 ? l->cmp.d : 0};
+        float sc[3];
+        if (!dsv4_cuda_wo_a_f16_scale(nw, nn, 2, c->head_dim, d->wo_a.f16_shift, sc)) d->wo_a_f16s = upf(g, sc, 3, &rc);
+    }
     const dsv4_compressor *cms[2] = {&l->cmp, &l->idx_cmp};
     gcomp *dcs[2] = {&d->cmp, &d->idx_cmp};
     for (int k = 0; k < 2; k++) {
@@ -309,6 +316,7 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->sh_early = env_on("DSV4_CUDA_SHARED_EARLY", 1); /* session 34: batch 1 0.984x, batch 8 0.979x, 64 / 256 unchanged */
     g->idxq_main = env_on("DSV4_CUDA_IDXQ_MAIN", 1); /* session 34: batch 1 0.995x, 8 0.999x, 64 / 256 unchanged */
     g->hc_defer = env_on("DSV4_CUDA_HC_DEFER", 1);
+    g->wo_a_f16 = env_on("DSV4_WO_A_F16", 0);
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
      * faster steps at batch 1-4, 0.3 % slower at 8, where the post blocks' four copies of the additions cost more than
      * the launch; DSV4_CUDA_COMBINE_DEFER=N sets it, 0: never) */

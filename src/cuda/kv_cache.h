@@ -102,10 +102,12 @@ size_t dsv4_cuda_attn_kv8_wg_scratch(int nkv2, int Dh, int R);
  * fp32 row), the bits dsv4_cuda_linear_gemm_split makes of the fp32 output after dsv4_cuda_rope. Needs
  * dsv4_cuda_attn_kv8_wg_terms_fits (G divides H, a block of 64 heads holds whole groups). qh: q's rows as
  * dsv4_cuda_norm_rope_h16 leaves them (f16 in the first half of each fp32 row's bytes; the same values the kernel
- * rounds fp32 q to). */
+ * rounds fp32 q to). f16s (device, NULL: the bf16 terms above): one f16 term, f16(v x *f16s) at gi * 2 gin (nt 1;
+ * *f16s a power of two that keeps every |v| x *f16s in f16's range: dsv4_cuda_wo_a_f16_scale), wo_a's input for
+ * dsv4_cuda_linear_gemm_terms_f16. */
 int dsv4_cuda_attn_kv8_wg_terms(const float *q, int T, int H, int Dh, int R, const uint8_t *const *base, const float *kv2,
                                 int nkv2, const int *idx, int nidx, const float *sink, float scale, const float *freq,
-                                const int *pos, int G, int nt, int qh, float *out, void *scratch, void *stream);
+                                const int *pos, int G, int nt, int qh, const float *f16s, float *out, void *scratch, void *stream);
 int dsv4_cuda_attn_kv8_wg_terms_fits(int H, int Dh, int R, int G);
 /* whether the forward takes the terms form where it can (DSV4_CUDA_ATTN_TERMS, on by default since session 30; =0: the
  * fp32 output, dsv4_cuda_rope and the split; read once) */

@@ -11,6 +11,8 @@
  * (cuBLAS documentation, "128-element 1D and 128x128 2D Block Scaling For FP8 Data Types" and its "Scaling
  * factors layouts": scale tensors 16-byte aligned, M and N multiples of 4.) */
 #include <dlfcn.h>
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -737,4 +739,78 @@ extern "C" int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void
         A = wd;
     }
     return lg_run_terms(p, A, (const __nv_bfloat16 *)terms, (size_t)ps, nt, y, base + olt, st, "terms");
+}
+
+/* ---- wo_a on one f16 term its producer wrote (dsv4_cuda_attn_kv8_wg_terms with f16s) ---- */
+
+extern "C" int dsv4_cuda_wo_a_f16_scale(const float *const *norms, const int *n, int k, int Dh, int f16_shift, float out[3]) {
+    float mx = 0.0f;
+    for (int j = 0; j < k; j++)
+        for (int i = 0; norms[j] && i < n[j]; i++) {
+            const float a = fabsf(norms[j][i]);
+            if (!(a <= FLT_MAX)) return 1; /* NaN or inf */
+            mx = a > mx ? a : mx;
+        }
+    if (!(mx > 0.0f) || Dh <= 0) return 1;
+    /* |v| <= sqrt(Dh) x mx x 1.0625 (an RMS-normed row: |x_d| <= sqrt(Dh) rms; a rope pair's norm too, so either element
+     * after a rotation; the FP8 cache rounds up by at most 2^-4); the softmax weights sum to at most 1 */
+    const double B = sqrt((double)Dh) * (double)mx * 1.0625;
+    int E;
+    frexp(B, &E); /* B < 2^E */
+    const int s = E - 15; /* B x 2^-s < 2^15, half of f16's largest */
+    if (s + f16_shift < -126 || s + f16_shift > 127 || s < -126 || s > 127) return 1;
+    out[0] = ldexpf(1.0f, -s), out[1] = ldexpf(1.0f, s + f16_shift), out[2] = 0.0f;
+    return 0;
+}
+
+/* the checks and the kind-2 plan (lg_mu held on success; NULL: declined, unlocked) */
+static lg_plan *lg_terms_f16_plan(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int T, float *y, int64_t ldy,
+                                  size_t *o_w, size_t *o_lt) {
+    if (!dsv4_cuda_linear_gemm_split_fits(w, T) || w->fmt != DSV4_WF_FP8 || !w->f16_ok) return NULL;
+    const int K = w->cols, N = w->rows;
+    if (!ldy) ldy = N;
+    if (!terms || !y || ldt < K || ldt > INT32_MAX || ldy < N || (ldy & 3) || ((uintptr_t)y & 15) || ((uintptr_t)terms & 15) ||
+        (ldt & 7))
+        return NULL;
+    size_t ox, xps, osc;
+    lg_split_layout(0, K, N, &ox, &xps, o_w, &osc, o_lt);
+    return lg_lock_plan(2, N, K, T, (int)ldy, 256, lg_align(y), NULL, NULL, (int)ldt, lg_align(terms));
+}
+
+extern "C" int dsv4_cuda_linear_gemm_terms_f16_ready(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int T, float *y,
+                                                     int64_t ldy) {
+    size_t ow, olt;
+    lg_plan *p = lg_terms_f16_plan(w, terms, ldt, T, y, ldy, &ow, &olt);
+    if (!p) return 0;
+    pthread_mutex_unlock(&lg_mu);
+    return 1;
+}
+
+extern "C" int dsv4_cuda_linear_gemm_terms_f16(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int T, float *y,
+                                               int64_t ldy, const float *ab, void *ws, size_t ws_bytes, void *stream) {
+    size_t ow, olt;
+    if (!ws || ((uintptr_t)ws & 255) || !ab) return 1;
+    lg_plan *p = lg_terms_f16_plan(w, terms, ldt, T, y, ldy, &ow, &olt);
+    if (!p) return 1;
+    const int K = w->cols, N = w->rows;
+    if (ws_bytes < olt + LG_LT_WS) {
+        pthread_mutex_unlock(&lg_mu);
+        return dsv4_cuda_fail("linear gemm (f16 term): workspace %zu bytes, %zu needed for K %d N %d", ws_bytes, olt + LG_LT_WS, K, N);
+    }
+    uint8_t *base = (uint8_t *)ws;
+    cudaStream_t st = DSV4_STREAM(stream);
+    __half *wh = (__half *)(base + ow);
+    const int64_t nw = (int64_t)N * K / 4;
+    lg_deq_fp8_f16<<<(unsigned)((nw + 255) / 256), 256, 0, st>>>(w->data, w->scale, w->scale_stride, w->row0, N, K, w->f16_shift, wh);
+    if (dsv4_cuda_check_launch("linear gemm (f16 term, weight)")) {
+        pthread_mutex_unlock(&lg_mu);
+        return -1;
+    }
+    /* y = alpha (W t) + beta y, alpha = ab[0], beta = ab[1] (0) */
+    const int r = lg_matmul(p, wh, terms, 0.0f, y, base + olt, st, ab, ab + 1);
+    const cublasStatus_t s = lg_status;
+    pthread_mutex_unlock(&lg_mu);
+    if (r > 0) return 1;
+    if (r < 0) return dsv4_cuda_fail("linear gemm (f16 term): cublasLtMatmul %d x %d x %d: status %d", N, T, K, (int)s);
+    return dsv4_cuda_check_launch("linear gemm (f16 term, cublasLtMatmul)");
 }

@@ -105,6 +105,22 @@ int dsv4_cuda_linear_gemm_terms_ready(const dsv4_cuda_weight *w, const void *ter
 int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,
                                 int64_t ldy, void *ws, size_t ws_bytes, void *stream);
 
+/* wo_a on one f16 term (dsv4_cuda_attn_kv8_wg_terms with f16s: t = f16(o x 2^-s) at terms[t * ldt + k], ldt a multiple
+ * of 8, 16-byte aligned): y = 2^(s + shift) (W' t), W' the FP8 weight's values x 2^-shift as f16 (exact: w->f16_ok), one
+ * cuBLASLt f16 GEMM accumulating in fp32 with alpha and beta read from device memory (ab = {2^(s + shift), 0}). About
+ * 11 bits of o, against the two bf16 terms' ~16 and the official model's bf16 o (8), at one term's cost. _ready: 1 when
+ * it takes w and cuBLASLt has a plan (ask before the producer writes). Returns 0, 1 not applicable (nothing enqueued),
+ * -1 error. Workspace: the split's for the same K and rows. */
+int dsv4_cuda_linear_gemm_terms_f16_ready(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int T, float *y, int64_t ldy);
+int dsv4_cuda_linear_gemm_terms_f16(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int T, float *y, int64_t ldy,
+                                    const float *ab, void *ws, size_t ws_bytes, void *stream);
+/* The scales of that form for a layer (host): out = {2^-s, 2^(s + f16_shift), 0} with the smallest s that keeps every
+ * attention output below 2^15 after x 2^-s: |o| <= max |v| over the attended rows (the softmax weights and the sink sum
+ * to at most 1), and the rows are RMS-normed over Dh by the k norm weights (kv_norm, the compressor's norm: spec 5-6),
+ * so |v| <= sqrt(Dh) x the largest |weight| (rope pairs are rotations; x 1.0625 for the FP8 cache's rounding).
+ * 0 done; 1 when the weights are zero or not finite or the scales leave fp32 (the caller keeps the bf16 terms). */
+int dsv4_cuda_wo_a_f16_scale(const float *const *norms, const int *n, int k, int Dh, int f16_shift, float out[3]);
+
 #ifdef __cplusplus
 }
 #endif

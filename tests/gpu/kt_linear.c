@@ -434,6 +434,61 @@ static void terms_variant(const char *name, const dsv4_cuda_weight *dw, const fl
     free(tt);
 }
 
+/* dsv4_cuda_linear_gemm_terms_f16 on one f16 term t = f16(x 2^-s) made here (row t at t * ldt, ldt = C + 8; s from
+ * dsv4_cuda_wo_a_f16_scale on x's own values, the bound it puts on attention outputs), alpha / beta read from the
+ * device: against the CPU linear on x rounded the same way (f16(x 2^-s) 2^s: exact in fp32; the products of f16 values
+ * are exact in fp32, so only the summation order differs), and the rounding's distance from fp32 x bounded by f16's
+ * 2^-11; y's gaps untouched */
+static void f16_term_variant(const char *name, const hweight *h, const dsv4_cuda_weight *dw, const float *x, int64_t ldx, int xoff,
+                             int T, int R, int C, float *dy, int64_t ldy, void *ws, size_t wsb, const float *ref, float *host) {
+    char n2[200];
+    snprintf(n2, sizeof n2, "%s (one f16 term given)", name);
+    float *xs = malloc(sizeof(float) * (size_t)T * C), *xq = malloc(sizeof(float) * (size_t)T * C),
+          *rq = malloc(sizeof(float) * (size_t)T * R), *gs = malloc(sizeof(float) * (size_t)T * R);
+    for (int t = 0; t < T; t++) memcpy(xs + (size_t)t * C, x + (size_t)t * ldx + xoff, sizeof(float) * (size_t)C);
+    const float *nw[1] = {xs};
+    const int nn[1] = {T * C};
+    float sc[3];
+    const int bad = dsv4_cuda_wo_a_f16_scale(nw, nn, 1, 1, dw->f16_shift, sc);
+    const int64_t ldt = (int64_t)C + 8;
+    uint16_t *tt = calloc((size_t)T * ldt, sizeof(uint16_t));
+    long over = 0;
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < C; k++) {
+            const uint16_t b = dsv4_f32_to_f16(xs[(size_t)t * C + k] * sc[0]);
+            tt[(size_t)t * ldt + k] = b;
+            xq[(size_t)t * C + k] = dsv4_f16_to_f32(b) / sc[0];
+            over += !(fabsf(dsv4_f16_to_f32(b)) < 32768.0f);
+        }
+    dsv4_cpu_linear(&h->w, xq, T, rq);
+    uint16_t *dt = dup_to_dev(tt, sizeof(uint16_t) * (size_t)T * ldt);
+    float *dab = dup_to_dev(sc, sizeof sc);
+    const int ready = !bad && dsv4_cuda_linear_gemm_terms_f16_ready(dw, dt, ldt, T, dy, ldy);
+    op_ok(dsv4_cuda_fill(dy, (int64_t)T * ldy, NAN, NULL), "fill");
+    const int rc = bad ? 1 : dsv4_cuda_linear_gemm_terms_f16(dw, dt, ldt, T, dy, ldy, dab + 1, ws, wsb, NULL);
+    if (rc < 0) op_ok(rc, n2);
+    sync_ok();
+    from_dev(host, dy, sizeof(float) * (size_t)T * ldy);
+    long gap = 0;
+    for (int t = 0; t < T; t++) {
+        memcpy(gs + (size_t)t * R, host + (size_t)t * ldy, sizeof(float) * (size_t)R);
+        for (int64_t i = R; i < ldy; i++) gap += !isnan(host[(size_t)t * ldy + i]);
+    }
+    check(n2, gs, rq, (size_t)T * R, 1e-4 * rms(rq, (size_t)T * R), 1e-4);
+    /* f16 against fp32 x: each term within 2^-12 of its value (relative; round to nearest), independent roundings, so
+     * y's relative L2 distance ~2^-12 / sqrt(3); the bar 2^-10 (one bf16 term's is ~2^-9 / sqrt(3)) */
+    double dd = 0, rr = 0;
+    for (size_t i = 0; i < (size_t)T * R; i++) dd += ((double)gs[i] - ref[i]) * ((double)gs[i] - ref[i]), rr += (double)ref[i] * ref[i];
+    const double md = sqrt(dd / (rr > 0 ? rr : 1)), bar = 1.0 / 1024;
+    const int ok = !bad && ready && rc == 0 && !gap && !over && md <= bar;
+    g_checks++, g_fail += !ok;
+    printf("%-4s %s: scale 2^%d, alpha %g, ready %d, %ld gap values written, %ld terms at or past 2^15, relative L2 from "
+           "fp32 x %.3g (bar %.3g)%s\n",
+           ok ? "ok" : "FAIL", n2, bad ? 0 : -(int)log2f(sc[0]), bad ? 0.0 : (double)sc[1], ready, gap, over, md, bar, ok ? "" : " <<<");
+    dsv4_cuda_free(dt), dsv4_cuda_free(dab);
+    free(tt), free(xs), free(xq), free(rq), free(gs);
+}
+
 /* the split with its terms four values a thread (lg_split4) against the same call's result with the default (split: the
  * host copy of it, T x ldy), bitwise on the R columns of every row */
 static void split4_same(const char *name, const dsv4_cuda_weight *dw, const float *dxs, int64_t ldx, int T, int R, float *dy,
@@ -511,6 +566,7 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
             split_variant(name, "two bf16 terms, the default", &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, gs, ref);
             terms_variant(name, &dw, x, ldx, strided ? C : 0, T, R, C, dy, ldy, ws, wsb, got2, got);
             split4_same(name, &dw, dxs, ldx, T, R, dy, ldy, ws, wsb, got2, got);
+            if (dw.f16_ok) f16_term_variant(name, &h, &dw, x, ldx, strided ? C : 0, T, R, C, dy, ldy, ws, wsb, ref, got2);
             dsv4_cuda_linear_gemm_split_fp8_terms(1); /* one bf16 term: the twin on x rounded to bf16 */
             round_bf16(xr, (size_t)T * C);
             dsv4_cpu_linear(&h.w, xr, T, ref);

@@ -383,19 +383,23 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
             for (int d = 0; d < Dh; d++) hr[d] = dsv4_f32_to_f16(q[r * Dh + d]), q16[r * Dh + Dh / 2 + d / 2] = NAN;
         }
         float *dq16 = dup_dev(q16, sizeof(float) * (size_t)T * H * Dh);
-        const int Gs[3] = {H % 8 == 0 ? H / 8 : 1, 1, H % 8 == 0 ? H / 8 : 1}, nts[3] = {2, 1, 2}, qhs[3] = {0, 0, 1};
-        for (int v = 0; v < 3; v++) {
-            const int G = Gs[v], nt = nts[v], gin = H / G * Dh, qh = qhs[v];
+        /* variant 3: one f16 term of v x 2^-3 (wo_a's f16 form; f16s in device memory) */
+        const int Gs[4] = {H % 8 == 0 ? H / 8 : 1, 1, H % 8 == 0 ? H / 8 : 1, H % 8 == 0 ? H / 8 : 1}, nts[4] = {2, 1, 2, 1},
+                  qhs[4] = {0, 0, 1, 1};
+        const float f16sc = 0.125f;
+        float *df16s = dup_dev(&f16sc, sizeof f16sc);
+        for (int v = 0; v < 4; v++) {
+            const int G = Gs[v], nt = nts[v], gin = H / G * Dh, qh = qhs[v], f16 = v == 3;
             if (!dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G)) continue;
             terms_runs++;
             if (dsv4_cuda_attn_kv8_wg(dq, T, H, Dh, R, dbase, k2, k2 ? n2 : 0, didx, nidx, dsink, scale, dout, dscr, NULL) ||
                 (R > 0 && dsv4_cuda_rope(dout, T, H, Dh, R / 2, dfreq, dpos, 1, NULL)) ||
                 dsv4_cuda_fill(dout2, (int64_t)T * H * Dh, 0.0f, NULL) ||
                 dsv4_cuda_attn_kv8_wg_terms(qh ? dq16 : dq, T, H, Dh, R, dbase, k2, k2 ? n2 : 0, didx, nidx, dsink, scale, dfreq,
-                                            dpos, G, nt, qh, dout2, dscr, NULL) ||
+                                            dpos, G, nt, qh, f16 ? df16s : NULL, dout2, dscr, NULL) ||
                 dsv4_cuda_download(ra, dout, sizeof(float) * (size_t)T * H * Dh) ||
                 dsv4_cuda_download(tg, dout2, sizeof(float) * (size_t)T * H * Dh)) {
-                printf("     terms, G %d nt %d q16 %d: %s\n", G, nt, qh, dsv4_cuda_last_error());
+                printf("     terms, G %d nt %d q16 %d f16 %d: %s\n", G, nt, qh, f16, dsv4_cuda_last_error());
                 terms_diff++;
                 continue;
             }
@@ -406,18 +410,19 @@ static void test_attn_p(int T, int H, int Dh, int R, int nidx, int C, int with_k
                         const int gi = h / (H / G);
                         const size_t at = (size_t)t * 2 * H * Dh + (size_t)gi * 2 * gin + (size_t)(h - gi * (H / G)) * Dh + d;
                         const float x = ra[((size_t)t * H + h) * Dh + d];
-                        const uint16_t hi = dsv4_f32_to_bf16(x), mid = dsv4_f32_to_bf16(x - dsv4_bf16_to_f32(hi));
+                        const uint16_t hi = f16 ? dsv4_f32_to_f16(x * f16sc) : dsv4_f32_to_bf16(x),
+                                       mid = dsv4_f32_to_bf16(x - dsv4_bf16_to_f32(hi));
                         /* (nt 1: the mid half is not written; it may hold the spans' fp32 partials) */
                         nd += tg[at] != hi || (nt > 1 && tg[at + gin] != mid);
                     }
             if (nd) {
-                printf("     terms, G %d nt %d q16 %d: %ld of %zu values differ from the kernel + RoPE + split\n", G, nt, qh, nd,
-                       (size_t)T * H * Dh);
+                printf("     terms, G %d nt %d q16 %d f16 %d: %ld of %zu values differ from the kernel + RoPE + split\n", G, nt,
+                       qh, f16, nd, (size_t)T * H * Dh);
                 terms_diff++;
             }
         }
         free(freq), free(pos), free(ra), free(tg), free(q16), dsv4_cuda_free(dfreq), dsv4_cuda_free(dpos), dsv4_cuda_free(dout2);
-        dsv4_cuda_free(dq16);
+        dsv4_cuda_free(dq16), dsv4_cuda_free(df16s);
     }
     /* against the CPU twin too: within 10x the double bar (1e-4 rms + 1e-3 relative, still 4x under a bf16 rounding);
      * the twin's own sequential fp32 sums sit at ~2.4x the double bar. One f16 term: the bf16 arithmetic's distances */
@@ -779,7 +784,7 @@ static int run_pf(const void *ctx, void *st) {
     }
     if (j->tc == 5 || j->tc == 6) /* the terms form (wo_a's 8 groups, two terms); 6: q as f16 rows */
         return dsv4_cuda_attn_kv8_wg_terms(j->tc == 6 ? j->q16 : j->q, j->T, 64, 512, 64, j->base, j->kv2, j->T, j->idx, j->nidx,
-                                           j->sink, sc, j->freq, j->pos, 8, 2, j->tc == 6, j->out, j->wscr, st);
+                                           j->sink, sc, j->freq, j->pos, 8, 2, j->tc == 6, NULL, j->out, j->wscr, st);
     if (j->tc) return dsv4_cuda_attn_kv8_tc(j->q, j->T, 64, 512, 64, j->base, j->kv2, j->idx, j->nidx, j->sink, sc, j->out, st);
     for (int t0 = 0; t0 < j->T; t0 += 64) {
         const int tn = j->T - t0 < 64 ? j->T - t0 : 64;

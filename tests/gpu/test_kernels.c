@@ -238,6 +238,7 @@ gemm_checks:
     test_linear_gemm_split("compressor", DSV4_WF_BF16, 1024, 4096, 67, 0, 1, 0);
     test_linear_gemm_split("wo_a group", DSV4_WF_FP8, 1024, 4096, 257, 3072, 0, 1);
     test_linear_gemm_split("wo_a group", DSV4_WF_FP8, 1024, 4096, 64, 0, 1, 1);
+    test_linear_gemm_split("wo_a group", DSV4_WF_FP8, 1024, 4096, 96, 1024, 0, 0);
     test_linear_gemm_split("odd", DSV4_WF_BF16, 200, 520, 99, 8, 0, 1);
     if (only_lin) goto checks_done;
 
