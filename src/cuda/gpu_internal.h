@@ -102,7 +102,7 @@ struct dsv4_cuda_model {
     int hc_pend; /* that work not yet waited for by the main stream */
     int sh_early; /* the shared expert's branch forked before the gate (DSV4_CUDA_SHARED_EARLY=0: after the router) */
     int idxq_main;  /* ratio-4 layers' indexer query projection on the main stream (DSV4_CUDA_IDXQ_MAIN=0: stream2) */
-    int wo_a_f16;   /* prefill passes' wo_a on one f16 term where a layer has its scales (DSV4_WO_A_F16) */
+    int wo_a_f16;   /* prefill passes' wo_a on one f16 term where a layer has its scales (DSV4_WO_A_F16=0: off) */
     int hc_defer; /* DSV4_CUDA_HC_DEFER=0: the Sinkhorn in line, in the finishing kernel */
     int combine_defer; /* most tokens of a pass whose routed experts' combine the next post kernel does (0: never) */
     int cap;     /* context capacity of every sequence */

@@ -316,7 +316,9 @@ int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_
     g->sh_early = env_on("DSV4_CUDA_SHARED_EARLY", 1); /* session 34: batch 1 0.984x, batch 8 0.979x, 64 / 256 unchanged */
     g->idxq_main = env_on("DSV4_CUDA_IDXQ_MAIN", 1); /* session 34: batch 1 0.995x, 8 0.999x, 64 / 256 unchanged */
     g->hc_defer = env_on("DSV4_CUDA_HC_DEFER", 1);
-    g->wo_a_f16 = env_on("DSV4_WO_A_F16", 0);
+    /* prefill passes' wo_a on one f16 term (linear_gemm.h; session 44: 8K prefill 0.942x on an H100, the unseen study
+     * as two bf16 terms: relative L2 0.1254 / 0.1227, top-1 0.772 / 0.769, every list >= 0.708); =0: two bf16 terms */
+    g->wo_a_f16 = env_on("DSV4_WO_A_F16", 1);
     /* the routed experts' combine inside the next post kernel for passes of at most this many tokens (measured: 0.7-0.9 %
      * faster steps at batch 1-4, 0.3 % slower at 8, where the post blocks' four copies of the additions cost more than
      * the launch; DSV4_CUDA_COMBINE_DEFER=N sets it, 0: never) */
