@@ -1472,11 +1472,12 @@ int dsv4_moe_tc_run(int gateup, int fmt, int aq, const dsv4_cuda_weight *WA, con
         const int csv = gateup ? mf8_csplit : mf8_csplit_dn;
         const int cs = !xr || nt != 1 ? 1 : csv < 0 ? 2 : csv >= 2 && csv <= 4 ? csv : 1;
         /* the down projection on two row tiles a warpgroup (8-token chunks, x quantized per row, a 4-unit ring) */
+        const size_t fs2 = mf8_smem(1, NU, 2, sl, 1, 0, MF8_STAGES);
         const int d2 = !gateup && xr && nt == 1 && mf8_gp && R % 128 == 0 && (mf8_d2_force >= 0 ? mf8_d2_force : mf8_d2) &&
-                       mf8_smem(1, NU, 2, sl, 1, 0, MF8_STAGES) <= (size_t)dsv4_cuda_dev.smem_optin;
-        mf8_d2_n += d2;
-        const size_t fsk = d2 ? mf8_smem(1, NU, 2, sl, 1, 0, MF8_STAGES) : fs;
+                       fs2 <= (size_t)dsv4_cuda_dev.smem_optin;
+        const size_t fsk = d2 ? fs2 : fs;
         if (fs <= (size_t)dsv4_cuda_dev.smem_optin) { /* (else the f16 kernels: a shape no model has) */
+            mf8_d2_n += d2; /* (counted where the launch is) */
             mt_params fp;
             memset(&fp, 0, sizeof fp);
             fp.WA = WA, fp.WB = WB, fp.x = x, fp.p = *p, fp.lim = lim, fp.out = out, fp.R = R, fp.C = C, fp.NU = NU, fp.x1 = x1 && !xr;
