@@ -316,3 +316,19 @@ Test(cli_run, dsv4_load_bad_dir, .timeout = 30) {
     cr_expect_null(m);
     cr_expect(strlen(err) > 0, "no error message");
 }
+
+/* `dsv4 inspect --scale-spread`: the routed experts' MXFP4 scale spreads of a fixture (the official quantizer's, spreads
+ * 0-2: every block exact as e4m3 codes with one scale), and a model without MXFP4 experts says so */
+Test(cli_run, inspect_scale_spread, .timeout = 60) {
+    const char *bin = dsv4_bin();
+    char cmd[3 * PATH_MAX], *o1, *o2;
+    snprintf(cmd, sizeof cmd, "'%s' inspect -m '%s/small-fp8-fp4' --scale-spread 2>/dev/null", bin, dsv4_test_fixtures());
+    cr_assert_eq(run_cmd(cmd, &o1), 0, "%s", cmd);
+    cr_expect(strstr(o1, "24576 blocks of 128 columns in 96 matrices"), "%s", o1);
+    cr_expect(strstr(o1, "max 2;") && strstr(o1, "100.0000 % within 14"), "%s", o1);
+    cr_expect(strstr(o1, "histogram: 0:12911 1:11506 2:159 3:0"), "%s", o1);
+    snprintf(cmd, sizeof cmd, "'%s' inspect -m '%s/tiny-bf16' --scale-spread 2>/dev/null", bin, dsv4_test_fixtures());
+    cr_assert_eq(run_cmd(cmd, &o2), 0, "%s", cmd);
+    cr_expect(strstr(o2, "no MXFP4 routed-expert weights"), "%s", o2);
+    free(o1), free(o2);
+}

@@ -97,3 +97,24 @@ uint64_t dsv4_weight_bytes(const dsv4_weight *w) {
     default: return 0;
     }
 }
+
+uint64_t dsv4_weight_scale_spread(const dsv4_weight *w, int block, uint64_t hist[DSV4_SPREAD_BINS]) {
+    if (w->fmt != DSV4_WF_MXFP4 || !w->scale || block <= 0 || block % 32 || w->cols <= 0) return 0;
+    const int ng = (w->cols + 31) / 32, gb = block / 32;
+    uint64_t n = 0;
+    for (int r = 0; r < w->rows; r++) {
+        const uint8_t *sr = w->scale + (int64_t)(w->row0 + r) * w->scale_stride;
+        for (int g0 = 0; g0 < ng; g0 += gb) {
+            int lo = 255, hi = 0, nan = 0;
+            for (int g = g0; g < g0 + gb && g < ng; g++) {
+                nan |= sr[g] == 0xFF;
+                lo = sr[g] < lo ? sr[g] : lo;
+                hi = sr[g] > hi ? sr[g] : hi;
+            }
+            const int sp = nan ? DSV4_SPREAD_BINS - 1 : hi - lo;
+            hist[sp < DSV4_SPREAD_BINS - 1 ? sp : DSV4_SPREAD_BINS - 1]++;
+            n++;
+        }
+    }
+    return n;
+}

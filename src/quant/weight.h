@@ -39,4 +39,13 @@ void dsv4_weight_row(const dsv4_weight *w, int r, float *out);
 /* Stored bytes of the view (data + scales). */
 uint64_t dsv4_weight_bytes(const dsv4_weight *w);
 
+/* MXFP4 views: for every row and every block of `block` columns (a multiple of 32), the spread max - min of its groups'
+ * E8M0 exponents, counted into hist[min(spread, DSV4_SPREAD_BINS - 1)] (a NaN scale, 0xFF, counts in the last bin).
+ * Returns the blocks counted (0 for other formats or a block that is not a multiple of 32). The question it answers: an
+ * MXFP4 block whose spread is at most 14 holds, exactly, e4m3 codes times one power of two: e2m1's 0.5 .. 6 times
+ * 2^(e - e_max + 6) stay <= 384, and for group exponents e down to e_max - 14 they stay on e4m3's grid (0.5 x 2^-8 is its
+ * smallest subnormal, 2^-9), so an FP8 GEMM with one scale per 128 columns could read it. */
+#define DSV4_SPREAD_BINS 16
+uint64_t dsv4_weight_scale_spread(const dsv4_weight *w, int block, uint64_t hist[DSV4_SPREAD_BINS]);
+
 #endif
