@@ -68,7 +68,8 @@ int dsv4_cuda_linear_gemm(const dsv4_cuda_weight *w, const float *x, int T, floa
 size_t dsv4_cuda_linear_gemm_split_ws_bytes(int T, int K, int Nd);
 /* x terms for FP8 weights in the split path (DSV4_LINEAR_GEMM_FP8_TERMS): 2 (default) hi + mid, x to ~2^-16; 3 the three
  * bf16 terms above (and the f16 form where it applies); 1 x rounded to bf16, the official model's wo_a input; 0 back to
- * the environment's choice. Tests and measurements. */
+ * the environment's choice. Tests and measurements. (The forward's wo_a takes one f16 term instead where it can,
+ * dsv4_cuda_linear_gemm_terms_f16 below, since session 44; DSV4_WO_A_F16=0 sends it back to these terms.) */
 void dsv4_cuda_linear_gemm_split_fp8_terms(int n);
 /* the same for BF16 weights without act_bf16 (DSV4_LINEAR_GEMM_BF16_TERMS): 3 (default), 2 or 1; 0 back to the
  * environment's choice */
