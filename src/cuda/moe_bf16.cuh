@@ -46,6 +46,8 @@
  * compiler issues one lane at a time: ~1,000 cycles of warp 0 a unit, holding back its warpgroup; session 26.) */
 #pragma once
 
+#include <type_traits>
+
 #include "mbarrier.cuh"
 
 #define MB_S 4          /* stages of the x ring */
@@ -77,17 +79,53 @@ template <int I> __device__ __forceinline__ uint32_t mb_dec(uint32_t w, uint32_t
     return mb_mul(((t << 6) & 0x01C001C0u) | ((t << 12) & 0x80008000u), m);
 }
 
-/* d (64 x 128 fp32, 16 n-tiles) = (acc ? d : 0) + A (registers) . B (descriptor), wgmma m64n128k16 bf16 */
+/* d (64 x NN fp32: d[0 .. NN / 8 - 1], NN / 8 n-tiles) = (acc ? d : 0) + A (registers) . B (descriptor), wgmma
+ * m64nNNk16 bf16; NN 128 the full chunk, 32 / 64 / 96 a chunk of at most that many tokens (mb_params.nsz): the n-tiles
+ * past them are neither computed nor stored (d's registers are the same for every NN: tile j is d[j]) */
+template <int NN>
 __device__ __forceinline__ void mb_mma(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc, int acc) {
+    static_assert(NN == 32 || NN == 64 || NN == 96 || NN == 128, "wgmma N of a chunk");
 #define MB_D4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,"
-                 "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0; }"
-                 : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3), MB_D4(4), MB_D4(5), MB_D4(6), MB_D4(7), MB_D4(8), MB_D4(9), MB_D4(10),
-                   MB_D4(11), MB_D4(12), MB_D4(13), MB_D4(14), MB_D4(15)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
-                 : "memory");
+    if constexpr (NN == 32)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+                     "}, {%16,%17,%18,%19}, %20, p, 1, 1, 0; }"
+                     : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                     : "memory");
+    if constexpr (NN == 64)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                     "}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }"
+                     : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3), MB_D4(4), MB_D4(5), MB_D4(6), MB_D4(7)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                     : "memory");
+    if constexpr (NN == 96)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %53, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
+                     "}, {%48,%49,%50,%51}, %52, p, 1, 1, 0; }"
+                     : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3), MB_D4(4), MB_D4(5), MB_D4(6), MB_D4(7),
+                       MB_D4(8), MB_D4(9), MB_D4(10), MB_D4(11)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                     : "memory");
+    if constexpr (NN == 128)
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+                     "}, {%64,%65,%66,%67}, %68, p, 1, 1, 0; }"
+                     : MB_D4(0), MB_D4(1), MB_D4(2), MB_D4(3), MB_D4(4), MB_D4(5), MB_D4(6), MB_D4(7),
+                       MB_D4(8), MB_D4(9), MB_D4(10), MB_D4(11), MB_D4(12), MB_D4(13), MB_D4(14), MB_D4(15)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                     : "memory");
 #undef MB_D4
 }
 
@@ -207,6 +245,7 @@ struct mb_params {
     float lim;
     void *out; /* gate / up: h's image (rows of 2 R bytes); down: y [slots, R] fp32 */
     int R, C;
+    int nsz;        /* 1: a chunk's wgmmas only as wide as its tokens (N 32 / 64 / 96 / 128); 0: N 128 always */
     long long *trc; /* the clock trace (mb_kernel's TR instances only): [MB_TRB blocks][3 roles][MB_TRN] */
 };
 
@@ -410,7 +449,8 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
 
     /* unit it (u: its place in its chunk of ng n-groups): its weights from the ring (at k-step 1, unit it + MB_W - 1's
      * copies into the stage read at it - 1), the x stage it % MB_S */
-    auto unit = [&](int it, int u, int ng) {
+    auto unit = [&](auto nnc, int it, int u, int ng) {
+        constexpr int NN = decltype(nnc)::value;
         const int s = it % MB_S;
         trs(1);
         dev_cp_wait<MB_W - 2>();
@@ -467,7 +507,7 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
             }
             wg_fence();
 #pragma unroll
-            for (int m = 0; m < NM; m++) mb_mma(d[m], a[(2 * ks + m) & 3], desc, u != 0 || ks != 0);
+            for (int m = 0; m < NM; m++) mb_mma<NN>(d[m], a[(2 * ks + m) & 3], desc, u != 0 || ks != 0);
             wg_commit();
             /* the weight copies between the commit and the wait: the wait covers the copies' reads of their address
              * registers, which the next k-step's decode may reuse (after the wait they stalled it: ncu, session 26) */
@@ -488,10 +528,18 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
         if (GATEUP && tid < 128) /* (read after the epilogue's first barrier; the last reads of the previous chunk's
                                   * were before its second) */
             rws[tid] = t0 + tid < cnt ? P.p.rw[off + t0 + tid] : 0.0f;
-        for (int u = 0; u < NU; u += 2, it += 2) { /* (NU is even) */
-            unit(it, u, ng);
-            unit(it + 1, u + 1, ng);
-        }
+        /* the chunk's units with wgmmas N wide (a whole loop a width: the accumulation runs across the units) */
+        auto units = [&](auto nnc) {
+            for (int u = 0; u < NU; u += 2, it += 2) { /* (NU is even) */
+                unit(nnc, it, u, ng);
+                unit(nnc, it + 1, u + 1, ng);
+            }
+        };
+        const int nn = !P.nsz || ng > 12 ? 128 : ng > 8 ? 96 : ng > 4 ? 64 : 32;
+        if (nn == 128) units(std::integral_constant<int, 128>{});
+        else if (nn == 96) units(std::integral_constant<int, 96>{});
+        else if (nn == 64) units(std::integral_constant<int, 64>{});
+        else units(std::integral_constant<int, 32>{});
         /* (the epilogue outside the units' loop: on every path through that loop the accumulators are in flight) */
         wg_wait<0>();
 #pragma unroll

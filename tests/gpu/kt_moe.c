@@ -874,13 +874,14 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
         uint16_t *himg2 = malloc(sizeof(float) * (size_t)T * K * I);
         float *yg2 = malloc(sizeof(float) * (size_t)T * K * D);
         const int noprod = getenv("DSV4_TEST_PFB_NOPROD") != NULL; /* (bench/device_run.sh: the producer form hung) */
-        for (int f = 0; f < 4; f++) {
-            const int prod = f & 1, xtok = f >> 1;
+        for (int f = 0; f < 6; f++) { /* 4, 5: the wgmmas as wide as a chunk's tokens, without and with the producer */
+            const int prod = f & 1, xtok = f < 4 ? f >> 1 : -1, nsz = f >= 4;
             if (prod && noprod) {
                 printf("skip %s: producer %d, x image a token at a time %d (DSV4_TEST_PFB_NOPROD)\n", name, prod, xtok);
                 continue;
             }
             dsv4_cuda_moe_pfb_force(prod, xtok);
+            dsv4_cuda_moe_pfb_nsz(nsz);
             op_ok(dsv4_cuda_fill(dh, (int64_t)T * K * I, 0.0f, NULL) || dsv4_cuda_fill(dy, (int64_t)T * K * D, 0.0f, NULL), "fill");
             op_ok(dsv4_cuda_moe_experts_pass(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL) != 1, "moe_experts_pass (form)");
             sync_ok();
@@ -896,10 +897,11 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
                     nd += memcmp(yg2 + (size_t)(r.act_off[a] + j) * D, yg + (size_t)(r.act_off[a] + j) * D, sizeof(float) * D) != 0;
                 }
             g_checks++, g_fail += nd != 0;
-            printf("%-4s %s: producer %d, x image a token at a time %d: h image and y %s%s\n", nd ? "FAIL" : "ok", name, prod, xtok,
-                   nd ? "differ" : "bitwise the default's", nd ? " <<<" : "");
+            printf("%-4s %s: producer %d, x image a token at a time %d, N as wide as the chunk %d: h image and y %s%s\n",
+                   nd ? "FAIL" : "ok", name, prod, xtok, nsz, nd ? "differ" : "bitwise the default's", nd ? " <<<" : "");
         }
         dsv4_cuda_moe_pfb_force(-1, -1);
+        dsv4_cuda_moe_pfb_nsz(-1);
         free(himg2), free(yg2);
     }
     /* the first T2 tokens alone in a pass */
