@@ -80,8 +80,9 @@ template <int I> __device__ __forceinline__ uint32_t mb_dec(uint32_t w, uint32_t
 }
 
 /* d (64 x NN fp32: d[0 .. NN / 8 - 1], NN / 8 n-tiles) = (acc ? d : 0) + A (registers) . B (descriptor), wgmma
- * m64nNNk16 bf16; NN 128 the full chunk, 32 / 64 / 96 a chunk of at most that many tokens (mb_params.nsz): the n-tiles
- * past them are neither computed nor stored (d's registers are the same for every NN: tile j is d[j]) */
+ * m64nNNk16 bf16; NN 128 the full chunk, 32 / 64 / 96 a chunk of at most that many tokens: the n-tiles
+ * past them are neither computed nor stored (d's registers are the same for every NN: tile j is d[j]); mb_kernel's NSZ
+ * instances pick it a chunk */
 template <int NN>
 __device__ __forceinline__ void mb_mma(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc, int acc) {
     static_assert(NN == 32 || NN == 64 || NN == 96 || NN == 128, "wgmma N of a chunk");
@@ -245,7 +246,6 @@ struct mb_params {
     float lim;
     void *out; /* gate / up: h's image (rows of 2 R bytes); down: y [slots, R] fp32 */
     int R, C;
-    int nsz;        /* 1: a chunk's wgmmas only as wide as its tokens (N 32 / 64 / 96 / 128); 0: N 128 always */
     long long *trc; /* the clock trace (mb_kernel's TR instances only): [MB_TRB blocks][3 roles][MB_TRN] */
 };
 
@@ -267,7 +267,7 @@ struct mb_params {
  * (2 x 4 significant bits, 2^-17 .. 21); the sums are scaled by 2^7 scale2 at the end. Lane c's 32 columns are scale
  * groups 2 c and 2 c + 1 (k-steps 0-3 and 4-7); it copies the 4 bytes holding them (a unit's 8 scales: bytes
  * 4 (c >> 1) ..), so its weight stage is MXFP4's */
-template <int GATEUP, int PROD, int TR = 0, int NV = 0>
+template <int GATEUP, int PROD, int TR = 0, int NV = 0, int NSZ = 0>
 __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2; /* gate / up: w1 and w3 on the block's 128 rows; down: w2's rows 256 b .. and 256 b + 128 .. */
     extern __shared__ __align__(128) unsigned char mb_sm[];
@@ -535,11 +535,14 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
                 unit(nnc, it + 1, u + 1, ng);
             }
         };
-        const int nn = !P.nsz || ng > 12 ? 128 : ng > 8 ? 96 : ng > 4 ? 64 : 32;
-        if (nn == 128) units(std::integral_constant<int, 128>{});
-        else if (nn == 96) units(std::integral_constant<int, 96>{});
-        else if (nn == 64) units(std::integral_constant<int, 64>{});
-        else units(std::integral_constant<int, 32>{});
+        if constexpr (!NSZ) units(std::integral_constant<int, 128>{});
+        else {
+            const int nn = ng > 12 ? 128 : ng > 8 ? 96 : ng > 4 ? 64 : 32;
+            if (nn == 128) units(std::integral_constant<int, 128>{});
+            else if (nn == 96) units(std::integral_constant<int, 96>{});
+            else if (nn == 64) units(std::integral_constant<int, 64>{});
+            else units(std::integral_constant<int, 32>{});
+        }
         /* (the epilogue outside the units' loop: on every path through that loop the accumulators are in flight) */
         wg_wait<0>();
 #pragma unroll

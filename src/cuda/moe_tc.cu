@@ -1578,9 +1578,10 @@ static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=1: the x image a token at a time (mb
 
 static int mb_nv;       /* DSV4_MOE_PFB_NVFP4 (default 1): NVFP4 experts (with the FP8 act quant) here too (mb_kernel's NV) */
 
-static int mb_nsz;      /* DSV4_MOE_PFB_NSZ=1: a chunk's wgmmas as wide as its tokens (mb_params.nsz; session 44, not measured) */
+static int mb_nsz;      /* DSV4_MOE_PFB_NSZ: a chunk's wgmmas as wide as its tokens (mb_kernel's NSZ), bit 0 gate / up, bit 1 the down
+                        * projection (whose NSZ instances spill 80 bytes against 4); session 44, not measured */
 static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fnsz = -1;
-extern "C" void dsv4_cuda_moe_pfb_nsz(int on) { mb_fnsz = on == 0 || on == 1 ? on : -1; }
+extern "C" void dsv4_cuda_moe_pfb_nsz(int on) { mb_fnsz = on >= 0 && on <= 3 ? on : -1; }
 extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
 extern "C" void dsv4_cuda_moe_pfb_nvfp4(int on) { mb_fnv = on == 0 || on == 1 ? on : -1; }
 
@@ -1629,7 +1630,7 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
                      mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 1) != 0,
                      mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 0) != 0, /* (the producer on, the x image a token at a time off: NOTES "Session 30") */
                      mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 1) != 0, /* (on since session 30: NVFP4 8K prefill +33 %) */
-                     mb_nsz = dsv4_env_int("DSV4_MOE_PFB_NSZ", 0) != 0;
+                     mb_nsz = dsv4_env_int("DSV4_MOE_PFB_NSZ", 0) & 3;
     const int64_t slots = (int64_t)T * K;
     /* the images: at most T K + 8 maxslots rows of 2 D bytes (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in
      * h's T K rows of 4 I): they fit while 8 maxslots <= T K (always at the default DSV4_MOE_PFB_AVG) */
@@ -1643,8 +1644,14 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
         return 0;
     const int prod = mb_fprod >= 0 ? mb_fprod : mb_prod, xtok = mb_fxtok >= 0 ? mb_fxtok : mb_xtok;
     const int nv13 = ex->fmt13 == DSV4_WF_NVFP4, nv2 = ex->fmt2 == DSV4_WF_NVFP4;
-    void (*const kg)(mb_params) = nv13 ? (prod ? mb_kernel<1, 1, 0, 1> : mb_kernel<1, 0, 0, 1>) : (prod ? mb_kernel<1, 1> : mb_kernel<1, 0>);
-    void (*const kd)(mb_params) = nv2 ? (prod ? mb_kernel<0, 1, 0, 1> : mb_kernel<0, 0, 0, 1>) : (prod ? mb_kernel<0, 1> : mb_kernel<0, 0>);
+    /* NSZ: a chunk's wgmmas as wide as its tokens (separate instances: the default's code stays as it was) */
+    const int nsz = mb_fnsz >= 0 ? mb_fnsz : mb_nsz;
+    void (*const kg)(mb_params) = nsz & 1
+                                      ? (nv13 ? (prod ? mb_kernel<1, 1, 0, 1, 1> : mb_kernel<1, 0, 0, 1, 1>) : (prod ? mb_kernel<1, 1, 0, 0, 1> : mb_kernel<1, 0, 0, 0, 1>))
+                                      : (nv13 ? (prod ? mb_kernel<1, 1, 0, 1> : mb_kernel<1, 0, 0, 1>) : (prod ? mb_kernel<1, 1> : mb_kernel<1, 0>));
+    void (*const kd)(mb_params) = nsz & 2
+                                      ? (nv2 ? (prod ? mb_kernel<0, 1, 0, 1, 1> : mb_kernel<0, 0, 0, 1, 1>) : (prod ? mb_kernel<0, 1, 0, 0, 1> : mb_kernel<0, 0, 0, 0, 1>))
+                                      : (nv2 ? (prod ? mb_kernel<0, 1, 0, 1> : mb_kernel<0, 0, 0, 1>) : (prod ? mb_kernel<0, 1> : mb_kernel<0, 0>));
     const int nth = prod ? MB_PTHREADS : MB_THREADS;
     const void *fg = (const void *)kg, *fd = (const void *)kd;
     if (mt_set_smem(fg, MB_SMEM, 0) || mt_set_smem(fd, MB_SMEM, 0)) return -1;
@@ -1653,7 +1660,6 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     if (dsv4_cuda_check_launch("moe_experts (x image, bf16 prefill)")) return -1;
     mb_params P;
     P.WA = ex->w1, P.WB = ex->w3, P.img = (const uint8_t *)y, P.p = *p, P.lim = lim, P.out = h, P.R = ex->I, P.C = ex->D;
-    P.nsz = mb_fnsz >= 0 ? mb_fnsz : mb_nsz;
     const int pz = mb_pz >= 1 && mb_pz <= 8 ? mb_pz : 1;
     P.trc = NULL;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;

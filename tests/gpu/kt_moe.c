@@ -875,7 +875,7 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
         float *yg2 = malloc(sizeof(float) * (size_t)T * K * D);
         const int noprod = getenv("DSV4_TEST_PFB_NOPROD") != NULL; /* (bench/device_run.sh: the producer form hung) */
         for (int f = 0; f < 6; f++) { /* 4, 5: the wgmmas as wide as a chunk's tokens, without and with the producer */
-            const int prod = f & 1, xtok = f < 4 ? f >> 1 : -1, nsz = f >= 4;
+            const int prod = f & 1, xtok = f < 4 ? f >> 1 : -1, nsz = f >= 4 ? 3 : 0;
             if (prod && noprod) {
                 printf("skip %s: producer %d, x image a token at a time %d (DSV4_TEST_PFB_NOPROD)\n", name, prod, xtok);
                 continue;
