@@ -294,8 +294,8 @@ void dsv4_cuda_moe_experts_path(int mode);
  * image a token at a time, 0 a slot at a time (DSV4_MOE_PFB_XTOK). Every form gives the same bits. */
 void dsv4_cuda_moe_pfb_force(int prod, int xtok);
 /* The BF16 prefill kernels' wgmmas as wide as a chunk's tokens (N 32 / 64 / 96 / 128: a chunk of at most 96 tokens, an
- * expert's last or only one, computes no n-tiles past them): bit 0 gate / up, bit 1 the down projection, 0 off (N 128
- * always), -1 the environment's (DSV4_MOE_PFB_NSZ, 0 unless set: written in session 44 without a device). Meant to give
+ * expert's last or only one, computes no n-tiles past them; the down projection N 64 / 128): bit 0 gate / up, bit 1 the
+ * down projection, 0 off (N 128 always), -1 the environment's (DSV4_MOE_PFB_NSZ, 0 unless set: written in session 44 without a device). Meant to give
  * the same bits. */
 void dsv4_cuda_moe_pfb_nsz(int on);
 /* The FP8 experts' (moe_f8.cuh) forms with x quantized per row (tests, A/B): the weight ring's depth of gate / up (4, 5,

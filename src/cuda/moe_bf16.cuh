@@ -537,11 +537,15 @@ __global__ void __launch_bounds__(PROD ? MB_PTHREADS : MB_THREADS, 1) mb_kernel(
         };
         if constexpr (!NSZ) units(std::integral_constant<int, 128>{});
         else {
-            const int nn = ng > 12 ? 128 : ng > 8 ? 96 : ng > 4 ? 64 : 32;
+            /* gate / up N 32 / 64 / 96 / 128; the down projection 64 / 128 only (with all four its instances spilled 80
+             * bytes against the default's 4; with two, 8) */
+            const int nn = ng > 12 ? 128 : ng > 8 ? (GATEUP ? 96 : 128) : ng > 4 || !GATEUP ? 64 : 32;
             if (nn == 128) units(std::integral_constant<int, 128>{});
-            else if (nn == 96) units(std::integral_constant<int, 96>{});
             else if (nn == 64) units(std::integral_constant<int, 64>{});
-            else units(std::integral_constant<int, 32>{});
+            else if constexpr (GATEUP) {
+                if (nn == 96) units(std::integral_constant<int, 96>{});
+                else units(std::integral_constant<int, 32>{});
+            }
         }
         /* (the epilogue outside the units' loop: on every path through that loop the accumulators are in flight) */
         wg_wait<0>();

@@ -1578,8 +1578,9 @@ static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=1: the x image a token at a time (mb
 
 static int mb_nv;       /* DSV4_MOE_PFB_NVFP4 (default 1): NVFP4 experts (with the FP8 act quant) here too (mb_kernel's NV) */
 
-static int mb_nsz;      /* DSV4_MOE_PFB_NSZ: a chunk's wgmmas as wide as its tokens (mb_kernel's NSZ), bit 0 gate / up, bit 1 the down
-                        * projection (whose NSZ instances spill 80 bytes against 4); session 44, not measured */
+static int mb_nsz;      /* DSV4_MOE_PFB_NSZ: a chunk's wgmmas as wide as its tokens (mb_kernel's NSZ), bit 0 gate / up (N 32 / 64 /
+                        * 96 / 128), bit 1 the down projection (64 / 128; its NSZ instance spills 8 bytes against 4); session 44,
+                        * not measured */
 static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fnsz = -1;
 extern "C" void dsv4_cuda_moe_pfb_nsz(int on) { mb_fnsz = on >= 0 && on <= 3 ? on : -1; }
 extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
