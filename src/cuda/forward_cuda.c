@@ -464,8 +464,9 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
     if (G > 1) wv.rows = Ro;
     int tnt = 0;
     const float *f16s = NULL; /* wo_a on one f16 term (DSV4_WO_A_F16; linear_gemm.h): the layer's scales */
-    if (wgp && dsv4_cuda_attn_kv8_wg_terms_enabled() && gemm_takes(w, &wv, T, 1) && !dsv4_cuda_linear_gemm_fits(&wv, T) &&
-        dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G) && g->wo_a_f16 && gl->wo_a_f16s) {
+    const int terms_ok = wgp && dsv4_cuda_attn_kv8_wg_terms_enabled() && gemm_takes(w, &wv, T, 1) &&
+                         !dsv4_cuda_linear_gemm_fits(&wv, T) && dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G);
+    if (terms_ok && g->wo_a_f16 && gl->wo_a_f16s) {
         f16s = gl->wo_a_f16s;
         for (int gi = 0; gi < G && f16s; gi++) {
             dsv4_cuda_weight v = wv;
@@ -476,8 +477,7 @@ static int attention(dsv4_cuda_model *g, const gws *w, const dsv4_cuda_batch *b,
         }
         tnt = f16s != NULL;
     }
-    if (!tnt && wgp && dsv4_cuda_attn_kv8_wg_terms_enabled() && gemm_takes(w, &wv, T, 1) && !dsv4_cuda_linear_gemm_fits(&wv, T) &&
-        dsv4_cuda_attn_kv8_wg_terms_fits(H, Dh, R, G)) {
+    if (!tnt && terms_ok) {
         tnt = dsv4_cuda_linear_gemm_terms_nt(&wv);
         if (tnt > 2) tnt = 0;
         for (int gi = 0; gi < G && tnt; gi++) { /* every group's plan (their pointers' alignments may differ) */

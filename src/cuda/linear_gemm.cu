@@ -661,11 +661,13 @@ extern "C" int dsv4_cuda_linear_gemm_terms_nt(const dsv4_cuda_weight *w) {
     return nt;
 }
 
-/* the checks and the plan (lg_mu held on success; NULL: declined, unlocked) */
-static lg_plan *lg_terms_plan(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,
-                              int64_t ldy, const void **A, size_t *o_w, size_t *o_lt) {
+/* the checks and the plan (lg_mu held on success; NULL: declined, unlocked). kind 1: bf16 terms on the bf16 (or FP8,
+ * dequantized to bf16) weight; kind 2: one f16 term on the FP8 weight dequantized to f16 (f16_ok required) */
+static lg_plan *lg_terms_plan(int kind, const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T,
+                              float *y, int64_t ldy, const void **A, size_t *o_w, size_t *o_lt) {
     if (!dsv4_cuda_linear_gemm_split_fits(w, T) || nt < 1 || nt > 3) return NULL;
     const int K = w->cols, N = w->rows, fp8 = w->fmt == DSV4_WF_FP8;
+    if (kind == 2 && (!fp8 || !w->f16_ok || nt != 1)) return NULL;
     if (!ldy) ldy = N;
     if (!terms || !y || ldt < K || ldt > INT32_MAX || ldy < N || (ldy & 3) || ((uintptr_t)y & 15) || ((uintptr_t)terms & 15) ||
         (ldt & 7) || (nt > 1 && (ps & 7)))
@@ -676,14 +678,29 @@ static lg_plan *lg_terms_plan(const dsv4_cuda_weight *w, const void *terms, int6
     int alb = lg_align(terms);
     if (nt > 1 && lg_align((const __nv_bfloat16 *)terms + ps) < alb) alb = lg_align((const __nv_bfloat16 *)terms + ps);
     /* the dequantized weight sits at o_w of a 256-byte aligned workspace */
-    return lg_lock_plan(1, N, K, T, (int)ldy, fp8 ? 256 : lg_align(*A), lg_align(y), NULL, NULL, (int)ldt, alb);
+    return lg_lock_plan(kind, N, K, T, (int)ldy, fp8 ? 256 : lg_align(*A), lg_align(y), NULL, NULL, (int)ldt, alb);
+}
+
+/* lg_terms_plan with the workspace's checks (lg_mu held on success; 1: declined, -1: failed, both unlocked) */
+static int lg_terms_begin(int kind, const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt, int T, float *y,
+                          int64_t ldy, const void *ws, size_t ws_bytes, const char *what, lg_plan **p, const void **A, size_t *o_w,
+                          size_t *o_lt) {
+    if (!ws || ((uintptr_t)ws & 255)) return 1;
+    *p = lg_terms_plan(kind, w, terms, ldt, ps, nt, T, y, ldy, A, o_w, o_lt);
+    if (!*p) return 1;
+    if (ws_bytes < *o_lt + LG_LT_WS) {
+        pthread_mutex_unlock(&lg_mu);
+        return dsv4_cuda_fail("linear gemm (%s): workspace %zu bytes, %zu needed for K %d N %d", what, ws_bytes, *o_lt + LG_LT_WS,
+                              w->cols, w->rows);
+    }
+    return 0;
 }
 
 extern "C" int dsv4_cuda_linear_gemm_terms_ready(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int64_t ps, int nt,
                                                  int T, float *y, int64_t ldy) {
     const void *A;
     size_t ow, olt;
-    lg_plan *p = lg_terms_plan(w, terms, ldt, ps, nt, T, y, ldy, &A, &ow, &olt);
+    lg_plan *p = lg_terms_plan(1, w, terms, ldt, ps, nt, T, y, ldy, &A, &ow, &olt);
     if (!p) return 0;
     pthread_mutex_unlock(&lg_mu);
     return 1;
@@ -693,14 +710,10 @@ extern "C" int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void
                                            float *y, int64_t ldy, void *ws, size_t ws_bytes, void *stream) {
     const void *A;
     size_t ow, olt;
-    if (!ws || ((uintptr_t)ws & 255)) return 1;
-    lg_plan *p = lg_terms_plan(w, terms, ldt, ps, nt, T, y, ldy, &A, &ow, &olt);
-    if (!p) return 1;
+    lg_plan *p;
+    const int rb = lg_terms_begin(1, w, terms, ldt, ps, nt, T, y, ldy, ws, ws_bytes, "terms", &p, &A, &ow, &olt);
+    if (rb) return rb;
     const int K = w->cols, N = w->rows;
-    if (ws_bytes < olt + LG_LT_WS) {
-        pthread_mutex_unlock(&lg_mu);
-        return dsv4_cuda_fail("linear gemm (terms): workspace %zu bytes, %zu needed for K %d N %d", ws_bytes, olt + LG_LT_WS, K, N);
-    }
     uint8_t *base = (uint8_t *)ws;
     cudaStream_t st = DSV4_STREAM(stream);
     lg_last_cat = 0;
@@ -725,7 +738,7 @@ extern "C" int dsv4_cuda_linear_gemm_terms(const dsv4_cuda_weight *w, const void
             if (rc != 1) return rc;
             lg_last_cat = 0; /* no algorithm ran (y untouched): the two GEMMs */
         }
-        p = lg_terms_plan(w, terms, ldt, ps, nt, T, y, ldy, &A, &ow, &olt);
+        p = lg_terms_plan(1, w, terms, ldt, ps, nt, T, y, ldy, &A, &ow, &olt);
         if (!p) return 1;
     }
     if (!A) { /* FP8: the view's rows as bf16 */
@@ -763,24 +776,11 @@ extern "C" int dsv4_cuda_wo_a_f16_scale(const float *const *norms, const int *n,
     return 0;
 }
 
-/* the checks and the kind-2 plan (lg_mu held on success; NULL: declined, unlocked) */
-static lg_plan *lg_terms_f16_plan(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int T, float *y, int64_t ldy,
-                                  size_t *o_w, size_t *o_lt) {
-    if (!dsv4_cuda_linear_gemm_split_fits(w, T) || w->fmt != DSV4_WF_FP8 || !w->f16_ok) return NULL;
-    const int K = w->cols, N = w->rows;
-    if (!ldy) ldy = N;
-    if (!terms || !y || ldt < K || ldt > INT32_MAX || ldy < N || (ldy & 3) || ((uintptr_t)y & 15) || ((uintptr_t)terms & 15) ||
-        (ldt & 7))
-        return NULL;
-    size_t ox, xps, osc;
-    lg_split_layout(0, K, N, &ox, &xps, o_w, &osc, o_lt);
-    return lg_lock_plan(2, N, K, T, (int)ldy, 256, lg_align(y), NULL, NULL, (int)ldt, lg_align(terms));
-}
-
 extern "C" int dsv4_cuda_linear_gemm_terms_f16_ready(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int T, float *y,
                                                      int64_t ldy) {
+    const void *A;
     size_t ow, olt;
-    lg_plan *p = lg_terms_f16_plan(w, terms, ldt, T, y, ldy, &ow, &olt);
+    lg_plan *p = lg_terms_plan(2, w, terms, ldt, 0, 1, T, y, ldy, &A, &ow, &olt);
     if (!p) return 0;
     pthread_mutex_unlock(&lg_mu);
     return 1;
@@ -788,15 +788,13 @@ extern "C" int dsv4_cuda_linear_gemm_terms_f16_ready(const dsv4_cuda_weight *w, 
 
 extern "C" int dsv4_cuda_linear_gemm_terms_f16(const dsv4_cuda_weight *w, const void *terms, int64_t ldt, int T, float *y,
                                                int64_t ldy, const float *ab, void *ws, size_t ws_bytes, void *stream) {
+    const void *A;
     size_t ow, olt;
-    if (!ws || ((uintptr_t)ws & 255) || !ab) return 1;
-    lg_plan *p = lg_terms_f16_plan(w, terms, ldt, T, y, ldy, &ow, &olt);
-    if (!p) return 1;
+    lg_plan *p;
+    if (!ab) return 1;
+    const int rb = lg_terms_begin(2, w, terms, ldt, 0, 1, T, y, ldy, ws, ws_bytes, "f16 term", &p, &A, &ow, &olt);
+    if (rb) return rb;
     const int K = w->cols, N = w->rows;
-    if (ws_bytes < olt + LG_LT_WS) {
-        pthread_mutex_unlock(&lg_mu);
-        return dsv4_cuda_fail("linear gemm (f16 term): workspace %zu bytes, %zu needed for K %d N %d", ws_bytes, olt + LG_LT_WS, K, N);
-    }
     uint8_t *base = (uint8_t *)ws;
     cudaStream_t st = DSV4_STREAM(stream);
     __half *wh = (__half *)(base + ow);

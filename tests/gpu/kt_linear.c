@@ -358,6 +358,16 @@ void test_linear_gemm(const char *tag, int R, int C, int T, int scale_f32, int r
  * fp32, the tensor cores accumulate in fp32); x and y as slices of wider rows (ldx, ldy: the wo_a groups) with the gaps
  * of y untouched; a rerun bitwise equal. FP8 weights without act_bf16: the three-term forms first, then the default
  * two terms, then one term against the twin on x rounded to bf16 (the same tolerance: only x's rounding differs). */
+/* y's rows (T of ldy floats) gathered into gs (T x R); the values written in the gaps past R (which hold NaN) counted */
+static long gather_rows(const float *host, int T, int R, int64_t ldy, float *gs) {
+    long gap = 0;
+    for (int t = 0; t < T; t++) {
+        memcpy(gs + (size_t)t * R, host + (size_t)t * ldy, sizeof(float) * (size_t)R);
+        for (int64_t i = R; i < ldy; i++) gap += !isnan(host[(size_t)t * ldy + i]);
+    }
+    return gap;
+}
+
 /* one more form of the split GEMM on the same x (as the switches now select it) against ref at the GEMV checks'
  * tolerance, y's gaps untouched; host: T x ldy floats, gs: T x R */
 static void split_variant(const char *name, const char *form, const dsv4_cuda_weight *dw, const float *dxs, int64_t ldx,
@@ -368,14 +378,10 @@ static void split_variant(const char *name, const char *form, const dsv4_cuda_we
     op_ok(dsv4_cuda_linear_gemm_split(dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL), n2);
     sync_ok();
     from_dev(host, dy, sizeof(float) * (size_t)T * ldy);
-    int gap = 0;
-    for (int t = 0; t < T; t++) {
-        memcpy(gs + (size_t)t * R, host + (size_t)t * ldy, sizeof(float) * (size_t)R);
-        for (int64_t i = R; i < ldy; i++) gap += !isnan(host[(size_t)t * ldy + i]);
-    }
+    const long gap = gather_rows(host, T, R, ldy, gs);
     check(n2, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
     g_checks++, g_fail += gap != 0;
-    printf("%-4s %s: %d gap values written%s\n", gap ? "FAIL" : "ok", n2, gap, gap ? " <<<" : "");
+    printf("%-4s %s: %ld gap values written%s\n", gap ? "FAIL" : "ok", n2, gap, gap ? " <<<" : "");
 }
 
 /* dsv4_cuda_linear_gemm_terms on x's terms made here as the split makes them (hi = bf16(x), mid = bf16(x - hi), lo =
@@ -469,11 +475,7 @@ static void f16_term_variant(const char *name, const hweight *h, const dsv4_cuda
     if (rc < 0) op_ok(rc, n2);
     sync_ok();
     from_dev(host, dy, sizeof(float) * (size_t)T * ldy);
-    long gap = 0;
-    for (int t = 0; t < T; t++) {
-        memcpy(gs + (size_t)t * R, host + (size_t)t * ldy, sizeof(float) * (size_t)R);
-        for (int64_t i = R; i < ldy; i++) gap += !isnan(host[(size_t)t * ldy + i]);
-    }
+    const long gap = gather_rows(host, T, R, ldy, gs);
     check(n2, gs, rq, (size_t)T * R, 1e-4 * rms(rq, (size_t)T * R), 1e-4);
     /* f16 against fp32 x: each term within 2^-12 of its value (relative; round to nearest), independent roundings, so
      * y's relative L2 distance ~2^-12 / sqrt(3); the bar 2^-10 (one bf16 term's is ~2^-9 / sqrt(3)) */
@@ -541,18 +543,14 @@ void test_linear_gemm_split(const char *tag, dsv4_wfmt fmt, int R, int C, int T,
         sync_ok();
         from_dev(got, dy, sizeof(float) * (size_t)T * ldy);
         float *gs = malloc(sizeof(float) * (size_t)T * R);
-        int gap = 0;
-        for (int t = 0; t < T; t++) {
-            memcpy(gs + (size_t)t * R, got + (size_t)t * ldy, sizeof(float) * (size_t)R);
-            for (int64_t i = R; i < ldy; i++) gap += !isnan(got[(size_t)t * ldy + i]);
-        }
+        const long gap = gather_rows(got, T, R, ldy, gs);
         check(name, gs, ref, (size_t)T * R, 1e-4 * rms(ref, (size_t)T * R), 1e-4);
         op_ok(dsv4_cuda_linear_gemm_split(&dw, dxs, ldx, T, dy, ldy, ws, wsb, NULL) != 0, "split rerun");
         sync_ok();
         from_dev(got2, dy, sizeof(float) * (size_t)T * ldy);
         const int same = !memcmp(got, got2, sizeof(float) * (size_t)T * ldy);
         g_checks++, g_fail += !same || gap;
-        printf("%-4s %s: rerun bitwise equal, %d gap values written%s\n", same && !gap ? "ok" : "FAIL", name, gap,
+        printf("%-4s %s: rerun bitwise equal, %ld gap values written%s\n", same && !gap ? "ok" : "FAIL", name, gap,
                same && !gap ? "" : " <<<");
         if (fmt == DSV4_WF_FP8 && !ab) { /* FP8 weights: the f16 form (2 terms) ran; the bf16 form (3 terms) as well */
             const int f16 = dsv4_cuda_linear_gemm_split_last_f16();
