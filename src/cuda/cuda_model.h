@@ -295,8 +295,8 @@ void dsv4_cuda_moe_experts_path(int mode);
 void dsv4_cuda_moe_pfb_force(int prod, int xtok);
 /* The BF16 prefill kernels' wgmmas as wide as a chunk's tokens (N 32 / 64 / 96 / 128: a chunk of at most 96 tokens, an
  * expert's last or only one, computes no n-tiles past them; the down projection N 64 / 128): bit 0 gate / up, bit 1 the
- * down projection, 0 off (N 128 always), -1 the environment's (DSV4_MOE_PFB_NSZ, 0 unless set: written in session 44 without a device). Meant to give
- * the same bits. */
+ * down projection, 0 off (N 128 always), -1 the environment's (DSV4_MOE_PFB_NSZ, 3 unless set: on since session 45,
+ * 8K prefill 0.988x on an H100). The same bits (test_kernels --only pfb: forms 4 and 5). */
 void dsv4_cuda_moe_pfb_nsz(int on);
 /* The FP8 experts' (moe_f8.cuh) forms with x quantized per row (tests, A/B): the weight ring's depth of gate / up (4, 5,
  * 6) and down (4, 6, 8), the blocks a row tile's 8-token chunks are split over (1-4), the scale words 4 units at a time

@@ -1579,8 +1579,8 @@ static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=1: the x image a token at a time (mb
 static int mb_nv;       /* DSV4_MOE_PFB_NVFP4 (default 1): NVFP4 experts (with the FP8 act quant) here too (mb_kernel's NV) */
 
 static int mb_nsz;      /* DSV4_MOE_PFB_NSZ: a chunk's wgmmas as wide as its tokens (mb_kernel's NSZ), bit 0 gate / up (N 32 / 64 /
-                        * 96 / 128), bit 1 the down projection (64 / 128; its NSZ instance spills 8 bytes against 4); session 44,
-                        * not measured */
+                        * 96 / 128), bit 1 the down projection (64 / 128; its NSZ instance spills 8 bytes against 4); 3 by default
+                        * since session 45 (the same bits; 8K prefill 0.988x on an H100) */
 static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fnsz = -1;
 extern "C" void dsv4_cuda_moe_pfb_nsz(int on) { mb_fnsz = on >= 0 && on <= 3 ? on : -1; }
 extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
@@ -1631,7 +1631,7 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
                      mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 1) != 0,
                      mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 0) != 0, /* (the producer on, the x image a token at a time off: NOTES "Session 30") */
                      mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 1) != 0, /* (on since session 30: NVFP4 8K prefill +33 %) */
-                     mb_nsz = dsv4_env_int("DSV4_MOE_PFB_NSZ", 0) & 3;
+                     mb_nsz = dsv4_env_int("DSV4_MOE_PFB_NSZ", 3) & 3;
     const int64_t slots = (int64_t)T * K;
     /* the images: at most T K + 8 maxslots rows of 2 D bytes (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in
      * h's T K rows of 4 I): they fit while 8 maxslots <= T K (always at the default DSV4_MOE_PFB_AVG) */
