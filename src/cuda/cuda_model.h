@@ -230,6 +230,7 @@ typedef struct dsv4_cuda_experts {
     int vec13, vec2;                /* 16-byte rows everywhere: the vector path; else element by element */
     int tc13, tc2;                  /* the tensor-core kernel takes them (moe_tc.cu: FP8 / MXFP4 / NVFP4, columns % 128) */
     int aq13, aq2;                  /* their act_quant (uniform over the experts when tc13 / tc2) */
+    int pf8;                        /* MXFP4 everywhere and every row's scales within moe_f8p.cuh's reach (dsv4_moe_pf8_check) */
 } dsv4_cuda_experts;
 
 /* From host arrays [E] of device weights (dsv4_cuda_weight of each expert). 0, or -1 (message in
@@ -298,6 +299,12 @@ void dsv4_cuda_moe_pfb_force(int prod, int xtok);
  * down projection, 0 off (N 128 always), -1 the environment's (DSV4_MOE_PFB_NSZ, 3 unless set: on since session 45,
  * 8K prefill 0.988x on an H100). The same bits (test_kernels --only pfb: forms 4 and 5). */
 void dsv4_cuda_moe_pfb_nsz(int on);
+/* The prefill pass's experts on FP8 tensor cores with a promotion per 128 columns (moe_f8p.cuh: MXFP4 with the FP8 act
+ * quant, the experts' pf8, D and I multiples of 512, the producer form; NOT the BF16 kernels' bits: the FP8 tensor core's
+ * sums): 1 on, 0 off, -1 the environment's (DSV4_MOE_PFB_F8, 0 unless set: written in session 45). _last: 1 when the
+ * last pass that took the prefill kernels ran this form. */
+void dsv4_cuda_moe_pfb_f8(int on);
+int dsv4_cuda_moe_pfb_f8_last(void);
 /* The FP8 experts' (moe_f8.cuh) forms with x quantized per row (tests, A/B): the weight ring's depth of gate / up (4, 5,
  * 6) and down (4, 6, 8), the blocks a row tile's 8-token chunks are split over (1-4), the scale words 4 units at a time
  * (sg 1) or a unit at a time (0); -1: the default of each; st_gu -2: back to the environment's (DSV4_MOE_F8_ST_GU,

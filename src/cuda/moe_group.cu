@@ -712,6 +712,14 @@ extern "C" int dsv4_cuda_experts_init(dsv4_cuda_experts *x, const dsv4_cuda_weig
         dsv4_cuda_experts_free(x);
         return -1;
     }
+    if (x->tc13 && x->tc2 && x->fmt13 == DSV4_WF_MXFP4 && x->fmt2 == DSV4_WF_MXFP4) {
+        const int ok = dsv4_moe_pf8_check(x);
+        if (ok < 0) {
+            dsv4_cuda_experts_free(x);
+            return -1;
+        }
+        x->pf8 = ok;
+    }
     return 0;
 }
 

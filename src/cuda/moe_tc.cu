@@ -1233,6 +1233,7 @@ double dsv4_moe_tc_mma_rate(int na, int blocks_per_sm) {
 
 #include "moe_f8.cuh"
 #include "moe_bf16.cuh"
+#include "moe_f8p.cuh"
 
 typedef void (*mt_fn)(const mt_params);
 
@@ -1581,7 +1582,25 @@ static int mb_nv;       /* DSV4_MOE_PFB_NVFP4 (default 1): NVFP4 experts (with t
 static int mb_nsz;      /* DSV4_MOE_PFB_NSZ: a chunk's wgmmas as wide as its tokens (mb_kernel's NSZ), bit 0 gate / up (N 32 / 64 /
                         * 96 / 128), bit 1 the down projection (64 / 128; its NSZ instance spills 8 bytes against 4); 3 by default
                         * since session 45 (the same bits; 8K prefill 0.988x on an H100) */
-static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fnsz = -1;
+static int mb_f8;       /* DSV4_MOE_PFB_F8: the FP8 form (moe_f8p.cuh) where it applies; session 45, not measured */
+static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fnsz = -1, mb_ff8 = -1, mb_last_f8;
+extern "C" void dsv4_cuda_moe_pfb_f8(int on) { mb_ff8 = on == 0 || on == 1 ? on : -1; }
+extern "C" int dsv4_cuda_moe_pfb_f8_last(void) { return mb_last_f8; }
+
+int dsv4_moe_pf8_check(const dsv4_cuda_experts *ex) {
+    int *bad = (int *)dsv4_cuda_alloc(sizeof(int)), h = 0;
+    if (!bad) return -1;
+    int rc = cudaMemset(bad, 0, sizeof(int)) != cudaSuccess ? dsv4_cuda_fail("experts: FP8 prefill check: memset") : 0;
+    const int rmax = ex->I > ex->D ? ex->I : ex->D;
+    if (!rc) {
+        mq_check_kernel<<<dim3((unsigned)((rmax + 7) / 8), (unsigned)ex->E, 3), 256>>>(ex->w1, ex->w3, ex->w2, bad);
+        rc = dsv4_cuda_check_launch("experts: FP8 prefill check");
+    }
+    if (!rc && (cudaMemcpy(&h, bad, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess))
+        rc = dsv4_cuda_fail("experts: FP8 prefill check: copy");
+    dsv4_cuda_free(bad);
+    return rc ? -1 : !h;
+}
 extern "C" void dsv4_cuda_moe_pfb_nsz(int on) { mb_fnsz = on >= 0 && on <= 3 ? on : -1; }
 extern "C" void dsv4_cuda_moe_pfb_force(int prod, int xtok) { mb_fprod = prod, mb_fxtok = xtok; }
 extern "C" void dsv4_cuda_moe_pfb_nvfp4(int on) { mb_fnv = on == 0 || on == 1 ? on : -1; }
@@ -1631,7 +1650,7 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
                      mb_pz = dsv4_env_int("DSV4_MOE_PFB_PZ", 1), mb_prod = dsv4_env_int("DSV4_MOE_PFB_PRODUCER", 1) != 0,
                      mb_xtok = dsv4_env_int("DSV4_MOE_PFB_XTOK", 0) != 0, /* (the producer on, the x image a token at a time off: NOTES "Session 30") */
                      mb_nv = dsv4_env_int("DSV4_MOE_PFB_NVFP4", 1) != 0, /* (on since session 30: NVFP4 8K prefill +33 %) */
-                     mb_nsz = dsv4_env_int("DSV4_MOE_PFB_NSZ", 3) & 3;
+                     mb_nsz = dsv4_env_int("DSV4_MOE_PFB_NSZ", 3) & 3, mb_f8 = dsv4_env_int("DSV4_MOE_PFB_F8", 0) != 0;
     const int64_t slots = (int64_t)T * K;
     /* the images: at most T K + 8 maxslots rows of 2 D bytes (x, in y's T K rows of 4 D bytes) and of 2 I bytes (h's, in
      * h's T K rows of 4 I): they fit while 8 maxslots <= T K (always at the default DSV4_MOE_PFB_AVG) */
@@ -1654,6 +1673,24 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
                                       ? (nv2 ? (prod ? mb_kernel<0, 1, 0, 1, 1> : mb_kernel<0, 0, 0, 1, 1>) : (prod ? mb_kernel<0, 1, 0, 0, 1> : mb_kernel<0, 0, 0, 0, 1>))
                                       : (nv2 ? (prod ? mb_kernel<0, 1, 0, 1> : mb_kernel<0, 0, 0, 1>) : (prod ? mb_kernel<0, 1> : mb_kernel<0, 0>));
     const int nth = prod ? MB_PTHREADS : MB_THREADS;
+    mb_last_f8 = 0;
+    /* the FP8 form (moe_f8p.cuh): MXFP4 both, every row's scales within reach, rows of whole 16-byte image rows */
+    const int f8 = (mb_ff8 >= 0 ? mb_ff8 : mb_f8) && prod && !nv13 && !nv2 && ex->pf8 && ex->D % 512 == 0 && ex->I % 512 == 0;
+    if (f8) {
+        const int pz = mb_pz >= 1 && mb_pz <= 8 ? mb_pz : 1;
+        if (mt_set_smem((const void *)mq_kernel<1>, MQ_SMEM, 0) || mt_set_smem((const void *)mq_kernel<0>, MQ_SMEM, 0)) return -1;
+        mq_ximage_kernel<<<dim3(16, maxslots), 256, 0, st>>>(x, *p, ex->D, (uint8_t *)y);
+        if (dsv4_cuda_check_launch("moe_experts (x image, fp8 prefill)")) return -1;
+        mb_params P;
+        P.WA = ex->w1, P.WB = ex->w3, P.img = (const uint8_t *)y, P.p = *p, P.lim = lim, P.out = h, P.R = ex->I, P.C = ex->D, P.trc = NULL;
+        mq_kernel<1><<<dim3(ex->I / 128, maxslots, pz), MB_PTHREADS, MQ_SMEM, st>>>(P);
+        if (dsv4_cuda_check_launch("moe_experts (gate/up, fp8 prefill)")) return -1;
+        P.WA = ex->w2, P.WB = NULL, P.img = (const uint8_t *)h, P.lim = 0.0f, P.out = y, P.R = ex->D, P.C = ex->I;
+        mq_kernel<0><<<dim3(ex->D / 256, maxslots, pz), MB_PTHREADS, MQ_SMEM, st>>>(P);
+        if (dsv4_cuda_check_launch("moe_experts (down, fp8 prefill)")) return -1;
+        mb_last_f8 = 1;
+        return 1;
+    }
     const void *fg = (const void *)kg, *fd = (const void *)kd;
     if (mt_set_smem(fg, MB_SMEM, 0) || mt_set_smem(fd, MB_SMEM, 0)) return -1;
     if (xtok && K <= MB_XK) mb_ximage_tok_kernel<<<(unsigned)((T + 7) / 8), 256, 0, st>>>(x, *p, T, K, ex->D, (uint8_t *)y);

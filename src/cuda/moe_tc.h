@@ -19,6 +19,10 @@ int dsv4_moe_tc_fits(const dsv4_cuda_weight *w);
 /* Once, before the first launch (dsv4_cuda_experts_init): checks on the device that the integer MXFP4 decode equals
  * the e4m3-convert one bit for bit; the kernels use it only then. 0, or -1 when the test could not run. */
 int dsv4_moe_tc_selftest(void);
+/* Once (dsv4_cuda_experts_init, MXFP4 experts): whether every row of every expert's w1, w3 and w2 can go through
+ * moe_f8p.cuh exactly (groups more than 14 binades below the row's largest scale hold zeros only; the largest at least
+ * 2^-120, no NaN scale). 1 yes, 0 no, -1 on an error. Synchronizes the device. */
+int dsv4_moe_pf8_check(const dsv4_cuda_experts *ex);
 
 /* For comparisons (dsv4_cuda_moe_experts_path): bits of what to change (results are bitwise the same; ALU and PF
  * run on the register-buffer kernel, as LEGACY) */

@@ -131,6 +131,7 @@ void test_moe_combine(int T, int K, int D, int with_shared);
 void test_moe_route(int T, int E, int K, int hash);
 void test_moe_f8(int T, int K, int E, int D, int I);
 void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, int big, int T2);
+void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2);
 void test_moe_group_limit(void);
 void test_moe_experts(const char *tag, dsv4_wfmt f13, dsv4_wfmt f2, int aq, int ab, int T, int K, int E, int D, int I);
 void test_moe_invariant(const char *tag, dsv4_wfmt f, int aq, int T, int K, int E, int D, int I);

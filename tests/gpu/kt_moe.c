@@ -764,6 +764,165 @@ static size_t pfb_pos(size_t base, int j, int cnt, int col, int C) {
     return (base + (size_t)128 * ch) * C * 2 + (size_t)u * ng * 2048 + off;
 }
 
+/* moe_f8p.cuh's image order (its mq_logical / mq_off): where column col of slot j (of an active expert with cnt slots,
+ * image rows from base) lies in an FP8 image of rows of C + C / 32 bytes, and where its act-quant scale lies (*sc) */
+static size_t pf8_pos(size_t base, int j, int cnt, int col, int C, size_t *sc) {
+    const int ch = j >> 7, t = j & 127, rest = cnt - 128 * ch, ng = ((rest < 128 ? rest : 128) + 7) >> 3, u = col / 128, p = col % 128;
+    const int c = p >> 5, s = (p >> 3) & 3, i = p & 7, L = 32 * s + 16 * (i >> 2) + 4 * c + (i & 3);
+    const size_t ub = (base + (size_t)128 * ch) * ((size_t)C + C / 32) + (size_t)u * ng * 1056;
+    *sc = ub + (size_t)ng * 1024 + 4 * (size_t)t;
+    return ub + ((size_t)((L >> 5) * ng + (t >> 3)) * 2 + ((L >> 4) & 1)) * 128 + (size_t)(t & 7) * 16 + (size_t)(L & 15);
+}
+
+/* The prefill pass's experts on FP8 tensor cores (moe_f8p.cuh, dsv4_cuda_moe_pfb_f8(1)) against the CPU backend, every
+ * stride-th slot: h from its FP8 image (codes x the token's unit scale) against the CPU's SwiGLU of dsv4_cpu_linear,
+ * act-quantized: within one e4m3 step everywhere (the FP8 tensor core's sums move values across rounding boundaries: their
+ * share is printed, at most 5 %); y against dsv4_cpu_linear of the device's own h at the FP8 bar of test_moe_f8 (8x the
+ * probe's 2.6e-5 of sum |w x|, ~0.8 sqrt(C) rms). The combined output against the BF16 kernels' (relative L2, printed;
+ * under 2^-5, a gross error's catch). Then the first T2 tokens alone in a pass, bitwise. big: expert 0's scales spread over 14 binades (the
+ * reach's end, with some groups at 15 whose codes are zeroed: still exact); big 2: one group of expert 1 15 binades
+ * down with a nonzero code: the experts' pf8 must be 0 and the pass the BF16 kernels'. */
+void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2) {
+    const float lim = 10.0f;
+    mx_set ms = mx_set_new(DSV4_WF_MXFP4, E, D, I, 0);
+    if (big) { /* rewrite the host copies, then upload again */
+        hweight *hw = &ms.h1[0];
+        const int ng = D / 32;
+        for (int r = 0; r < I; r++)
+            for (int gi = 0; gi < ng; gi++) {
+                uint8_t *sc = hw->scale + (size_t)r * hw->w.scale_stride + gi;
+                if (big == 1) {
+                    *sc = (uint8_t)(r % 3 == 0 && gi % 7 == 0 ? 130 : gi % 5 == 1 ? 116 : *sc);
+                    if (r % 3 == 0 && gi % 11 == 3) { /* 15 binades below 130: zeros only */
+                        *sc = 115;
+                        memset(hw->data + (size_t)r * (D / 2) + (size_t)gi * 16, (gi & 1) ? 0x88 : 0x00, 16);
+                    }
+                }
+            }
+        if (big == 2) {
+            hweight *h2 = &ms.h2[1];
+            h2->scale[0] = 135, h2->scale[1] = 120; /* row 0: group 1 15 binades below group 0 */
+            h2->data[16] = 0x01;                     /* a nonzero code in group 1 */
+        }
+        dsv4_cuda_experts_free(&ms.ex);
+        for (int e = 0; e < 2; e++) {
+            dsv4_cuda_weight_free(&ms.d1[e]), dsv4_cuda_weight_free(&ms.d2[e]);
+            op_ok(dsv4_cuda_weight_upload(&ms.h1[e].w, &ms.d1[e]) || dsv4_cuda_weight_upload(&ms.h2[e].w, &ms.d2[e]), "upload");
+        }
+        op_ok(dsv4_cuda_experts_init(&ms.ex, ms.d1, ms.d3, ms.d2, E), "experts_init");
+    }
+    char name[160];
+    snprintf(name, sizeof name, "moe_experts fp8 prefill MXFP4 T=%d K=%d E=%d D=%d I=%d%s", T, K, E, D, I,
+             big == 2 ? " one group out of reach" : big ? " scales over 14 binades" : "");
+    const int want = big != 2;
+    g_checks++, g_fail += ms.ex.pf8 != want;
+    printf("%-4s %s: experts' pf8 %d (expected %d)%s\n", ms.ex.pf8 == want ? "ok" : "FAIL", name, ms.ex.pf8, want, ms.ex.pf8 == want ? "" : " <<<");
+    const hweight *h1w = ms.h1, *h3w = ms.h3, *h2w = ms.h2;
+    mx_batch mb = mx_batch_new(T, K, E, D, I);
+    const int *sel = mb.sel, *sid = mb.sid, *dsel = mb.dsel, *dsid = mb.dsid;
+    const float *w = mb.w, *x = mb.x, *dw = mb.dw, *dx = mb.dx;
+    float *dh = mb.dh, *dy = mb.dy, *dout = mb.dout;
+    uint8_t *himg = malloc(sizeof(float) * (size_t)T * K * I);
+    float *yg = malloc(sizeof(float) * (size_t)T * K * D), *o1 = malloc(sizeof(float) * (size_t)T * D),
+          *o2 = malloc(sizeof(float) * (size_t)T * D), *ob = malloc(sizeof(float) * (size_t)T * D);
+    dsv4_cuda_moe_plan dp = dplan_new(T, K, E);
+    hplan r = hplan_new(T, K, E);
+    group_ref(sel, w, sid, T, K, E, &r);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid, T, K, E, &dp, NULL), "moe_group");
+    /* the BF16 kernels' output first */
+    dsv4_cuda_moe_pfb_f8(0);
+    op_ok(dsv4_cuda_moe_experts_pass(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL) != 1, "moe_experts_pass (bf16)");
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
+    sync_ok();
+    from_dev(ob, dout, sizeof(float) * (size_t)T * D);
+    dsv4_cuda_moe_pfb_f8(1);
+    const int took = dsv4_cuda_moe_experts_pass(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL);
+    op_ok(took < 0, "moe_experts_pass");
+    const int f8 = dsv4_cuda_moe_pfb_f8_last();
+    sync_ok();
+    from_dev(himg, dh, sizeof(float) * (size_t)T * K * I);
+    from_dev(yg, dy, sizeof(float) * (size_t)T * K * D);
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T, K, D, NULL, dout, NULL), "moe_combine");
+    sync_ok();
+    from_dev(o1, dout, sizeof(float) * (size_t)T * D);
+    g_checks++, g_fail += took != 1 || f8 != want;
+    printf("%-4s %s: the prefill kernels ran (%d), the FP8 form %d (expected %d)%s\n", took == 1 && f8 == want ? "ok" : "FAIL", name, took, f8,
+           want, took == 1 && f8 == want ? "" : " <<<");
+    if (f8 && took == 1) {
+        size_t nmax = (size_t)T * K / stride + E + 1, nh = 0;
+        float *hq = malloc(sizeof(float) * nmax * I), *hr = malloc(sizeof(float) * nmax * I), *u = malloc(sizeof(float) * I);
+        float *ys = malloc(sizeof(float) * nmax * D), *yr = malloc(sizeof(float) * nmax * D);
+        const int nb = I / 128;
+        float *hst = malloc(sizeof(float) * nmax * nb);
+        for (int a = 0; a < r.nact; a++)
+            for (int j = 0; j < r.act_cnt[a]; j += stride) {
+                const int e = r.act_e[a], sl = r.act_off[a] + j;
+                float *hc = hr + nh * I, *hg = hq + nh * I;
+                dsv4_cpu_linear(&h1w[e].w, x + (size_t)r.rows[sl] * D, 1, hc);
+                dsv4_cpu_linear(&h3w[e].w, x + (size_t)r.rows[sl] * D, 1, u);
+                swiglu_ref(hc, u, I, lim, r.rw[sl]);
+                for (int b = 0; b < nb; b++) {
+                    float amax = 1e-4f;
+                    for (int cc = 128 * b; cc < 128 * b + 128; cc++) amax = fmaxf(amax, fabsf(hc[cc]));
+                    int ex;
+                    const float m = frexpf(amax * (1.0f / 448.0f), &ex);
+                    hst[nh * nb + b] = ldexpf(1.0f, (m == 0.5f ? ex - 1 : ex) - 9);
+                }
+                dsv4_act_quant_fp8(hc, I, 128);
+                for (int col = 0; col < I; col++) {
+                    size_t so;
+                    const size_t pos = pf8_pos((size_t)r.act_off[a] + 8 * (size_t)a, j, r.act_cnt[a], col, I, &so);
+                    float scv;
+                    memcpy(&scv, himg + so, 4);
+                    hg[col] = dsv4_e4m3_to_f32(himg[pos]) * scv;
+                }
+                dsv4_cpu_linear(&h2w[e].w, hg, 1, yr + nh * D);
+                memcpy(ys + nh * D, yg + (size_t)sl * D, sizeof(float) * D);
+                nh++;
+            }
+        size_t ndiff = 0, nfar = 0, ifar = 0;
+        for (size_t i = 0; i < nh * I; i++)
+            if (hq[i] != hr[i]) {
+                const float dd = fabsf(hq[i] - hr[i]), sub = hst[i / I * nb + i % I / 128];
+                ndiff++;
+                if (!(dd <= 0.13f * fabsf(hr[i]) || dd <= 1.0001f * sub)) ifar = nfar++ ? ifar : i;
+            }
+        const int hok = nfar == 0 && ndiff <= 2 + nh * I / 20;
+        g_checks++, g_fail += !hok;
+        printf("%-4s %s h (act-quantized) vs CPU: %zu of %zu differ by one e4m3 step (%.2f %%), %zu by more%s\n", hok ? "ok" : "FAIL", name,
+               ndiff - nfar, nh * I, 100.0 * (double)(ndiff - nfar) / (double)(nh * I), nfar, hok ? "" : " <<<");
+        if (nfar)
+            printf("     the first by more: [%zu] got %.9g ref %.9g (its block's subnormal step %.3g)\n", ifar, hq[ifar], hr[ifar],
+                   hst[ifar / I * nb + ifar % I / 128]);
+        snprintf(name, sizeof name, "moe fp8 prefill T=%d E=%d D=%d I=%d%s y (own h) vs CPU", T, E, D, I, big ? " big" : "");
+        check(name, ys, yr, nh * D, 8 * 2.6e-5 * 0.8 * sqrt((double)I) * rms(yr, nh * D), 0);
+        double dd2 = 0, rr2 = 0;
+        for (size_t i = 0; i < (size_t)T * D; i++) dd2 += ((double)o1[i] - ob[i]) * ((double)o1[i] - ob[i]), rr2 += (double)ob[i] * ob[i];
+        const double rel = sqrt(dd2 / (rr2 > 0 ? rr2 : 1));
+        /* (h's rounding flips, one e4m3 step each, dominate: a few % of the values by ~6 % give ~1e-2; a wrong scale or
+         * column order gives O(1)) */
+        g_checks++, g_fail += !(rel <= 1.0 / 32);
+        printf("%-4s moe fp8 prefill T=%d E=%d D=%d I=%d: output vs the BF16 kernels' relative L2 %.3g (bar %.3g)%s\n",
+               rel <= 1.0 / 32 ? "ok" : "FAIL", T, E, D, I, rel, 1.0 / 32, rel <= 1.0 / 32 ? "" : " <<<");
+        free(hq), free(hr), free(u), free(ys), free(yr), free(hst);
+    }
+    /* the first T2 tokens alone in a pass */
+    int *dsid2 = dup_to_dev(sid, sizeof(int) * T2);
+    op_ok(dsv4_cuda_moe_group(dsel, dw, dsid2, T2, K, E, &dp, NULL), "moe_group");
+    const int took2 = dsv4_cuda_moe_experts_pass(&ms.ex, dx, T2, K, &dp, lim, dh, dy, NULL);
+    op_ok(took2 < 0, "moe_experts_pass");
+    op_ok(dsv4_cuda_moe_combine(dy, dp.tslot, T2, K, D, NULL, dout, NULL), "moe_combine");
+    sync_ok();
+    from_dev(o2, dout, sizeof(float) * (size_t)T2 * D);
+    snprintf(name, sizeof name, "moe fp8 prefill first %d of %d tokens alone%s", T2, T, took2 == 1 && dsv4_cuda_moe_pfb_f8_last() == want ? "" : " (NOT that path)");
+    check_same(name, o2, o1, (size_t)T2 * D);
+    dsv4_cuda_moe_pfb_f8(-1);
+    dsv4_cuda_free(dsid2);
+    mx_set_free(&ms), mx_batch_free(&mb);
+    dplan_free(&dp), hplan_free(&r);
+    free(himg), free(yg), free(o1), free(o2), free(ob);
+}
+
 /* The prefill pass's experts on BF16 tensor cores (dsv4_cuda_moe_experts_pass, moe_bf16.cuh; exact products, fp32 sums)
  * against the CPU backend, every `stride`-th slot: h (its image: the act-quantized values) against the CPU's SwiGLU of
  * dsv4_cpu_linear, act-quantized (dsv4_act_quant_fp8): equal but for values whose fp32 sums straddle an e4m3 rounding

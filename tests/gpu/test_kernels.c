@@ -11,11 +11,11 @@
  * Linears and experts with BF16 activations (dsv4_cuda_weight.act_bf16) against the twin on x rounded to bf16; the FP8
  * prefill GEMM (cuBLASLt) to a bf16-level tolerance (test_linear_gemm says why).
  * Build and run: scripts/gpu_test.sh (make CUDA=1 builds build/tests/gpu/test_kernels).
- * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|pfb|topk]   (--only linear: the linear checks and timings
+ * Usage: test_kernels [--no-bench] [--only linear|gemm|multi|mt|hc|moe|moebench|pfb|pf8|topk]   (--only linear: the linear checks and timings
  * alone; --only gemm: those of the FP8 prefill GEMM alone; --only multi: those of the grouped linears, and the single ones
  * they replace; --only mt: those of the multi-token GEMM, timed against the GEMV at Flash's shapes; --only hc: those of
  * mHC pre / post / head; --only moe: the MoE grouping / expert / combine checks and the
- * experts' timings; --only moebench: the experts' timings alone; --only pfb: the BF16 prefill experts' checks; --only topk: the indexer top-k's checks and times) */
+ * experts' timings; --only moebench: the experts' timings alone; --only pfb: the BF16 prefill experts' checks (then the FP8 ones'); --only pf8: the FP8 prefill experts' checks; --only topk: the indexer top-k's checks and times) */
 #include "kt.h"
 
 int main(int argc, char **argv) {
@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moe")) only_moe = 1, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "moebench")) only_moe = 2, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pfb")) only_moe = 3, i++;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pf8")) only_moe = 4, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "topk")) only_topk = 1, i++;
     }
     dsv4_cuda_info info;
@@ -50,6 +51,7 @@ int main(int argc, char **argv) {
     if (only_mt) goto mt_checks;
     if (only_moe == 2) goto checks_done; /* the MoE bench alone (bench/ncu runs) */
     if (only_moe == 3) goto pfb_checks; /* the BF16 prefill experts alone */
+    if (only_moe == 4) goto pf8_checks; /* the FP8 prefill experts alone */
     if (only_moe) goto moe_checks;
     if (only_topk) goto topk_checks;
     /* linear: every format, decode (GEMV, 16-byte path) and odd sizes (element path), prefill (GEMM) */
@@ -437,6 +439,13 @@ pfb_checks:
     /* Pro's widths (D 7168, I 3072: 56 and 24 units, other n-group counts) in both formats */
     test_moe_pfb(DSV4_WF_MXFP4, 200, 6, 32, 7168, 3072, 23, 0, 176);
     test_moe_pfb(DSV4_WF_NVFP4, 200, 6, 32, 7168, 3072, 23, 0, 176);
+pf8_checks:
+    /* the same on FP8 tensor cores with a promotion per 128 columns (moe_f8p.cuh; widths multiples of 512) */
+    test_moe_pf8(512, 6, 16, 1024, 512, 1, 0, 200);
+    test_moe_pf8(300, 2, 16, 512, 1024, 1, 1, 256);
+    test_moe_pf8(300, 2, 16, 512, 512, 1, 2, 256);
+    test_moe_pf8(400, 6, 64, 4096, 2048, 13, 0, 380);
+    test_moe_pf8(200, 6, 32, 7168, 3072, 23, 0, 176);
     if (only_moe) goto checks_done;
     {
         int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
