@@ -58,10 +58,12 @@ __device__ __forceinline__ uint32_t mq_prmt(uint32_t a, uint32_t b, uint32_t s) 
 }
 /* 8 e2m1 nibbles of w (column i at bits 4 i) -> e4m3 codes through lut (the 8 magnitudes' codes): lo columns 0-3, hi
  * 4-7. The magnitude by a byte permute of the table; the sign by a permute in sign-replicating mode (a selector nibble
- * with bit 3 set copies the picked byte's top bit: 0 from 0x7F) */
+ * with bit 3 set gives the picked byte's top bit, 0, in every bit; one clear copies the byte, 0x40), shifted to bit 7:
+ * 0x80 for a positive code, 0 for a negative one. (A sign-replicated byte's top bit is always the picked byte's, so
+ * bit 7 itself cannot tell the two apart: session 45's first build read it and set every positive code's sign.) */
 __device__ __forceinline__ void mq_dec(uint32_t w, uint2 lut, uint32_t &lo, uint32_t &hi) {
     const uint32_t m = w & 0x77777777u, wh = w >> 16;
-    const uint32_t plo = mq_prmt(0x7F7F7F7Fu, 0x7F7F7F7Fu, w), phi = mq_prmt(0x7F7F7F7Fu, 0x7F7F7F7Fu, wh);
+    const uint32_t plo = mq_prmt(0x40404040u, 0x40404040u, w) << 1, phi = mq_prmt(0x40404040u, 0x40404040u, wh) << 1;
     lo = mq_prmt(lut.x, lut.y, m) | (~plo & 0x80808080u);
     hi = mq_prmt(lut.x, lut.y, m >> 16) | (~phi & 0x80808080u);
 }
