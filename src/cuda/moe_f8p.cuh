@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(256) mq_ximage_kernel(const float *x, dsv4_cud
 }
 
 /* 2. gate / up (GATEUP 1) and down (0): moe_bf16.cuh's mb_kernel with the producer warpgroup, FP8 wgmmas and a
- * promotion a unit (above) */
-template <int GATEUP>
+ * promotion a unit (above). PIPE 1: a unit's two halves of tokens in flight together (DSV4_MOE_PFB_F8=2) */
+template <int GATEUP, int PIPE>
 __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2;
     extern __shared__ __align__(128) unsigned char mb_sm[];
@@ -247,29 +247,60 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                 mq_dec(w0, lut[m][0], a[ks][0], a[ks][2]);
                 mq_dec(w1, lut[m][1], a[ks][1], a[ks][3]);
             }
-            /* the halves of 64 tokens one after the other (one set of 32 accumulators: with two, the kernel would not
-             * fit 240 registers); the other warpgroup's wgmmas run meanwhile */
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                if (hf && !two) break;
-                float t[8][4];
-                wg_fence();
-#pragma unroll
-                for (int ks = 0; ks < 4; ks++) mq_mma(t, a[ks], desc0 + (uint64_t)(ks * 16 * ng + 128 * hf), ks);
-                wg_commit();
-                /* the weight copies between the commit and the wait (moe_bf16.cuh: the wait covers their address registers) */
-                if (m == 0 && hf == 0) wissue(it + MB_W - 1);
-                wg_wait<0>();
+            /* tokens 64 hf + 8 j + 2 c and + 1 of half hf: t x their act-quant scales of this unit added to d[m] */
+            auto promote = [&](int hf, float (&t)[8][4]) {
 #pragma unroll
                 for (int j = 0; j < 8; j++)
 #pragma unroll
                     for (int k = 0; k < 4; k++) wg_keep(t[j][k]);
 #pragma unroll
-                for (int j = 0; j < 8; j++) { /* tokens 64 hf + 8 j + 2 c and + 1: their act-quant scales of this unit */
+                for (int j = 0; j < 8; j++) {
                     const float2 f = *(const float2 *)(sx + 64 * hf + 8 * j + 2 * c);
                     float (&dd)[4] = d[m][8 * hf + j];
                     dd[0] = fmaf(t[j][0], f.x, dd[0]), dd[1] = fmaf(t[j][1], f.y, dd[1]);
                     dd[2] = fmaf(t[j][2], f.x, dd[2]), dd[3] = fmaf(t[j][3], f.y, dd[3]);
+                }
+            };
+            if constexpr (!PIPE) {
+                /* the halves of 64 tokens one after the other (one set of 32 accumulators); the other warpgroup's
+                 * wgmmas run meanwhile */
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    if (hf && !two) break;
+                    float t[8][4];
+                    wg_fence();
+#pragma unroll
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t, a[ks], desc0 + (uint64_t)(ks * 16 * ng + 128 * hf), ks);
+                    wg_commit();
+                    /* the weight copies between the commit and the wait (moe_bf16.cuh: the wait covers their address
+                     * registers) */
+                    if (m == 0 && hf == 0) wissue(it + MB_W - 1);
+                    wg_wait<0>();
+                    promote(hf, t);
+                }
+            } else {
+                /* PIPE: both halves' wgmmas in flight (two sets of 32 accumulators), half 0 promoted while half 1's run
+                 * (two static paths: with the second half's wgmmas and waits under a condition, ptxas serialized them) */
+                if (two) {
+                    float t0[8][4], t1[8][4];
+                    wg_fence();
+#pragma unroll
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[ks], desc0 + (uint64_t)(ks * 16 * ng), ks);
+                    wg_commit();
+#pragma unroll
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t1, a[ks], desc0 + (uint64_t)(ks * 16 * ng + 128), ks);
+                    wg_commit();
+                    if (m == 0) wissue(it + MB_W - 1);
+                    wg_wait<1>(), promote(0, t0);
+                    wg_wait<0>(), promote(1, t1);
+                } else {
+                    float t0[8][4];
+                    wg_fence();
+#pragma unroll
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[ks], desc0 + (uint64_t)(ks * 16 * ng), ks);
+                    wg_commit();
+                    if (m == 0) wissue(it + MB_W - 1);
+                    wg_wait<0>(), promote(0, t0);
                 }
             }
 #pragma unroll

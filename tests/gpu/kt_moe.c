@@ -905,6 +905,31 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         printf("%-4s moe fp8 prefill T=%d E=%d D=%d I=%d: output vs the BF16 kernels' relative L2 %.3g (bar %.3g)%s\n",
                rel <= 1.0 / 32 ? "ok" : "FAIL", T, E, D, I, rel, 1.0 / 32, rel <= 1.0 / 32 ? "" : " <<<");
         free(hq), free(hr), free(u), free(ys), free(yr), free(hst);
+        /* PIPE (DSV4_MOE_PFB_F8=2: a unit's two halves of tokens in flight together): the same operations in the same
+         * order, so the same h image and y, bitwise */
+        float *yg2 = malloc(sizeof(float) * (size_t)T * K * D);
+        uint8_t *himg2 = malloc(sizeof(float) * (size_t)T * K * I);
+        dsv4_cuda_moe_pfb_f8(2);
+        op_ok(dsv4_cuda_fill(dh, (int64_t)T * K * I, 0.0f, NULL) || dsv4_cuda_fill(dy, (int64_t)T * K * D, 0.0f, NULL), "fill");
+        op_ok(dsv4_cuda_moe_experts_pass(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL) != 1, "moe_experts_pass (pipe)");
+        sync_ok();
+        from_dev(himg2, dh, sizeof(float) * (size_t)T * K * I);
+        from_dev(yg2, dy, sizeof(float) * (size_t)T * K * D);
+        size_t nd = 0;
+        for (int a = 0; a < r.nact; a++)
+            for (int j = 0; j < r.act_cnt[a]; j++) {
+                for (int col = 0; col < I; col++) {
+                    size_t so;
+                    const size_t pos = pf8_pos((size_t)r.act_off[a] + 8 * (size_t)a, j, r.act_cnt[a], col, I, &so);
+                    nd += himg2[pos] != himg[pos] || memcmp(himg2 + so, himg + so, 4) != 0;
+                }
+                nd += memcmp(yg2 + (size_t)(r.act_off[a] + j) * D, yg + (size_t)(r.act_off[a] + j) * D, sizeof(float) * D) != 0;
+            }
+        g_checks++, g_fail += nd != 0 || dsv4_cuda_moe_pfb_f8_last() != 1;
+        printf("%-4s moe fp8 prefill T=%d E=%d D=%d I=%d: both halves in flight (PIPE): h image and y %s%s\n", nd ? "FAIL" : "ok", T, E, D, I,
+               nd ? "differ" : "bitwise the default's", nd ? " <<<" : "");
+        dsv4_cuda_moe_pfb_f8(1);
+        free(yg2), free(himg2);
     }
     /* the first T2 tokens alone in a pass */
     int *dsid2 = dup_to_dev(sid, sizeof(int) * T2);
