@@ -1580,8 +1580,8 @@ static int mb_xtok;    /* DSV4_MOE_PFB_XTOK=1: the x image a token at a time (mb
 static int mb_nv;       /* DSV4_MOE_PFB_NVFP4 (default 1): NVFP4 experts (with the FP8 act quant) here too (mb_kernel's NV) */
 
 static int mb_nsz;      /* DSV4_MOE_PFB_NSZ: a chunk's wgmmas as wide as its tokens (mb_kernel's NSZ), bit 0 gate / up (N 32 / 64 /
-                        * 96 / 128), bit 1 the down projection (64 / 128; its NSZ instance spills 8 bytes against 4); session 44,
-                        * not measured */
+                        * 96 / 128), bit 1 the down projection (64 / 128; its NSZ instance spills 8 bytes against 4); 3 by default
+                        * since session 45 (the same bits; 8K prefill 0.988x on an H100) */
 static int mb_f8;       /* DSV4_MOE_PFB_F8: the FP8 form (moe_f8p.cuh) where it applies, 2 with mq_kernel's PIPE; session 45 */
 static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fnsz = -1, mb_ff8 = -1, mb_last_f8;
 extern "C" void dsv4_cuda_moe_pfb_f8(int on) { mb_ff8 = on >= 0 && on <= 2 ? on : -1; }
