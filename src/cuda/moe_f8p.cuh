@@ -82,6 +82,34 @@ __device__ __forceinline__ void mq_mma(float (&d)[8][4], const uint32_t (&a)[4],
 #undef MQ_D4
 }
 
+/* d += A . B (scale-d true as an immediate: no register input but A, B and D) */
+__device__ __forceinline__ void mq_mma1(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+#define MQ_D4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                 "}, {%32,%33,%34,%35}, %36, p, 1, 1; }"
+                 : MQ_D4(0), MQ_D4(1), MQ_D4(2), MQ_D4(3), MQ_D4(4), MQ_D4(5), MQ_D4(6), MQ_D4(7)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                 : "memory");
+#undef MQ_D4
+}
+/* the same with scale-d false and D write-only (the first k-step of a fresh sum: D's old registers are no input, so
+ * nothing has to define them while other wgmmas are in flight) */
+__device__ __forceinline__ void mq_mma0(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+#define MQ_D4(n) "=f"(d[n][0]), "=f"(d[n][1]), "=f"(d[n][2]), "=f"(d[n][3])
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                 "}, {%32,%33,%34,%35}, %36, p, 1, 1; }"
+                 : MQ_D4(0), MQ_D4(1), MQ_D4(2), MQ_D4(3), MQ_D4(4), MQ_D4(5), MQ_D4(6), MQ_D4(7)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                 : "memory");
+#undef MQ_D4
+}
+
 /* v's FP8 act quant code with its block's scale (inv = 1 / s): RNE to e4m3 of v / s clamped to +-448 (mb_q8's code) */
 __device__ __forceinline__ uint8_t mq_q8(float v, float inv) {
     const float y = fminf(fmaxf(__fmul_rn(v, inv), -448.0f), 448.0f);
@@ -383,6 +411,265 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
             for (int j = 0; j < 16; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
         for (int u = 0; u < NU; u++, it++) unit(it, ng);
         epilogue(z + cl * Z);
+    }
+}
+
+/* 3. The same sums in passes of 64 tokens (DSV4_MOE_PFB_F8=3): a chunk of 128 tokens is worked in two passes over its
+ * units (one when it has 64 tokens or fewer), each with 64 x 2 accumulators (64 registers), so that two temporary sets
+ * (one a matrix) and two A sets fit: a unit's wgmmas of matrix m are issued while the previous unit's of the other
+ * matrix are still in flight, and each set is promoted when its wgmmas are done (wait 1, never wait 0 inside a pass).
+ * The weights are decoded once a pass (twice a full chunk). The x ring's stages hold a pass's half of a chunk-unit:
+ * four 2-KB copies (k-step s's 8 n-groups) and the half's scales, 8 n-groups x 1056 bytes at most (MQH_STAGE), six
+ * stages. The wgmmas (m64n64k32) and the promotions are mq_kernel's, in the same order: the same bits.
+ * ptxas (CUDA 13) still reports C7513 for it ("wgmma.mma_async instructions are serialized due to non wgmma
+ * instructions defining input registers of a wgmma between start and end of the pipeline stage") after unit 0 was
+ * peeled out of the loop (that removed a C7514), the first k-step's D made write-only (mq_mma0) and scale-d an
+ * immediate (mq_mma1): which definition it means is for the SASS (cuobjdump, on the device) to show. */
+#define MQH_S 6
+#define MQH_STAGE 8448
+#define MQH_SMEM (MQH_S * MQH_STAGE + 2 * MQH_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + 8 * MB_W * MB_WSTAGE)
+template <int GATEUP>
+__global__ void __launch_bounds__(MB_PTHREADS, 1) mqh_kernel(const __grid_constant__ mb_params P) {
+    constexpr int NM = 2;
+    extern __shared__ __align__(128) unsigned char mb_sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int ia = blockIdx.y;
+    if (ia >= *P.p.nact) return;
+    const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
+    const int C = P.C, NU = C / 128, Z = gridDim.z, z = blockIdx.z, npb = ((cnt + 127) >> 7) - z > 0 ? (((cnt + 127) >> 7) - z + Z - 1) / Z : 0;
+    if (!npb) return;
+    const unsigned sb = (unsigned)__cvta_generic_to_shared(mb_sm), fullb = sb + MQH_S * MQH_STAGE, emptyb = fullb + MQH_S * 8;
+    float *red = (float *)(mb_sm + MQH_S * MQH_STAGE + 2 * MQH_S * 8), *scs = red + 8 * 128, *scsi = scs + 128, *rws = scsi + 128;
+    uint8_t *tbl = (uint8_t *)(rws + 128);
+    if (tid == 0) {
+        for (int s = 0; s < MQH_S; s++) dev_mbar_init(fullb + 8 * s, 1), dev_mbar_init(emptyb + 8 * s, 8);
+        dev_mbar_fence_init();
+    }
+    if (tid < MQ_TBL) {
+        const int dl = tid >> 3, m = tid & 7;
+        const float v = dl < 15 ? ldexpf(0.5f * (float)((0xC8643210u >> (4 * m)) & 15), 6 - dl) : 0.0f;
+        tbl[tid] = (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    }
+    __syncthreads();
+    const int64_t rowb = mq_rowb(C);
+    const uint8_t *img = P.img + ((int64_t)off + 8 * ia) * rowb;
+    if (warp >= 8) { /* the producer: pass by pass, unit by unit, the pass's half of the chunk-unit */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (warp == 8) {
+            int it = 0;
+            for (int cl = 0; cl < npb; cl++) {
+                const int t0 = (z + cl * Z) * 128, nv = cnt - t0 < 128 ? cnt - t0 : 128, ng = (nv + 7) >> 3;
+                for (int hf = 0; hf < 1 + (nv > 64); hf++) {
+                    const int ngh = ng - 8 * hf < 8 ? ng - 8 * hf : 8;
+                    for (int u = 0; u < NU; u++, it++) {
+                        const int s = it % MQH_S;
+                        if (it >= MQH_S) dev_mbar_wait(emptyb + 8 * s, ((it / MQH_S) - 1) & 1);
+                        if (lane == 0) {
+                            const uint8_t *cu = img + (int64_t)t0 * rowb + (int64_t)u * ng * 1056;
+                            const unsigned st = sb + s * MQH_STAGE;
+                            dev_mbar_expect(fullb + 8 * s, (unsigned)ngh * 1056);
+#pragma unroll
+                            for (int ks = 0; ks < 4; ks++)
+                                dev_bulk_g2s(st + ks * ngh * 256, cu + (ks * ng + 8 * hf) * 256, (unsigned)ngh * 256, fullb + 8 * s);
+                            dev_bulk_g2s(st + ngh * 1024, cu + ng * 1024 + hf * 256, (unsigned)ngh * 32, fullb + 8 * s);
+                        }
+                        __syncwarp();
+                    }
+                }
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int wgi = warp >> 2, rl = 64 * wgi + 16 * (warp & 3) + g, rb = blockIdx.x * (GATEUP ? 128 : 256);
+    const uint4 *wq[NM][2];
+    const uint8_t *wsc[NM][2];
+    int er[NM][2];
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        const dsv4_cuda_weight &w = GATEUP && m ? P.WB[ex] : P.WA[ex];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = (int64_t)w.row0 + rb + (GATEUP ? 0 : 128 * m) + rl + 8 * h;
+            wq[m][h] = (const uint4 *)w.data + r * (C / 32) + c;
+            wsc[m][h] = w.scale + r * w.scale_stride;
+            uint32_t mx = 0u;
+            for (int i = c; i < NU; i += 4) mx = __vmaxu4(mx, ((const uint32_t *)wsc[m][h])[i]);
+            mx = __vmaxu4(mx, mx >> 16);
+            mx = __vmaxu4(mx, mx >> 8) & 0xFFu;
+            mx = max(mx, (uint32_t)__shfl_xor_sync(0xffffffffu, mx, 1));
+            er[m][h] = (int)max(mx, (uint32_t)__shfl_xor_sync(0xffffffffu, mx, 2));
+        }
+    }
+    const unsigned wsa = sb + MQH_S * MQH_STAGE + 2 * MQH_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + warp * MB_W * MB_WSTAGE;
+    const int n = [&] { /* units over all passes */
+        int k = 0;
+        for (int cl = 0; cl < npb; cl++) k += NU * (1 + (cnt - (z + cl * Z) * 128 > 64));
+        return k;
+    }();
+    int wu = 0;
+    auto wissue = [&](int v) {
+        if (v < n) {
+            const unsigned sa = wsa + (v % MB_W) * MB_WSTAGE;
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    mt_cp16s(sa + ((2 * m + h) * 32 + lane) * 16, wq[m][h] + wu * 4);
+                    mt_cps<4>(sa + (128 + lane) * 16 + (2 * m + h) * 4, wsc[m][h] + wu * 4);
+                }
+            if (++wu == NU) wu = 0;
+        }
+        dev_cp_commit();
+    };
+    float d[NM][8][4];
+    float t[NM][8][4];
+    uint32_t a[NM][4][4];
+    float fr[NM][2];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) fr[m][h] = ldexpf(1.0f, er[m][h] - 133);
+    /* matrix m's A fragments of unit it (its weights in the ring) */
+    auto decode = [&](int m, int it) {
+        const unsigned char *ws = mb_sm + (wsa - sb) + (it % MB_W) * MB_WSTAGE;
+        const uint4 scw = *(const uint4 *)(ws + (128 + lane) * 16);
+        uint2 lut[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int dl = er[m][h] - (int)(((&scw.x)[2 * m + h] >> (8 * c)) & 0xFFu);
+            lut[h] = *(const uint2 *)(tbl + 8 * (dl < 15 ? dl : 15));
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            const uint32_t w0 = *(const uint32_t *)(ws + ((2 * m) * 32 + lane) * 16 + 4 * ks);
+            const uint32_t w1 = *(const uint32_t *)(ws + ((2 * m + 1) * 32 + lane) * 16 + 4 * ks);
+            mq_dec(w0, lut[0], a[m][ks][0], a[m][ks][2]);
+            mq_dec(w1, lut[1], a[m][ks][1], a[m][ks][3]);
+        }
+    };
+    /* matrix m's wgmmas of unit it (stage it % MQH_S, ngh n-groups) into t[m] */
+    auto issue = [&](int m, int it, int ngh) {
+        const uint64_t desc0 = wg_desc(sb + (it % MQH_S) * MQH_STAGE, 128, 256);
+        wg_fence();
+        mq_mma0(t[m], a[m][0], desc0);
+#pragma unroll
+        for (int ks = 1; ks < 4; ks++) mq_mma1(t[m], a[m][ks], desc0 + (uint64_t)(ks * 16 * ngh));
+        wg_commit();
+    };
+    /* t[m] (done) x the act-quant scales of unit it's tokens added to d[m] */
+    auto promote = [&](int m, int it, int ngh) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) wg_keep(t[m][j][k]);
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) wg_keep(a[m][ks][k]);
+        const float *sx = (const float *)(mb_sm + (it % MQH_S) * MQH_STAGE + ngh * 1024);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float2 f = *(const float2 *)(sx + 8 * j + 2 * c);
+            float (&dd)[4] = d[m][j];
+            dd[0] = fmaf(t[m][j][0], f.x, dd[0]), dd[1] = fmaf(t[m][j][1], f.y, dd[1]);
+            dd[2] = fmaf(t[m][j][2], f.x, dd[2]), dd[3] = fmaf(t[m][j][3], f.y, dd[3]);
+        }
+    };
+    auto release = [&](int it) {
+        __syncwarp();
+        if (lane == 0) dev_mbar_arrive(emptyb + 8 * (it % MQH_S));
+    };
+    /* the pass's 64 tokens from t0 (nh of them) */
+    auto epilogue = [&](int t0, int hf, int nh, int ng) {
+        if constexpr (!GATEUP) {
+            float *y = (float *)P.out;
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const int tp = 8 * j + 2 * c + (k & 1);
+                        if (tp < nh) y[(int64_t)(off + t0 + 64 * hf + tp) * P.R + rb + 128 * m + rl + 8 * (k >> 1)] = __fmul_rn(d[m][j][k], fr[m][k >> 1]);
+                    }
+        } else {
+            asm volatile("bar.sync 1, 256;" ::: "memory");
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float mx[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int tp = 8 * j + 2 * c + e;
+                    const float rw = rws[64 * hf + tp];
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        d[0][j][2 * h + e] = dev_swiglu(__fmul_rn(d[0][j][2 * h + e], fr[0][h]), __fmul_rn(d[1][j][2 * h + e], fr[1][h]), P.lim, rw);
+                    float v = tp < nh ? fmaxf(fabsf(d[0][j][e]), fabsf(d[0][j][2 + e])) : 0.0f;
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+                    mx[e] = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+                }
+                if (g == 0) red[warp * 128 + 8 * j + 2 * c] = mx[0], red[warp * 128 + 8 * j + 2 * c + 1] = mx[1];
+            }
+            asm volatile("bar.sync 1, 256;" ::: "memory");
+            uint8_t *hb = (uint8_t *)P.out + ((int64_t)off + 8 * ia + t0) * mq_rowb(P.R) + (int64_t)blockIdx.x * ng * 1056;
+            if (tid < 64) {
+                float am = 1e-4f;
+#pragma unroll
+                for (int w8 = 0; w8 < 8; w8++) am = fmaxf(am, red[w8 * 128 + tid]);
+                const float sc = dev_pow2_ceil(am * (1.0f / 448.0f));
+                scs[tid] = sc, scsi[tid] = 1.0f / sc;
+                if (tid < nh) *(float *)(hb + ng * 1024 + 4 * (64 * hf + tid)) = sc;
+            }
+            asm volatile("bar.sync 1, 256;" ::: "memory");
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int tp = 8 * j + 2 * c + (k & 1);
+                    if (tp < nh) hb[mq_off(mq_logical(rl + 8 * (k >> 1)), 64 * hf + tp, ng)] = mq_q8(d[0][j][k], scsi[tp]);
+                }
+        }
+    };
+
+#pragma unroll 1
+    for (int v = 0; v < MB_W - 1; v++) wissue(v);
+    int it = 0;
+    for (int cl = 0; cl < npb; cl++) {
+        const int t0 = (z + cl * Z) * 128, nv = cnt - t0 < 128 ? cnt - t0 : 128, ng = (nv + 7) >> 3;
+        if (GATEUP && tid < 128) rws[tid] = t0 + tid < cnt ? P.p.rw[off + t0 + tid] : 0.0f;
+        for (int hf = 0; hf < 1 + (nv > 64); hf++) {
+            const int nh = nv - 64 * hf < 64 ? nv - 64 * hf : 64, ngh = (nh + 7) >> 3;
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
+            /* unit u: matrix 0's wgmmas once unit u - 1's are promoted, matrix 1's once u - 1's are: one group in flight
+             * behind each promotion */
+            dev_cp_wait<MB_W - 2>(); /* unit 0 (peeled: a conditional wait in the loop made ptxas serialize the wgmmas) */
+            dev_mbar_wait(fullb + 8 * (it % MQH_S), (it / MQH_S) & 1);
+            decode(0, it);
+            issue(0, it, ngh);
+            wissue(it + MB_W - 1);
+            decode(1, it);
+            issue(1, it, ngh);
+            it++;
+            for (int u = 1; u < NU; u++, it++) {
+                dev_cp_wait<MB_W - 2>();
+                dev_mbar_wait(fullb + 8 * (it % MQH_S), (it / MQH_S) & 1);
+                wg_wait<1>(), promote(0, it - 1, ngh); /* (m 0, u - 1) done; (m 1, u - 1) may run */
+                decode(0, it);
+                issue(0, it, ngh);
+                wissue(it + MB_W - 1);
+                wg_wait<1>(), promote(1, it - 1, ngh), release(it - 1); /* (m 1, u - 1) done; (m 0, u) may run */
+                decode(1, it);
+                issue(1, it, ngh);
+            }
+            wg_wait<1>(), promote(0, it - 1, ngh);
+            wg_wait<0>(), promote(1, it - 1, ngh), release(it - 1);
+            epilogue(t0, hf, nh, ng);
+        }
     }
 }
 
