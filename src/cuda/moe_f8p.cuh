@@ -415,16 +415,15 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
 }
 
 /* 3. The same sums in passes of 64 tokens (DSV4_MOE_PFB_F8=3): a chunk of 128 tokens is worked in two passes over its
- * units (one when it has 64 tokens or fewer), each with 64 x 2 accumulators (64 registers), so that two temporary sets
- * (one a matrix) and two A sets fit: a unit's wgmmas of matrix m are issued while the previous unit's of the other
- * matrix are still in flight, and each set is promoted when its wgmmas are done (wait 1, never wait 0 inside a pass).
- * The weights are decoded once a pass (twice a full chunk). The x ring's stages hold a pass's half of a chunk-unit:
- * four 2-KB copies (k-step s's 8 n-groups) and the half's scales, 8 n-groups x 1056 bytes at most (MQH_STAGE), six
- * stages. The wgmmas (m64n64k32) and the promotions are mq_kernel's, in the same order: the same bits.
- * ptxas (CUDA 13) still reports C7513 for it ("wgmma.mma_async instructions are serialized due to non wgmma
- * instructions defining input registers of a wgmma between start and end of the pipeline stage") after unit 0 was
- * peeled out of the loop (that removed a C7514), the first k-step's D made write-only (mq_mma0) and scale-d an
- * immediate (mq_mma1): which definition it means is for the SASS (cuobjdump, on the device) to show. */
+ * units (one when it has 64 tokens or fewer), each with 64 x 2 accumulators (64 registers), so that a temporary set and
+ * an A set per matrix fit: a unit issues matrix 0's wgmmas, then (decoding matrix 1's A meanwhile) matrix 1's, promotes
+ * matrix 0's sums once they are done while matrix 1's run, decodes the next unit's matrix-0 A, then waits for matrix
+ * 1's: one drain of the warpgroup's wgmmas a unit (mq_kernel: two or four). The weights are decoded once a pass (twice a
+ * full chunk). The x ring's stages hold a pass's half of a chunk-unit: four 2-KB copies (k-step s's 8 n-groups) and the
+ * half's scales, 8 n-groups x 1056 bytes at most (MQH_STAGE), six stages. The wgmmas (m64n64k32) and the promotions are
+ * mq_kernel's, in the same order: the same bits. (A first form kept a group in flight across the units' loop, each
+ * matrix's promotion under the other's next wgmmas: ptxas serialized its wgmmas, C7513 / C7514, in every variant tried;
+ * within one iteration, as here, it does not.) */
 #define MQH_S 6
 #define MQH_STAGE 8448
 #define MQH_SMEM (MQH_S * MQH_STAGE + 2 * MQH_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + 8 * MB_W * MB_WSTAGE)
@@ -636,6 +635,8 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mqh_kernel(const __grid_consta
 #pragma unroll 1
     for (int v = 0; v < MB_W - 1; v++) wissue(v);
     int it = 0;
+    dev_cp_wait<MB_W - 2>();
+    decode(0, 0);
     for (int cl = 0; cl < npb; cl++) {
         const int t0 = (z + cl * Z) * 128, nv = cnt - t0 < 128 ? cnt - t0 : 128, ng = (nv + 7) >> 3;
         if (GATEUP && tid < 128) rws[tid] = t0 + tid < cnt ? P.p.rw[off + t0 + tid] : 0.0f;
@@ -647,27 +648,17 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mqh_kernel(const __grid_consta
                 for (int j = 0; j < 8; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
             /* unit u: matrix 0's wgmmas once unit u - 1's are promoted, matrix 1's once u - 1's are: one group in flight
              * behind each promotion */
-            dev_cp_wait<MB_W - 2>(); /* unit 0 (peeled: a conditional wait in the loop made ptxas serialize the wgmmas) */
-            dev_mbar_wait(fullb + 8 * (it % MQH_S), (it / MQH_S) & 1);
-            decode(0, it);
-            issue(0, it, ngh);
-            wissue(it + MB_W - 1);
-            decode(1, it);
-            issue(1, it, ngh);
-            it++;
-            for (int u = 1; u < NU; u++, it++) {
-                dev_cp_wait<MB_W - 2>();
+            for (int u = 0; u < NU; u++, it++) {
                 dev_mbar_wait(fullb + 8 * (it % MQH_S), (it / MQH_S) & 1);
-                wg_wait<1>(), promote(0, it - 1, ngh); /* (m 0, u - 1) done; (m 1, u - 1) may run */
-                decode(0, it);
                 issue(0, it, ngh);
                 wissue(it + MB_W - 1);
-                wg_wait<1>(), promote(1, it - 1, ngh), release(it - 1); /* (m 1, u - 1) done; (m 0, u) may run */
                 decode(1, it);
                 issue(1, it, ngh);
+                wg_wait<1>(), promote(0, it, ngh);
+                dev_cp_wait<MB_W - 2>();
+                decode(0, it + 1);
+                wg_wait<0>(), promote(1, it, ngh), release(it);
             }
-            wg_wait<1>(), promote(0, it - 1, ngh);
-            wg_wait<0>(), promote(1, it - 1, ngh), release(it - 1);
             epilogue(t0, hf, nh, ng);
         }
     }
