@@ -646,8 +646,8 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mqh_kernel(const __grid_consta
             for (int m = 0; m < NM; m++)
 #pragma unroll
                 for (int j = 0; j < 8; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
-            /* unit u: matrix 0's wgmmas once unit u - 1's are promoted, matrix 1's once u - 1's are: one group in flight
-             * behind each promotion */
+            /* unit u (its matrix-0 A decoded by the unit before, or above): matrix 0's wgmmas, matrix 1's A and wgmmas,
+             * matrix 0's promotion under matrix 1's wgmmas, the next unit's matrix-0 A, matrix 1's promotion */
             for (int u = 0; u < NU; u++, it++) {
                 dev_mbar_wait(fullb + 8 * (it % MQH_S), (it / MQH_S) & 1);
                 issue(0, it, ngh);
