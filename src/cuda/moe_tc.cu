@@ -1625,6 +1625,16 @@ static int mb_trace_run(void (*k)(mb_params), dim3 grid, int nth, mb_params P, c
     return rc;
 }
 
+/* mb_kernel's instance for a matrix's format (nv: NVFP4), the producer form and NSZ (no trace) */
+typedef void (*mb_fn)(mb_params);
+template <int GATEUP, int NSZ> static mb_fn mb_pick_nsz(int nv, int prod) {
+    return nv ? (prod ? mb_kernel<GATEUP, 1, 0, 1, NSZ> : mb_kernel<GATEUP, 0, 0, 1, NSZ>)
+              : (prod ? mb_kernel<GATEUP, 1, 0, 0, NSZ> : mb_kernel<GATEUP, 0, 0, 0, NSZ>);
+}
+template <int GATEUP> static mb_fn mb_pick(int nv, int prod, int nsz) {
+    return nsz ? mb_pick_nsz<GATEUP, 1>(nv, prod) : mb_pick_nsz<GATEUP, 0>(nv, prod);
+}
+
 int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, int maxslots, const dsv4_cuda_moe_plan *p, float lim,
                      float *h, float *y, cudaStream_t st) {
     if (mb_on < 0) mb_on = dsv4_env_int("DSV4_MOE_PFB", 1) != 0, mb_avg = dsv4_env_int("DSV4_MOE_PFB_AVG", 32),
@@ -1647,12 +1657,7 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     const int nv13 = ex->fmt13 == DSV4_WF_NVFP4, nv2 = ex->fmt2 == DSV4_WF_NVFP4;
     /* NSZ: a chunk's wgmmas as wide as its tokens (separate instances: the default's code stays as it was) */
     const int nsz = mb_fnsz >= 0 ? mb_fnsz : mb_nsz;
-    void (*const kg)(mb_params) = nsz & 1
-                                      ? (nv13 ? (prod ? mb_kernel<1, 1, 0, 1, 1> : mb_kernel<1, 0, 0, 1, 1>) : (prod ? mb_kernel<1, 1, 0, 0, 1> : mb_kernel<1, 0, 0, 0, 1>))
-                                      : (nv13 ? (prod ? mb_kernel<1, 1, 0, 1> : mb_kernel<1, 0, 0, 1>) : (prod ? mb_kernel<1, 1> : mb_kernel<1, 0>));
-    void (*const kd)(mb_params) = nsz & 2
-                                      ? (nv2 ? (prod ? mb_kernel<0, 1, 0, 1, 1> : mb_kernel<0, 0, 0, 1, 1>) : (prod ? mb_kernel<0, 1, 0, 0, 1> : mb_kernel<0, 0, 0, 0, 1>))
-                                      : (nv2 ? (prod ? mb_kernel<0, 1, 0, 1> : mb_kernel<0, 0, 0, 1>) : (prod ? mb_kernel<0, 1> : mb_kernel<0, 0>));
+    void (*const kg)(mb_params) = mb_pick<1>(nv13, prod, nsz & 1), (*const kd)(mb_params) = mb_pick<0>(nv2, prod, nsz & 2);
     const int nth = prod ? MB_PTHREADS : MB_THREADS;
     const void *fg = (const void *)kg, *fd = (const void *)kd;
     if (mt_set_smem(fg, MB_SMEM, 0) || mt_set_smem(fd, MB_SMEM, 0)) return -1;
