@@ -18,14 +18,15 @@ typedef struct {
     int32_t poke_value;
 } mutation;
 
-static char tmpl[] = "/tmp/dsv4-badmodel-XXXXXX";
+/* (the temporary directories below, removed after each test) */
+TestSuite(model_errors, .fini = dsv4_test_tmp_clean);
+TestSuite(cli_errors, .fini = dsv4_test_tmp_clean);
 
 /* Copies fixture fx into a fresh directory with one mutation and an optional config edit
- * (cfg_from -> cfg_to textual replacement). Returns the directory (static storage). */
+ * (cfg_from -> cfg_to textual replacement). Returns the directory (removed after the test). */
 static const char *make_bad(const char *fx, mutation mu, const char *cfg_from, const char *cfg_to) {
-    static char dir[64];
-    strcpy(dir, tmpl);
-    cr_assert(mkdtemp(dir));
+    const char *dir = dsv4_test_mkdtemp("/tmp/dsv4-badmodel-XXXXXX");
+    cr_assert(dir);
     char path[512];
     snprintf(path, sizeof path, "%s/%s/model.safetensors", dsv4_test_fixtures(), fx);
     dsv4_st *st;
@@ -154,30 +155,33 @@ static int run_cmd(const char *cmd, char *err, size_t cap) {
     FILE *f = fopen(ef, "rb");
     size_t n = f ? fread(err, 1, cap - 1, f) : 0;
     if (f) fclose(f);
+    remove(ef);
     err[n] = 0;
     if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
     return WEXITSTATUS(st);
 }
 
 Test(cli_errors, logits_bad_inputs) {
-    char cmd[2048], err[4096];
-    const char *bin = dsv4_bin();
-    FILE *f = fopen("/tmp/dsv4-tok-bad.json", "wb");
+    char cmd[2048], err[4096], tok[128], out[128];
+    const char *bin = dsv4_bin(), *td = dsv4_test_mkdtemp("/tmp/dsv4-clierr-XXXXXX");
+    cr_assert(td);
+    snprintf(tok, sizeof tok, "%s/dsv4-tok-bad.json", td);
+    snprintf(out, sizeof out, "%s/o.safetensors", td);
+    FILE *f = fopen(tok, "wb");
     fputs("[[1, 2, 600]]", f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s logits -m %s/tiny-bf16 --tokens /tmp/dsv4-tok-bad.json -o /tmp/dsv4-o.safetensors", bin,
-             dsv4_test_fixtures());
+    snprintf(cmd, sizeof cmd, "%s logits -m %s/tiny-bf16 --tokens %s -o %s", bin, dsv4_test_fixtures(), tok, out);
     int rc = run_cmd(cmd, err, sizeof err);
     cr_expect(rc == 1, "exit %d: %s", rc, err);
     cr_expect(strstr(err, "600") && strstr(err, "vocabulary"), "%s", err);
 
-    f = fopen("/tmp/dsv4-tok-bad.json", "wb");
+    f = fopen(tok, "wb");
     fputs("[[1, 2, 3], [4, 5]]", f);
     fclose(f);
     rc = run_cmd(cmd, err, sizeof err);
     cr_expect(rc == 1 && strstr(err, "sequence 1"), "exit %d: %s", rc, err);
 
-    f = fopen("/tmp/dsv4-tok-bad.json", "wb");
+    f = fopen(tok, "wb");
     fputs("[[1, 2", f);
     fclose(f);
     rc = run_cmd(cmd, err, sizeof err);
@@ -187,14 +191,14 @@ Test(cli_errors, logits_bad_inputs) {
     const char *d = make_bad("tiny-bf16", (mutation){0}, NULL, NULL);
     snprintf(cmd, sizeof cmd, "truncate -s 100000 %s/model.safetensors", d);
     cr_assert(system(cmd) == 0);
-    f = fopen("/tmp/dsv4-tok-bad.json", "wb");
+    f = fopen(tok, "wb");
     fputs("[[1, 2, 3]]", f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s logits -m %s --tokens /tmp/dsv4-tok-bad.json -o /tmp/dsv4-o.safetensors", bin, d);
+    snprintf(cmd, sizeof cmd, "%s logits -m %s --tokens %s -o %s", bin, d, tok, out);
     rc = run_cmd(cmd, err, sizeof err);
     cr_expect(rc == 1 && strstr(err, "model.safetensors"), "exit %d: %s", rc, err);
 
-    snprintf(cmd, sizeof cmd, "%s logits -m /nonexistent --tokens /tmp/dsv4-tok-bad.json -o /tmp/o", bin);
+    snprintf(cmd, sizeof cmd, "%s logits -m /nonexistent --tokens %s -o %s", bin, tok, out);
     rc = run_cmd(cmd, err, sizeof err);
     cr_expect(rc == 1 && strstr(err, "/nonexistent"), "exit %d: %s", rc, err);
 

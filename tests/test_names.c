@@ -91,11 +91,12 @@ static void to_hf(const char *n, char *o, size_t cap, int old_wproj) {
     snprintf(o, cap, "model.%s", n);
 }
 
+/* (removed after each test) */
+TestSuite(names, .fini = dsv4_test_tmp_clean);
 static char *tmpdir(void) {
-    static char d[64];
-    strcpy(d, "/tmp/dsv4-names-XXXXXX");
-    cr_assert(mkdtemp(d));
-    return d;
+    const char *d = dsv4_test_mkdtemp("/tmp/dsv4-names-XXXXXX");
+    cr_assert(d);
+    return (char *)d;
 }
 
 static void copy_config(const char *fx, const char *dir) {
