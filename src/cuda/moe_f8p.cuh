@@ -276,14 +276,20 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                 mq_dec(w1, lut[m][1], a[ks][1], a[ks][3]);
             }
             /* tokens 64 hf + 8 j + 2 c and + 1 of half hf: t x their act-quant scales of this unit added to d[m] */
-            auto promote = [&](int hf, float (&t)[8][4]) {
+            /* half hf's act-quant scales, loaded before the wait for its wgmmas (session 46: the promotions' FFMA
+             * waiting on these loads after the wait was the kernel's most sampled stall) */
+            auto scales = [&](int hf, float2 (&f)[8]) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] = *(const float2 *)(sx + 64 * hf + 8 * j + 2 * c);
+            };
+            auto promote = [&](int hf, float (&t)[8][4], const float2 (&fs)[8]) {
 #pragma unroll
                 for (int j = 0; j < 8; j++)
 #pragma unroll
                     for (int k = 0; k < 4; k++) wg_keep(t[j][k]);
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                    const float2 f = *(const float2 *)(sx + 64 * hf + 8 * j + 2 * c);
+                    const float2 f = fs[j];
                     float (&dd)[4] = d[m][8 * hf + j];
                     dd[0] = fmaf(t[j][0], f.x, dd[0]), dd[1] = fmaf(t[j][1], f.y, dd[1]);
                     dd[2] = fmaf(t[j][2], f.x, dd[2]), dd[3] = fmaf(t[j][3], f.y, dd[3]);
@@ -303,8 +309,10 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     /* the weight copies between the commit and the wait (moe_bf16.cuh: the wait covers their address
                      * registers) */
                     if (m == 0 && hf == 0) wissue(it + MB_W - 1);
+                    float2 f[8];
+                    scales(hf, f);
                     wg_wait<0>();
-                    promote(hf, t);
+                    promote(hf, t, f);
                 }
             } else {
                 /* PIPE: both halves' wgmmas in flight (two sets of 32 accumulators), half 0 promoted while half 1's run
@@ -319,8 +327,9 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     for (int ks = 0; ks < 4; ks++) mq_mma(t1, a[ks], desc0 + (uint64_t)(ks * 16 * ng + 128), ks);
                     wg_commit();
                     if (m == 0) wissue(it + MB_W - 1);
-                    wg_wait<1>(), promote(0, t0);
-                    wg_wait<0>(), promote(1, t1);
+                    float2 f[8]; /* (PIPE: the scales after the waits, as before: loaded earlier its instances spill 168 bytes) */
+                    wg_wait<1>(), scales(0, f), promote(0, t0, f);
+                    wg_wait<0>(), scales(1, f), promote(1, t1, f);
                 } else {
                     float t0[8][4];
                     wg_fence();
@@ -328,7 +337,8 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[ks], desc0 + (uint64_t)(ks * 16 * ng), ks);
                     wg_commit();
                     if (m == 0) wissue(it + MB_W - 1);
-                    wg_wait<0>(), promote(0, t0);
+                    float2 f[8];
+                    wg_wait<0>(), scales(0, f), promote(0, t0, f);
                 }
             }
 #pragma unroll
