@@ -261,20 +261,27 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                 const int dl = er[m][h] - (int)(((&scw.x)[2 * m + h] >> (8 * c)) & 0xFFu);
                 lut[m][h] = *(const uint2 *)(tbl + 8 * (dl < 15 ? dl : 15));
             }
+        /* the A fragments of matrix m (a[m]) */
+        uint32_t a[NM][4][4];
+        auto dec = [&](int m) {
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                const uint32_t w0 = *(const uint32_t *)(ws + ((2 * m) * 32 + lane) * 16 + 4 * ks);
+                const uint32_t w1 = *(const uint32_t *)(ws + ((2 * m + 1) * 32 + lane) * 16 + 4 * ks);
+                mq_dec(w0, lut[m][0], a[m][ks][0], a[m][ks][2]);
+                mq_dec(w1, lut[m][1], a[m][ks][1], a[m][ks][3]);
+            }
+        };
+        /* (not PIPE: matrix 0's A before the x stage's wait, which it does not need; matrix 1's there too, or while
+         * matrix 0's first wgmmas run, spills: 32 bytes) */
+        if constexpr (!PIPE) dec(0);
         dev_mbar_wait(fullb + 8 * s, (it / MB_S) & 1);
         const uint64_t desc0 = wg_desc(sb + s * MQ_STAGE, 128, 256); /* (+ 16 ng a k-step: ng 256 bytes; + 128: n-group 8) */
         const float *sx = (const float *)(mb_sm + s * MQ_STAGE + ng * 1024);
         const int two = ng > 8;
 #pragma unroll
         for (int m = 0; m < NM; m++) {
-            uint32_t a[4][4];
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                const uint32_t w0 = *(const uint32_t *)(ws + ((2 * m) * 32 + lane) * 16 + 4 * ks);
-                const uint32_t w1 = *(const uint32_t *)(ws + ((2 * m + 1) * 32 + lane) * 16 + 4 * ks);
-                mq_dec(w0, lut[m][0], a[ks][0], a[ks][2]);
-                mq_dec(w1, lut[m][1], a[ks][1], a[ks][3]);
-            }
+            if (PIPE || m) dec(m);
             /* tokens 64 hf + 8 j + 2 c and + 1 of half hf: t x their act-quant scales of this unit added to d[m] */
             /* half hf's act-quant scales, loaded before the wait for its wgmmas (session 46: the promotions' FFMA
              * waiting on these loads after the wait was the kernel's most sampled stall) */
@@ -304,7 +311,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     float t[8][4];
                     wg_fence();
 #pragma unroll
-                    for (int ks = 0; ks < 4; ks++) mq_mma(t, a[ks], desc0 + (uint64_t)(ks * 16 * ng + 128 * hf), ks);
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t, a[m][ks], desc0 + (uint64_t)(ks * 16 * ng + 128 * hf), ks);
                     wg_commit();
                     /* the weight copies between the commit and the wait (moe_bf16.cuh: the wait covers their address
                      * registers) */
@@ -321,10 +328,10 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     float t0[8][4], t1[8][4];
                     wg_fence();
 #pragma unroll
-                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[ks], desc0 + (uint64_t)(ks * 16 * ng), ks);
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[m][ks], desc0 + (uint64_t)(ks * 16 * ng), ks);
                     wg_commit();
 #pragma unroll
-                    for (int ks = 0; ks < 4; ks++) mq_mma(t1, a[ks], desc0 + (uint64_t)(ks * 16 * ng + 128), ks);
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t1, a[m][ks], desc0 + (uint64_t)(ks * 16 * ng + 128), ks);
                     wg_commit();
                     if (m == 0) wissue(it + MB_W - 1);
                     float2 f[8]; /* (PIPE: the scales after the waits, as before: loaded earlier its instances spill 168 bytes) */
@@ -334,7 +341,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     float t0[8][4];
                     wg_fence();
 #pragma unroll
-                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[ks], desc0 + (uint64_t)(ks * 16 * ng), ks);
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[m][ks], desc0 + (uint64_t)(ks * 16 * ng), ks);
                     wg_commit();
                     if (m == 0) wissue(it + MB_W - 1);
                     float2 f[8];
@@ -344,7 +351,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
 #pragma unroll
-                for (int k = 0; k < 4; k++) wg_keep(a[ks][k]);
+                for (int k = 0; k < 4; k++) wg_keep(a[m][ks][k]);
         }
         __syncwarp();
         if (lane == 0) dev_mbar_arrive(emptyb + 8 * s); /* this warp's reads of the stage are done */
