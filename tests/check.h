@@ -38,10 +38,12 @@ static inline int dsv4_test_rm_one(const char *p, const struct stat *sb, int fla
     (void)sb, (void)flag, (void)ftw;
     return remove(p);
 }
+/* dir and everything under it (the tests' one way to remove a directory they made) */
+static inline void dsv4_test_rm_tree(const char *dir) { nftw(dir, dsv4_test_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 static inline void dsv4_test_tmp_clean(void) {
     int *n;
     char (*d)[64] = dsv4_test_tmps(&n);
-    for (int i = 0; i < *n; i++) nftw(d[i], dsv4_test_rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    for (int i = 0; i < *n; i++) dsv4_test_rm_tree(d[i]);
     *n = 0;
 }
 

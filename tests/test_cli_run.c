@@ -1,7 +1,6 @@
 /* test_cli_run.c - `dsv4 synth` + `dsv4 run` end to end: a synthetic checkpoint loads and runs, greedy
  * decoding is deterministic, seeded sampling is reproducible, a bad model directory fails cleanly. */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,19 +16,6 @@
 #include "io/safetensors.h"
 #include "model/synth.h"
 
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[PATH_MAX + 300];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 /* A small synthetic model in a fresh temp dir; with_tok: the real vocabulary + tokenizer files; nvfp4: its routed experts
  * in NVFP4 (the lossless cast of the same draw). */
@@ -155,7 +141,7 @@ Test(cli_run, synth_loads_and_greedy_is_deterministic, .timeout = 120) {
     buf[n] = 0;
     fclose(f);
     cr_expect(strstr(buf, "\"dsv4_synthetic\": true"));
-    rm_rf(dir);
+    dsv4_test_rm_tree(dir);
     free(dir);
 }
 
@@ -176,7 +162,7 @@ Test(cli_run, synth_is_deterministic_per_seed, .timeout = 120) {
     fclose(f1), fclose(f2), fclose(f3);
     cr_expect(same12, "the same seed must write the same file");
     cr_expect(!same13, "different seeds must write different weights");
-    rm_rf(d1), rm_rf(d2), rm_rf(d3);
+    dsv4_test_rm_tree(d1), dsv4_test_rm_tree(d2), dsv4_test_rm_tree(d3);
     free(d1), free(d2), free(d3);
 }
 
@@ -220,7 +206,7 @@ Test(cli_run, synth_nvfp4_is_the_mxfp4_model, .timeout = 120) {
     dsv4_seq_free(sa), dsv4_seq_free(sb);
     dsv4_free(mm), dsv4_free(mn);
     free(la), free(lb);
-    rm_rf(dm), rm_rf(dn);
+    dsv4_test_rm_tree(dm), dsv4_test_rm_tree(dn);
     free(dm), free(dn);
 }
 
@@ -305,7 +291,7 @@ Test(cli_run, run_is_reproducible_and_bad_dir_fails, .timeout = 300) {
     cr_expect_eq(run_cmd(cmd, NULL), 2, "missing -p must be a usage error");
 
     free(g1), free(g2), free(s1), free(s2), free(s3), free(c1);
-    rm_rf(dir);
+    dsv4_test_rm_tree(dir);
     free(dir);
 }
 

@@ -2,7 +2,6 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,13 +57,8 @@ static char *tmpdir_new(void) {
     return d;
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
 static void tmpdir_free(char *d) {
-    nftw(d, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    dsv4_test_rm_tree(d);
     free(d);
 }
 
