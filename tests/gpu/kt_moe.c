@@ -776,11 +776,9 @@ static size_t pf8_pos(size_t base, int j, int cnt, int col, int C, size_t *sc) {
 
 /* The prefill pass's experts on FP8 tensor cores (moe_f8p.cuh, dsv4_cuda_moe_pfb_f8(1)) against the CPU backend, every
  * stride-th slot: h from its FP8 image (codes x the token's unit scale) against the CPU's SwiGLU of dsv4_cpu_linear,
- * act-quantized: within one e4m3 step, or within test_moe_f8's FP8 bar (8x the probe's 2.6e-5 of sum |w x|, ~0.8 sqrt(D)
- * rms of h) where a value lies further (the FP8 tensor core's sums are not fp32's: an error a few 1e-5 of a row's sum
- * |w x| is many e4m3 steps of a value near zero; session 46's first correct run had ~0.05 % of h there, e.g. 0.0088
- * against -0.0010 in a block whose largest is ~100), and the share that differs at all at most 5 %; y against
- * dsv4_cpu_linear of the device's own h at the same FP8 bar (~0.8 sqrt(I) rms of y). The combined output against the BF16 kernels' (relative L2, printed;
+ * act-quantized: within one e4m3 step everywhere (the FP8 tensor core's sums move values across rounding boundaries: their
+ * share is printed, at most 5 %); y against dsv4_cpu_linear of the device's own h at the FP8 bar of test_moe_f8 (8x the
+ * probe's 2.6e-5 of sum |w x|, ~0.8 sqrt(C) rms). The combined output against the BF16 kernels' (relative L2, printed;
  * under 2^-5, a gross error's catch). Then the first T2 tokens alone in a pass, bitwise. big: expert 0's scales spread over 14 binades (the
  * reach's end, with some groups at 15 whose codes are zeroed: still exact); big 2: one group of expert 1 15 binades
  * down with a nonzero code: the experts' pf8 must be 0 and the pass the BF16 kernels'. */
@@ -882,29 +880,20 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                 memcpy(ys + nh * D, yg + (size_t)sl * D, sizeof(float) * D);
                 nh++;
             }
-        /* (one e4m3 step: 1/8 of the value, 0.13 of the smaller, among normals; the block's subnormal step below 2^-6) */
-        const double bh = 8 * 2.6e-5 * 0.8 * sqrt((double)D) * rms(hr, nh * I);
-        size_t ndiff = 0, nstep = 0, nfar = 0, ifar = 0, iw = 0;
-        double worst = 0;
+        size_t ndiff = 0, nfar = 0, ifar = 0;
         for (size_t i = 0; i < nh * I; i++)
             if (hq[i] != hr[i]) {
                 const float dd = fabsf(hq[i] - hr[i]), sub = hst[i / I * nb + i % I / 128];
                 ndiff++;
-                if (dd <= 0.13f * fabsf(hr[i]) || dd <= 1.0001f * sub) continue;
-                nstep++;
-                if (dd > worst) worst = dd, iw = i;
-                if (dd > bh) ifar = nfar++ ? ifar : i;
+                if (!(dd <= 0.13f * fabsf(hr[i]) || dd <= 1.0001f * sub)) ifar = nfar++ ? ifar : i;
             }
         const int hok = nfar == 0 && ndiff <= 2 + nh * I / 20;
         g_checks++, g_fail += !hok;
-        printf("%-4s %s h (act-quantized) vs CPU: %zu of %zu differ by one e4m3 step (%.2f %%), %zu by more, within the FP8 bar %.3g "
-               "but %zu%s\n", hok ? "ok" : "FAIL", name, ndiff - nstep, nh * I, 100.0 * (double)(ndiff - nstep) / (double)(nh * I), nstep, bh,
-               nfar, hok ? "" : " <<<");
-        if (nstep)
-            printf("     the furthest: [%zu] got %.9g ref %.9g, %.3g of the FP8 bar (its block's subnormal step %.3g)\n", iw, hq[iw], hr[iw],
-                   worst / bh, hst[iw / I * nb + iw % I / 128]);
+        printf("%-4s %s h (act-quantized) vs CPU: %zu of %zu differ by one e4m3 step (%.2f %%), %zu by more%s\n", hok ? "ok" : "FAIL", name,
+               ndiff - nfar, nh * I, 100.0 * (double)(ndiff - nfar) / (double)(nh * I), nfar, hok ? "" : " <<<");
         if (nfar)
-            printf("     the first past the FP8 bar: [%zu] got %.9g ref %.9g\n", ifar, hq[ifar], hr[ifar]);
+            printf("     the first by more: [%zu] got %.9g ref %.9g (its block's subnormal step %.3g)\n", ifar, hq[ifar], hr[ifar],
+                   hst[ifar / I * nb + ifar % I / 128]);
         snprintf(name, sizeof name, "moe fp8 prefill T=%d E=%d D=%d I=%d%s y (own h) vs CPU", T, E, D, I, big ? " big" : "");
         check(name, ys, yr, nh * D, 8 * 2.6e-5 * 0.8 * sqrt((double)I) * rms(yr, nh * D), 0);
         double dd2 = 0, rr2 = 0;
