@@ -774,6 +774,57 @@ static size_t pf8_pos(size_t base, int j, int cnt, int col, int C, size_t *sc) {
     return ub + ((size_t)((L >> 5) * ng + (t >> 3)) * 2 + ((L >> 4) & 1)) * 128 + (size_t)(t & 7) * 16 + (size_t)(L & 15);
 }
 
+/* A model of Hopper's FP8 MMA (wgmma e4m3 into f32) to tell the FP8 tensor core's sums from a kernel bug in test_moe_pf8:
+ * the products of a block of nb consecutive k (exact) and the accumulator are aligned to the largest exponent among
+ * them, each truncated toward zero to p fraction bits of it, and summed; the sum is truncated toward zero to p fraction
+ * bits of its own. Several (nb, p) are tried: which one the device follows is a measurement (NOTES 47). */
+typedef struct { int nb, p; } mma_model;
+static const mma_model mma_models[] = {{32, 13}, {16, 13}, {8, 13}, {4, 13}, {32, 14}, {16, 14}, {32, 23}};
+#define N_MMA_MODEL ((int)(sizeof mma_models / sizeof mma_models[0]))
+
+static float fp8mma_block(float acc, const float *pr, int n, int p) {
+    int emax = -100000, e;
+    if (acc != 0.0f) frexpf(acc, &e), emax = e;
+    for (int i = 0; i < n; i++)
+        if (pr[i] != 0.0f) {
+            frexpf(pr[i], &e);
+            if (e > emax) emax = e;
+        }
+    if (emax == -100000) return 0.0f;
+    const int q = emax - 1 - p; /* the aligned terms' last kept bit */
+    double s = trunc(ldexp((double)acc, -q));
+    for (int i = 0; i < n; i++) s += trunc(ldexp((double)pr[i], -q));
+    if (s == 0.0) return 0.0f;
+    int es;
+    frexp(s, &es);
+    if (es > p + 1) {
+        const double qq = ldexp(1.0, es - p - 1);
+        s = trunc(s / qq) * qq;
+    }
+    return (float)ldexp(s, q);
+}
+
+/* a 128-column unit's four k32 steps (fresh accumulator) under model m, in the kernel's logical k order (moe_f8p.cuh:
+ * logical column 32 s + kk is physical 32 c + 8 s + 4 (kk >> 4) + (kk & 3), c = (kk >> 2) & 3); xq: act-quantized x,
+ * wr: a weight row (true values: the sums are scale-free, the scales powers of two) */
+static float fp8mma_unit(const float *xq, const float *wr, int u, mma_model m) {
+    float pr[128];
+    for (int L = 0; L < 128; L++) {
+        const int s = L >> 5, kk = L & 31, c = (kk >> 2) & 3, ph = 128 * u + 32 * c + 8 * s + 4 * (kk >> 4) + (kk & 3);
+        pr[L] = xq[ph] * wr[ph];
+    }
+    float acc = 0.0f;
+    for (int b = 0; b < 128; b += m.nb) acc = fp8mma_block(acc, pr + b, m.nb, m.p);
+    return acc;
+}
+
+/* a row's sum: the units' model sums added in fp32 in unit order (the kernel's promotions: d += t x s_x, exact scaling) */
+static float fp8mma_dot(const float *xq, const float *wr, int C, mma_model m) {
+    float d = 0.0f;
+    for (int u = 0; u < C / 128; u++) d += fp8mma_unit(xq, wr, u, m);
+    return d;
+}
+
 /* The prefill pass's experts on FP8 tensor cores (moe_f8p.cuh, dsv4_cuda_moe_pfb_f8(1)) against the CPU backend, every
  * stride-th slot: h from its FP8 image (codes x the token's unit scale) against the CPU's SwiGLU of dsv4_cpu_linear,
  * act-quantized: within one e4m3 step everywhere (the FP8 tensor core's sums move values across rounding boundaries: their
@@ -854,6 +905,11 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         float *ys = malloc(sizeof(float) * nmax * D), *yr = malloc(sizeof(float) * nmax * D);
         const int nb = I / 128;
         float *hst = malloc(sizeof(float) * nmax * nb);
+        /* the MMA models on the values that differ from the CPU's and on every 61st column (a control): [model][set 0
+         * differing, 1 far (beyond one step), 2 control][0 the device's value exactly, 1 one step off, 2 further] */
+        size_t mm[N_MMA_MODEL][3][3], mset[3] = {0, 0, 0};
+        memset(mm, 0, sizeof mm);
+        float *xq = malloc(sizeof(float) * D), *wg = malloc(sizeof(float) * D), *wu = malloc(sizeof(float) * D);
         for (int a = 0; a < r.nact; a++)
             for (int j = 0; j < r.act_cnt[a]; j += stride) {
                 const int e = r.act_e[a], sl = r.act_off[a] + j;
@@ -876,6 +932,30 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                     memcpy(&scv, himg + so, 4);
                     hg[col] = dsv4_e4m3_to_f32(himg[pos]) * scv;
                 }
+                memcpy(xq, x + (size_t)r.rows[sl] * D, sizeof(float) * D);
+                dsv4_act_quant_fp8(xq, D, 128);
+                for (int col = 0; col < I; col++) {
+                    const float step = hst[nh * nb + col / 128], dd = fabsf(hg[col] - hc[col]);
+                    const int far = hg[col] != hc[col] && !(dd <= 0.13f * fabsf(hc[col]) || dd <= 1.0001f * step);
+                    if (hg[col] == hc[col] && col % 61) continue;
+                    const int set = hg[col] != hc[col] ? far : 2;
+                    size_t so;
+                    (void)pf8_pos((size_t)r.act_off[a] + 8 * (size_t)a, j, r.act_cnt[a], col, I, &so);
+                    float scv;
+                    memcpy(&scv, himg + so, 4);
+                    dsv4_weight_row(&h1w[e].w, col, wg);
+                    dsv4_weight_row(&h3w[e].w, col, wu);
+                    mset[set]++, mset[0] += set == 1;
+                    for (int mi = 0; mi < N_MMA_MODEL; mi++) {
+                        float gv = fp8mma_dot(xq, wg, D, mma_models[mi]);
+                        const float uv = fp8mma_dot(xq, wu, D, mma_models[mi]);
+                        swiglu_ref(&gv, &uv, 1, lim, r.rw[sl]);
+                        const float em = dsv4_round_e4m3(fminf(fmaxf(gv / scv, -448.0f), 448.0f)) * scv, de = fabsf(em - hg[col]);
+                        const int k = em == hg[col] ? 0 : de <= 0.13f * fabsf(hg[col]) || de <= 1.0001f * step ? 1 : 2;
+                        mm[mi][set][k]++;
+                        if (set == 1) mm[mi][0][k]++;
+                    }
+                }
                 dsv4_cpu_linear(&h2w[e].w, hg, 1, yr + nh * D);
                 memcpy(ys + nh * D, yg + (size_t)sl * D, sizeof(float) * D);
                 nh++;
@@ -894,6 +974,13 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         if (nfar)
             printf("     the first by more: [%zu] got %.9g ref %.9g (its block's subnormal step %.3g)\n", ifar, hq[ifar], hr[ifar],
                    hst[ifar / I * nb + ifar % I / 128]);
+        /* which model the device's h follows (information: the h check above stays against the CPU's fp32 sums) */
+        for (int mi = 0; mi < N_MMA_MODEL; mi++)
+            printf("     MMA model nb %2d p %2d: of %zu h differing from the CPU's %zu exactly the model's, %zu a step off, %zu further;"
+                   " of the %zu beyond a step %zu / %zu / %zu; of %zu controls %zu / %zu / %zu\n",
+                   mma_models[mi].nb, mma_models[mi].p, mset[0], mm[mi][0][0], mm[mi][0][1], mm[mi][0][2], mset[1], mm[mi][1][0],
+                   mm[mi][1][1], mm[mi][1][2], mset[2], mm[mi][2][0], mm[mi][2][1], mm[mi][2][2]);
+        free(xq), free(wg), free(wu);
         snprintf(name, sizeof name, "moe fp8 prefill T=%d E=%d D=%d I=%d%s y (own h) vs CPU", T, E, D, I, big ? " big" : "");
         check(name, ys, yr, nh * D, 8 * 2.6e-5 * 0.8 * sqrt((double)I) * rms(yr, nh * D), 0);
         double dd2 = 0, rr2 = 0;
