@@ -38,6 +38,13 @@
 #define MQ_TBL (16 * 8) /* the 16 code tables (δ 0 .. 14, and 15: zeros) */
 #define MQ_SMEM (MB_S * MQ_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + 8 * MB_W * MB_WSTAGE)
 
+/* PDEC (DSV4_MOE_PFB_F8=4): the producer warpgroup decodes the A fragments into shared memory, MQ_NA stages of a unit's
+ * fragments for the 8 consumer warps ([warp 8][matrix 2][k-step 4][lane 32][16 bytes]: one conflict-free 16-byte load a
+ * k-step), on mbarriers afull (the 128 producer threads arrive) / aempty (8 consumer warps); after the weight rings */
+#define MQ_NA 2
+#define MQ_ASTAGE 32768
+#define MQ_SMEM_D (MQ_SMEM + MQ_NA * MQ_ASTAGE + 2 * MQ_NA * 8)
+
 /* bytes of an image row: C codes and C / 128 scales of 4 bytes */
 static inline __host__ __device__ int64_t mq_rowb(int C) { return (int64_t)C + C / 32; }
 
@@ -159,8 +166,13 @@ __global__ void __launch_bounds__(256) mq_ximage_kernel(const float *x, dsv4_cud
 }
 
 /* 2. gate / up (GATEUP 1) and down (0): moe_bf16.cuh's mb_kernel with the producer warpgroup, FP8 wgmmas and a
- * promotion a unit (above). PIPE 1: a unit's two halves of tokens in flight together (DSV4_MOE_PFB_F8=2) */
-template <int GATEUP, int PIPE>
+ * promotion a unit (above). PIPE 1: a unit's two halves of tokens in flight together (DSV4_MOE_PFB_F8=2). PDEC 1
+ * (DSV4_MOE_PFB_F8=4, not with PIPE): the four producer warps fetch the weights and decode the A fragments (warp p those
+ * of consumer warps p and p + 4, lane for lane: the same words, tables and decode), the consumers load them from
+ * shared memory (session 46: the decode was half the consumers' instructions and on their chain before each matrix's
+ * wgmmas, with 2.2 warps a scheduler); warp 8 also issues the x copies, one unit ahead of its decode. The same
+ * operations on the same values: the same bits as PDEC 0. */
+template <int GATEUP, int PIPE, int PDEC = 0>
 __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2;
     extern __shared__ __align__(128) unsigned char mb_sm[];
@@ -174,8 +186,11 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
     const unsigned sb = (unsigned)__cvta_generic_to_shared(mb_sm), fullb = sb + MB_S * MQ_STAGE, emptyb = fullb + MB_S * 8;
     float *red = (float *)(mb_sm + MB_S * MQ_STAGE + 2 * MB_S * 8), *scs = red + 8 * 128, *scsi = scs + 128, *rws = scsi + 128;
     uint8_t *tbl = (uint8_t *)(rws + 128);
+    const unsigned afullb = sb + MQ_SMEM + MQ_NA * MQ_ASTAGE, aemptyb = afullb + 8 * MQ_NA; /* (PDEC) */
     if (tid == 0) {
         for (int s = 0; s < MB_S; s++) dev_mbar_init(fullb + 8 * s, 1), dev_mbar_init(emptyb + 8 * s, 8);
+        if (PDEC)
+            for (int s = 0; s < MQ_NA; s++) dev_mbar_init(afullb + 8 * s, 128), dev_mbar_init(aemptyb + 8 * s, 8);
         dev_mbar_fence_init();
     }
     if (tid < MQ_TBL) { /* table δ (tid >> 3), magnitude code tid & 7: e2m1 x 2^(6 - δ) as e4m3 (exact for δ <= 14); 15: 0 */
@@ -186,6 +201,98 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
     __syncthreads();
     const int64_t rowb = mq_rowb(C);
     const uint8_t *img = P.img + ((int64_t)off + 8 * ia) * rowb;
+    /* the x copy of unit j (chunk j / NU, unit j % NU) into stage j % MB_S once its readers released it (one lane) */
+    auto xcopy = [&](int j) {
+        const int s = j % MB_S, t0 = (z + (j / NU) * Z) * 128;
+        const int ng = ((cnt - t0 < 128 ? cnt - t0 : 128) + 7) >> 3;
+        if (j >= MB_S) dev_mbar_wait(emptyb + 8 * s, ((j / MB_S) - 1) & 1);
+        dev_mbar_expect(fullb + 8 * s, (unsigned)ng * 1056);
+        dev_bulk_g2s(sb + s * MQ_STAGE, img + (int64_t)t0 * rowb + (int64_t)(j % NU) * ng * 1056, (unsigned)ng * 1056, fullb + 8 * s);
+    };
+    if (PDEC && warp >= 8) { /* the decoding producer: unit it's A fragments of consumer warps pw and pw + 4 */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        const int pw = warp - 8, rb = blockIdx.x * (GATEUP ? 128 : 256);
+        int er[2][NM][2]; /* (q: consumer warp pw + 4 q) */
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                const dsv4_cuda_weight &w = GATEUP && m ? P.WB[ex] : P.WA[ex];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *sc = w.scale + ((int64_t)w.row0 + rb + (GATEUP ? 0 : 128 * m) + 64 * q + 16 * pw + g + 8 * h) * w.scale_stride;
+                    uint32_t mx = 0u;
+                    for (int i = c; i < NU; i += 4) mx = __vmaxu4(mx, ((const uint32_t *)sc)[i]);
+                    mx = __vmaxu4(mx, mx >> 16);
+                    mx = __vmaxu4(mx, mx >> 8) & 0xFFu;
+                    mx = max(mx, (uint32_t)__shfl_xor_sync(0xffffffffu, mx, 1));
+                    er[q][m][h] = (int)max(mx, (uint32_t)__shfl_xor_sync(0xffffffffu, mx, 2));
+                }
+            }
+        const unsigned wsa0 = sb + MB_S * MQ_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + pw * MB_W * MB_WSTAGE;
+        /* this lane's weights of unit v into the rings of consumer warps pw and pw + 4 (theirs in PDEC 0) */
+        auto pissue = [&](int v) {
+            if (v < n) {
+                const int wu = v % NU;
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const unsigned sa = wsa0 + 4 * q * MB_W * MB_WSTAGE + (v % MB_W) * MB_WSTAGE;
+#pragma unroll
+                    for (int m = 0; m < NM; m++) {
+                        const dsv4_cuda_weight &w = GATEUP && m ? P.WB[ex] : P.WA[ex];
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const int64_t r = (int64_t)w.row0 + rb + (GATEUP ? 0 : 128 * m) + 64 * q + 16 * pw + g + 8 * h;
+                            mt_cp16s(sa + ((2 * m + h) * 32 + lane) * 16, (const uint4 *)w.data + r * (C / 32) + c + wu * 4);
+                            mt_cps<4>(sa + (128 + lane) * 16 + (2 * m + h) * 4, w.scale + r * w.scale_stride + wu * 4);
+                        }
+                    }
+                }
+            }
+            dev_cp_commit();
+        };
+#pragma unroll 1
+        for (int v = 0; v < MB_W - 1; v++) pissue(v);
+        int xi = 0;
+#pragma unroll 1
+        for (int it = 0; it < n; it++) {
+            if (warp == 8) {
+                for (; xi <= it + 1 && xi < n; xi++) {
+                    if (lane == 0) xcopy(xi);
+                    __syncwarp();
+                }
+            }
+            pissue(it + MB_W - 1); /* (into unit it - 1's ring stage: decoded) */
+            dev_cp_wait<MB_W - 1>();
+            const int sa = it % MQ_NA;
+            if (it >= MQ_NA) dev_mbar_wait(aemptyb + 8 * sa, ((it / MQ_NA) - 1) & 1);
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                const unsigned char *ws = mb_sm + (wsa0 - sb) + 4 * q * MB_W * MB_WSTAGE + (it % MB_W) * MB_WSTAGE;
+                const uint4 scw = *(const uint4 *)(ws + (128 + lane) * 16);
+                unsigned char *ab = mb_sm + MQ_SMEM + sa * MQ_ASTAGE + ((pw + 4 * q) * 256 + lane) * 16;
+#pragma unroll
+                for (int m = 0; m < NM; m++) {
+                    uint2 lut[2];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int dl = er[q][m][h] - (int)(((&scw.x)[2 * m + h] >> (8 * c)) & 0xFFu);
+                        lut[h] = *(const uint2 *)(tbl + 8 * (dl < 15 ? dl : 15));
+                    }
+                    const uint4 w0 = *(const uint4 *)(ws + ((2 * m) * 32 + lane) * 16), w1 = *(const uint4 *)(ws + ((2 * m + 1) * 32 + lane) * 16);
+#pragma unroll
+                    for (int ks = 0; ks < 4; ks++) {
+                        uint4 a;
+                        mq_dec((&w0.x)[ks], lut[0], a.x, a.z);
+                        mq_dec((&w1.x)[ks], lut[1], a.y, a.w);
+                        *(uint4 *)(ab + (m * 4 + ks) * 512) = a;
+                    }
+                }
+            }
+            dev_mbar_arrive(afullb + 8 * sa); /* (every producer thread: each releases its own stores) */
+        }
+        return;
+    }
     if (warp >= 8) { /* the producer: unit it of chunk it / NU into stage it % MB_S once its readers released it */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         if (warp == 8) {
@@ -204,7 +311,8 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    if constexpr (PDEC) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     const int wgi = warp >> 2, rl = 64 * wgi + 16 * (warp & 3) + g, rb = blockIdx.x * (GATEUP ? 128 : 256);
     const uint4 *wq[NM][2];
     const uint8_t *wsc[NM][2];
@@ -227,7 +335,8 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
     }
     const unsigned wsa = sb + MB_S * MQ_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + warp * MB_W * MB_WSTAGE;
     int wu = 0;
-    auto wissue = [&](int v) { /* (moe_bf16.cuh's: this thread's weights of unit v into its warp's ring) */
+    auto wissue = [&](int v) { /* (moe_bf16.cuh's: this thread's weights of unit v into its warp's ring; PDEC: the producer's) */
+        if (PDEC) return;
         if (v < n) {
             const unsigned sa = wsa + (v % MB_W) * MB_WSTAGE;
 #pragma unroll
@@ -250,26 +359,43 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
     /* unit it (u: its place in its chunk of ng n-groups) */
     auto unit = [&](int it, int ng) {
         const int s = it % MB_S;
-        dev_cp_wait<MB_W - 2>();
+        if (!PDEC) dev_cp_wait<MB_W - 2>();
         const unsigned char *ws = mb_sm + (wsa - sb) + (it % MB_W) * MB_WSTAGE;
-        const uint4 scw = *(const uint4 *)(ws + (128 + lane) * 16);
         uint2 lut[NM][2];
+        if constexpr (!PDEC) {
+            const uint4 scw = *(const uint4 *)(ws + (128 + lane) * 16);
 #pragma unroll
-        for (int m = 0; m < NM; m++)
+            for (int m = 0; m < NM; m++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int dl = er[m][h] - (int)(((&scw.x)[2 * m + h] >> (8 * c)) & 0xFFu);
-                lut[m][h] = *(const uint2 *)(tbl + 8 * (dl < 15 ? dl : 15));
-            }
+                for (int h = 0; h < 2; h++) {
+                    const int dl = er[m][h] - (int)(((&scw.x)[2 * m + h] >> (8 * c)) & 0xFFu);
+                    lut[m][h] = *(const uint2 *)(tbl + 8 * (dl < 15 ? dl : 15));
+                }
+        } else {
+            dev_mbar_wait(afullb + 8 * (it % MQ_NA), (it / MQ_NA) & 1);
+        }
         /* the A fragments of matrix m (a[m]) */
         uint32_t a[NM][4][4];
         auto dec = [&](int m) {
+            if constexpr (PDEC) { /* the producer's, then (matrix 1's loaded) the stage released */
+                const unsigned char *ab = mb_sm + MQ_SMEM + (it % MQ_NA) * MQ_ASTAGE + (warp * 256 + lane) * 16;
 #pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                const uint32_t w0 = *(const uint32_t *)(ws + ((2 * m) * 32 + lane) * 16 + 4 * ks);
-                const uint32_t w1 = *(const uint32_t *)(ws + ((2 * m + 1) * 32 + lane) * 16 + 4 * ks);
-                mq_dec(w0, lut[m][0], a[m][ks][0], a[m][ks][2]);
-                mq_dec(w1, lut[m][1], a[m][ks][1], a[m][ks][3]);
+                for (int ks = 0; ks < 4; ks++) {
+                    const uint4 v = *(const uint4 *)(ab + (m * 4 + ks) * 512);
+                    a[m][ks][0] = v.x, a[m][ks][1] = v.y, a[m][ks][2] = v.z, a[m][ks][3] = v.w;
+                }
+                if (m == NM - 1) {
+                    __syncwarp();
+                    if (lane == 0) dev_mbar_arrive(aemptyb + 8 * (it % MQ_NA));
+                }
+            } else {
+#pragma unroll
+                for (int ks = 0; ks < 4; ks++) {
+                    const uint32_t w0 = *(const uint32_t *)(ws + ((2 * m) * 32 + lane) * 16 + 4 * ks);
+                    const uint32_t w1 = *(const uint32_t *)(ws + ((2 * m + 1) * 32 + lane) * 16 + 4 * ks);
+                    mq_dec(w0, lut[m][0], a[m][ks][0], a[m][ks][2]);
+                    mq_dec(w1, lut[m][1], a[m][ks][1], a[m][ks][3]);
+                }
             }
         };
         /* (not PIPE: matrix 0's A before the x stage's wait, which it does not need; matrix 1's there too, or while

@@ -1583,9 +1583,9 @@ static int mb_nsz;      /* DSV4_MOE_PFB_NSZ: a chunk's wgmmas as wide as its tok
                         * 96 / 128), bit 1 the down projection (64 / 128; its NSZ instance spills 8 bytes against 4); 3 by default
                         * since session 45 (the same bits; 8K prefill 0.988x on an H100) */
 static int mb_f8;       /* DSV4_MOE_PFB_F8: the FP8 form (moe_f8p.cuh) where it applies, 2 with mq_kernel's PIPE, 3 in passes of 64
-                        * tokens (mqh_kernel); session 45 */
+                        * tokens (mqh_kernel); session 45; 4: the producer warps decode the weights (mq_kernel's PDEC; session 47) */
 static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fnsz = -1, mb_ff8 = -1, mb_last_f8;
-extern "C" void dsv4_cuda_moe_pfb_f8(int on) { mb_ff8 = on >= 0 && on <= 3 ? on : -1; }
+extern "C" void dsv4_cuda_moe_pfb_f8(int on) { mb_ff8 = on >= 0 && on <= 4 ? on : -1; }
 extern "C" int dsv4_cuda_moe_pfb_f8_last(void) { return mb_last_f8; }
 
 int dsv4_moe_pf8_check(const dsv4_cuda_experts *ex) {
@@ -1684,10 +1684,10 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     const int f8 = (mb_ff8 >= 0 ? mb_ff8 : mb_f8) > 0 && prod && !nv13 && !nv2 && ex->pf8 && ex->D % 512 == 0 && ex->I % 512 == 0;
     if (f8) {
         const int pz = mb_pz >= 1 && mb_pz <= 8 ? mb_pz : 1;
-        const int form = mb_ff8 >= 0 ? mb_ff8 : mb_f8, pipe = form == 2, half = form == 3;
-        void (*const qg)(mb_params) = half ? mqh_kernel<1> : pipe ? mq_kernel<1, 1> : mq_kernel<1, 0>;
-        void (*const qd)(mb_params) = half ? mqh_kernel<0> : pipe ? mq_kernel<0, 1> : mq_kernel<0, 0>;
-        const int qsm = half ? MQH_SMEM : MQ_SMEM;
+        const int form = mb_ff8 >= 0 ? mb_ff8 : mb_f8, pipe = form == 2, half = form == 3, pdec = form == 4;
+        void (*const qg)(mb_params) = half ? mqh_kernel<1> : pipe ? mq_kernel<1, 1> : pdec ? mq_kernel<1, 0, 1> : mq_kernel<1, 0>;
+        void (*const qd)(mb_params) = half ? mqh_kernel<0> : pipe ? mq_kernel<0, 1> : pdec ? mq_kernel<0, 0, 1> : mq_kernel<0, 0>;
+        const int qsm = half ? MQH_SMEM : pdec ? MQ_SMEM_D : MQ_SMEM;
         if (mt_set_smem((const void *)qg, qsm, 0) || mt_set_smem((const void *)qd, qsm, 0)) return -1;
         mq_ximage_kernel<<<dim3(16, maxslots), 256, 0, st>>>(x, *p, ex->D, (uint8_t *)y);
         if (dsv4_cuda_check_launch("moe_experts (x image, fp8 prefill)")) return -1;
