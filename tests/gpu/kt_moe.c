@@ -910,6 +910,16 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         size_t mm[N_MMA_MODEL][3][3], mset[3] = {0, 0, 0};
         memset(mm, 0, sizeof mm);
         float *xq = malloc(sizeof(float) * D), *wg = malloc(sizeof(float) * D), *wu = malloc(sizeof(float) * D);
+        /* DSV4_PF8_DUMP=FILE (the D 1024 case): the examined values' inputs for fitting the model off the device
+         * (header int32 magic 0x50463844, D, records, slots; slots x D act-quantized x; records: int32 slot, set,
+         * float rw, scale, step, device h, CPU h, gate row [D], up row [D]); all beyond a step, 1500 other differing,
+         * 1000 controls */
+        const char *dpath = D == 1024 ? getenv("DSV4_PF8_DUMP") : NULL;
+        FILE *df = dpath ? fopen(dpath, "wb") : NULL;
+        int32_t dhdr[4] = {0x50463844, D, 0, 0}, dcap[3] = {1500, 1 << 30, 1000}, dcnt[3] = {0, 0, 0};
+        if (df) fwrite(dhdr, sizeof dhdr, 1, df);
+        long dslot_pos = -1;
+        float *dxs = df ? malloc(sizeof(float) * nmax * D) : NULL;
         for (int a = 0; a < r.nact; a++)
             for (int j = 0; j < r.act_cnt[a]; j += stride) {
                 const int e = r.act_e[a], sl = r.act_off[a] + j;
@@ -934,6 +944,7 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                 }
                 memcpy(xq, x + (size_t)r.rows[sl] * D, sizeof(float) * D);
                 dsv4_act_quant_fp8(xq, D, 128);
+                if (df) memcpy(dxs + nh * D, xq, sizeof(float) * D);
                 for (int col = 0; col < I; col++) {
                     const float step = hst[nh * nb + col / 128], dd = fabsf(hg[col] - hc[col]);
                     const int far = hg[col] != hc[col] && !(dd <= 0.13f * fabsf(hc[col]) || dd <= 1.0001f * step);
@@ -946,6 +957,13 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                     dsv4_weight_row(&h1w[e].w, col, wg);
                     dsv4_weight_row(&h3w[e].w, col, wu);
                     mset[set]++, mset[0] += set == 1;
+                    if (df && dcnt[set]++ < dcap[set]) {
+                        const int32_t ri[2] = {(int32_t)nh, set};
+                        const float rf[5] = {r.rw[sl], scv, step, hg[col], hc[col]};
+                        fwrite(ri, sizeof ri, 1, df), fwrite(rf, sizeof rf, 1, df);
+                        fwrite(wg, sizeof(float), D, df), fwrite(wu, sizeof(float), D, df);
+                        dhdr[2]++;
+                    }
                     for (int mi = 0; mi < N_MMA_MODEL; mi++) {
                         float gv = fp8mma_dot(xq, wg, D, mma_models[mi]);
                         const float uv = fp8mma_dot(xq, wu, D, mma_models[mi]);
@@ -980,6 +998,14 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                    " of the %zu beyond a step %zu / %zu / %zu; of %zu controls %zu / %zu / %zu\n",
                    mma_models[mi].nb, mma_models[mi].p, mset[0], mm[mi][0][0], mm[mi][0][1], mm[mi][0][2], mset[1], mm[mi][1][0],
                    mm[mi][1][1], mm[mi][1][2], mset[2], mm[mi][2][0], mm[mi][2][1], mm[mi][2][2]);
+        if (df) { /* the slots' x after the records; the header's counts */
+            dslot_pos = ftell(df);
+            fwrite(dxs, sizeof(float), nh * (size_t)D, df);
+            dhdr[3] = (int32_t)nh;
+            fseek(df, 0, SEEK_SET), fwrite(dhdr, sizeof dhdr, 1, df), fclose(df);
+            printf("     dumped %d records and %d slots to %s (slots at byte %ld)\n", dhdr[2], dhdr[3], dpath, dslot_pos);
+        }
+        free(dxs);
         free(xq), free(wg), free(wu);
         snprintf(name, sizeof name, "moe fp8 prefill T=%d E=%d D=%d I=%d%s y (own h) vs CPU", T, E, D, I, big ? " big" : "");
         check(name, ys, yr, nh * D, 8 * 2.6e-5 * 0.8 * sqrt((double)I) * rms(yr, nh * D), 0);
