@@ -9,8 +9,10 @@
  * bit 1, rounded to nearest) to p bits. var bit 0: the products aligned among themselves, then added to the
  * accumulator in a second aligned add; bit 2: the accumulator in fp32 between blocks; bit 3: the alignment by the
  * factors' exponent sums (as if every product's significand were below 2). perm 1: blocks of 16 taking k 0-3, 16-19,
- * ... (the A registers' halves). Session 46 / 47: test_moe_pf8's own printout (nb 32 p 13 var 0 best of seven, 87 % of
- * the differing values exact) is NOTES 47's. */
+ * ... (the A registers' halves). p 12 and 13, g 0, 3 and 40 (40: the block summed exactly, then one truncation, the
+ * "multi-term summation, single final rounding (RZ)" that public probes of H100's FP8 wgmma report, 13 bits wide): 216
+ * models. Session 47: test_moe_pf8's own printout (nb 32 p 13 var 0 g 0 best of seven, 87 % of the differing values
+ * exact) is NOTES 47's; this program on a dump must reproduce that line first. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,24 +35,31 @@ static float round_e4m3(float x) {
 typedef struct { int nb, p, var, g; } model;
 
 static int expo(double v) { int e; frexp(v, &e); return e; }
-static double trunc_to(double v, int q) { return trunc(ldexp(v, -q)); } /* integer units of 2^q */
-/* ea: each term's alignment exponent (NULL: its own, frexp's) */
+__extension__ typedef __int128 i128; /* (the aligned terms with 40 guard bits pass 2^53) */
+
+/* ea: each term's alignment exponent (NULL: its own, frexp's); the terms truncated in units of 2^q, summed exactly */
 static double add_aligned(const double *t, const int *ea, int n, int p, int g, int rne) {
     int emax = -100000;
     for (int i = 0; i < n; i++) if (t[i] != 0) { int e = ea ? ea[i] : expo(t[i]); if (e > emax) emax = e; }
     if (emax == -100000) return 0;
-    int q = emax - 1 - p - g;
-    double s = 0;
-    for (int i = 0; i < n; i++) s += trunc_to(t[i], q);
+    const int q = emax - 1 - p - g;
+    i128 s = 0;
+    for (int i = 0; i < n; i++) s += (i128)trunc(ldexp(t[i], -q)); /* (exact: t has at most 24 significant bits) */
     if (s == 0) return 0;
-    /* normalise to p fraction bits */
-    int es = expo(s);
-    if (es > p + 1) {
-        double qq = ldexp(1.0, es - p - 1);
-        s = rne ? nearbyint(s / qq) * qq : trunc(s / qq) * qq;
+    const int neg = s < 0;
+    unsigned __int128 m = neg ? -(unsigned __int128)s : (unsigned __int128)s;
+    int len = 0;
+    for (unsigned __int128 v = m; v; v >>= 1) len++;
+    if (len > p + 1) { /* keep p + 1 significant bits */
+        const int sh = len - p - 1;
+        const unsigned __int128 rem = m & (((unsigned __int128)1 << sh) - 1), half = (unsigned __int128)1 << (sh - 1);
+        m >>= sh;
+        if (rne && (rem > half || (rem == half && (m & 1)))) m++;
+        return ldexp(neg ? -(double)m : (double)m, q + sh);
     }
-    return ldexp(s, q);
+    return ldexp(neg ? -(double)m : (double)m, q);
 }
+
 /* pe: the products' exponent sums + 1 (bit 3 of the variant: alignment by those, as if each product's significand
  * were below 2) */
 static float block(float acc, const float *pr, const int *pe, int n, model m) {
@@ -143,17 +152,20 @@ int main(int argc, char **argv) {
         fclose(f);
     }
     printf("D %d records %d slots %d\n", D, nr, ns);
-    model ms[128];
-    int nm = 0, perms[128];
-    int nbs[] = {32, 16};
+    /* p 12 or 13 (is the reported 13-bit width with the hidden bit?); g 0, 3 or 40 (40: the block's terms summed
+     * exactly, then one truncation: "multi-term summation, single final rounding (RZ)") */
+    model ms[256];
+    int nm = 0, perms[256];
+    static const int nbs[] = {32, 16}, ps[] = {13, 12}, gs[] = {0, 3, 40};
     for (int pi = 0; pi < 2; pi++)
         for (int bi = 0; bi < 2; bi++)
-            for (int var = 0; var < 16; var++)
-                for (int g = 0; g <= 3; g += 3) {
-                    if ((var & 4) && (var & 1)) continue;
-                    if (pi && nbs[bi] == 32) continue; /* perm only matters for blocks < 32 */
-                    ms[nm] = (model){nbs[bi], 13, var, g}, perms[nm++] = pi;
-                }
+            for (int qi = 0; qi < 2; qi++)
+                for (int var = 0; var < 16; var++)
+                    for (int gi = 0; gi < 3; gi++) {
+                        if ((var & 4) && (var & 1)) continue;
+                        if (pi && nbs[bi] == 32) continue; /* perm only matters for blocks < 32 */
+                        ms[nm] = (model){nbs[bi], ps[qi], var, gs[gi]}, perms[nm++] = pi;
+                    }
     for (int mi = 0; mi < nm; mi++) {
         int cnt[3][3] = {{0}}, tot[3] = {0};
         for (int r = 0; r < nr; r++) {
