@@ -44,6 +44,8 @@
 #define MQ_NA 2
 #define MQ_ASTAGE 32768
 #define MQ_SMEM_D (MQ_SMEM + MQ_NA * MQ_ASTAGE + 2 * MQ_NA * 8)
+/* SC (DSV4_MOE_PFB_F8=5, the down projection): stages of two chunk-units */
+#define MQ_SMEM_SC (MQ_SMEM + MB_S * MQ_STAGE)
 
 /* bytes of an image row: C codes and C / 128 scales of 4 bytes */
 static inline __host__ __device__ int64_t mq_rowb(int C) { return (int64_t)C + C / 32; }
@@ -171,20 +173,28 @@ __global__ void __launch_bounds__(256) mq_ximage_kernel(const float *x, dsv4_cud
  * of consumer warps p and p + 4, lane for lane: the same words, tables and decode), the consumers load them from
  * shared memory (session 46: the decode was half the consumers' instructions and on their chain before each matrix's
  * wgmmas, with 2.2 warps a scheduler); warp 8 also issues the x copies, one unit ahead of its decode. The same
- * operations on the same values: the same bits as PDEC 0. */
-template <int GATEUP, int PIPE, int PDEC = 0>
+ * operations on the same values: the same bits as PDEC 0. SC 1 (the down projection, DSV4_MOE_PFB_F8=5; session 47,
+ * NOTES "Design of (a)"): a block of one 128-row tile (warpgroup 0 rows 0-63, 1 rows 64-127) over a super chunk of two
+ * 128-token chunks (chunks 2 c, 2 c + 1; a stage holds both chunk-units, the second at MQ_STAGE), each unit's A decoded
+ * once and used for both chunks (d[m]: chunk m's sums): half the decode a FLOP; per (row, token) the same wgmmas and
+ * promotions, so the same y. */
+template <int GATEUP, int PIPE, int PDEC = 0, int SC = 0>
 __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constant__ mb_params P) {
     constexpr int NM = 2;
+    /* SC (the down projection alone): m is the super chunk's chunk, not the matrix; one A set (a[0]) for both */
+    constexpr int STG = SC ? 2 * MQ_STAGE : MQ_STAGE, NMW = SC ? 1 : NM;
+    static_assert(!SC || (!GATEUP && !PIPE && !PDEC), "SC: the down projection's plain form");
     extern __shared__ __align__(128) unsigned char mb_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int ia = blockIdx.y;
     if (ia >= *P.p.nact) return;
     const int ex = P.p.act_e[ia], off = P.p.act_off[ia], cnt = P.p.act_cnt[ia];
-    const int C = P.C, NU = C / 128, Z = gridDim.z, z = blockIdx.z, npb = ((cnt + 127) >> 7) - z > 0 ? (((cnt + 127) >> 7) - z + Z - 1) / Z : 0;
+    const int C = P.C, NU = C / 128, Z = gridDim.z, z = blockIdx.z, nch = SC ? (((cnt + 127) >> 7) + 1) >> 1 : (cnt + 127) >> 7,
+              npb = nch - z > 0 ? (nch - z + Z - 1) / Z : 0;
     if (!npb) return;
     const int n = npb * NU;
-    const unsigned sb = (unsigned)__cvta_generic_to_shared(mb_sm), fullb = sb + MB_S * MQ_STAGE, emptyb = fullb + MB_S * 8;
-    float *red = (float *)(mb_sm + MB_S * MQ_STAGE + 2 * MB_S * 8), *scs = red + 8 * 128, *scsi = scs + 128, *rws = scsi + 128;
+    const unsigned sb = (unsigned)__cvta_generic_to_shared(mb_sm), fullb = sb + MB_S * STG, emptyb = fullb + MB_S * 8;
+    float *red = (float *)(mb_sm + MB_S * STG + 2 * MB_S * 8), *scs = red + 8 * 128, *scsi = scs + 128, *rws = scsi + 128;
     uint8_t *tbl = (uint8_t *)(rws + 128);
     const unsigned afullb = sb + MQ_SMEM + MQ_NA * MQ_ASTAGE, aemptyb = afullb + 8 * MQ_NA; /* (PDEC) */
     if (tid == 0) {
@@ -207,7 +217,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
         const int ng = ((cnt - t0 < 128 ? cnt - t0 : 128) + 7) >> 3;
         if (j >= MB_S) dev_mbar_wait(emptyb + 8 * s, ((j / MB_S) - 1) & 1);
         dev_mbar_expect(fullb + 8 * s, (unsigned)ng * 1056);
-        dev_bulk_g2s(sb + s * MQ_STAGE, img + (int64_t)t0 * rowb + (int64_t)(j % NU) * ng * 1056, (unsigned)ng * 1056, fullb + 8 * s);
+        dev_bulk_g2s(sb + s * STG, img + (int64_t)t0 * rowb + (int64_t)(j % NU) * ng * 1056, (unsigned)ng * 1056, fullb + 8 * s);
     };
     if (PDEC && warp >= 8) { /* the decoding producer: unit it's A fragments of consumer warps pw and pw + 4 */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
@@ -229,7 +239,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     er[q][m][h] = (int)max(mx, (uint32_t)__shfl_xor_sync(0xffffffffu, mx, 2));
                 }
             }
-        const unsigned wsa0 = sb + MB_S * MQ_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + pw * MB_W * MB_WSTAGE;
+        const unsigned wsa0 = sb + MB_S * STG + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + pw * MB_W * MB_WSTAGE;
         /* this lane's weights of unit v into the rings of consumer warps pw and pw + 4 (theirs in PDEC 0) */
         auto pissue = [&](int v) {
             if (v < n) {
@@ -298,12 +308,16 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
         if (warp == 8) {
             int pu = 0, pcl = 0;
             for (int it = 0; it < n; it++) {
-                const int s = it % MB_S, t0 = (z + pcl * Z) * 128;
+                const int s = it % MB_S, t0 = (z + pcl * Z) * (SC ? 256 : 128);
                 const int ng = ((cnt - t0 < 128 ? cnt - t0 : 128) + 7) >> 3;
+                const int ng1 = SC && cnt > t0 + 128 ? ((cnt - t0 - 128 < 128 ? cnt - t0 - 128 : 128) + 7) >> 3 : 0; /* (SC: chunk 1) */
                 if (it >= MB_S) dev_mbar_wait(emptyb + 8 * s, ((it / MB_S) - 1) & 1);
                 if (lane == 0) {
-                    dev_mbar_expect(fullb + 8 * s, (unsigned)ng * 1056);
-                    dev_bulk_g2s(sb + s * MQ_STAGE, img + (int64_t)t0 * rowb + (int64_t)pu * ng * 1056, (unsigned)ng * 1056, fullb + 8 * s);
+                    dev_mbar_expect(fullb + 8 * s, (unsigned)(ng + ng1) * 1056);
+                    dev_bulk_g2s(sb + s * STG, img + (int64_t)t0 * rowb + (int64_t)pu * ng * 1056, (unsigned)ng * 1056, fullb + 8 * s);
+                    if (ng1) /* (at the stage's second half: its descriptors aligned as the first's) */
+                        dev_bulk_g2s(sb + s * STG + MQ_STAGE, img + (int64_t)(t0 + 128) * rowb + (int64_t)pu * ng1 * 1056, (unsigned)ng1 * 1056,
+                                     fullb + 8 * s);
                 }
                 __syncwarp();
                 if (++pu == NU) pu = 0, pcl++;
@@ -313,12 +327,12 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
     }
     if constexpr (PDEC) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
     else asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-    const int wgi = warp >> 2, rl = 64 * wgi + 16 * (warp & 3) + g, rb = blockIdx.x * (GATEUP ? 128 : 256);
+    const int wgi = warp >> 2, rl = 64 * wgi + 16 * (warp & 3) + g, rb = blockIdx.x * (GATEUP || SC ? 128 : 256);
     const uint4 *wq[NM][2];
     const uint8_t *wsc[NM][2];
     int er[NM][2]; /* the rows' largest group scale E_r */
 #pragma unroll
-    for (int m = 0; m < NM; m++) {
+    for (int m = 0; m < NMW; m++) {
         const dsv4_cuda_weight &w = GATEUP && m ? P.WB[ex] : P.WA[ex];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -333,14 +347,14 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
             er[m][h] = (int)max(mx, (uint32_t)__shfl_xor_sync(0xffffffffu, mx, 2));
         }
     }
-    const unsigned wsa = sb + MB_S * MQ_STAGE + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + warp * MB_W * MB_WSTAGE;
+    const unsigned wsa = sb + MB_S * STG + 2 * MB_S * 8 + 8 * 128 * 4 + 3 * 128 * 4 + MQ_TBL + warp * MB_W * MB_WSTAGE;
     int wu = 0;
     auto wissue = [&](int v) { /* (moe_bf16.cuh's: this thread's weights of unit v into its warp's ring; PDEC: the producer's) */
         if (PDEC) return;
         if (v < n) {
             const unsigned sa = wsa + (v % MB_W) * MB_WSTAGE;
 #pragma unroll
-            for (int m = 0; m < NM; m++)
+            for (int m = 0; m < NMW; m++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     mt_cp16s(sa + ((2 * m + h) * 32 + lane) * 16, wq[m][h] + wu * 4);
@@ -357,7 +371,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
         for (int j = 0; j < 16; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
 
     /* unit it (u: its place in its chunk of ng n-groups) */
-    auto unit = [&](int it, int ng) {
+    auto unit = [&](int it, int ng, int ng1) { /* (ng1: SC's chunk 1, 0 where it has no tokens) */
         const int s = it % MB_S;
         if (!PDEC) dev_cp_wait<MB_W - 2>();
         const unsigned char *ws = mb_sm + (wsa - sb) + (it % MB_W) * MB_WSTAGE;
@@ -365,7 +379,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
         if constexpr (!PDEC) {
             const uint4 scw = *(const uint4 *)(ws + (128 + lane) * 16);
 #pragma unroll
-            for (int m = 0; m < NM; m++)
+            for (int m = 0; m < NMW; m++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int dl = er[m][h] - (int)(((&scw.x)[2 * m + h] >> (8 * c)) & 0xFFu);
@@ -402,12 +416,16 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
          * matrix 0's first wgmmas run, spills: 32 bytes) */
         if constexpr (!PIPE) dec(0);
         dev_mbar_wait(fullb + 8 * s, (it / MB_S) & 1);
-        const uint64_t desc0 = wg_desc(sb + s * MQ_STAGE, 128, 256); /* (+ 16 ng a k-step: ng 256 bytes; + 128: n-group 8) */
-        const float *sx = (const float *)(mb_sm + s * MQ_STAGE + ng * 1024);
-        const int two = ng > 8;
+        const uint64_t desc00 = wg_desc(sb + s * STG, 128, 256); /* (+ 16 ng a k-step: ng 256 bytes; + 128: n-group 8) */
 #pragma unroll
         for (int m = 0; m < NM; m++) {
-            if (PIPE || m) dec(m);
+            /* SC: chunk m's part of the stage (chunk 1 at its second half), one A set */
+            const int ngm = SC && m ? ng1 : ng, am = SC ? 0 : m;
+            if (SC && m && !ngm) break;
+            const uint64_t desc0 = SC && m ? desc00 + (uint64_t)(MQ_STAGE >> 4) : desc00;
+            const float *sx = (const float *)(mb_sm + s * STG + (SC && m ? MQ_STAGE : 0) + ngm * 1024);
+            const int two = ngm > 8;
+            if (!SC && (PIPE || m)) dec(m);
             /* tokens 64 hf + 8 j + 2 c and + 1 of half hf: t x their act-quant scales of this unit added to d[m] */
             /* half hf's act-quant scales, loaded before the wait for its wgmmas (session 46: the promotions' FFMA
              * waiting on these loads after the wait was the kernel's most sampled stall) */
@@ -437,7 +455,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     float t[8][4];
                     wg_fence();
 #pragma unroll
-                    for (int ks = 0; ks < 4; ks++) mq_mma(t, a[m][ks], desc0 + (uint64_t)(ks * 16 * ng + 128 * hf), ks);
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t, a[am][ks], desc0 + (uint64_t)(ks * 16 * ngm + 128 * hf), ks);
                     wg_commit();
                     /* the weight copies between the commit and the wait (moe_bf16.cuh: the wait covers their address
                      * registers) */
@@ -454,10 +472,10 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     float t0[8][4], t1[8][4];
                     wg_fence();
 #pragma unroll
-                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[m][ks], desc0 + (uint64_t)(ks * 16 * ng), ks);
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[am][ks], desc0 + (uint64_t)(ks * 16 * ngm), ks);
                     wg_commit();
 #pragma unroll
-                    for (int ks = 0; ks < 4; ks++) mq_mma(t1, a[m][ks], desc0 + (uint64_t)(ks * 16 * ng + 128), ks);
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t1, a[am][ks], desc0 + (uint64_t)(ks * 16 * ngm + 128), ks);
                     wg_commit();
                     if (m == 0) wissue(it + MB_W - 1);
                     float2 f[8]; /* (PIPE: the scales after the waits, as before: loaded earlier its instances spill 168 bytes) */
@@ -467,7 +485,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
                     float t0[8][4];
                     wg_fence();
 #pragma unroll
-                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[m][ks], desc0 + (uint64_t)(ks * 16 * ng), ks);
+                    for (int ks = 0; ks < 4; ks++) mq_mma(t0, a[am][ks], desc0 + (uint64_t)(ks * 16 * ngm), ks);
                     wg_commit();
                     if (m == 0) wissue(it + MB_W - 1);
                     float2 f[8];
@@ -477,7 +495,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
 #pragma unroll
-                for (int k = 0; k < 4; k++) wg_keep(a[m][ks][k]);
+                for (int k = 0; k < 4; k++) wg_keep(a[am][ks][k]);
         }
         __syncwarp();
         if (lane == 0) dev_mbar_arrive(emptyb + 8 * s); /* this warp's reads of the stage are done */
@@ -486,7 +504,7 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
     /* the rows' factors 2^(E_r - 133) (exact: E8M0 scales past 2^-120 keep it normal) */
     float fr[NM][2];
 #pragma unroll
-    for (int m = 0; m < NM; m++)
+    for (int m = 0; m < NMW; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++) fr[m][h] = ldexpf(1.0f, er[m][h] - 133);
     auto epilogue = [&](int cp) {
@@ -500,7 +518,11 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
 #pragma unroll
                     for (int k = 0; k < 4; k++) {
                         const int tp = 8 * j + 2 * c + (k & 1);
-                        if (tp < nv) y[(int64_t)(off + t0 + tp) * P.R + rb + 128 * m + rl + 8 * (k >> 1)] = __fmul_rn(d[m][j][k], fr[m][k >> 1]);
+                        if constexpr (SC) { /* chunk m of the super chunk cp, one tile */
+                            const int tm = 256 * cp + 128 * m, nvm = cnt - tm < 128 ? cnt - tm : 128;
+                            if (tp < nvm) y[(int64_t)(off + tm + tp) * P.R + rb + rl + 8 * (k >> 1)] = __fmul_rn(d[m][j][k], fr[0][k >> 1]);
+                        } else if (tp < nv)
+                            y[(int64_t)(off + t0 + tp) * P.R + rb + 128 * m + rl + 8 * (k >> 1)] = __fmul_rn(d[m][j][k], fr[m][k >> 1]);
                     }
         } else {
             asm volatile("bar.sync 1, 256;" ::: "memory");
@@ -546,13 +568,14 @@ __global__ void __launch_bounds__(MB_PTHREADS, 1) mq_kernel(const __grid_constan
 #pragma unroll 1
     for (int v = 0; v < MB_W - 1; v++) wissue(v);
     for (int cl = 0, it = 0; cl < npb; cl++) {
-        const int t0 = (z + cl * Z) * 128, ng = ((cnt - t0 < 128 ? cnt - t0 : 128) + 7) >> 3;
+        const int t0 = (z + cl * Z) * (SC ? 256 : 128), ng = ((cnt - t0 < 128 ? cnt - t0 : 128) + 7) >> 3;
+        const int ng1 = SC && cnt > t0 + 128 ? ((cnt - t0 - 128 < 128 ? cnt - t0 - 128 : 128) + 7) >> 3 : 0;
         if (GATEUP && tid < 128) rws[tid] = t0 + tid < cnt ? P.p.rw[off + t0 + tid] : 0.0f;
 #pragma unroll
         for (int m = 0; m < NM; m++)
 #pragma unroll
             for (int j = 0; j < 16; j++) d[m][j][0] = d[m][j][1] = d[m][j][2] = d[m][j][3] = 0.0f;
-        for (int u = 0; u < NU; u++, it++) unit(it, ng);
+        for (int u = 0; u < NU; u++, it++) unit(it, ng, ng1);
         epilogue(z + cl * Z);
     }
 }

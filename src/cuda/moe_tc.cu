@@ -1583,9 +1583,10 @@ static int mb_nsz;      /* DSV4_MOE_PFB_NSZ: a chunk's wgmmas as wide as its tok
                         * 96 / 128), bit 1 the down projection (64 / 128; its NSZ instance spills 8 bytes against 4); 3 by default
                         * since session 45 (the same bits; 8K prefill 0.988x on an H100) */
 static int mb_f8;       /* DSV4_MOE_PFB_F8: the FP8 form (moe_f8p.cuh) where it applies, 2 with mq_kernel's PIPE, 3 in passes of 64
-                        * tokens (mqh_kernel); session 45; 4: the producer warps decode the weights (mq_kernel's PDEC; session 47) */
+                        * tokens (mqh_kernel); session 45; 4: the producer warps decode the weights (mq_kernel's PDEC; session 47);
+                        * 5: the down projection over 256-token super chunks (mq_kernel's SC; session 47) */
 static int mb_fprod = -1, mb_fxtok = -1, mb_fnv = -1, mb_fnsz = -1, mb_ff8 = -1, mb_last_f8;
-extern "C" void dsv4_cuda_moe_pfb_f8(int on) { mb_ff8 = on >= 0 && on <= 4 ? on : -1; }
+extern "C" void dsv4_cuda_moe_pfb_f8(int on) { mb_ff8 = on >= 0 && on <= 5 ? on : -1; }
 extern "C" int dsv4_cuda_moe_pfb_f8_last(void) { return mb_last_f8; }
 
 int dsv4_moe_pf8_check(const dsv4_cuda_experts *ex) {
@@ -1684,11 +1685,15 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
     const int f8 = (mb_ff8 >= 0 ? mb_ff8 : mb_f8) > 0 && prod && !nv13 && !nv2 && ex->pf8 && ex->D % 512 == 0 && ex->I % 512 == 0;
     if (f8) {
         const int pz = mb_pz >= 1 && mb_pz <= 8 ? mb_pz : 1;
-        const int form = mb_ff8 >= 0 ? mb_ff8 : mb_f8, pipe = form == 2, half = form == 3, pdec = form == 4;
+        const int form = mb_ff8 >= 0 ? mb_ff8 : mb_f8, pipe = form == 2, half = form == 3, pdec = form == 4, sc = form == 5;
         void (*const qg)(mb_params) = half ? mqh_kernel<1> : pipe ? mq_kernel<1, 1> : pdec ? mq_kernel<1, 0, 1> : mq_kernel<1, 0>;
-        void (*const qd)(mb_params) = half ? mqh_kernel<0> : pipe ? mq_kernel<0, 1> : pdec ? mq_kernel<0, 0, 1> : mq_kernel<0, 0>;
-        const int qsm = half ? MQH_SMEM : pdec ? MQ_SMEM_D : MQ_SMEM;
-        if (mt_set_smem((const void *)qg, qsm, 0) || mt_set_smem((const void *)qd, qsm, 0)) return -1;
+        void (*const qd)(mb_params) = half ? mqh_kernel<0>
+                                      : pipe ? mq_kernel<0, 1>
+                                      : pdec ? mq_kernel<0, 0, 1>
+                                      : sc   ? mq_kernel<0, 0, 0, 1>
+                                             : mq_kernel<0, 0>;
+        const int qsm = half ? MQH_SMEM : pdec ? MQ_SMEM_D : MQ_SMEM, qsmd = sc ? MQ_SMEM_SC : qsm;
+        if (mt_set_smem((const void *)qg, qsm, 0) || mt_set_smem((const void *)qd, qsmd, 0)) return -1;
         mq_ximage_kernel<<<dim3(16, maxslots), 256, 0, st>>>(x, *p, ex->D, (uint8_t *)y);
         if (dsv4_cuda_check_launch("moe_experts (x image, fp8 prefill)")) return -1;
         mb_params P;
@@ -1696,7 +1701,7 @@ int dsv4_moe_pfb_run(const dsv4_cuda_experts *ex, const float *x, int T, int K, 
         qg<<<dim3(ex->I / 128, maxslots, pz), MB_PTHREADS, qsm, st>>>(P);
         if (dsv4_cuda_check_launch("moe_experts (gate/up, fp8 prefill)")) return -1;
         P.WA = ex->w2, P.WB = NULL, P.img = (const uint8_t *)h, P.lim = 0.0f, P.out = y, P.R = ex->D, P.C = ex->I;
-        qd<<<dim3(ex->D / 256, maxslots, pz), MB_PTHREADS, qsm, st>>>(P);
+        qd<<<dim3(ex->D / (sc ? 128 : 256), maxslots, pz), MB_PTHREADS, qsmd, st>>>(P);
         if (dsv4_cuda_check_launch("moe_experts (down, fp8 prefill)")) return -1;
         mb_last_f8 = 1;
         return 1;

@@ -1022,8 +1022,9 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
          * order, so the same h image and y, bitwise */
         float *yg2 = malloc(sizeof(float) * (size_t)T * K * D);
         uint8_t *himg2 = malloc(sizeof(float) * (size_t)T * K * I);
-        for (int form = 2; form <= 4; form++) { /* 3: passes of 64 tokens (mqh_kernel), the same wgmmas and promotions; 4: the
-                                                  * producer warps decode the weights (PDEC): the same A fragments */
+        for (int form = 2; form <= 5; form++) { /* 3: passes of 64 tokens (mqh_kernel), the same wgmmas and promotions; 4: the
+                                                  * producer warps decode the weights (PDEC): the same A fragments; 5: the
+                                                  * down projection over 256-token super chunks (SC) */
         dsv4_cuda_moe_pfb_f8(form);
         op_ok(dsv4_cuda_fill(dh, (int64_t)T * K * I, 0.0f, NULL) || dsv4_cuda_fill(dy, (int64_t)T * K * D, 0.0f, NULL), "fill");
         op_ok(dsv4_cuda_moe_experts_pass(&ms.ex, dx, T, K, &dp, lim, dh, dy, NULL) != 1, "moe_experts_pass (pipe)");
@@ -1042,7 +1043,8 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
             }
         g_checks++, g_fail += nd != 0 || dsv4_cuda_moe_pfb_f8_last() != 1;
         printf("%-4s moe fp8 prefill T=%d E=%d D=%d I=%d: %s: h image and y %s%s\n", nd ? "FAIL" : "ok", T, E, D, I,
-               form == 2 ? "both halves in flight (PIPE)" : form == 3 ? "passes of 64 tokens" : "decoded by the producer warps (PDEC)",
+               form == 2 ? "both halves in flight (PIPE)" : form == 3 ? "passes of 64 tokens" : form == 4 ? "decoded by the producer warps (PDEC)"
+                                                                                        : "the down projection over 256-token chunks (SC)",
                nd ? "differ" : "bitwise the default's", nd ? " <<<" : "");
         }
         dsv4_cuda_moe_pfb_f8(1);
