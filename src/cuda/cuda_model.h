@@ -301,8 +301,9 @@ void dsv4_cuda_moe_pfb_force(int prod, int xtok);
 void dsv4_cuda_moe_pfb_nsz(int on);
 /* The prefill pass's experts on FP8 tensor cores with a promotion per 128 columns (moe_f8p.cuh: MXFP4 with the FP8 act
  * quant, the experts' pf8, D and I multiples of 512, the producer form; NOT the BF16 kernels' bits: the FP8 tensor core's
- * sums): 1 on, 2 on with a unit's two halves in flight together, 3 on in passes of 64 tokens (the same bits as 1), 0 off,
- * -1 the environment's (DSV4_MOE_PFB_F8, 0 unless set: written in session 45). _last: 1 when the
+ * sums): 1 on, 2 on with a unit's two halves in flight together, 3 on in passes of 64 tokens, 4 with the producer warps
+ * decoding the weights (PDEC), 5 with the down projection over 256-token super chunks (SC) (2-5 the same bits as 1), 0
+ * off, -1 the environment's (DSV4_MOE_PFB_F8, 0 unless set: written in session 45). _last: 1 when the
  * last pass that took the prefill kernels ran this form. */
 void dsv4_cuda_moe_pfb_f8(int on);
 int dsv4_cuda_moe_pfb_f8_last(void);

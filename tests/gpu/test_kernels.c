@@ -446,6 +446,8 @@ pf8_checks:
     test_moe_pf8(300, 2, 16, 512, 512, 1, 2, 256);
     test_moe_pf8(400, 6, 64, 4096, 2048, 13, 0, 380);
     test_moe_pf8(200, 6, 32, 7168, 3072, 23, 0, 176);
+    /* ~770 tokens an expert: full and partial second chunks, several 256-token super chunks a block (SC, form 5) */
+    test_moe_pf8(1024, 6, 8, 512, 512, 3, 0, 512);
     if (only_moe) goto checks_done;
     {
         int p0a[4] = {0, 5, 300, 0}, na[4] = {3, 1, 1, 0}; /* decode-like: ring + own rows */
