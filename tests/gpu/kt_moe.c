@@ -1,6 +1,7 @@
 /* kt_moe.c - test_kernels: the router, SwiGLU, the MoE grouping (exact), the grouped experts and combine in every
  * format, and the experts' batch invariance. */
 #include "kt.h"
+#include "fp8_mma_model.h"
 
 /* ---- router, SwiGLU: twins copied from src/model/forward_moe.c (static there) ---- */
 
@@ -774,56 +775,12 @@ static size_t pf8_pos(size_t base, int j, int cnt, int col, int C, size_t *sc) {
     return ub + ((size_t)((L >> 5) * ng + (t >> 3)) * 2 + ((L >> 4) & 1)) * 128 + (size_t)(t & 7) * 16 + (size_t)(L & 15);
 }
 
-/* A model of Hopper's FP8 MMA (wgmma e4m3 into f32) to tell the FP8 tensor core's sums from a kernel bug in test_moe_pf8:
- * the products of a block of nb consecutive k (exact) and the accumulator are aligned to the largest exponent among
- * them, each truncated toward zero to p fraction bits of it, and summed; the sum is truncated toward zero to p fraction
- * bits of its own. Several (nb, p) are tried: which one the device follows is a measurement (NOTES 47). */
-typedef struct { int nb, p; } mma_model;
-static const mma_model mma_models[] = {{32, 13}, {16, 13}, {8, 13}, {4, 13}, {32, 14}, {16, 14}, {32, 23}};
+/* test_moe_pf8's models of Hopper's FP8 MMA (fp8_mma_model.h: blocks of nb products aligned and truncated to p
+ * fraction bits), to tell the FP8 tensor core's sums from a kernel bug; which one the device follows is a measurement
+ * (NOTES 47) */
+static const mma_model mma_models[] = {{32, 13, 0, 0, 0}, {16, 13, 0, 0, 0}, {8, 13, 0, 0, 0}, {4, 13, 0, 0, 0},
+                                       {32, 14, 0, 0, 0}, {16, 14, 0, 0, 0}, {32, 23, 0, 0, 0}};
 #define N_MMA_MODEL ((int)(sizeof mma_models / sizeof mma_models[0]))
-
-static float fp8mma_block(float acc, const float *pr, int n, int p) {
-    int emax = -100000, e;
-    if (acc != 0.0f) frexpf(acc, &e), emax = e;
-    for (int i = 0; i < n; i++)
-        if (pr[i] != 0.0f) {
-            frexpf(pr[i], &e);
-            if (e > emax) emax = e;
-        }
-    if (emax == -100000) return 0.0f;
-    const int q = emax - 1 - p; /* the aligned terms' last kept bit */
-    double s = trunc(ldexp((double)acc, -q));
-    for (int i = 0; i < n; i++) s += trunc(ldexp((double)pr[i], -q));
-    if (s == 0.0) return 0.0f;
-    int es;
-    frexp(s, &es);
-    if (es > p + 1) {
-        const double qq = ldexp(1.0, es - p - 1);
-        s = trunc(s / qq) * qq;
-    }
-    return (float)ldexp(s, q);
-}
-
-/* a 128-column unit's four k32 steps (fresh accumulator) under model m, in the kernel's logical k order (moe_f8p.cuh:
- * logical column 32 s + kk is physical 32 c + 8 s + 4 (kk >> 4) + (kk & 3), c = (kk >> 2) & 3); xq: act-quantized x,
- * wr: a weight row (true values: the sums are scale-free, the scales powers of two) */
-static float fp8mma_unit(const float *xq, const float *wr, int u, mma_model m) {
-    float pr[128];
-    for (int L = 0; L < 128; L++) {
-        const int s = L >> 5, kk = L & 31, c = (kk >> 2) & 3, ph = 128 * u + 32 * c + 8 * s + 4 * (kk >> 4) + (kk & 3);
-        pr[L] = xq[ph] * wr[ph];
-    }
-    float acc = 0.0f;
-    for (int b = 0; b < 128; b += m.nb) acc = fp8mma_block(acc, pr + b, m.nb, m.p);
-    return acc;
-}
-
-/* a row's sum: the units' model sums added in fp32 in unit order (the kernel's promotions: d += t x s_x, exact scaling) */
-static float fp8mma_dot(const float *xq, const float *wr, int C, mma_model m) {
-    float d = 0.0f;
-    for (int u = 0; u < C / 128; u++) d += fp8mma_unit(xq, wr, u, m);
-    return d;
-}
 
 /* The prefill pass's experts on FP8 tensor cores (moe_f8p.cuh, dsv4_cuda_moe_pfb_f8(1)) against the CPU backend, every
  * stride-th slot: h from its FP8 image (codes x the token's unit scale) against the CPU's SwiGLU of dsv4_cpu_linear,
@@ -965,8 +922,8 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                         dhdr[2]++;
                     }
                     for (int mi = 0; mi < N_MMA_MODEL; mi++) {
-                        float gv = fp8mma_dot(xq, wg, D, mma_models[mi]);
-                        const float uv = fp8mma_dot(xq, wu, D, mma_models[mi]);
+                        float gv = mma_dot(xq, wg, D, mma_models[mi]);
+                        const float uv = mma_dot(xq, wu, D, mma_models[mi]);
                         swiglu_ref(&gv, &uv, 1, lim, r.rw[sl]);
                         const float em = dsv4_round_e4m3(fminf(fmaxf(gv / scv, -448.0f), 448.0f)) * scv, de = fabsf(em - hg[col]);
                         const int k = em == hg[col] ? 0 : de <= 0.13f * fabsf(hg[col]) || de <= 1.0001f * step ? 1 : 2;
