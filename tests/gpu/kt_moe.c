@@ -637,6 +637,41 @@ static void mx_batch_free(mx_batch *b) {
  * so only the accumulation differs). The bar is the FP8 tensor core's accumulation: the probe measured at worst 2.6e-5
  * of a row's sum |w x| (bench/NOTES.md, session 18), ~0.8 sqrt(C) rms for these random rows; 8x that as a share of the
  * reference's rms. Then batch invariance: up to 4 busy tokens alone == in the batch, bitwise. */
+/* The decode FP8 experts' (moe_f8.cuh) gate or up sum of one row, emulated: per 32-column group a fresh k32 block of
+ * the FP8 MMA model (fp8_mma_model.h's {32, 13, 8, 0, 0}, fitted to the prefill kernel's sums in session 48) on the x
+ * codes and the weights' codes as the kernel re-packs them (e2m1 x 2^-6), ua = fmaf(D, 2^(e - 121), ua); per 128-column
+ * unit acc_s = fmaf(ua, s_x, acc_s); the column slices of mf8_slices(R, NU) added in order. xc: the act-quant codes,
+ * sx: their unit scales. Information only (NOTES 48: e2m1's 0.5 is an e4m3 subnormal here, which the fit hardly saw). */
+static float mf8_model_dot(const float *xc, const float *sx, const hweight *hw, int row, int C, int R, float *wrow) {
+    static const mma_model mm = {32, 13, 8, 0, 0};
+    const int NU = C / 128;
+    int SL = 1;
+    while (SL < 4 && NU % (2 * SL) == 0 && (R / 64) * 4 * SL < 256) SL *= 2;
+    dsv4_weight_row(&hw->w, row, wrow);
+    float tot = 0;
+    for (int s = 0; s < SL; s++) {
+        float acc = 0;
+        for (int u = s * NU / SL; u < (s + 1) * NU / SL; u++) {
+            float ua = 0;
+            for (int G = 0; G < 4; G++) {
+                const int c0 = 128 * u + 32 * G, e = hw->scale[(size_t)row * hw->w.scale_stride + c0 / 32];
+                float pr[32];
+                int pe[32];
+                for (int j = 0; j < 32; j++) {
+                    const float a = ldexpf(wrow[c0 + j], 127 - e - 6); /* e2m1 x 2^-6, exact */
+                    pr[j] = xc[c0 + j] * a;
+                    pe[j] = pr[j] != 0 ? mma_expo(xc[c0 + j]) + mma_expo(a) - 1 : 0;
+                }
+                const float d = mma_block(0.0f, pr, pe, 32, mm);
+                ua = fmaf(d, ldexpf(1.0f, e - 121), ua);
+            }
+            acc = fmaf(ua, sx[u], acc);
+        }
+        tot = s ? tot + acc : acc;
+    }
+    return tot;
+}
+
 void test_moe_f8(int T, int K, int E, int D, int I) {
     const float lim = 10.0f;
     mx_set ms = mx_set_new(DSV4_WF_MXFP4, E, D, I, 0);
@@ -685,6 +720,40 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
             swiglu_ref(h, u, I, lim, r.rw[sl]);
             dsv4_cpu_linear(&h2w[e].w, hg + (size_t)sl * I, 1, yr + (size_t)sl * D);
         }
+    if (!hq) { /* the gate / up sums under the emulated FP8 MMA (mf8_model_dot) on a sample of slots and columns (h in
+                * fp32: fewer than 16 tokens): how many h values are the model's exactly, within 2 ulp (the device's expf in
+                * the SwiGLU against the CPU's), further. Information only, no check yet (NOTES 48). */
+        float *xc = malloc(sizeof(float) * D), *sxu = malloc(sizeof(float) * (D / 128)), *wr = malloc(sizeof(float) * D);
+        size_t nex = 0, n0 = 0, n2 = 0;
+        const int sstep = ns > 48 ? ns / 48 : 1;
+        for (int a = 0; a < r.nact; a++)
+            for (int j = 0; j < r.act_cnt[a]; j += sstep) {
+                const int e = r.act_e[a], sl = r.act_off[a] + j;
+                memcpy(xc, x + (size_t)r.rows[sl] * D, sizeof(float) * D);
+                dsv4_act_quant_fp8(xc, D, 128);
+                for (int b = 0; b < D / 128; b++) { /* the act-quant scale (dsv4_act_quant_fp8's rule), the codes */
+                    float amax = 1e-4f;
+                    for (int k = 128 * b; k < 128 * b + 128; k++) amax = fmaxf(amax, fabsf(x[(size_t)r.rows[sl] * D + k]));
+                    int ex;
+                    const float m = frexpf(amax * (1.0f / 448.0f), &ex);
+                    sxu[b] = ldexpf(1.0f, m == 0.5f ? ex - 1 : ex);
+                    for (int k = 128 * b; k < 128 * b + 128; k++) xc[k] /= sxu[b];
+                }
+                for (int col = j % 7; col < I; col += 7) {
+                    float gv = mf8_model_dot(xc, sxu, &h1w[e], col, D, I, wr);
+                    const float uv = mf8_model_dot(xc, sxu, &h3w[e], col, D, I, wr);
+                    swiglu_ref(&gv, &uv, 1, lim, r.rw[sl]);
+                    const float dv = hg[(size_t)sl * I + col];
+                    int32_t ia, ib;
+                    memcpy(&ia, &gv, 4), memcpy(&ib, &dv, 4);
+                    const int64_t ulp = (int64_t)ia - ib;
+                    nex++, n0 += gv == dv, n2 += gv != dv && (ulp >= -2 && ulp <= 2);
+                }
+            }
+        printf("     moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d: of %zu sampled h the emulated FP8 MMA's exactly %zu, within 2 ulp %zu, "
+                   "further %zu (information)\n", T, K, E, D, I, nex, n0, n2, nex - n0 - n2);
+        free(xc), free(sxu), free(wr);
+    }
     char name[160];
     const double bh = 8 * 2.6e-5 * 0.8 * sqrt((double)D), by = 8 * 2.6e-5 * 0.8 * sqrt((double)I);
     snprintf(name, sizeof name, "moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d h vs CPU", T, K, E, D, I);
