@@ -631,12 +631,6 @@ static void mx_batch_free(mx_batch *b) {
     free(b->sel), free(b->sid), free(b->w), free(b->x);
 }
 
-/* The FP8 decode path (DSV4_MOE_TC_F8, moe_f8.cuh: wgmma e4m3, not the f16 kernels' bits) against the CPU backend, one
- * matrix at a time: h (gate / up, SwiGLU, routing weight) against dsv4_cpu_linear of the same x, and each slot's down
- * projection y against dsv4_cpu_linear of the FP8 path's own h (both act-quantize the same fp32 values to the same codes,
- * so only the accumulation differs). The bar is the FP8 tensor core's accumulation: the probe measured at worst 2.6e-5
- * of a row's sum |w x| (bench/NOTES.md, session 18), ~0.8 sqrt(C) rms for these random rows; 8x that as a share of the
- * reference's rms. Then batch invariance: up to 4 busy tokens alone == in the batch, bitwise. */
 /* The decode FP8 experts' (moe_f8.cuh) gate or up sum of one row, emulated: per 32-column group a fresh k32 block of
  * the FP8 MMA model (fp8_mma_model.h's {32, 13, 8, 0, 0}, fitted to the prefill kernel's sums in session 48) on the x
  * codes and the weights' codes as the kernel re-packs them (e2m1 x 2^-6), ua = fmaf(D, 2^(e - 121), ua); per 128-column
@@ -672,6 +666,12 @@ static float mf8_model_dot(const float *xc, const float *sx, const hweight *hw, 
     return tot;
 }
 
+/* The FP8 decode path (DSV4_MOE_TC_F8, moe_f8.cuh: wgmma e4m3, not the f16 kernels' bits) against the CPU backend, one
+ * matrix at a time: h (gate / up, SwiGLU, routing weight) against dsv4_cpu_linear of the same x, and each slot's down
+ * projection y against dsv4_cpu_linear of the FP8 path's own h (both act-quantize the same fp32 values to the same codes,
+ * so only the accumulation differs). The bar is the FP8 tensor core's accumulation: the probe measured at worst 2.6e-5
+ * of a row's sum |w x| (bench/NOTES.md, session 18), ~0.8 sqrt(C) rms for these random rows; 8x that as a share of the
+ * reference's rms. Then batch invariance: up to 4 busy tokens alone == in the batch, bitwise. */
 void test_moe_f8(int T, int K, int E, int D, int I) {
     const float lim = 10.0f;
     mx_set ms = mx_set_new(DSV4_WF_MXFP4, E, D, I, 0);
@@ -1039,7 +1039,7 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
             }
         /* every h value is the CPU's fp32 sums' or, where it is not (at most 5 %), the FP8 tensor core's as pf8_mma computes
          * it, bit for bit (a decode, layout or scale bug gives neither); the act-quant scales likewise */
-        const int hok = nbad == 0 && nscbad == 0 && ndiff == mset[0] + mset[1] && ndiff <= 2 + nh * I / 20;
+        const int hok = nbad == 0 && nscbad == 0 && ndiff <= 2 + nh * I / 20;
         g_checks++, g_fail += !hok;
         printf("%-4s %s h (act-quantized): %zu of %zu differ from the CPU's fp32 sums (%.2f %%, %zu beyond one e4m3 step); of them and %zu "
                "controls %zu are not the FP8 MMA model's values (k32 blocks aligned to the largest exponent sum, 13 bits, truncated); "
