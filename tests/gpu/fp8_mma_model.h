@@ -10,8 +10,11 @@
 
 /* variant: bit 0: acc excluded from the alignment (products aligned among themselves, then added to acc by a second
  * aligned add); bit 1: final normalisation RNE instead of RZ; bit 2: acc between k-steps kept in fp32 (the block's sum
- * added with fp32 RN); bit 3: alignment by the factors' exponent sums; g: guard bits during the alignment; perm 1: blocks of
- * 16 taking k 0-3, 16-19, ... (the A registers' halves) */
+ * added with fp32 RN); bit 3: alignment by the factors' exponent sums; bit 4 (with bit 3): a factor's exponent as its
+ * e4m3 code's exponent field gives it: an e4m3 subnormal (0.m x 2^-6) counts as 2^-6's binade, not its value's (the
+ * callers of mma_dot_off say where the codes lie: value = code x 2^off); g: guard bits during the alignment; perm 1:
+ * blocks of 16 taking k 0-3, 16-19, ... (the A registers' halves). Session 48's fit: {32, 13, 8, 0, 0} reproduces every
+ * dumped value of the prefill kernel (normal factors only); bit 4 is the open question for subnormal ones. */
 typedef struct { int nb, p, var, g, perm; } mma_model;
 
 static int mma_expo(double v) { int e; frexp(v, &e); return e; }
@@ -60,7 +63,14 @@ static float mma_block(float acc, const float *pr, const int *pe, int n, mma_mod
     for (int i = 0; i < n; i++) t[i + 1] = pr[i], ea[i + 1] = pe[i];
     return (float)mma_add_aligned(t, eap, n + 1, m.p, m.g, rne);
 }
-static float mma_unit(const float *xq, const float *wr, int u, mma_model m) {
+/* a factor's exponent (frexp's) for the alignment: with variant bit 4 at least -5 in its code's terms (e4m3's smallest
+ * normal binade, 2^-6 = 0.5 x 2^-5), the code being the value x 2^-off */
+static int mma_fexp(float v, int off, int var) {
+    const int e = mma_expo(v);
+    return (var & 16) && e - off < -5 ? off - 5 : e;
+}
+/* xoff: per 128-column unit, the x codes' scale exponent (NULL: 0); woff: the weight row's */
+static float mma_unit_off(const float *xq, const float *wr, int u, mma_model m, int xoff, int woff) {
     float pr[128];
     int pe[128];
     for (int L = 0; L < 128; L++) {
@@ -71,14 +81,16 @@ static float mma_unit(const float *xq, const float *wr, int u, mma_model m) {
             Lp = 32 * s + k2;
         }
         pr[Lp] = xq[ph] * wr[ph];
-        pe[Lp] = pr[Lp] != 0 ? mma_expo(xq[ph]) + mma_expo(wr[ph]) - 1 : 0; /* (frexp's: |x| < 2^e; the product below 2^(ex + ew - 1) if both significands were 1) */
+        /* (frexp's: |x| < 2^e; the product below 2^(ex + ew - 1) if both significands were 1) */
+        pe[Lp] = pr[Lp] != 0 ? mma_fexp(xq[ph], xoff, m.var) + mma_fexp(wr[ph], woff, m.var) - 1 : 0;
     }
     float acc = 0;
     for (int b = 0; b < 128; b += m.nb) acc = mma_block(acc, pr + b, pe + b, m.nb, m);
     return acc;
 }
-static float mma_dot(const float *xq, const float *wr, int C, mma_model m) {
+static float mma_dot_off(const float *xq, const float *wr, int C, mma_model m, const int *xoff, int woff) {
     float d = 0;
-    for (int u = 0; u < C / 128; u++) d += mma_unit(xq, wr, u, m);
+    for (int u = 0; u < C / 128; u++) d += mma_unit_off(xq, wr, u, m, xoff ? xoff[u] : 0, woff);
     return d;
 }
+static float mma_dot(const float *xq, const float *wr, int C, mma_model m) { return mma_dot_off(xq, wr, C, m, NULL, 0); }

@@ -636,8 +636,8 @@ static void mx_batch_free(mx_batch *b) {
  * codes and the weights' codes as the kernel re-packs them (e2m1 x 2^-6), ua = fmaf(D, 2^(e - 121), ua); per 128-column
  * unit acc_s = fmaf(ua, s_x, acc_s); the column slices of mf8_slices(R, NU) added in order. xc: the act-quant codes,
  * sx: their unit scales. Information only (NOTES 48: e2m1's 0.5 is an e4m3 subnormal here, which the fit hardly saw). */
-static float mf8_model_dot(const float *xc, const float *sx, const hweight *hw, int row, int C, int R, float *wrow) {
-    static const mma_model mm = {32, 13, 8, 0, 0};
+static float mf8_model_dot(const float *xc, const float *sx, const hweight *hw, int row, int C, int R, float *wrow, int var) {
+    const mma_model mm = {32, 13, var, 0, 0};
     const int NU = C / 128;
     int SL = 1;
     while (SL < 4 && NU % (2 * SL) == 0 && (R / 64) * 4 * SL < 256) SL *= 2;
@@ -654,7 +654,7 @@ static float mf8_model_dot(const float *xc, const float *sx, const hweight *hw, 
                 for (int j = 0; j < 32; j++) {
                     const float a = ldexpf(wrow[c0 + j], 127 - e - 6); /* e2m1 x 2^-6, exact */
                     pr[j] = xc[c0 + j] * a;
-                    pe[j] = pr[j] != 0 ? mma_expo(xc[c0 + j]) + mma_expo(a) - 1 : 0;
+                    pe[j] = pr[j] != 0 ? mma_fexp(xc[c0 + j], 0, var) + mma_fexp(a, 0, var) - 1 : 0; /* (both are codes) */
                 }
                 const float d = mma_block(0.0f, pr, pe, 32, mm);
                 ua = fmaf(d, ldexpf(1.0f, e - 121), ua);
@@ -724,7 +724,7 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
                 * fp32: fewer than 16 tokens): how many h values are the model's exactly, within 2 ulp (the device's expf in
                 * the SwiGLU against the CPU's), further. Information only, no check yet (NOTES 48). */
         float *xc = malloc(sizeof(float) * D), *sxu = malloc(sizeof(float) * (D / 128)), *wr = malloc(sizeof(float) * D);
-        size_t nex = 0, n0 = 0, n2 = 0;
+        size_t nex = 0, n0[2] = {0, 0}, n2[2] = {0, 0};
         const int sstep = ns > 48 ? ns / 48 : 1;
         for (int a = 0; a < r.nact; a++)
             for (int j = 0; j < r.act_cnt[a]; j += sstep) {
@@ -739,19 +739,21 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
                     sxu[b] = ldexpf(1.0f, m == 0.5f ? ex - 1 : ex);
                     for (int k = 128 * b; k < 128 * b + 128; k++) xc[k] /= sxu[b];
                 }
-                for (int col = j % 7; col < I; col += 7) {
-                    float gv = mf8_model_dot(xc, sxu, &h1w[e], col, D, I, wr);
-                    const float uv = mf8_model_dot(xc, sxu, &h3w[e], col, D, I, wr);
-                    swiglu_ref(&gv, &uv, 1, lim, r.rw[sl]);
-                    const float dv = hg[(size_t)sl * I + col];
-                    int32_t ia, ib;
-                    memcpy(&ia, &gv, 4), memcpy(&ib, &dv, 4);
-                    const int64_t ulp = (int64_t)ia - ib;
-                    nex++, n0 += gv == dv, n2 += gv != dv && (ulp >= -2 && ulp <= 2);
-                }
+                for (int col = j % 7; col < I; col += 7, nex++)
+                    for (int v = 0; v < 2; v++) { /* variant 8, then 8 | 16 (subnormal factors by their exponent field) */
+                        float gv = mf8_model_dot(xc, sxu, &h1w[e], col, D, I, wr, v ? 24 : 8);
+                        const float uv = mf8_model_dot(xc, sxu, &h3w[e], col, D, I, wr, v ? 24 : 8);
+                        swiglu_ref(&gv, &uv, 1, lim, r.rw[sl]);
+                        const float dv = hg[(size_t)sl * I + col];
+                        int32_t ia, ib;
+                        memcpy(&ia, &gv, 4), memcpy(&ib, &dv, 4);
+                        const int64_t ulp = (int64_t)ia - ib;
+                        n0[v] += gv == dv, n2[v] += gv != dv && (ulp >= -2 && ulp <= 2);
+                    }
             }
         printf("     moe_experts fp8 MXFP4 aq T=%d K=%d E=%d D=%d I=%d: of %zu sampled h the emulated FP8 MMA's exactly %zu, within 2 ulp %zu, "
-                   "further %zu (information)\n", T, K, E, D, I, nex, n0, n2, nex - n0 - n2);
+               "further %zu; with subnormal factors by their exponent field %zu / %zu / %zu (information)\n", T, K, E, D, I, nex, n0[0], n2[0],
+               nex - n0[0] - n2[0], n0[1], n2[1], nex - n0[1] - n2[1]);
         free(xc), free(sxu), free(wr);
     }
     char name[160];
@@ -859,6 +861,17 @@ static float pf8_model_h(const float *xq, const float *wg, const float *wu, int 
     if (pre) *pre = gv;
     return dsv4_round_e4m3(fminf(fmaxf(gv / sc, -448.0f), 448.0f)) * sc;
 }
+/* the same with variant bit 4 (an e4m3 subnormal factor aligned as its code's exponent field gives it; information, NOTES
+ * 48): xoff the x codes' scale exponent per unit, og / ou the A codes' (value = code x 2^(E_r - 133), E_r the row's
+ * largest group scale byte; moe_f8p.cuh) */
+static float pf8_model_h16(const float *xq, const float *wg, const float *wu, int D, float lim, float rw, float sc, const int *xoff,
+                           int og, int ou) {
+    const mma_model m = {pf8_mma.nb, pf8_mma.p, pf8_mma.var | 16, pf8_mma.g, pf8_mma.perm};
+    float gv = mma_dot_off(xq, wg, D, m, xoff, og);
+    const float uv = mma_dot_off(xq, wu, D, m, xoff, ou);
+    swiglu_ref(&gv, &uv, 1, lim, rw);
+    return dsv4_round_e4m3(fminf(fmaxf(gv / sc, -448.0f), 448.0f)) * sc;
+}
 
 /* The prefill pass's experts on FP8 tensor cores (moe_f8p.cuh, dsv4_cuda_moe_pfb_f8(1)) against the CPU backend, every
  * stride-th slot: h from its FP8 image (codes x the token's unit scale) against the CPU's SwiGLU of dsv4_cpu_linear,
@@ -943,7 +956,8 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         float *hst = malloc(sizeof(float) * nmax * nb);
         /* the values that differ from the CPU's (set 0 within a step, 1 beyond) and every 61st column of the others (2, a
          * control) against pf8_mma: [set] examined, not the model's value */
-        size_t mset[3] = {0, 0, 0}, mbad[3] = {0, 0, 0}, ibad = 0, nbad = 0, nsc = 0, nscd = 0, nscbad = 0;
+        size_t mset[3] = {0, 0, 0}, mbad[3] = {0, 0, 0}, ibad = 0, nbad = 0, nsc = 0, nscd = 0, nscbad = 0, n16 = 0;
+        int *xoff = malloc(sizeof(int) * (D / 128));
         float bad_got = 0, bad_model = 0;
         float *xq = malloc(sizeof(float) * D), *wg = malloc(sizeof(float) * D), *wu = malloc(sizeof(float) * D);
         /* DSV4_PF8_DUMP=FILE (the D 1024 case): the examined values' inputs for fitting the model off the device
@@ -981,6 +995,13 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                 memcpy(xq, x + (size_t)r.rows[sl] * D, sizeof(float) * D);
                 dsv4_act_quant_fp8(xq, D, 128);
                 if (df) memcpy(dxs + nh * D, xq, sizeof(float) * D);
+                for (int b = 0; b < D / 128; b++) { /* the x codes' scale exponents (dsv4_act_quant_fp8's power of two) */
+                    float amax = 1e-4f;
+                    for (int k = 128 * b; k < 128 * b + 128; k++) amax = fmaxf(amax, fabsf(x[(size_t)r.rows[sl] * D + k]));
+                    int ex;
+                    const float m = frexpf(amax * (1.0f / 448.0f), &ex);
+                    xoff[b] = m == 0.5f ? ex - 1 : ex;
+                }
                 for (int col = 0; col < I; col++) {
                     const float step = hst[nh * nb + col / 128], dd = fabsf(hg[col] - hc[col]);
                     const int far = hg[col] != hc[col] && !(dd <= 0.13f * fabsf(hc[col]) || dd <= 1.0001f * step);
@@ -1001,6 +1022,12 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                         dhdr[2]++;
                     }
                     const float em = pf8_model_h(xq, wg, wu, D, lim, r.rw[sl], scv, NULL);
+                    int eg = 0, eu = 0; /* the rows' largest group scale bytes */
+                    for (int gi = 0; gi < D / 32; gi++) {
+                        const int bg = h1w[e].scale[(size_t)col * h1w[e].w.scale_stride + gi], bu = h3w[e].scale[(size_t)col * h3w[e].w.scale_stride + gi];
+                        eg = bg > eg ? bg : eg, eu = bu > eu ? bu : eu;
+                    }
+                    n16 += pf8_model_h16(xq, wg, wu, D, lim, r.rw[sl], scv, xoff, eg - 133, eu - 133) != hg[col];
                     if (em != hg[col]) {
                         mbad[set]++;
                         if (!nbad++) ibad = nh * I + col, bad_got = hg[col], bad_model = em;
@@ -1049,6 +1076,9 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         if (nbad)
             printf("     the first not the model's: [%zu] got %.9g model %.9g CPU %.9g (differing within a step %zu, beyond %zu, controls %zu)\n",
                    ibad, bad_got, bad_model, hr[ibad], mbad[0], mbad[1], mbad[2]);
+        printf("     (information) the model with subnormal factors aligned by their e4m3 exponent field (variant bit 4): %zu of the %zu "
+               "examined values not the device's\n", n16, mset[0] + mset[1] + mset[2]);
+        free(xoff);
         if (df) { /* the slots' x after the records; the header's counts */
             dslot_pos = ftell(df);
             fwrite(dxs, sizeof(float), nh * (size_t)D, df);
