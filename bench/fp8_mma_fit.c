@@ -33,10 +33,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: fp8_mma_fit DUMP | --selftest   (DUMP: test_kernels --only pf8 with DSV4_PF8_DUMP=DUMP)\n");
         return 2;
     }
-    int D, nr, ns;
-    size_t rs;
+    int D, nr, ns, v2 = 0; /* v2 (magic 0x50463845, session 48): the codes' exponents too (variant bit 4) */
+    size_t rs, ro = 8; /* a record's bytes, the offset of its floats */
     unsigned char *rec;
     float *xs;
+    int32_t *xo = NULL;
     if (!strcmp(argv[1], "--selftest")) {
         D = 512, nr = 200, ns = 4, rs = 8 + 20 + 8 * (size_t)D;
         rec = calloc(nr, rs), xs = malloc(sizeof(float) * (size_t)ns * D);
@@ -55,22 +56,26 @@ int main(int argc, char **argv) {
     } else {
         FILE *f = fopen(argv[1], "rb");
         int32_t h[4];
-        if (!f || fread(h, sizeof h, 1, f) != 1 || h[0] != 0x50463844) {
+        if (!f || fread(h, sizeof h, 1, f) != 1 || (h[0] != 0x50463844 && h[0] != 0x50463845) || h[1] <= 0 || h[1] % 128 || h[2] < 0 ||
+            h[3] < 0) {
             fprintf(stderr, "fp8_mma_fit: %s: not a DSV4_PF8_DUMP file\n", argv[1]);
             return 1;
         }
-        D = h[1], nr = h[2], ns = h[3], rs = 8 + 20 + 8 * (size_t)D;
+        v2 = h[0] == 0x50463845, ro = v2 ? 16 : 8;
+        D = h[1], nr = h[2], ns = h[3], rs = ro + 20 + 8 * (size_t)D;
         rec = malloc(rs * nr), xs = malloc(sizeof(float) * (size_t)ns * D);
-        if (fread(rec, rs, nr, f) != (size_t)nr || fread(xs, sizeof(float), (size_t)ns * D, f) != (size_t)ns * D) {
+        if (v2) xo = malloc(sizeof(int32_t) * (size_t)ns * (D / 128));
+        if (!rec || !xs || (v2 && !xo) || fread(rec, rs, nr, f) != (size_t)nr || fread(xs, sizeof(float), (size_t)ns * D, f) != (size_t)ns * D ||
+            (v2 && fread(xo, sizeof(int32_t), (size_t)ns * (D / 128), f) != (size_t)ns * (D / 128))) {
             fprintf(stderr, "fp8_mma_fit: %s: truncated\n", argv[1]);
             return 1;
         }
         fclose(f);
     }
-    printf("D %d records %d slots %d\n", D, nr, ns);
+    printf("D %d records %d slots %d%s\n", D, nr, ns, v2 ? " (with the codes' exponents)" : "");
     /* p 12 or 13 (is the reported 13-bit width with the hidden bit?); g 0, 3 or 40 (40: the block's terms summed
      * exactly, then one truncation: "multi-term summation, single final rounding (RZ)") */
-    mma_model ms[256];
+    mma_model ms[512];
     int nm = 0;
     static const int nbs[] = {32, 16}, ps[] = {13, 12}, gs[] = {0, 3, 40};
     for (int pi = 0; pi < 2; pi++)
@@ -81,16 +86,23 @@ int main(int argc, char **argv) {
                         if ((var & 4) && (var & 1)) continue;
                         if (pi && nbs[bi] == 32) continue; /* perm only matters for blocks < 32 */
                         ms[nm++] = (mma_model){nbs[bi], ps[qi], var, gs[gi], pi};
+                        if (v2 && (var & 8)) ms[nm++] = (mma_model){nbs[bi], ps[qi], var | 16, gs[gi], pi}; /* subnormal factors by field */
                     }
     for (int mi = 0; mi < nm; mi++) {
         int cnt[3][3] = {{0}}, tot[3] = {0};
         for (int r = 0; r < nr; r++) {
             const unsigned char *p = rec + rs * r;
-            int32_t slot, set;
+            int32_t slot, set, og = 0, ou = 0;
             float rf[5];
-            memcpy(&slot, p, 4), memcpy(&set, p + 4, 4), memcpy(rf, p + 8, 20);
-            const float *wg = (const float *)(p + 28), *wu = wg + D, *xq = xs + (size_t)slot * D;
-            float gv = mma_dot(xq, wg, D, ms[mi]), uv = mma_dot(xq, wu, D, ms[mi]);
+            memcpy(&slot, p, 4), memcpy(&set, p + 4, 4), memcpy(rf, p + ro, 20);
+            if (v2) memcpy(&og, p + 8, 4), memcpy(&ou, p + 12, 4);
+            if (slot < 0 || slot >= ns || set < 0 || set > 2) {
+                fprintf(stderr, "fp8_mma_fit: %s: record %d: slot %d / set %d out of range\n", argv[1], r, slot, set);
+                return 1;
+            }
+            const float *wg = (const float *)(p + ro + 20), *wu = wg + D, *xq = xs + (size_t)slot * D;
+            const int *xof = v2 ? xo + (size_t)slot * (D / 128) : NULL;
+            float gv = mma_dot_off(xq, wg, D, ms[mi], xof, og), uv = mma_dot_off(xq, wu, D, ms[mi], xof, ou);
             float hv = swiglu(gv, uv, 10.0f, rf[0]);
             float em = dsv4_round_e4m3(fminf(fmaxf(hv / rf[1], -448.0f), 448.0f)) * rf[1], de = fabsf(em - rf[3]);
             int k = em == rf[3] ? 0 : (de <= 0.13f * fabsf(rf[3]) || de <= 1.0001f * rf[2]) ? 1 : 2;

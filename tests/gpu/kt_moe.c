@@ -960,16 +960,21 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         int *xoff = malloc(sizeof(int) * (D / 128));
         float bad_got = 0, bad_model = 0;
         float *xq = malloc(sizeof(float) * D), *wg = malloc(sizeof(float) * D), *wu = malloc(sizeof(float) * D);
-        /* DSV4_PF8_DUMP=FILE (the D 1024 case): the examined values' inputs for fitting the model off the device
-         * (header int32 magic 0x50463844, D, records, slots; slots x D act-quantized x; records: int32 slot, set,
-         * float rw, scale, step, device h, CPU h, gate row [D], up row [D]); all beyond a step, 1500 other differing,
-         * 1000 controls */
-        const char *dpath = D == 1024 ? getenv("DSV4_PF8_DUMP") : NULL;
+        /* DSV4_PF8_DUMP=FILE (the D 1024 case into FILE, the big-scales case into FILE.big): the examined values' inputs
+         * for fitting the model off the device (bench/fp8_mma_fit.c; header int32 magic 0x50463845, D, records, slots;
+         * records: int32 slot, set, og, ou (the gate / up rows' code exponents: value = code x 2^o), float rw, scale,
+         * step, device h, CPU h, gate row [D], up row [D]; then slots x D act-quantized x and slots x D / 128 int32 x code
+         * exponents); all beyond a step, 1500 other differing, 1000 controls */
+        static char dbuf[4096];
+        const char *denv = getenv("DSV4_PF8_DUMP"), *dpath = NULL;
+        if (denv && D == 1024 && !big) dpath = denv;
+        if (denv && big == 1 && snprintf(dbuf, sizeof dbuf, "%s.big", denv) < (int)sizeof dbuf) dpath = dbuf;
         FILE *df = dpath ? fopen(dpath, "wb") : NULL;
-        int32_t dhdr[4] = {0x50463844, D, 0, 0}, dcap[3] = {1500, 1 << 30, 1000}, dcnt[3] = {0, 0, 0};
+        int32_t dhdr[4] = {0x50463845, D, 0, 0}, dcap[3] = {1500, 1 << 30, 1000}, dcnt[3] = {0, 0, 0};
         if (df) fwrite(dhdr, sizeof dhdr, 1, df);
         long dslot_pos = -1;
         float *dxs = df ? malloc(sizeof(float) * nmax * D) : NULL;
+        int32_t *dxo = df ? malloc(sizeof(int32_t) * nmax * (D / 128)) : NULL;
         for (int a = 0; a < r.nact; a++)
             for (int j = 0; j < r.act_cnt[a]; j += stride) {
                 const int e = r.act_e[a], sl = r.act_off[a] + j;
@@ -1001,6 +1006,7 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                     int ex;
                     const float m = frexpf(amax * (1.0f / 448.0f), &ex);
                     xoff[b] = m == 0.5f ? ex - 1 : ex;
+                    if (df) dxo[nh * (D / 128) + b] = xoff[b];
                 }
                 for (int col = 0; col < I; col++) {
                     const float step = hst[nh * nb + col / 128], dd = fabsf(hg[col] - hc[col]);
@@ -1014,19 +1020,19 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                     dsv4_weight_row(&h1w[e].w, col, wg);
                     dsv4_weight_row(&h3w[e].w, col, wu);
                     mset[set]++;
+                    int eg = 0, eu = 0; /* the rows' largest group scale bytes (the A codes are the values x 2^(133 - E_r)) */
+                    for (int gi = 0; gi < D / 32; gi++) {
+                        const int bg = h1w[e].scale[(size_t)col * h1w[e].w.scale_stride + gi], bu = h3w[e].scale[(size_t)col * h3w[e].w.scale_stride + gi];
+                        eg = bg > eg ? bg : eg, eu = bu > eu ? bu : eu;
+                    }
                     if (df && dcnt[set]++ < dcap[set]) {
-                        const int32_t ri[2] = {(int32_t)nh, set};
+                        const int32_t ri[4] = {(int32_t)nh, set, eg - 133, eu - 133};
                         const float rf[5] = {r.rw[sl], scv, step, hg[col], hc[col]};
                         fwrite(ri, sizeof ri, 1, df), fwrite(rf, sizeof rf, 1, df);
                         fwrite(wg, sizeof(float), D, df), fwrite(wu, sizeof(float), D, df);
                         dhdr[2]++;
                     }
                     const float em = pf8_model_h(xq, wg, wu, D, lim, r.rw[sl], scv, NULL);
-                    int eg = 0, eu = 0; /* the rows' largest group scale bytes */
-                    for (int gi = 0; gi < D / 32; gi++) {
-                        const int bg = h1w[e].scale[(size_t)col * h1w[e].w.scale_stride + gi], bu = h3w[e].scale[(size_t)col * h3w[e].w.scale_stride + gi];
-                        eg = bg > eg ? bg : eg, eu = bu > eu ? bu : eu;
-                    }
                     n16 += pf8_model_h16(xq, wg, wu, D, lim, r.rw[sl], scv, xoff, eg - 133, eu - 133) != hg[col];
                     if (em != hg[col]) {
                         mbad[set]++;
@@ -1082,11 +1088,12 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         if (df) { /* the slots' x after the records; the header's counts */
             dslot_pos = ftell(df);
             fwrite(dxs, sizeof(float), nh * (size_t)D, df);
+            fwrite(dxo, sizeof(int32_t), nh * (size_t)(D / 128), df);
             dhdr[3] = (int32_t)nh;
             fseek(df, 0, SEEK_SET), fwrite(dhdr, sizeof dhdr, 1, df), fclose(df);
             printf("     dumped %d records and %d slots to %s (slots at byte %ld)\n", dhdr[2], dhdr[3], dpath, dslot_pos);
         }
-        free(dxs);
+        free(dxs), free(dxo);
         free(xq), free(wg), free(wu);
         snprintf(name, sizeof name, "moe fp8 prefill T=%d E=%d D=%d I=%d%s y (own h) vs CPU", T, E, D, I, big ? " big" : "");
         check(name, ys, yr, nh * D, 8 * 2.6e-5 * 0.8 * sqrt((double)I) * rms(yr, nh * D), 0);
