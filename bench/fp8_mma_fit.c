@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 2 * D; i++) wg[i] = e2m1[rnd() % 8] * (rnd() & 1 ? -1.0f : 1.0f) * ldexpf(1.0f, -(int)(rnd() % 3) - 4);
             const int32_t slot = r % ns, set = r % 3;
             const mma_model m0 = {32, 13, 0, 0, 0};
-            const float hv = swiglu(mma_dot(xs + (size_t)slot * D, wg, D, m0), mma_dot(xs + (size_t)slot * D, wu, D, m0), 10.0f, 0.5f);
+            const float hv = swiglu(mma_dot_off(xs + (size_t)slot * D, wg, D, m0, NULL, 0), mma_dot_off(xs + (size_t)slot * D, wu, D, m0, NULL, 0), 10.0f, 0.5f);
             const float sc = 1.0f / 64, rf[5] = {0.5f, sc, sc / 512, dsv4_round_e4m3(fminf(fmaxf(hv / sc, -448.0f), 448.0f)) * sc, 0};
             memcpy(p, &slot, 4), memcpy(p + 4, &set, 4), memcpy(p + 8, rf, 20);
         }

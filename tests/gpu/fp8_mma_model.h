@@ -93,4 +93,3 @@ static float mma_dot_off(const float *xq, const float *wr, int C, mma_model m, c
     for (int u = 0; u < C / 128; u++) d += mma_unit_off(xq, wr, u, m, xoff ? xoff[u] : 0, woff);
     return d;
 }
-static float mma_dot(const float *xq, const float *wr, int C, mma_model m) { return mma_dot_off(xq, wr, C, m, NULL, 0); }

@@ -7,6 +7,14 @@
 
 static float softplusf_ref(float z) { return z > 20.0f ? z : log1pf(expf(z)); }
 
+/* the exponent of dsv4_act_quant_fp8's scale for a block whose largest |value| is amax: the power of two >= max(amax,
+ * 1e-4) / 448 */
+static int aq_exp(float amax) {
+    int ex;
+    const float m = frexpf(fmaxf(amax, 1e-4f) * (1.0f / 448.0f), &ex);
+    return m == 0.5f ? ex - 1 : ex;
+}
+
 static void swiglu_ref(float *g, const float *u, int n, float lim, float weight) {
     for (int i = 0; i < n; i++) {
         float gi = g[i], ui = u[i];
@@ -734,9 +742,7 @@ void test_moe_f8(int T, int K, int E, int D, int I) {
                 for (int b = 0; b < D / 128; b++) { /* the act-quant scale (dsv4_act_quant_fp8's rule), the codes */
                     float amax = 1e-4f;
                     for (int k = 128 * b; k < 128 * b + 128; k++) amax = fmaxf(amax, fabsf(x[(size_t)r.rows[sl] * D + k]));
-                    int ex;
-                    const float m = frexpf(amax * (1.0f / 448.0f), &ex);
-                    sxu[b] = ldexpf(1.0f, m == 0.5f ? ex - 1 : ex);
+                    sxu[b] = ldexpf(1.0f, aq_exp(amax));
                     for (int k = 128 * b; k < 128 * b + 128; k++) xc[k] /= sxu[b];
                 }
                 for (int col = j % 7; col < I; col += 7, nex++)
@@ -852,24 +858,16 @@ static size_t pf8_pos(size_t base, int j, int cnt, int col, int C, size_t *sc) {
  * significands were 1), truncated toward zero to 13 fraction bits below it, summed, the sum truncated to 13 bits */
 static const mma_model pf8_mma = {32, 13, 8, 0, 0};
 
-/* h of one (slot, column) under pf8_mma: the gate and up dots, SwiGLU, act-quantized with scale sc; *pre: before the
+/* h of one (slot, column) under the model m (pf8_mma, or it with variant bit 4: then xoff are the x codes' scale
+ * exponents per unit and og / ou the A codes' for the gate / up rows, value = code x 2^(E_r - 133), E_r the row's
+ * largest group scale byte; moe_f8p.cuh): the gate and up dots, SwiGLU, act-quantized with scale sc; *pre: before the
  * quantization */
-static float pf8_model_h(const float *xq, const float *wg, const float *wu, int D, float lim, float rw, float sc, float *pre) {
-    float gv = mma_dot(xq, wg, D, pf8_mma);
-    const float uv = mma_dot(xq, wu, D, pf8_mma);
-    swiglu_ref(&gv, &uv, 1, lim, rw);
-    if (pre) *pre = gv;
-    return dsv4_round_e4m3(fminf(fmaxf(gv / sc, -448.0f), 448.0f)) * sc;
-}
-/* the same with variant bit 4 (an e4m3 subnormal factor aligned as its code's exponent field gives it; information, NOTES
- * 48): xoff the x codes' scale exponent per unit, og / ou the A codes' (value = code x 2^(E_r - 133), E_r the row's
- * largest group scale byte; moe_f8p.cuh) */
-static float pf8_model_h16(const float *xq, const float *wg, const float *wu, int D, float lim, float rw, float sc, const int *xoff,
-                           int og, int ou) {
-    const mma_model m = {pf8_mma.nb, pf8_mma.p, pf8_mma.var | 16, pf8_mma.g, pf8_mma.perm};
+static float pf8_model_h(mma_model m, const float *xq, const float *wg, const float *wu, int D, float lim, float rw, float sc,
+                         const int *xoff, int og, int ou, float *pre) {
     float gv = mma_dot_off(xq, wg, D, m, xoff, og);
     const float uv = mma_dot_off(xq, wu, D, m, xoff, ou);
     swiglu_ref(&gv, &uv, 1, lim, rw);
+    if (pre) *pre = gv;
     return dsv4_round_e4m3(fminf(fmaxf(gv / sc, -448.0f), 448.0f)) * sc;
 }
 
@@ -985,9 +983,7 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                 for (int b = 0; b < nb; b++) {
                     float amax = 1e-4f;
                     for (int cc = 128 * b; cc < 128 * b + 128; cc++) amax = fmaxf(amax, fabsf(hc[cc]));
-                    int ex;
-                    const float m = frexpf(amax * (1.0f / 448.0f), &ex);
-                    hst[nh * nb + b] = ldexpf(1.0f, (m == 0.5f ? ex - 1 : ex) - 9);
+                    hst[nh * nb + b] = ldexpf(1.0f, aq_exp(amax) - 9);
                 }
                 dsv4_act_quant_fp8(hc, I, 128);
                 for (int col = 0; col < I; col++) {
@@ -1003,9 +999,7 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                 for (int b = 0; b < D / 128; b++) { /* the x codes' scale exponents (dsv4_act_quant_fp8's power of two) */
                     float amax = 1e-4f;
                     for (int k = 128 * b; k < 128 * b + 128; k++) amax = fmaxf(amax, fabsf(x[(size_t)r.rows[sl] * D + k]));
-                    int ex;
-                    const float m = frexpf(amax * (1.0f / 448.0f), &ex);
-                    xoff[b] = m == 0.5f ? ex - 1 : ex;
+                    xoff[b] = aq_exp(amax);
                     if (df) dxo[nh * (D / 128) + b] = xoff[b];
                 }
                 for (int col = 0; col < I; col++) {
@@ -1032,8 +1026,9 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                         fwrite(wg, sizeof(float), D, df), fwrite(wu, sizeof(float), D, df);
                         dhdr[2]++;
                     }
-                    const float em = pf8_model_h(xq, wg, wu, D, lim, r.rw[sl], scv, NULL);
-                    n16 += pf8_model_h16(xq, wg, wu, D, lim, r.rw[sl], scv, xoff, eg - 133, eu - 133) != hg[col];
+                    const mma_model m16 = {pf8_mma.nb, pf8_mma.p, pf8_mma.var | 16, pf8_mma.g, pf8_mma.perm};
+                    const float em = pf8_model_h(pf8_mma, xq, wg, wu, D, lim, r.rw[sl], scv, NULL, 0, 0, NULL);
+                    n16 += pf8_model_h(m16, xq, wg, wu, D, lim, r.rw[sl], scv, xoff, eg - 133, eu - 133, NULL) != hg[col];
                     if (em != hg[col]) {
                         mbad[set]++;
                         if (!nbad++) ibad = nh * I + col, bad_got = hg[col], bad_model = em;
@@ -1053,12 +1048,10 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                     for (int cc = 128 * b; cc < 128 * b + 128; cc++) {
                         dsv4_weight_row(&h1w[e].w, cc, wg);
                         dsv4_weight_row(&h3w[e].w, cc, wu);
-                        (void)pf8_model_h(xq, wg, wu, D, lim, r.rw[sl], 1.0f, &pre);
+                        (void)pf8_model_h(pf8_mma, xq, wg, wu, D, lim, r.rw[sl], 1.0f, NULL, 0, 0, &pre);
                         amax = fmaxf(amax, fabsf(pre));
                     }
-                    int ex;
-                    const float m = frexpf(amax * (1.0f / 448.0f), &ex);
-                    nscbad += scv != ldexpf(1.0f, m == 0.5f ? ex - 1 : ex);
+                    nscbad += scv != ldexpf(1.0f, aq_exp(amax));
                 }
                 dsv4_cpu_linear(&h2w[e].w, hg, 1, yr + nh * D);
                 memcpy(ys + nh * D, yg + (size_t)sl * D, sizeof(float) * D);
@@ -1221,9 +1214,7 @@ void test_moe_pfb(dsv4_wfmt fmt, int T, int K, int E, int D, int I, int stride, 
             for (int b = 0; b < nb; b++) { /* dsv4_act_quant_fp8's scale: the power of two >= max(amax, 1e-4) / 448 */
                 float amax = 1e-4f;
                 for (int c = 128 * b; c < I && c < 128 * b + 128; c++) amax = fmaxf(amax, fabsf(hc[c]));
-                int ex;
-                const float m = frexpf(amax * (1.0f / 448.0f), &ex);
-                hst[nh * nb + b] = ldexpf(1.0f, (m == 0.5f ? ex - 1 : ex) - 9);
+                hst[nh * nb + b] = ldexpf(1.0f, aq_exp(amax) - 9);
             }
             dsv4_act_quant_fp8(hc, I, 128);
             for (int col = 0; col < I; col++) {
