@@ -265,17 +265,18 @@ static int bind_layer(dsv4_cuda_model *g, int L) {
 }
 
 /* The default rows of a pass once the weights are on the device: DSV4_CUDA_TMAX_BIG where that workspace is at most
- * 1/12 of the device's memory and 1/4 of what is free (the KV caches come after: Flash's shapes 6.3 GB, an H100's 85.5
- * GB / 12 = 7.1; the 8K prefill 1.8-2.6 % faster than in 4096-row passes on an H200, bench/NOTES.md "Session 30", and
- * 6 % on an H100, "Session 49", whose 1/16 left it at 4096 until then), else DSV4_CUDA_TMAX_DEFAULT. Per-token results
- * do not depend on the passes' rows (forward_cuda.c). */
+ * 1/8 of the device's memory and 1/4 of what is free (the KV caches come after: Flash's shapes 6.3 GB, Pro's 10.8; an
+ * H100's 85.5 GB / 8 = 10.7, an H200's 150 / 8 = 18.8), else DSV4_CUDA_TMAX_DEFAULT. The 8K prefill in 8192-row passes
+ * against 4096: H200 Flash 1.8-2.6 % faster (bench/NOTES.md "Session 30"), H100 Flash 6 %, H100 Pro 9 % ("Session 49";
+ * the rule was 1/16 until then, which left both on 4096 on an H100 and Pro on 4096 everywhere). Per-token results do
+ * not depend on the passes' rows (forward_cuda.c). */
 static void tmax_default(dsv4_cuda_model *g) {
     size_t fr = 0, tot = 0;
     if (dsv4_cuda_mem_info(&fr, &tot)) return;
     const int was = g->tmax;
     g->tmax = DSV4_CUDA_TMAX_BIG; /* (gpu_ws_bytes reads tmax: the decode buckets it bounds) */
     const size_t ws = gpu_ws_bytes(g, DSV4_CUDA_TMAX_BIG);
-    if (ws > tot / 12 || ws > fr / 4) g->tmax = was;
+    if (ws > tot / 8 || ws > fr / 4) g->tmax = was;
 }
 
 int dsv4_cuda_model_new(dsv4_model *m, int dev, int verbose, int capacity, dsv4_cuda_model **out, char *err,
