@@ -165,9 +165,11 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
         issue(s_begin, ids);
     }
 
-    /* q of the block's heads as hi + lo (zeros past H and Dh): item u is 8 dims of a head */
-    auto q_load = [&](int u, float (&v)[8]) {
+    /* q of the block's heads as hi + lo (zeros past H and Dh); decode: 8 steps' loads in flight */
+#pragma unroll (DEC ? 2 * WG : 1)
+    for (int u = tid; u < HB * (TC_D / 8); u += TC_NT) {
         const int r = WGM ? u & (HB - 1) : u >> 6, c = WGM ? u / HB : u & 63, hh = h0 + r, d0 = 8 * c;
+        float v[8];
         if (hh < H && d0 < Dh) {
             const float *src = q + ((int64_t)t * H + hh) * Dh + d0;
             if (vec && d0 + 8 <= Dh) {
@@ -181,9 +183,6 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
 #pragma unroll
             for (int j = 0; j < 8; j++) v[j] = 0.0f;
         }
-    };
-    auto q_store = [&](int u, const float (&v)[8]) {
-        const int r = WGM ? u & (HB - 1) : u >> 6, c = WGM ? u / HB : u & 63;
         uint4 hi, lo;
         tc_split8(v, hi, lo);
         if constexpr (WGM) { /* wgmma's core matrices (attn_kv8_wg's q layout): chunk c of head r */
@@ -192,27 +191,6 @@ __global__ void __launch_bounds__(TC_NT, HB == TC_HB ? 1 : 2) attn_kv8_tc_kernel
         } else {
             *(uint4 *)(Qh + r * TC_D + tc_sw(r, c)) = hi;
             if constexpr (HL) *(uint4 *)(Ql + r * TC_D + tc_sw(r, c)) = lo;
-        }
-    };
-    if constexpr (DEC) {
-        /* decode: a thread's items in batches of QB, every load of a batch issued before the first split (session 48:
-         * the loop's unroll by 8 still waited on each item's loads in turn, ~12 % of a batch-256 block's samples) */
-        constexpr int NIT = HB * (TC_D / 8) / TC_NT, QB = NIT < 8 ? NIT : 8;
-        static_assert(NIT * TC_NT == HB * (TC_D / 8) && NIT % QB == 0, "q items a thread");
-#pragma unroll 1
-        for (int b0 = 0; b0 < NIT; b0 += QB) {
-            float v[QB][8];
-#pragma unroll
-            for (int i = 0; i < QB; i++) q_load(tid + (b0 + i) * TC_NT, v[i]);
-#pragma unroll
-            for (int i = 0; i < QB; i++) q_store(tid + (b0 + i) * TC_NT, v[i]);
-        }
-    } else {
-#pragma unroll 1
-        for (int u = tid; u < HB * (TC_D / 8); u += TC_NT) {
-            float v[8];
-            q_load(u, v);
-            q_store(u, v);
         }
     }
     if constexpr (WGM) {
