@@ -871,6 +871,16 @@ static float pf8_model_h(mma_model m, const float *xq, const float *wg, const fl
     return dsv4_round_e4m3(fminf(fmaxf(gv / sc, -448.0f), 448.0f)) * sc;
 }
 
+/* Whether q (a value before its e4m3 rounding, in units of its scale) lies within 8 fp32 ulp of the midpoint between
+ * got (the device's e4m3 value, same units) and its other neighbour: the device's SwiGLU rounds as the CPU's step by step
+ * but its expf is CUDA's (within 2 ulp, CUDA C Programming Guide, not correctly rounded), so a value that close to a
+ * rounding midpoint may land on either side (session 49: 1 of 8,436 in test_moe_pf8's D=4096 case) */
+static int pf8_at_midpoint(float q, float got) {
+    const float m = dsv4_round_e4m3(fminf(fmaxf(q, -448.0f), 448.0f)), mid = 0.5f * (m + got), rm = dsv4_round_e4m3(mid);
+    /* got a neighbour of m: their midpoint rounds to one of them (with a value between, to one between) */
+    return got != m && dsv4_round_e4m3(got) == got && (rm == m || rm == got) && fabsf(q - mid) <= ldexpf(fabsf(mid), -20);
+}
+
 /* The prefill pass's experts on FP8 tensor cores (moe_f8p.cuh, dsv4_cuda_moe_pfb_f8(1)) against the CPU backend, every
  * stride-th slot: h from its FP8 image (codes x the token's unit scale) against the CPU's SwiGLU of dsv4_cpu_linear,
  * act-quantized: equal, or where not (the FP8 tensor core's 13-bit block sums move values across rounding boundaries, far
@@ -954,9 +964,9 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         float *hst = malloc(sizeof(float) * nmax * nb);
         /* the values that differ from the CPU's (set 0 within a step, 1 beyond) and every 61st column of the others (2, a
          * control) against pf8_mma: [set] examined, not the model's value */
-        size_t mset[3] = {0, 0, 0}, mbad[3] = {0, 0, 0}, ibad = 0, nbad = 0, nsc = 0, nscd = 0, nscbad = 0, n16 = 0;
+        size_t mset[3] = {0, 0, 0}, mbad[3] = {0, 0, 0}, ibad = 0, nbad = 0, nsc = 0, nscd = 0, nscbad = 0, n16 = 0, nmid = 0;
         int *xoff = malloc(sizeof(int) * (D / 128));
-        float bad_got = 0, bad_model = 0;
+        float bad_got = 0, bad_model = 0, bad_q = 0;
         float *xq = malloc(sizeof(float) * D), *wg = malloc(sizeof(float) * D), *wu = malloc(sizeof(float) * D);
         /* DSV4_PF8_DUMP=FILE (the D 1024 case into FILE, the big-scales case into FILE.big): the examined values' inputs
          * for fitting the model off the device (bench/fp8_mma_fit.c; header int32 magic 0x50463845, D, records, slots;
@@ -1027,11 +1037,14 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
                         dhdr[2]++;
                     }
                     const mma_model m16 = {pf8_mma.nb, pf8_mma.p, pf8_mma.var | 16, pf8_mma.g, pf8_mma.perm};
-                    const float em = pf8_model_h(pf8_mma, xq, wg, wu, D, lim, r.rw[sl], scv, NULL, 0, 0, NULL);
+                    float pre;
+                    const float em = pf8_model_h(pf8_mma, xq, wg, wu, D, lim, r.rw[sl], scv, NULL, 0, 0, &pre);
                     n16 += pf8_model_h(m16, xq, wg, wu, D, lim, r.rw[sl], scv, xoff, eg - 133, eu - 133, NULL) != hg[col];
-                    if (em != hg[col]) {
+                    if (em != hg[col] && pf8_at_midpoint(pre / scv, hg[col] / scv)) {
+                        nmid++;
+                    } else if (em != hg[col]) {
                         mbad[set]++;
-                        if (!nbad++) ibad = nh * I + col, bad_got = hg[col], bad_model = em;
+                        if (!nbad++) ibad = nh * I + col, bad_got = hg[col], bad_model = em, bad_q = pre / scv;
                     }
                 }
                 /* each 128-column block's act-quant scale: the CPU's, or where it is not, the one of pf8_mma's block
@@ -1068,13 +1081,15 @@ void test_moe_pf8(int T, int K, int E, int D, int I, int stride, int big, int T2
         const int hok = nbad == 0 && nscbad == 0 && ndiff <= 2 + nh * I / 20;
         g_checks++, g_fail += !hok;
         printf("%-4s %s h (act-quantized): %zu of %zu differ from the CPU's fp32 sums (%.2f %%, %zu beyond one e4m3 step); of them and %zu "
-               "controls %zu are not the FP8 MMA model's values (k32 blocks aligned to the largest exponent sum, 13 bits, truncated); "
-               "unit scales %zu of %zu not the CPU's, %zu of those not the model's%s\n",
-               hok ? "ok" : "FAIL", name, ndiff, nh * I, 100.0 * (double)ndiff / (double)(nh * I), nfar, mset[2], nbad, nscd, nsc, nscbad,
-               hok ? "" : " <<<");
+               "controls %zu are not the FP8 MMA model's values (k32 blocks aligned to the largest exponent sum, 13 bits, truncated), "
+               "%zu more its other neighbour at a rounding midpoint (SwiGLU's expf); unit scales %zu of %zu not the CPU's, %zu of "
+               "those not the model's%s\n",
+               hok ? "ok" : "FAIL", name, ndiff, nh * I, 100.0 * (double)ndiff / (double)(nh * I), nfar, mset[2], nbad, nmid, nscd, nsc,
+               nscbad, hok ? "" : " <<<");
         if (nbad)
-            printf("     the first not the model's: [%zu] got %.9g model %.9g CPU %.9g (differing within a step %zu, beyond %zu, controls %zu)\n",
-                   ibad, bad_got, bad_model, hr[ibad], mbad[0], mbad[1], mbad[2]);
+            printf("     the first not the model's: [%zu] got %.9g model %.9g (before the quantization %.9g of the scale) CPU %.9g "
+                   "(differing within a step %zu, beyond %zu, controls %zu)\n",
+                   ibad, bad_got, bad_model, bad_q, hr[ibad], mbad[0], mbad[1], mbad[2]);
         printf("     (information) the model with subnormal factors aligned by their e4m3 exponent field (variant bit 4): %zu of the %zu "
                "examined values not the device's\n", n16, mset[0] + mset[1] + mset[2]);
         free(xoff);
