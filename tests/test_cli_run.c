@@ -1,5 +1,6 @@
 /* test_cli_run.c - `dsv4 synth` + `dsv4 run` end to end: a synthetic checkpoint loads and runs, greedy
  * decoding is deterministic, seeded sampling is reproducible, a bad model directory fails cleanly. */
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <limits.h>
 #include <stdio.h>
@@ -317,4 +318,43 @@ Test(cli_run, inspect_scale_spread, .timeout = 60) {
     cr_assert_eq(run_cmd(cmd, &o2), 0, "%s", cmd);
     cr_expect(strstr(o2, "no MXFP4 routed-expert weights"), "%s", o2);
     free(o1), free(o2);
+}
+
+/* `dsv4 bench` on the CPU with the tiny shapes: the JSON report (--json) parses and carries the tables' figures, the
+ * prefill's pass rows among them (0: the CPU takes a prompt in one call), and the table form's prefill line says so */
+Test(cli_run, bench_tiny_cpu_json, .timeout = 300) {
+    const char *bin = dsv4_bin();
+    char *dir = strdup("/tmp/dsv4-test-bench-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    char cmd[3 * PATH_MAX], *js, *tab;
+    const char *env = "OMP_WAIT_POLICY=passive OMP_NUM_THREADS=2";
+    const char *args = "bench --synthetic tiny --device cpu --layers 2 --prompt 32 --steps 1 --batch 1,2 --context 64";
+    snprintf(cmd, sizeof cmd, "%s '%s' %s --dir '%s/ck' --json 2>/dev/null", env, bin, args, dir);
+    cr_assert_eq(run_cmd(cmd, &js), 0, "%s", cmd);
+    cJSON *j = cJSON_Parse(js);
+    cr_assert(j, "not JSON: %s", js);
+    const cJSON *pf = cJSON_GetObjectItemCaseSensitive(j, "prefill"), *dec = cJSON_GetObjectItemCaseSensitive(j, "decode");
+    cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "model")), "tiny");
+    cr_expect_eq(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "layers")), 2);
+    cr_expect_eq(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(pf, "tokens")), 32);
+    cr_expect(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(pf, "ms")) > 0, "%s", js);
+    cr_expect_eq(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(pf, "pass_rows")), 0, "%s", js);
+    cr_assert(cJSON_IsArray(dec) && cJSON_GetArraySize(dec) == 2, "%s", js);
+    for (int i = 0; i < 2; i++) {
+        const cJSON *d = cJSON_GetArrayItem(dec, i);
+        cr_expect_eq(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "batch")), i + 1);
+        cr_expect_eq(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "context")), 64);
+        cr_expect(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "step_ms")) > 0, "%s", js);
+        cr_expect(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "bytes")) > 0, "%s", js);
+        cr_expect(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(d, "layer_ms_by_ratio")), "%s", js);
+    }
+    cJSON_Delete(j);
+    /* the tables, on the same checkpoint (reused) */
+    snprintf(cmd, sizeof cmd, "%s '%s' %s --dir '%s/ck' 2>/dev/null", env, bin, args, dir);
+    cr_assert_eq(run_cmd(cmd, &tab), 0, "%s", cmd);
+    cr_expect(strstr(tab, "prefill 32 tokens: ") && strstr(tab, "; one call\n"), "%s", tab);
+    cr_expect(strstr(tab, "generated in 0.0 s, reused"), "%s", tab);
+    free(js), free(tab);
+    dsv4_test_rm_tree(dir);
+    free(dir);
 }

@@ -15,6 +15,7 @@
  * read (dense weights of the layers, the routed experts the step touches, the head, KV and indexer
  * keys in the reference's cache formats) over the device-to-device copy bandwidth measured in the
  * same run. The projection to the whole model is (layers time / N) x n_layers + head time. */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -56,8 +57,8 @@ static void usage(FILE *f) {
             "  real DeepSeek-V4 layer shapes (random weights in the release formats, fixed seed; routing is\n"
             "  whatever the random gate gives), next to the memory roofline of the same run: the bytes a\n"
             "  decode step must read at least / the measured device-to-device copy bandwidth. Projects the\n"
-            "  per-layer times to the whole model (43 layers Flash, 61 Pro). Needs a CUDA build (make CUDA=1);\n"
-            "  a CPU-only build says so and exits 2.\n"
+            "  per-layer times to the whole model (43 layers Flash, 61 Pro). --device cuda (the default) needs a\n"
+            "  CUDA build (make CUDA=1; a CPU-only build says so and exits 2); --device cpu runs anywhere.\n"
             "\n"
             "  --synthetic NAME   flash, pro (released shapes) or tiny (toy widths, for testing)\n"
             "  --layers N         first N layers of the released config (default 4; compress ratios and\n"
@@ -177,6 +178,63 @@ typedef struct {
     int ntypes, type_ratio[NTYPES];  /* per layer type (compress ratio): time of one such layer, seconds */
     double t_type[NTYPES];                 /* (the replay's layers time split as the op profile splits it) */
 } dec_res;
+
+/* cJSON number / string members, NULL on failure (cJSON_Add* return NULL; the caller deletes the whole tree) */
+static cJSON *jnum(cJSON *o, const char *k, double v) { return o && cJSON_AddNumberToObject(o, k, v) ? o : NULL; }
+static cJSON *jstr(cJSON *o, const char *k, const char *v) { return o && cJSON_AddStringToObject(o, k, v ? v : "") ? o : NULL; }
+
+/* The run's report as one JSON object (--json / --json-file; the keys of the tables); NULL when out of memory */
+static cJSON *bench_json(const dsv4_bench_shape *s, int N, const opts *o, const char *gpu, double t_gen, double t_load,
+                         double t_up, double bw, int gm, int gn, int gk, double gemm_us, double gemm_tflops, double pf_t,
+                         double pf_tflops, double pf_proj, int pf_rows, const dec_res *res, int nres) {
+    cJSON *r = cJSON_CreateObject(), *g = cJSON_CreateObject(), *pf = cJSON_CreateObject(), *dec = cJSON_CreateArray();
+    cJSON *ok = r && g && pf && dec ? r : NULL;
+    ok = jstr(ok, "model", s->name), ok = jnum(ok, "layers", N), ok = jnum(ok, "layers_full", s->n_layers_full);
+    ok = jstr(ok, "experts", o->experts), ok = jnum(ok, "seed", (double)o->seed), ok = jstr(ok, "device", o->device);
+    ok = jstr(ok, "gpu", gpu), ok = jnum(ok, "generate_s", t_gen), ok = jnum(ok, "load_s", t_load);
+    ok = jnum(ok, "upload_s", t_up), ok = jnum(ok, "d2d_GBps", bw);
+    if (g && (!jnum(g, "m", gm) || !jnum(g, "n", gn) || !jnum(g, "k", gk) || !jnum(g, "us", gemm_us) ||
+              !jnum(g, "tflops", gemm_tflops)))
+        ok = NULL;
+    if (pf && (!jnum(pf, "tokens", o->prompt) || !jnum(pf, "ms", pf_t * 1e3) ||
+               !jnum(pf, "tokens_per_s", pf_t > 0 ? o->prompt / pf_t : 0) || !jnum(pf, "tflops", pf_tflops) ||
+               !jnum(pf, "proj_tokens_per_s", pf_proj > 0 ? o->prompt / pf_proj : 0) || !jnum(pf, "pass_rows", pf_rows)))
+        ok = NULL;
+    for (int i = 0; ok && i < nres; i++) {
+        const dec_res *R = &res[i];
+        cJSON *d = cJSON_CreateObject(), *bt = cJSON_CreateObject();
+        cJSON *dk = d && bt && cJSON_AddItemToArray(dec, d) ? d : NULL;
+        if (!dk) cJSON_Delete(d);
+        dk = jnum(dk, "batch", R->batch), dk = jnum(dk, "context", R->context);
+        dk = jstr(dk, "timing", R->graph ? "graph replay median" : "wall clock median");
+        dk = jnum(dk, "step_ms", R->t_step * 1e3), dk = jnum(dk, "layers_ms", R->t_layers * 1e3);
+        dk = jnum(dk, "head_ms", R->t_head * 1e3), dk = jnum(dk, "call_ms", R->t_call * 1e3);
+        dk = jnum(dk, "unique_experts", R->uniq), dk = jnum(dk, "bytes", R->bytes), dk = jnum(dk, "bytes_dense", R->bytes_dense);
+        dk = jnum(dk, "bytes_experts", R->bytes_experts), dk = jnum(dk, "bytes_head", R->bytes_head);
+        dk = jnum(dk, "bytes_kv", R->bytes_kv), dk = jnum(dk, "bytes_kv_engine_fp32", R->kv_engine);
+        dk = jnum(dk, "roofline_ms", R->roof * 1e3), dk = jnum(dk, "ratio", R->ratio);
+        dk = jnum(dk, "proj_step_ms", R->proj_step * 1e3), dk = jnum(dk, "proj_bytes", R->proj_bytes);
+        dk = jnum(dk, "proj_roofline_ms", R->proj_roof * 1e3), dk = jnum(dk, "proj_ratio", R->proj_ratio);
+        dk = jnum(dk, "proj_tokens_per_s", R->proj_step > 0 ? R->batch / R->proj_step : 0);
+        for (int k = 0; dk && bt && k < R->ntypes; k++) {
+            char key[16];
+            snprintf(key, sizeof key, "%d", R->type_ratio[k]);
+            if (!jnum(bt, key, R->t_type[k] * 1e3)) dk = NULL;
+        }
+        if (dk && cJSON_AddItemToObject(dk, "layer_ms_by_ratio", bt)) bt = NULL;
+        else ok = NULL;
+        cJSON_Delete(bt);
+    }
+    if (ok && cJSON_AddItemToObject(ok, "fp8_gemm", g)) g = NULL;
+    else ok = NULL;
+    if (ok && cJSON_AddItemToObject(ok, "prefill", pf)) pf = NULL;
+    else ok = NULL;
+    if (ok && cJSON_AddItemToObject(ok, "decode", dec)) dec = NULL;
+    else ok = NULL;
+    cJSON_Delete(g), cJSON_Delete(pf), cJSON_Delete(dec);
+    if (!ok) cJSON_Delete(r);
+    return ok;
+}
 
 /* multiply-adds of attention (QK + PV) and of the indexer scores for one query at position p */
 static double attn_macs(const dsv4_bench_shape *s, int L, long p) {
@@ -428,6 +486,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
 
     /* 3. prefill */
     double pf_t = 0, pf_tflops = 0, pf_macs = 0, pf_proj = 0; /* pf_proj: whole-model prefill seconds */
+    int pf_rows = 0;                                             /* the rows of a prefill pass (0: one call) */
     const char *pf_how = "measured layers' average";
 #ifdef DSV4_CUDA
     dsv4_cuda_prof_split pf_split = {0};
@@ -497,6 +556,10 @@ int dsv4_cmd_bench(int argc, char **argv) {
 #endif
         if (!o.json)
             fprintf(stderr, "dsv4 bench: prefill %d tokens: %.1f ms\n", o.prompt, pf_t * 1e3);
+        /* the rows of a pass (a GPU's workspace; 0: one call, the CPU): the prefill's speed depends on it (tokens an
+         * expert), and the default differs between GPUs (bench/NOTES.md "Session 49") */
+        long fit;
+        if (dsv4_device_limits(m, &pf_rows, &fit)) pf_rows = 0;
     }
 
     /* 4. decode */
@@ -622,31 +685,13 @@ int dsv4_cmd_bench(int argc, char **argv) {
     if (o.json_file && !(jf = fopen(o.json_file, "w")))
         fprintf(stderr, "dsv4 bench: %s: cannot create: %s\n", o.json_file, strerror(errno));
     if (jf) {
-        fprintf(jf, "{\"model\":\"%s\",\"layers\":%d,\"layers_full\":%d,\"experts\":\"%s\",\"seed\":%llu,\"device\":\"%s\","
-               "\"gpu\":\"%s\",\"generate_s\":%.2f,\"load_s\":%.2f,\"upload_s\":%.2f,\"d2d_GBps\":%.1f,",
-               s.name, N, s.n_layers_full, o.experts, o.seed, o.device, gpu, t_gen, t_load, t_up, bw);
-        fprintf(jf, "\"fp8_gemm\":{\"m\":%d,\"n\":%d,\"k\":%d,\"us\":%.2f,\"tflops\":%.1f},", gm, gn, gk, gemm_us, gemm_tflops);
-        fprintf(jf, "\"prefill\":{\"tokens\":%d,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"tflops\":%.2f,\"proj_tokens_per_s\":%.1f},",
-               o.prompt, pf_t * 1e3, pf_t > 0 ? o.prompt / pf_t : 0, pf_tflops,
-               pf_proj > 0 ? o.prompt / pf_proj : 0);
-        fprintf(jf, "\"decode\":[");
-        for (int i = 0; i < nres; i++) {
-            const dec_res *R = &res[i];
-            fprintf(jf, "%s{\"batch\":%d,\"context\":%d,\"timing\":\"%s\",\"step_ms\":%.3f,\"layers_ms\":%.3f,\"head_ms\":%.3f,"
-                   "\"call_ms\":%.3f,"
-                   "\"unique_experts\":%.1f,\"bytes\":%.0f,\"bytes_dense\":%.0f,\"bytes_experts\":%.0f,\"bytes_head\":%.0f,"
-                   "\"bytes_kv\":%.0f,\"bytes_kv_engine_fp32\":%.0f,\"roofline_ms\":%.4f,\"ratio\":%.2f,"
-                   "\"proj_step_ms\":%.3f,\"proj_bytes\":%.0f,\"proj_roofline_ms\":%.4f,\"proj_ratio\":%.2f,"
-                   "\"proj_tokens_per_s\":%.1f,\"layer_ms_by_ratio\":{",
-                   i ? "," : "", R->batch, R->context, R->graph ? "graph replay median" : "wall clock median",
-                   R->t_step * 1e3, R->t_layers * 1e3, R->t_head * 1e3, R->t_call * 1e3, R->uniq,
-                   R->bytes, R->bytes_dense, R->bytes_experts, R->bytes_head, R->bytes_kv, R->kv_engine, R->roof * 1e3,
-                   R->ratio, R->proj_step * 1e3, R->proj_bytes, R->proj_roof * 1e3, R->proj_ratio,
-                   R->batch / R->proj_step);
-            for (int k = 0; k < R->ntypes; k++) fprintf(jf, "%s\"%d\":%.4f", k ? "," : "", R->type_ratio[k], R->t_type[k] * 1e3);
-            fprintf(jf, "}}");
-        }
-        fprintf(jf, "]}\n");
+        cJSON *rep = bench_json(&s, N, &o, gpu, t_gen, t_load, t_up, bw, gm, gn, gk, gemm_us, gemm_tflops, pf_t, pf_tflops,
+                                pf_proj, pf_rows, res, nres);
+        char *txt = rep ? cJSON_PrintUnformatted(rep) : NULL;
+        if (txt) fprintf(jf, "%s\n", txt);
+        else fprintf(stderr, "dsv4 bench: out of memory (the JSON report)\n");
+        cJSON_free(txt);
+        cJSON_Delete(rep);
         if (jf != stdout) fclose(jf);
     }
     if (!o.json) {
@@ -659,10 +704,13 @@ int dsv4_cmd_bench(int argc, char **argv) {
         if (gemm_us > 0)
             printf("cuBLASLt FP8 GEMM %d x %d x %d (wq_b at the prompt length): %.1f us = %.1f TFLOP/s\n", gm, gn, gk,
                    gemm_us, gemm_tflops);
-        if (o.prompt > 0)
+        if (o.prompt > 0) {
             printf("prefill %d tokens: %.1f ms = %.0f tokens/s, %.2f TFLOP/s (matrices + attention); "
-                   "whole model (%d layers, %s): %.0f tokens/s\n",
+                   "whole model (%d layers, %s): %.0f tokens/s",
                    o.prompt, pf_t * 1e3, o.prompt / pf_t, pf_tflops, s.n_layers_full, pf_how, o.prompt / pf_proj);
+            if (pf_rows > 0) printf("; passes of up to %d rows\n", pf_rows);
+            else printf("; one call\n");
+        }
         printf("\ndecode (step / layers: %s; call: wall-clock median of %d dsv4_forward calls; bytes = the minimum a\n"
                "step reads; roofline = bytes / copy bandwidth)\n",
                nres && res[0].graph ? "median of the CUDA-graph replays" : "wall-clock median", o.steps);
