@@ -179,61 +179,62 @@ typedef struct {
     double t_type[NTYPES];                 /* (the replay's layers time split as the op profile splits it) */
 } dec_res;
 
-/* cJSON number / string members, NULL on failure (cJSON_Add* return NULL; the caller deletes the whole tree) */
-static cJSON *jnum(cJSON *o, const char *k, double v) { return o && cJSON_AddNumberToObject(o, k, v) ? o : NULL; }
-static cJSON *jstr(cJSON *o, const char *k, const char *v) { return o && cJSON_AddStringToObject(o, k, v ? v : "") ? o : NULL; }
+/* cJSON members; *bad set when one cannot be added (out of memory; cJSON's Add* on a NULL object fail too) */
+static void jnum(cJSON *o, const char *k, double v, int *bad) { *bad |= !cJSON_AddNumberToObject(o, k, v); }
+static void jstr(cJSON *o, const char *k, const char *v, int *bad) { *bad |= !cJSON_AddStringToObject(o, k, v ? v : ""); }
 
-/* The run's report as one JSON object (--json / --json-file; the keys of the tables); NULL when out of memory */
+/* The run's report as one JSON object (--json / --json-file; the keys of the tables); NULL when out of memory. Every
+ * member is attached to the report as it is made, so the report is the only tree to delete. */
 static cJSON *bench_json(const dsv4_bench_shape *s, int N, const opts *o, const char *gpu, double t_gen, double t_load,
                          double t_up, double bw, int gm, int gn, int gk, double gemm_us, double gemm_tflops, double pf_t,
                          double pf_tflops, double pf_proj, int pf_rows, const dec_res *res, int nres) {
-    cJSON *r = cJSON_CreateObject(), *g = cJSON_CreateObject(), *pf = cJSON_CreateObject(), *dec = cJSON_CreateArray();
-    cJSON *ok = r && g && pf && dec ? r : NULL;
-    ok = jstr(ok, "model", s->name), ok = jnum(ok, "layers", N), ok = jnum(ok, "layers_full", s->n_layers_full);
-    ok = jstr(ok, "experts", o->experts), ok = jnum(ok, "seed", (double)o->seed), ok = jstr(ok, "device", o->device);
-    ok = jstr(ok, "gpu", gpu), ok = jnum(ok, "generate_s", t_gen), ok = jnum(ok, "load_s", t_load);
-    ok = jnum(ok, "upload_s", t_up), ok = jnum(ok, "d2d_GBps", bw);
-    if (g && (!jnum(g, "m", gm) || !jnum(g, "n", gn) || !jnum(g, "k", gk) || !jnum(g, "us", gemm_us) ||
-              !jnum(g, "tflops", gemm_tflops)))
-        ok = NULL;
-    if (pf && (!jnum(pf, "tokens", o->prompt) || !jnum(pf, "ms", pf_t * 1e3) ||
-               !jnum(pf, "tokens_per_s", pf_t > 0 ? o->prompt / pf_t : 0) || !jnum(pf, "tflops", pf_tflops) ||
-               !jnum(pf, "proj_tokens_per_s", pf_proj > 0 ? o->prompt / pf_proj : 0) || !jnum(pf, "pass_rows", pf_rows)))
-        ok = NULL;
-    for (int i = 0; ok && i < nres; i++) {
+    int bad = 0;
+    cJSON *r = cJSON_CreateObject();
+    jstr(r, "model", s->name, &bad), jnum(r, "layers", N, &bad), jnum(r, "layers_full", s->n_layers_full, &bad);
+    jstr(r, "experts", o->experts, &bad), jnum(r, "seed", (double)o->seed, &bad), jstr(r, "device", o->device, &bad);
+    jstr(r, "gpu", gpu, &bad), jnum(r, "generate_s", t_gen, &bad), jnum(r, "load_s", t_load, &bad);
+    jnum(r, "upload_s", t_up, &bad), jnum(r, "d2d_GBps", bw, &bad);
+    cJSON *g = cJSON_AddObjectToObject(r, "fp8_gemm");
+    jnum(g, "m", gm, &bad), jnum(g, "n", gn, &bad), jnum(g, "k", gk, &bad), jnum(g, "us", gemm_us, &bad);
+    jnum(g, "tflops", gemm_tflops, &bad);
+    cJSON *pf = cJSON_AddObjectToObject(r, "prefill");
+    jnum(pf, "tokens", o->prompt, &bad), jnum(pf, "ms", pf_t * 1e3, &bad);
+    jnum(pf, "tokens_per_s", pf_t > 0 ? o->prompt / pf_t : 0, &bad), jnum(pf, "tflops", pf_tflops, &bad);
+    jnum(pf, "proj_tokens_per_s", pf_proj > 0 ? o->prompt / pf_proj : 0, &bad), jnum(pf, "pass_rows", pf_rows, &bad);
+    cJSON *dec = cJSON_AddArrayToObject(r, "decode");
+    for (int i = 0; dec && i < nres; i++) {
         const dec_res *R = &res[i];
-        cJSON *d = cJSON_CreateObject(), *bt = cJSON_CreateObject();
-        cJSON *dk = d && bt && cJSON_AddItemToArray(dec, d) ? d : NULL;
-        if (!dk) cJSON_Delete(d);
-        dk = jnum(dk, "batch", R->batch), dk = jnum(dk, "context", R->context);
-        dk = jstr(dk, "timing", R->graph ? "graph replay median" : "wall clock median");
-        dk = jnum(dk, "step_ms", R->t_step * 1e3), dk = jnum(dk, "layers_ms", R->t_layers * 1e3);
-        dk = jnum(dk, "head_ms", R->t_head * 1e3), dk = jnum(dk, "call_ms", R->t_call * 1e3);
-        dk = jnum(dk, "unique_experts", R->uniq), dk = jnum(dk, "bytes", R->bytes), dk = jnum(dk, "bytes_dense", R->bytes_dense);
-        dk = jnum(dk, "bytes_experts", R->bytes_experts), dk = jnum(dk, "bytes_head", R->bytes_head);
-        dk = jnum(dk, "bytes_kv", R->bytes_kv), dk = jnum(dk, "bytes_kv_engine_fp32", R->kv_engine);
-        dk = jnum(dk, "roofline_ms", R->roof * 1e3), dk = jnum(dk, "ratio", R->ratio);
-        dk = jnum(dk, "proj_step_ms", R->proj_step * 1e3), dk = jnum(dk, "proj_bytes", R->proj_bytes);
-        dk = jnum(dk, "proj_roofline_ms", R->proj_roof * 1e3), dk = jnum(dk, "proj_ratio", R->proj_ratio);
-        dk = jnum(dk, "proj_tokens_per_s", R->proj_step > 0 ? R->batch / R->proj_step : 0);
-        for (int k = 0; dk && bt && k < R->ntypes; k++) {
+        cJSON *d = cJSON_CreateObject();
+        if (!cJSON_AddItemToArray(dec, d)) {
+            cJSON_Delete(d);
+            bad = 1;
+            break;
+        }
+        jnum(d, "batch", R->batch, &bad), jnum(d, "context", R->context, &bad);
+        jstr(d, "timing", R->graph ? "graph replay median" : "wall clock median", &bad);
+        jnum(d, "step_ms", R->t_step * 1e3, &bad), jnum(d, "layers_ms", R->t_layers * 1e3, &bad);
+        jnum(d, "head_ms", R->t_head * 1e3, &bad), jnum(d, "call_ms", R->t_call * 1e3, &bad);
+        jnum(d, "unique_experts", R->uniq, &bad), jnum(d, "bytes", R->bytes, &bad);
+        jnum(d, "bytes_dense", R->bytes_dense, &bad), jnum(d, "bytes_experts", R->bytes_experts, &bad);
+        jnum(d, "bytes_head", R->bytes_head, &bad), jnum(d, "bytes_kv", R->bytes_kv, &bad);
+        jnum(d, "bytes_kv_engine_fp32", R->kv_engine, &bad), jnum(d, "roofline_ms", R->roof * 1e3, &bad);
+        jnum(d, "ratio", R->ratio, &bad), jnum(d, "proj_step_ms", R->proj_step * 1e3, &bad);
+        jnum(d, "proj_bytes", R->proj_bytes, &bad), jnum(d, "proj_roofline_ms", R->proj_roof * 1e3, &bad);
+        jnum(d, "proj_ratio", R->proj_ratio, &bad);
+        jnum(d, "proj_tokens_per_s", R->proj_step > 0 ? R->batch / R->proj_step : 0, &bad);
+        cJSON *bt = cJSON_AddObjectToObject(d, "layer_ms_by_ratio");
+        for (int k = 0; k < R->ntypes; k++) {
             char key[16];
             snprintf(key, sizeof key, "%d", R->type_ratio[k]);
-            if (!jnum(bt, key, R->t_type[k] * 1e3)) dk = NULL;
+            jnum(bt, key, R->t_type[k] * 1e3, &bad);
         }
-        if (dk && cJSON_AddItemToObject(dk, "layer_ms_by_ratio", bt)) bt = NULL;
-        else ok = NULL;
-        cJSON_Delete(bt);
+        bad |= !bt;
     }
-    if (ok && cJSON_AddItemToObject(ok, "fp8_gemm", g)) g = NULL;
-    else ok = NULL;
-    if (ok && cJSON_AddItemToObject(ok, "prefill", pf)) pf = NULL;
-    else ok = NULL;
-    if (ok && cJSON_AddItemToObject(ok, "decode", dec)) dec = NULL;
-    else ok = NULL;
-    cJSON_Delete(g), cJSON_Delete(pf), cJSON_Delete(dec);
-    if (!ok) cJSON_Delete(r);
-    return ok;
+    if (bad || !g || !pf || !dec) {
+        cJSON_Delete(r);
+        return NULL;
+    }
+    return r;
 }
 
 /* multiply-adds of attention (QK + PV) and of the indexer scores for one query at position p */
