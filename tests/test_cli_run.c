@@ -1,5 +1,6 @@
 /* test_cli_run.c - `dsv4 synth` + `dsv4 run` end to end: a synthetic checkpoint loads and runs, greedy
- * decoding is deterministic, seeded sampling is reproducible, a bad model directory fails cleanly. */
+ * decoding is deterministic, seeded sampling is reproducible, a bad model directory fails cleanly; `dsv4 inspect
+ * --scale-spread` and `dsv4 bench` on the CPU (its JSON report). */
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <limits.h>
