@@ -36,6 +36,7 @@
 #include "attn_fold.cuh"
 #include "common.cuh"
 #include "kv_cache.cuh"
+#include "linear_tc.cuh"
 #include "wgmma.cuh"
 
 #define TC_N 32   /* entries per tile */
@@ -60,18 +61,6 @@
 /* halves from a row's start to its 16-byte chunk c: chunks XOR-swizzled by row (ldmatrix without bank conflicts) */
 __device__ __forceinline__ int tc_sw(int r, int c) { return (c ^ (r & 7)) << 3; }
 
-__device__ __forceinline__ void tc_ldsm4(uint32_t (&r)[4], const __half *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-__device__ __forceinline__ void tc_ldsm4t(uint32_t (&r)[4], const __half *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
 /* d += a (16 x 16, row) . b (16 x 8, col); not volatile: registers only, free to schedule */
 __device__ __forceinline__ void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

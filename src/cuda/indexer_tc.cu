@@ -12,16 +12,19 @@
  * dot, which the block sums give too; any element that fails the test (q not FP4-shaped, a NaN scale, scales far
  * apart) runs the CPU's chain itself. The chain over the heads is the CPU's, a thread per entry. So the scores are
  * the same bits as forward_ops.cu's kernels, whichever runs.
- * Grid (chunk blocks, queries): a block stages its query's q once, then strides over chunks of IXT_EB entries; a warp
- * owns 16 heads x the chunk's entries. */
+ * Grid (chunk blocks, query groups of QB, the longest lists first): a block stages its queries' q once, then strides
+ * over chunks of IXT_EB entries, staging each chunk's keys once for all its queries (when they share the key array); a
+ * warp owns 16 heads of a query x the chunk's entries, its fragments read by ldmatrix. */
 #include <cuda_fp16.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.cuh"
+#include "cuda_model.h"
 #include "indexer.cuh"
 #include "indexer_tc.h"
 #include "kv_cache.cuh"
+#include "linear_tc.cuh"
 
 #define IXT_EB 64     /* entries per chunk: 8 mma n-tiles */
 #define IXT_SKIP 1000 /* exponent of an all-zero block: adds nothing */
@@ -30,12 +33,6 @@
 __device__ __forceinline__ float ixt_pow2(int e) { /* 2^e for e in [-149, 127] (clamped: callers discard the others) */
     e = e < -149 ? -149 : e > 127 ? 127 : e;
     return e >= -126 ? __uint_as_float((uint32_t)(e + 127) << 23) : __uint_as_float(1u << (e + 149));
-}
-
-__device__ __forceinline__ void ixt_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* the smallest and largest exponent of n blocks (skipping all-zero blocks); IXT_SKIP, IXT_SKIP when all are zero;
@@ -49,31 +46,44 @@ __device__ __forceinline__ void ixt_range(const int *ex, int n, int *r) {
     r[0] = lo, r[1] = bad ? IXT_BAD : lo == IXT_SKIP ? IXT_SKIP : hi;
 }
 
-template <int DI>
-__global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const float *wt, int Hi, const uint8_t *const *keys,
-                                                  const int *ncausal, const int *nlist, int ld, float *out) {
+/* QB queries a block of QB Hi / 16 warps, sharing each chunk's staged keys when their key lists are the same array
+ * (warp w on query w / (Hi / 16)); else one query after another, all the warps on it (see the passes below) */
+template <int DI, int QB>
+__global__ void __launch_bounds__(128 * QB, 4 / QB) ixt_kernel(const float *qi, const float *wt, int T, int Hi,
+                                                            const uint8_t *const *keys, const int *ncausal, const int *nlist,
+                                                            int ld, float *out) {
     dev_pdl_enter();
     constexpr int NB = DI / 32, LDH = DI + 8; /* halves a staged row: 16-byte pad, conflict-free fragment reads */
     extern __shared__ __align__(16) unsigned char ixt_sm[];
-    __half *qh = (__half *)ixt_sm;                     /* [Hi][LDH] q / 2^a */
-    __half *kh = qh + (size_t)Hi * LDH;                /* [IXT_EB][LDH] key codes x 2 */
-    int *qa = (int *)(kh + (size_t)IXT_EB * LDH);      /* [Hi][NB] a */
-    int *kb = qa + Hi * NB;                            /* [IXT_EB][NB] key block exponents (scale / 2) */
-    int *qr2 = kb + IXT_EB * NB;                       /* [Hi][2] smallest, largest a of the head (IXT_BAD: a bad block) */
-    int *kr2 = qr2 + 2 * Hi;                           /* [IXT_EB][2] the same for the entries' key exponents */
-    float *ws = (float *)(kr2 + 2 * IXT_EB);           /* [Hi] */
-    float *qf = ws + Hi;                               /* [Hi][NB] 2^a (0 for a block that adds nothing here) */
-    float *kf = qf + Hi * NB;                          /* [IXT_EB][NB] 2^(key block exponent), likewise */
-    float *ds = kf + IXT_EB * NB;                      /* [IXT_EB][Hi + 1] dots */
-    const int t = blockIdx.y, n = nlist[t], ncs = ncausal[t], nch = (n + IXT_EB - 1) / IXT_EB;
-    if ((int)blockIdx.x >= nch) return;
+    const int QH = QB * Hi;                            /* the block's (query, head) rows */
+    __half *qhs = (__half *)ixt_sm;                    /* [QB][Hi][LDH] q / 2^a */
+    __half *kh = qhs + (size_t)QH * LDH;               /* [IXT_EB][LDH] key codes x 2 */
+    int *qas = (int *)(kh + (size_t)IXT_EB * LDH);     /* [QB][Hi][NB] a */
+    int *kb = qas + QH * NB;                           /* [IXT_EB][NB] key block exponents (scale / 2) */
+    int *qr2s = kb + IXT_EB * NB;                      /* [QB][Hi][2] smallest, largest a of the head (IXT_BAD: a bad block) */
+    int *kr2 = qr2s + 2 * QH;                          /* [IXT_EB][2] the same for the entries' key exponents */
+    float *wss = (float *)(kr2 + 2 * IXT_EB);          /* [QB][Hi] */
+    float *qfs = wss + QH;                             /* [QB][Hi][NB] 2^a (0 for a block that adds nothing here) */
+    float *kf = qfs + QH * NB;                         /* [NB][IXT_EB] 2^(key block exponent), likewise */
+    float *dss = kf + IXT_EB * NB;                     /* [QB][IXT_EB][Hi + 1] dots */
+    __shared__ int qn[QB], qncs[QB];
+    __shared__ const uint8_t *qkt[QB];
+    /* the longest lists first (a prefill pass's later queries): the last wave holds the short ones */
+    const int tb = (gridDim.y - 1 - blockIdx.y) * QB, nq = T - tb < QB ? T - tb : QB;
     const int tid = threadIdx.x, nth = blockDim.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const float *qt = qi + (int64_t)t * Hi * DI;
-    const uint8_t *kt = keys[t];
+    const int wq = tid / (2 * Hi); /* this thread's query (its warp's) when the queries share their keys */
+    if (tid < nq) qn[tid] = nlist[tb + tid], qncs[tid] = ncausal[tb + tid], qkt[tid] = keys[tb + tid];
+    __syncthreads();
+    int nmax = 0, same = 1;
+    for (int q = 0; q < nq; q++) nmax = max(nmax, qn[q]), same &= qkt[q] == qkt[0];
+    if ((int)blockIdx.x * IXT_EB >= nmax) return;
     const int64_t rbytes = dsv4_ikey_row_bytes(DI);
-    for (int it = tid; it < Hi * NB; it += nth) {
-        const int h = it / NB, b = it - h * NB;
-        const float *src = qt + (int64_t)h * DI + b * 32;
+    for (int it = tid; it < nq * Hi * NB; it += nth) {
+        const int qh_ = it / NB, b = it - qh_ * NB, q = qh_ / Hi, h = qh_ - q * Hi;
+        __half *qh = qhs + (size_t)q * Hi * LDH;
+        int *qa = qas + q * Hi * NB;
+        float *qf = qfs + q * Hi * NB;
+        const float *src = qi + ((int64_t)(tb + q) * Hi + h) * DI + b * 32;
         float mx = 0;
         for (int j = 0; j < 32; j++) mx = fmaxf(mx, fabsf(src[j]));
         int a = IXT_SKIP;
@@ -89,14 +99,35 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
         qa[h * NB + b] = a;
         qf[h * NB + b] = a < IXT_SKIP ? ixt_pow2(a) : 0.0f;
     }
-    for (int i = tid; i < Hi; i += nth) ws[i] = wt[(int64_t)t * Hi + i];
+    for (int i = tid; i < nq * Hi; i += nth) wss[i] = wt[(int64_t)tb * Hi + i];
     __syncthreads();
-    for (int h = tid; h < Hi; h += nth) ixt_range(qa + h * NB, NB, qr2 + 2 * h);
-    const int h0 = warp * 16;
+    for (int h = tid; h < nq * Hi; h += nth) ixt_range(qas + h * NB, NB, qr2s + 2 * h);
+    const int h0 = (warp % (Hi / 16)) * 16; /* this warp's heads h0 .. h0 + 15 */
+    /* passes: all the queries at once when they share the key array (warp w on query w / (Hi / 16), every n-tile of a
+     * chunk); else one query a pass, the block's warps on its heads and the chunk's n-tiles split QB ways */
+    for (int pass = 0; pass < (same ? 1 : nq); pass++) {
+    const int pq = same ? wq : pass, act = pq < nq, pqc = act ? pq : 0; /* this warp's query, in the pass or not */
+    const int jp0 = same ? 0 : 2 * (warp / (Hi / 16)), jps = same ? 2 : 2 * QB; /* its n-tile pairs: jp0, + jps .. */
+    const int stid = same ? tid - wq * 2 * Hi : tid, snth = same ? 2 * Hi : nth; /* its thread among the query's */
+    const __half *qh = qhs + (size_t)pqc * Hi * LDH;
+    const int *qa = qas + pqc * Hi * NB, *qr2 = qr2s + 2 * pqc * Hi;
+    const float *qf = qfs + pqc * Hi * NB, *ws = wss + pqc * Hi;
+    float *ds = dss + (size_t)pqc * IXT_EB * (Hi + 1);
+    const int t = tb + pqc, n = qn[pqc], ncs = qncs[pqc];
+    const float *qt = qi + (int64_t)t * Hi * DI;
+    /* ldmatrix rows of this lane: q (A: heads h0 + (lane & 7) + 8 x bit 3, columns + 8 x bit 4), keys (B: entries
+     * (lane & 7) + 8 x bit 4 of an n-tile pair, columns + 8 x bit 3) */
+    const __half *qrow = qh + (h0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDH + 8 * (lane >> 4);
+    const __half *krow = kh + ((lane & 7) + 8 * (lane >> 4)) * LDH + 8 * ((lane >> 3) & 1);
+    const uint8_t *kt = qkt[same ? 0 : pass];
+    int nch = 0, kend = 0; /* the pass's chunks; its keys staged below min(n, ncs) of some query */
+    for (int q = same ? 0 : pass; q < (same ? nq : pass + 1); q++)
+        nch = max(nch, (qn[q] + IXT_EB - 1) / IXT_EB), kend = max(kend, min(qn[q], qncs[q]));
     for (int ch = blockIdx.x; ch < nch; ch += gridDim.x) {
         const int w0 = ch * IXT_EB;
-        if (w0 >= ncs) { /* past the query's causal entries (the condition is the block's: no barrier skipped unevenly) */
-            for (int w = w0 + tid; w < n && w < w0 + IXT_EB; w += nth) out[(int64_t)t * ld + w] = -INFINITY;
+        if (w0 >= kend) { /* past every query's causal entries (the condition is the block's: no barrier skipped unevenly) */
+            if (act)
+                for (int w = w0 + stid; w < n && w < w0 + IXT_EB; w += snth) out[(int64_t)t * ld + w] = -INFINITY;
             continue;
         }
         /* the chunk's keys (zeros past the query's causal entries: their scores are -inf or not written). With 128
@@ -118,11 +149,11 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
         };
         auto code_ld = [&](int it) {
             const int e = it / (DI / 8), p = it - e * (DI / 8), w = w0 + e;
-            return w < n && w < ncs ? __ldg((const uint32_t *)(kt + (int64_t)w * rbytes + 4 * p)) : 0u;
+            return w < kend ? __ldg((const uint32_t *)(kt + (int64_t)w * rbytes + 4 * p)) : 0u;
         };
         auto sc_ld = [&](int it) {
             const int e = it / NB, b = it - e * NB, w = w0 + e;
-            return w < n && w < ncs ? (int)__ldg(kt + (int64_t)w * rbytes + DI / 2 + b) : -1;
+            return w < kend ? (int)__ldg(kt + (int64_t)w * rbytes + DI / 2 + b) : -1;
         };
         /* kb: the block's exponent; IXT_SKIP when all its codes are zeros (read back from kh: the halves of +-0) */
         auto block = [&](int it, int s) {
@@ -137,21 +168,23 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
                 else if (any & 0x7fff7fffu) v = s - 127 - 1;
             }
             kb[e * NB + b] = v;
-            kf[e * NB + b] = v < IXT_SKIP ? ixt_pow2(v) : 0.0f;
+            kf[b * IXT_EB + e] = v < IXT_SKIP ? ixt_pow2(v) : 0.0f;
         };
         constexpr int KW = IXT_EB * (DI / 8), KB = IXT_EB * NB; /* code words, (entry, block) scale bytes */
-        if (nth == 128) {
-            uint32_t cw[KW / 128];
-            int sc[KB / 128];
+        constexpr int NT = 128 * QB; /* the threads of 64 heads */
+        if (nth == NT) {
+            uint32_t cw[KW / NT];
+            int sc[(KB + NT - 1) / NT];
 #pragma unroll
-            for (int k = 0; k < KW / 128; k++) cw[k] = code_ld(tid + 128 * k);
+            for (int k = 0; k < KW / NT; k++) cw[k] = code_ld(tid + NT * k);
 #pragma unroll
-            for (int k = 0; k < KB / 128; k++) sc[k] = sc_ld(tid + 128 * k);
+            for (int k = 0; k < (KB + NT - 1) / NT; k++) sc[k] = tid + NT * k < KB ? sc_ld(tid + NT * k) : -1;
 #pragma unroll
-            for (int k = 0; k < KW / 128; k++) codes(tid + 128 * k, cw[k]);
+            for (int k = 0; k < KW / NT; k++) codes(tid + NT * k, cw[k]);
             __syncthreads();
 #pragma unroll
-            for (int k = 0; k < KB / 128; k++) block(tid + 128 * k, sc[k]);
+            for (int k = 0; k < (KB + NT - 1) / NT; k++)
+                if (tid + NT * k < KB) block(tid + NT * k, sc[k]);
         } else {
             for (int it = tid; it < KW; it += nth) codes(it, code_ld(it));
             __syncthreads();
@@ -160,56 +193,71 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
         __syncthreads();
         for (int e = tid; e < IXT_EB; e += nth) ixt_range(kb + e * NB, NB, kr2 + 2 * e);
         __syncthreads();
-        /* the chunk's 8 n-tiles in two halves of 4 (registers) */
+        if (act) { /* this warp's heads: the dots, the exactness test, the chains where it fails */
+        /* the chunk's 8 n-tiles in pairs (registers); a block's sums S by two k16 steps, then scaled into dot */
 #pragma unroll 1
-        for (int jh = 0; jh < 8; jh += 4) {
-            float dot[4][4];
+        for (int jp = jp0; jp < 8; jp += jps) {
+            float dot[2][4];
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < 2; j++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) dot[j][i] = 0.0f;
 #pragma unroll
             for (int b = 0; b < NB; b++) {
-                float S[4][4];
+                float S[2][4];
 #pragma unroll
-                for (int j = 0; j < 4; j++)
+                for (int j = 0; j < 2; j++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) S[j][i] = 0.0f;
 #pragma unroll
                 for (int kk = 0; kk < 2; kk++) {
-                    const int k0 = b * 32 + kk * 16 + 2 * c;
-                    uint32_t A[4];
-                    A[0] = *(const uint32_t *)(qh + (h0 + g) * LDH + k0);
-                    A[1] = *(const uint32_t *)(qh + (h0 + g + 8) * LDH + k0);
-                    A[2] = *(const uint32_t *)(qh + (h0 + g) * LDH + k0 + 8);
-                    A[3] = *(const uint32_t *)(qh + (h0 + g + 8) * LDH + k0 + 8);
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const __half *kp = kh + (8 * (jh + j) + g) * LDH + k0;
-                        ixt_mma(S[j], A, *(const uint32_t *)kp, *(const uint32_t *)(kp + 8));
-                    }
+                    const int k0 = b * 32 + kk * 16;
+                    uint32_t A[4], B[4];
+                    tc_ldsm4(A, qrow + k0);
+                    tc_ldsm4(B, krow + 8 * jp * LDH + k0);
+                    tc_mma<0>(S[0], A[0], A[1], A[2], A[3], B[0], B[1]);
+                    tc_mma<0>(S[1], A[0], A[1], A[2], A[3], B[2], B[3]);
                 }
-                /* dot += S 2^(a + e) as 2^a 2^e (exact: the elements this sum serves have -145 <= a + e <= 100, the
-                 * others run the chain below). A block of zeros or a bad one has factor 0: its S is +-0 (the bad
-                 * ones' elements run the chain), and dot (never -0) + +-0 is dot, as the skipped add was. */
-                const float f0 = qf[(h0 + g) * NB + b], f1 = qf[(h0 + g + 8) * NB + b];
+                /* dot += S 2^(a + e), the factor 2^a 2^e (exact: the elements this sum serves have -145 <= a + e <= 100,
+                 * the others run the chain below) and S 2^(a + e) exact too (S a multiple of 2^-4 below 768 in
+                 * magnitude), so one fmaf is the product then the addition. A block of zeros or a bad one has factor 0:
+                 * its S is +-0 (the bad ones' elements run the chain), and dot (never -0) + +-0 is dot, as no add. */
+                const float f0 = qf[(h0 + g) * NB + b], f1 = qf[(h0 + g + 8) * NB + b]; /* 2^a of the lane's heads */
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const float fe = kf[(8 * (jh + j) + 2 * c + (i & 1)) * NB + b];
-                        dot[j][i] = __fadd_rn(dot[j][i], __fmul_rn(S[j][i], __fmul_rn(i < 2 ? f0 : f1, fe)));
-                    }
+                for (int j = 0; j < 2; j++) {
+                    const float2 fe = *(const float2 *)(kf + b * IXT_EB + 8 * (jp + j) + 2 * c);
+                    dot[j][0] = __fmaf_rn(S[j][0], __fmul_rn(f0, fe.x), dot[j][0]);
+                    dot[j][1] = __fmaf_rn(S[j][1], __fmul_rn(f0, fe.y), dot[j][1]);
+                    dot[j][2] = __fmaf_rn(S[j][2], __fmul_rn(f1, fe.x), dot[j][2]);
+                    dot[j][3] = __fmaf_rn(S[j][3], __fmul_rn(f1, fe.y), dot[j][3]);
+                }
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < 2; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) ds[(8 * (jh + j) + 2 * c + (i & 1)) * (Hi + 1) + h0 + g + (i < 2 ? 0 : 8)] = dot[j][i];
+                for (int i = 0; i < 4; i++) ds[(8 * (jp + j) + 2 * c + (i & 1)) * (Hi + 1) + h0 + g + (i < 2 ? 0 : 8)] = dot[j][i];
         }
-        /* the exactness test per element; the CPU's chain where it fails. First the quick test of the lane's 32
-         * elements from the heads' and entries' exponent ranges (registers), then the rest one by one. */
+        /* the exactness test per element; the CPU's chain where it fails. First the warp at once: when its heads' and
+         * the chunk's entries' block exponents (zero blocks aside) lie within 8 binades of each other and in range,
+         * every element passes. Else the quick test of the lane's 32 elements from the heads' and entries' exponent
+         * ranges (registers), then the rest one by one. */
         uint32_t slow = 0;
-        {
+        int qlo = IXT_SKIP, qhi = -IXT_SKIP, klo = IXT_SKIP, khi = -IXT_SKIP, wbad = 0;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int h = h0 + g + 8 * u, e = lane + 32 * u, hl = qr2[2 * h], hh = qr2[2 * h + 1];
+            const int el = kr2[2 * e], eh = kr2[2 * e + 1];
+            wbad |= hh == IXT_BAD || eh == IXT_BAD;
+            if (hl != IXT_SKIP) qlo = min(qlo, hl), qhi = max(qhi, hh);
+            if (el != IXT_SKIP) klo = min(klo, el), khi = max(khi, eh);
+        }
+        wbad = __reduce_or_sync(0xffffffffu, wbad);
+        if (!wbad) {
+            qlo = __reduce_min_sync(0xffffffffu, qlo), qhi = __reduce_max_sync(0xffffffffu, qhi);
+            klo = __reduce_min_sync(0xffffffffu, klo), khi = __reduce_max_sync(0xffffffffu, khi);
+            wbad = !(qlo == IXT_SKIP || klo == IXT_SKIP || (qhi + khi - (qlo + klo) <= 8 && qlo + klo >= -145 && qhi + khi <= 100));
+        }
+        if (wbad) {
             const int qlA = qr2[2 * (h0 + g)], qhA = qr2[2 * (h0 + g) + 1];
             const int qlB = qr2[2 * (h0 + g + 8)], qhB = qr2[2 * (h0 + g + 8) + 1];
 #pragma unroll
@@ -220,7 +268,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
 #pragma unroll
                     for (int hb = 0; hb < 2; hb++) {
                         const int ql = hb ? qlB : qlA, qh2 = hb ? qhB : qhA;
-                        bool ok = w >= n || w >= ncs; /* not written by this test */
+                        bool ok = w >= n || w >= ncs || (j & ~1) < jp0 || ((j & ~1) - jp0) % jps; /* not written here */
                         if (qh2 != IXT_BAD && kh2 != IXT_BAD)
                             ok |= ql == IXT_SKIP || kl == IXT_SKIP || /* q or the key all zeros: the dot is +0 */
                                   ((qh2 + kh2) - (ql + kl) <= 8 && ql + kl >= -145 && qh2 + kh2 <= 100);
@@ -260,40 +308,59 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
                 ds[el * (Hi + 1) + h] = d;
             }
         }
+        } /* act */
         __syncthreads();
-        ix_head_sums(ds, Hi + 1, ws, Hi, w0, IXT_EB, n, ncs, out + (int64_t)t * ld, tid, nth);
+        if (act) ix_head_sums(ds, Hi + 1, ws, Hi, w0, IXT_EB, n, ncs, out + (int64_t)t * ld, stid, snth);
         __syncthreads();
     }
+    } /* pass */
 }
 
-template <int DI> static size_t ixt_smem(int Hi) {
-    return sizeof(__half) * (size_t)(Hi + IXT_EB) * (DI + 8) + sizeof(int) * (size_t)(Hi + IXT_EB) * (DI / 32 + 2) +
-           sizeof(float) * ((size_t)Hi + (size_t)(Hi + IXT_EB) * (DI / 32) + (size_t)IXT_EB * (Hi + 1));
+template <int DI> static size_t ixt_smem(int Hi, int QB) {
+    const size_t QH = (size_t)QB * Hi;
+    return sizeof(__half) * (QH + IXT_EB) * (DI + 8) + sizeof(int) * (QH + IXT_EB) * (DI / 32 + 2) +
+           sizeof(float) * (QH + (QH + IXT_EB) * (DI / 32) + (size_t)QB * IXT_EB * (Hi + 1));
+}
+
+template <int DI, int QB>
+static int ixt_launch(const float *qi, const float *wt, int T, int Hi, const uint8_t *const *keys, const int *ncausal,
+                      const int *nlist, int maxlist, int ld, float *out, cudaStream_t st) {
+    const size_t smem = ixt_smem<DI>(Hi, QB);
+    if (smem > (size_t)dsv4_cuda_dev.smem_optin) return 1;
+    if (smem > 48 * 1024 &&
+        cudaFuncSetAttribute((const void *)ixt_kernel<DI, QB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+        return dsv4_cuda_fail("indexer scores (tensor cores): %zu bytes of shared memory", smem);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)ixt_kernel<DI, QB>, QB * Hi * 2, smem);
+    per_sm = per_sm > 0 ? per_sm : 1;
+    const long nqb = (T + QB - 1) / QB, nch = (maxlist + IXT_EB - 1) / IXT_EB;
+    const long want = ((long)per_sm * dsv4_cuda_dev.sm_count + nqb - 1) / nqb;
+    dim3 grid((unsigned)(nch < want ? nch : want), (unsigned)nqb);
+    dev_launch(ixt_kernel<DI, QB>, grid, QB * Hi * 2, smem, st, qi, wt, T, Hi, keys, ncausal, nlist, ld, out);
+    return dsv4_cuda_check_launch("indexer scores (tensor cores)");
 }
 
 template <int DI>
-static int ixt_launch(const float *qi, const float *wt, int T, int Hi, const uint8_t *const *keys, const int *ncausal,
-                      const int *nlist, int maxlist, int ld, float *out, cudaStream_t st) {
-    const size_t smem = ixt_smem<DI>(Hi);
-    if (smem > (size_t)dsv4_cuda_dev.smem_optin) return 1;
-    if (smem > 48 * 1024 &&
-        cudaFuncSetAttribute((const void *)ixt_kernel<DI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
-        return dsv4_cuda_fail("indexer scores (tensor cores): %zu bytes of shared memory", smem);
-    int per_sm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)ixt_kernel<DI>, Hi * 2, smem);
-    per_sm = per_sm > 0 ? per_sm : 1;
-    const long nch = (maxlist + IXT_EB - 1) / IXT_EB, want = ((long)per_sm * dsv4_cuda_dev.sm_count + T - 1) / T;
-    dim3 grid((unsigned)(nch < want ? nch : want), (unsigned)T);
-    dev_launch(ixt_kernel<DI>, grid, Hi * 2, smem, st, qi, wt, Hi, keys, ncausal, nlist, ld, out);
-    return dsv4_cuda_check_launch("indexer scores (tensor cores)");
+static int ixt_launch_qb(int qb, const float *qi, const float *wt, int T, int Hi, const uint8_t *const *keys, const int *ncausal,
+                         const int *nlist, int maxlist, int ld, float *out, cudaStream_t st) {
+    if (qb == 4) return ixt_launch<DI, 4>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
+    if (qb == 2) return ixt_launch<DI, 2>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
+    return ixt_launch<DI, 1>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
 }
+
+static int ixt_qb = -1; /* dsv4_cuda_indexer_qb; -1: DSV4_INDEXER_QB not read yet */
+
+extern "C" void dsv4_cuda_indexer_qb(int qb) { ixt_qb = qb == 1 || qb == 2 || qb == 4 ? qb : 0; }
 
 int dsv4_ixt_scores(const float *qi, const float *wt, int T, int Hi, int Di, const uint8_t *const *keys,
                                const int *ncausal, const int *nlist, int maxlist, int ld, float *out, cudaStream_t st) {
     static int off = -1;
     if (off < 0) off = getenv("DSV4_INDEXER_TC") && !strcmp(getenv("DSV4_INDEXER_TC"), "0");
+    if (ixt_qb < 0) dsv4_cuda_indexer_qb(getenv("DSV4_INDEXER_QB") ? atoi(getenv("DSV4_INDEXER_QB")) : 0);
     if (off || Hi % 16 || Hi > 64 || T > 65535 || ((uintptr_t)qi & 15)) return 1;
-    if (Di == 128) return ixt_launch<128>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
-    if (Di == 64) return ixt_launch<64>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
+    /* queries a block: 2 where the pass has enough of them to fill the GPU twice over, else 1 */
+    const int qb = ixt_qb ? ixt_qb : T >= 256 ? 2 : 1;
+    if (Di == 128) return ixt_launch_qb<128>(qb, qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
+    if (Di == 64) return ixt_launch_qb<64>(qb, qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
     return 1;
 }

@@ -38,6 +38,21 @@ __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, 
             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* ldmatrix .x4 of 16-bit elements from shared memory: lanes 8 m .. 8 m + 7 give the row addresses (16 bytes each) of
+ * matrix m, and lane l = 4 g + c receives r[m] = row g, elements 2c, 2c + 1 of matrix m (tc_ldsm4t: transposed, column g) */
+__device__ __forceinline__ void tc_ldsm4(uint32_t (&r)[4], const void *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void tc_ldsm4t(uint32_t (&r)[4], const void *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
 /* Two e4m3 (low byte -> low half) to f16x2, exact. */
 __device__ __forceinline__ uint32_t tc_e4m3x2_f16x2(uint32_t v) {
     __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);

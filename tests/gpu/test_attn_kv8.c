@@ -460,11 +460,13 @@ static void test_attn_tc(int T, int H, int Dh, int R, int nidx, int C, int with_
 
 /* indexer scores over FP4-packed keys == over the same keys in fp32, bit for bit. qfp4: q as the forward has it
  * (act_quant_fp4 per 32, block magnitudes 2^-4 .. 2^4, every 7th block 2^+-13 and every 11th zero: the tensor-core
- * kernel's exact path and its chains, T >= 32); else q unquantized (its chains everywhere). */
-static void test_ikeys_q(int T, int Hi, int Di, int n, int qfp4) {
-    float *k = malloc(sizeof(float) * (size_t)n * Di), *q = malloc(sizeof(float) * (size_t)T * Hi * Di);
+ * kernel's exact path and its chains, T >= 32); else q unquantized (its chains everywhere). split: queries t % 3 == 1
+ * read a second key set (another array: the tensor-core form's blocks of several queries then take them one at a
+ * time). The FP4 form also with 1, 2 and 4 queries a tensor-core block, each bitwise the default's. */
+static void test_ikeys_qs(int T, int Hi, int Di, int n, int qfp4, int split) {
+    float *k = malloc(sizeof(float) * 2 * (size_t)n * Di), *q = malloc(sizeof(float) * (size_t)T * Hi * Di);
     float *wt = malloc(sizeof(float) * (size_t)T * Hi);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < 2 * n; i++) {
         float *r = k + (size_t)i * Di;
         for (int d = 0; d < Di; d++) r[d] = (float)pow(2.0, (int)(urand() * 6) - 3) * nrand();
         if (i % 5 == 2) memset(r, 0, sizeof(float) * 32);
@@ -481,16 +483,19 @@ static void test_ikeys_q(int T, int Hi, int Di, int n, int qfp4) {
     int *nc = malloc(sizeof(int) * T), *nl = malloc(sizeof(int) * T);
     for (int t = 0; t < T; t++) nl[t] = n, nc[t] = n - t % 3;
     const int64_t rb = dsv4_ikey_row_bytes(Di);
-    float *dk = dup_dev(k, sizeof(float) * (size_t)n * Di), *dq = dup_dev(q, sizeof(float) * (size_t)T * Hi * Di);
+    float *dk = dup_dev(k, sizeof(float) * 2 * (size_t)n * Di), *dq = dup_dev(q, sizeof(float) * (size_t)T * Hi * Di);
     float *dw = dup_dev(wt, sizeof(float) * (size_t)T * Hi);
-    uint8_t *dpk = dsv4_cuda_alloc((size_t)(rb * n));
+    uint8_t *dpk = dsv4_cuda_alloc((size_t)(rb * 2 * n));
     int *dnc = dup_dev(nc, sizeof(int) * T), *dnl = dup_dev(nl, sizeof(int) * T);
     const uint8_t **bf = malloc(sizeof(void *) * T), **bp = malloc(sizeof(void *) * T);
-    for (int t = 0; t < T; t++) bf[t] = (const uint8_t *)dk, bp[t] = dpk;
+    for (int t = 0; t < T; t++) {
+        const int s2 = split && t % 3 == 1; /* the query's key set */
+        bf[t] = (const uint8_t *)(dk + (size_t)s2 * n * Di), bp[t] = dpk + (size_t)s2 * n * rb;
+    }
     const uint8_t **dbf = dup_dev(bf, sizeof(void *) * T), **dbp = dup_dev(bp, sizeof(void *) * T);
     float *o1 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * n), *o2 = dsv4_cuda_alloc(sizeof(float) * (size_t)T * n);
     float *h1 = malloc(sizeof(float) * (size_t)T * n), *h2 = malloc(sizeof(float) * (size_t)T * n);
-    int rc = dsv4_cuda_ikey_pack(dk, Di, n, Di, dpk, NULL, NULL) ||
+    int rc = dsv4_cuda_ikey_pack(dk, Di, 2 * n, Di, dpk, NULL, NULL) ||
              dsv4_cuda_indexer_scores(dq, dw, T, Hi, Di, dbf, 0, dnc, dnl, n, n, o1, NULL) ||
              dsv4_cuda_indexer_scores(dq, dw, T, Hi, Di, dbp, 1, dnc, dnl, n, n, o2, NULL) ||
              dsv4_cuda_download(h1, o1, sizeof(float) * (size_t)T * n) || dsv4_cuda_download(h2, o2, sizeof(float) * (size_t)T * n);
@@ -501,7 +506,7 @@ static void test_ikeys_q(int T, int Hi, int Di, int n, int qfp4) {
         for (int w = 0; w < nl[t]; w++) {
             float sc = -INFINITY;
             if (w < nc[t]) {
-                const float *kk = k + (size_t)w * Di;
+                const float *kk = k + ((size_t)(split && t % 3 == 1) * n + w) * Di;
                 sc = 0;
                 for (int h = 0; h < Hi; h++) {
                     float dot = 0;
@@ -511,6 +516,15 @@ static void test_ikeys_q(int T, int Hi, int Di, int n, int qfp4) {
             }
             cpu_diff += memcmp(&sc, &h1[(size_t)t * n + w], sizeof sc) != 0;
         }
+    /* the tensor-core form with 1, 2, 4 queries a block */
+    int qb_diff = 0;
+    for (int qb = 1; qb <= 4 && !rc; qb *= 2) {
+        dsv4_cuda_indexer_qb(qb);
+        rc = dsv4_cuda_fill(o1, (int64_t)T * n, 7.0f, NULL) || dsv4_cuda_indexer_scores(dq, dw, T, Hi, Di, dbp, 1, dnc, dnl, n, n, o1, NULL) ||
+             dsv4_cuda_download(h1, o1, sizeof(float) * (size_t)T * n);
+        for (size_t i = 0; !rc && i < (size_t)T * n; i++) qb_diff += memcmp(&h1[i], &h2[i], sizeof(float)) != 0;
+    }
+    dsv4_cuda_indexer_qb(0);
     /* and the kernel before the rewrite */
     int leg_diff = -1;
     if (!rc && !legacy_indexer_scores(dq, dw, T, Hi, Di, dbp, 1, dnc, dnl, n, n, o1, NULL) &&
@@ -518,17 +532,19 @@ static void test_ikeys_q(int T, int Hi, int Di, int n, int qfp4) {
         leg_diff = 0;
         for (size_t i = 0; i < (size_t)T * n; i++) leg_diff += memcmp(&h1[i], &h2[i], sizeof(float)) != 0;
     }
-    same = same && !cpu_diff && !leg_diff;
+    same = same && !cpu_diff && !leg_diff && !qb_diff;
     printf("%s indexer scores, FP4-packed keys (%lld bytes a row) == fp32 keys == CPU loop == old kernel, bitwise: "
-           "T %d Hi %d Di %d, %d keys, q %s (%d differ from the CPU, %d from the old kernel)%s%s\n",
-           same ? "ok  " : "FAIL", (long long)rb, T, Hi, Di, n, qfp4 ? "FP4" : "fp32", cpu_diff, leg_diff, rc ? ": " : "",
-           rc ? dsv4_cuda_last_error() : "");
+           "T %d Hi %d Di %d, %d keys%s, q %s (%d differ from the CPU, %d from the old kernel, %d with 1 / 2 / 4 queries a "
+           "block)%s%s\n",
+           same ? "ok  " : "FAIL", (long long)rb, T, Hi, Di, n, split ? " in two sets" : "", qfp4 ? "FP4" : "fp32", cpu_diff,
+           leg_diff, qb_diff, rc ? ": " : "", rc ? dsv4_cuda_last_error() : "");
     fails += !same;
     free(k), free(q), free(wt), free(nc), free(nl), free(bf), free(bp), free(h1), free(h2);
     dsv4_cuda_free(dk), dsv4_cuda_free(dq), dsv4_cuda_free(dw), dsv4_cuda_free(dpk), dsv4_cuda_free(dnc), dsv4_cuda_free(dnl);
     dsv4_cuda_free((void *)dbf), dsv4_cuda_free((void *)dbp), dsv4_cuda_free(o1), dsv4_cuda_free(o2);
 }
 
+static void test_ikeys_q(int T, int Hi, int Di, int n, int qfp4) { test_ikeys_qs(T, Hi, Di, n, qfp4, 0); }
 static void test_ikeys(int T, int Hi, int Di, int n) { test_ikeys_q(T, Hi, Di, n, 0); }
 
 /* ---- timings ---- */
@@ -903,12 +919,14 @@ typedef struct {
     const int *nl;
     float *out;
     int T, n, legacy;
+    const int *nc; /* causal counts (NULL: nl) */
 } ix_job;
 
 static int run_ix(const void *ctx, void *st) {
     const ix_job *j = ctx;
-    if (j->legacy) return legacy_indexer_scores(j->q, j->w, j->T, 64, 128, j->keys, 1, j->nl, j->nl, j->n, j->n, j->out, st);
-    return dsv4_cuda_indexer_scores(j->q, j->w, j->T, 64, 128, j->keys, 1, j->nl, j->nl, j->n, j->n, j->out, st);
+    const int *nc = j->nc ? j->nc : j->nl;
+    if (j->legacy) return legacy_indexer_scores(j->q, j->w, j->T, 64, 128, j->keys, 1, nc, j->nl, j->n, j->n, j->out, st);
+    return dsv4_cuda_indexer_scores(j->q, j->w, j->T, 64, 128, j->keys, 1, nc, j->nl, j->n, j->n, j->out, st);
 }
 
 /* indexer scores: 64 heads x 128, 1024 FP4 keys per query (context 4096, ratio 4), each query its own keys */
@@ -941,7 +959,7 @@ static void bench_ikeys(void) {
         const int T = Ts[ti], reps = T <= 8 ? 50 : T <= 64 ? 10 : 3;
         double us[2];
         for (int v = 0; v < 2; v++) {
-            ix_job j = {dq, dw, dkp, dnl, v ? o2 : o1, T, n, !v};
+            ix_job j = {dq, dw, dkp, dnl, v ? o2 : o1, T, n, !v, NULL};
             us[v] = time_us(run_ix, &j, reps);
         }
         dsv4_cuda_download(h1, o1, sizeof(float) * (size_t)T * n);
@@ -954,6 +972,55 @@ static void bench_ikeys(void) {
     free(q), free(w), free(nl), free(kp), free(h1), free(h2);
     dsv4_cuda_free(dk), dsv4_cuda_free(dq), dsv4_cuda_free(dw), dsv4_cuda_free(dnl), dsv4_cuda_free((void *)dkp);
     dsv4_cuda_free(o1), dsv4_cuda_free(o2);
+}
+
+/* indexer scores as in a prefill pass: 4096 queries of one sequence over its 2048 FP4 keys (an 8K prompt at ratio 4,
+ * the pass's second half), query t's causal entries (4096 + t + 1) / 4, with 1, 2 and 4 queries a tensor-core block */
+static void bench_ikeys_prefill(void) {
+    const int T = 4096, Hi = 64, Di = 128, n = 2048;
+    const int64_t rb = dsv4_ikey_row_bytes(Di);
+    uint8_t *hk = malloc((size_t)(n * rb));
+    for (size_t r = 0; r < (size_t)n; r++) {
+        uint8_t *row = hk + r * rb;
+        for (int j = 0; j < Di / 2; j++) row[j] = (uint8_t)brand();
+        for (int b = 0; b < Di / 32; b++) row[Di / 2 + b] = (uint8_t)(124 + brand() % 4);
+        memset(row + Di / 2 + Di / 32, 0, (size_t)(rb - Di / 2 - Di / 32));
+    }
+    uint8_t *dk = dup_dev(hk, (size_t)(n * rb));
+    free(hk);
+    float *q = malloc(sizeof(float) * (size_t)T * Hi * Di), *w = malloc(sizeof(float) * T * Hi);
+    for (size_t i = 0; i < (size_t)T * Hi * Di; i++) q[i] = nrand();
+    dsv4_act_quant_fp4(q, (size_t)T * Hi * Di, 32);
+    for (int i = 0; i < T * Hi; i++) w[i] = nrand();
+    int *nl = malloc(sizeof(int) * T), *nc = malloc(sizeof(int) * T);
+    const uint8_t **kp = malloc(sizeof(void *) * T);
+    for (int t = 0; t < T; t++) nl[t] = n, nc[t] = (T + t + 1) / 4, kp[t] = dk;
+    float *dq = dup_dev(q, sizeof(float) * (size_t)T * Hi * Di), *dw = dup_dev(w, sizeof(float) * T * Hi);
+    int *dnl = dup_dev(nl, sizeof(int) * T), *dnc = dup_dev(nc, sizeof(int) * T);
+    const uint8_t **dkp = dup_dev(kp, sizeof(void *) * T);
+    float *o = dsv4_cuda_alloc(sizeof(float) * (size_t)T * n);
+    float *h1 = malloc(sizeof(float) * (size_t)T * n), *h2 = malloc(sizeof(float) * (size_t)T * n);
+    double us[3];
+    int diff = 0;
+    for (int v = 0; v < 3; v++) {
+        dsv4_cuda_indexer_qb(1 << v);
+        ix_job j = {dq, dw, dkp, dnl, o, T, n, 0, dnc};
+        us[v] = time_us(run_ix, &j, 3);
+        dsv4_cuda_download(v ? h2 : h1, o, sizeof(float) * (size_t)T * n);
+        if (v) diff += memcmp(h1, h2, sizeof(float) * (size_t)T * n) != 0;
+    }
+    dsv4_cuda_indexer_qb(0);
+    /* causal dots: 64 heads x 128 columns x 2 FLOPs an entry */
+    double fl = 0;
+    for (int t = 0; t < T; t++) fl += 2.0 * Hi * Di * nc[t];
+    printf("%s time indexer_scores prefill T %d over %d FP4 keys (causal, 64 x 128): 1 / 2 / 4 queries a block %.1f / %.1f / "
+           "%.1f us (%.1f / %.1f / %.1f TFLOP/s)%s\n",
+           diff ? "FAIL" : "    ", T, n, us[0], us[1], us[2], fl / us[0] * 1e-6, fl / us[1] * 1e-6, fl / us[2] * 1e-6,
+           diff ? ", results differ" : ", bitwise equal");
+    fails += diff;
+    free(q), free(w), free(nl), free(nc), free(kp), free(h1), free(h2);
+    dsv4_cuda_free(dk), dsv4_cuda_free(dq), dsv4_cuda_free(dw), dsv4_cuda_free(dnl), dsv4_cuda_free(dnc), dsv4_cuda_free((void *)dkp);
+    dsv4_cuda_free(o);
 }
 
 int main(int argc, char **argv) {
@@ -1036,6 +1103,9 @@ dec:
     test_ikeys_q(33, 48, 128, 130, 1);  /* 3 warps, a partial chunk */
     test_ikeys_q(32, 64, 128, 300, 0);  /* q not FP4: chains only */
     test_ikeys_q(3, 64, 128, 500, 1);   /* FP4 q through the other kernels */
+    test_ikeys_qs(261, 64, 128, 300, 1, 0); /* 2 queries a block by default, a partial last block */
+    test_ikeys_qs(70, 64, 128, 330, 1, 1);  /* two key sets: blocks of several queries one query at a time */
+    test_ikeys_qs(45, 32, 64, 150, 1, 1);
     test_ikeys(1, 128, 64, 100);
     test_ikeys(2, 8, 96, 50);     /* the thread-per-entry kernel */
     if (bench) {
@@ -1043,6 +1113,7 @@ dec:
         bench_attn();
         bench_attn_long();
         bench_ikeys();
+        bench_ikeys_prefill();
     }
     printf("test_attn_kv8: %s\n", fails ? "FAILED" : "all passed");
     return fails != 0;
