@@ -149,9 +149,6 @@ int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64_t sld, int
  * 16-byte aligned rows (fp32 key rows included); a thread per entry otherwise. */
 int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T, int Hi, int Di, const uint8_t *const *keys, int fp4,
                              const int *ncausal, const int *nlist, int maxlist, int ld, float *out, void *stream);
-/* The tensor-core form's queries a block (FP4 keys, Hi a multiple of 16 up to 64): 1, 2 or 4; 0 the default (2 from 256
- * queries on, else 1; DSV4_INDEXER_QB sets it). The same bits whatever the count (tests). */
-void dsv4_cuda_indexer_qb(int qb);
 /* dsv4_cuda_sparse_attn with rows from two places: an index id >= 0 is row id of qbase[t] (a
  * device array of T device pointers: the query's sequence's state), id <= -2 is row -id-2 of kv2
  * (the chunk's own keys), -1 is no entry. */

@@ -12,15 +12,16 @@
  * dot, which the block sums give too; any element that fails the test (q not FP4-shaped, a NaN scale, scales far
  * apart) runs the CPU's chain itself. The chain over the heads is the CPU's, a thread per entry. So the scores are
  * the same bits as forward_ops.cu's kernels, whichever runs.
- * Grid (chunk blocks, query groups of QB, the longest lists first): a block stages its queries' q once, then strides
- * over chunks of IXT_EB entries, staging each chunk's keys once for all its queries (when they share the key array); a
- * warp owns 16 heads of a query x the chunk's entries, its fragments read by ldmatrix. */
+ * Grid (chunk blocks, queries; the longest lists first): a block stages its query's q once (a warp a 32-column block,
+ * coalesced), then strides over chunks of IXT_EB entries: the chunk's key codes into shared memory as f16, each
+ * block's exponent from the code words in registers (4 lanes a block); then a warp owns MT x 16 heads x 64 / MT
+ * entries (32 x 32 where the heads come in 32s: each fragment read by two warps, not four), its fragments read by
+ * ldmatrix; the dots go through shared memory to the chains over the heads. */
 #include <cuda_fp16.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.cuh"
-#include "cuda_model.h"
 #include "indexer.cuh"
 #include "indexer_tc.h"
 #include "kv_cache.cuh"
@@ -46,97 +47,81 @@ __device__ __forceinline__ void ixt_range(const int *ex, int n, int *r) {
     r[0] = lo, r[1] = bad ? IXT_BAD : lo == IXT_SKIP ? IXT_SKIP : hi;
 }
 
-/* QB queries a block of QB Hi / 16 warps, sharing each chunk's staged keys when their key lists are the same array
- * (warp w on query w / (Hi / 16)); else one query after another, all the warps on it (see the passes below) */
-template <int DI, int QB>
-__global__ void __launch_bounds__(128 * QB, 4 / QB) ixt_kernel(const float *qi, const float *wt, int T, int Hi,
-                                                            const uint8_t *const *keys, const int *ncausal, const int *nlist,
-                                                            int ld, float *out) {
+/* MT: m-tiles (16 heads) a warp, 2 when Hi is a multiple of 32, else 1; its n-tiles (8 entries) NT = 8 / MT */
+template <int DI, int MT>
+__global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const float *wt, int Hi, const uint8_t *const *keys,
+                                                  const int *ncausal, const int *nlist, int ld, float *out) {
     dev_pdl_enter();
     constexpr int NB = DI / 32, LDH = DI + 8; /* halves a staged row: 16-byte pad, conflict-free fragment reads */
+    constexpr int NT = 8 / MT, WPE = DI / 8;  /* n-tiles a warp; code words an entry */
     extern __shared__ __align__(16) unsigned char ixt_sm[];
-    const int QH = QB * Hi;                            /* the block's (query, head) rows */
-    __half *qhs = (__half *)ixt_sm;                    /* [QB][Hi][LDH] q / 2^a */
-    __half *kh = qhs + (size_t)QH * LDH;               /* [IXT_EB][LDH] key codes x 2 */
-    int *qas = (int *)(kh + (size_t)IXT_EB * LDH);     /* [QB][Hi][NB] a */
-    int *kb = qas + QH * NB;                           /* [IXT_EB][NB] key block exponents (scale / 2) */
-    int *qr2s = kb + IXT_EB * NB;                      /* [QB][Hi][2] smallest, largest a of the head (IXT_BAD: a bad block) */
-    int *kr2 = qr2s + 2 * QH;                          /* [IXT_EB][2] the same for the entries' key exponents */
-    float *wss = (float *)(kr2 + 2 * IXT_EB);          /* [QB][Hi] */
-    float *qfs = wss + QH;                             /* [QB][Hi][NB] 2^a (0 for a block that adds nothing here) */
-    float *kf = qfs + QH * NB;                         /* [NB][IXT_EB] 2^(key block exponent), likewise */
-    float *dss = kf + IXT_EB * NB;                     /* [QB][IXT_EB][Hi + 1] dots */
-    __shared__ int qn[QB], qncs[QB];
-    __shared__ const uint8_t *qkt[QB];
+    __half *qh = (__half *)ixt_sm;                     /* [Hi][LDH] q / 2^a */
+    __half *kh = qh + (size_t)Hi * LDH;                /* [IXT_EB][LDH] key codes x 2 */
+    int *qa = (int *)(kh + (size_t)IXT_EB * LDH);      /* [Hi][NB] a */
+    int *kb = qa + Hi * NB;                            /* [IXT_EB][NB] key block exponents (scale / 2) */
+    int *qr2 = kb + IXT_EB * NB;                       /* [Hi][2] smallest, largest a of the head (IXT_BAD: a bad block) */
+    int *kr2 = qr2 + 2 * Hi;                           /* [IXT_EB][2] the same for the entries' key exponents */
+    float *ws = (float *)(kr2 + 2 * IXT_EB);           /* [Hi] */
+    float *qf = ws + Hi;                               /* [Hi][NB] 2^a (0 for a block that adds nothing here) */
+    float *kf = qf + Hi * NB;                          /* [NB][IXT_EB] 2^(key block exponent), likewise */
+    float *ds = kf + IXT_EB * NB;                      /* [IXT_EB][Hi + 1] dots */
     /* the longest lists first (a prefill pass's later queries): the last wave holds the short ones */
-    const int tb = (gridDim.y - 1 - blockIdx.y) * QB, nq = T - tb < QB ? T - tb : QB;
+    const int t = gridDim.y - 1 - blockIdx.y, n = nlist[t], ncs = ncausal[t], nch = (n + IXT_EB - 1) / IXT_EB;
+    if ((int)blockIdx.x >= nch) return;
     const int tid = threadIdx.x, nth = blockDim.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int wq = tid / (2 * Hi); /* this thread's query (its warp's) when the queries share their keys */
-    if (tid < nq) qn[tid] = nlist[tb + tid], qncs[tid] = ncausal[tb + tid], qkt[tid] = keys[tb + tid];
-    __syncthreads();
-    int nmax = 0, same = 1;
-    for (int q = 0; q < nq; q++) nmax = max(nmax, qn[q]), same &= qkt[q] == qkt[0];
-    if ((int)blockIdx.x * IXT_EB >= nmax) return;
+    const float *qt = qi + (int64_t)t * Hi * DI;
+    const uint8_t *kt = keys[t];
     const int64_t rbytes = dsv4_ikey_row_bytes(DI);
-    for (int it = tid; it < nq * Hi * NB; it += nth) {
-        const int qh_ = it / NB, b = it - qh_ * NB, q = qh_ / Hi, h = qh_ - q * Hi;
-        __half *qh = qhs + (size_t)q * Hi * LDH;
-        int *qa = qas + q * Hi * NB;
-        float *qf = qfs + q * Hi * NB;
-        const float *src = qi + ((int64_t)(tb + q) * Hi + h) * DI + b * 32;
-        float mx = 0;
-        for (int j = 0; j < 32; j++) mx = fmaxf(mx, fabsf(src[j]));
+    /* q / 2^a a warp a (head, block): the largest |q| of the block (NaN aside, as fmaxf has it) by a warp reduction */
+    for (int hb = warp; hb < Hi * NB; hb += nth >> 5) {
+        const int h = hb / NB, b = hb - h * NB;
+        const float x = qt[(int64_t)h * DI + b * 32 + lane];
+        const uint32_t ab = __float_as_uint(x) & 0x7fffffffu;
+        const float mx = __uint_as_float(__reduce_max_sync(0xffffffffu, ab > 0x7f800000u ? 0u : ab));
         int a = IXT_SKIP;
         const int ex = (int)((__float_as_uint(mx) >> 23) & 0xff);
-        if (!(mx <= 3.0e38f) || (mx > 0 && ex == 0)) a = IXT_BAD; /* NaN, huge or subnormal: the chain */
+        if (!(mx <= 3.0e38f) || (mx > 0 && ex == 0)) a = IXT_BAD; /* huge or subnormal: the chain */
         else if (mx > 0) a = ex - 127;
         const float inv = a < IXT_SKIP ? ixt_pow2(-a) : 0.0f;
-        for (int j = 0; j < 32; j++) {
-            const float m = src[j] * inv; /* exact: a power of two, |m| < 2 */
-            if (a < IXT_SKIP && m * 16.0f != rintf(m * 16.0f)) a = IXT_BAD;
-            qh[h * LDH + b * 32 + j] = __float2half_rn(m);
-        }
-        qa[h * NB + b] = a;
-        qf[h * NB + b] = a < IXT_SKIP ? ixt_pow2(a) : 0.0f;
+        const float m = x * inv; /* exact: a power of two, |m| < 2 */
+        if (__any_sync(0xffffffffu, a < IXT_SKIP && m * 16.0f != rintf(m * 16.0f))) a = IXT_BAD;
+        qh[h * LDH + b * 32 + lane] = __float2half_rn(m);
+        if (lane == 0) qa[h * NB + b] = a, qf[h * NB + b] = a < IXT_SKIP ? ixt_pow2(a) : 0.0f;
     }
-    for (int i = tid; i < nq * Hi; i += nth) wss[i] = wt[(int64_t)tb * Hi + i];
+    for (int i = tid; i < Hi; i += nth) ws[i] = wt[(int64_t)t * Hi + i];
     __syncthreads();
-    for (int h = tid; h < nq * Hi; h += nth) ixt_range(qas + h * NB, NB, qr2s + 2 * h);
-    const int h0 = (warp % (Hi / 16)) * 16; /* this warp's heads h0 .. h0 + 15 */
-    /* passes: all the queries at once when they share the key array (warp w on query w / (Hi / 16), every n-tile of a
-     * chunk); else one query a pass, the block's warps on its heads and the chunk's n-tiles split QB ways */
-    for (int pass = 0; pass < (same ? 1 : nq); pass++) {
-    const int pq = same ? wq : pass, act = pq < nq, pqc = act ? pq : 0; /* this warp's query, in the pass or not */
-    const int jp0 = same ? 0 : 2 * (warp / (Hi / 16)), jps = same ? 2 : 2 * QB; /* its n-tile pairs: jp0, + jps .. */
-    const int stid = same ? tid - wq * 2 * Hi : tid, snth = same ? 2 * Hi : nth; /* its thread among the query's */
-    const __half *qh = qhs + (size_t)pqc * Hi * LDH;
-    const int *qa = qas + pqc * Hi * NB, *qr2 = qr2s + 2 * pqc * Hi;
-    const float *qf = qfs + pqc * Hi * NB, *ws = wss + pqc * Hi;
-    float *ds = dss + (size_t)pqc * IXT_EB * (Hi + 1);
-    const int t = tb + pqc, n = qn[pqc], ncs = qncs[pqc];
-    const float *qt = qi + (int64_t)t * Hi * DI;
+    for (int h = tid; h < Hi; h += nth) ixt_range(qa + h * NB, NB, qr2 + 2 * h);
+    /* this warp's tile: heads h0 .. h0 + 16 MT - 1, entries e0 .. e0 + 8 NT - 1 of a chunk */
+    const int hg = Hi / (16 * MT), h0 = (warp % hg) * 16 * MT, e0 = (warp / hg) * 8 * NT;
     /* ldmatrix rows of this lane: q (A: heads h0 + (lane & 7) + 8 x bit 3, columns + 8 x bit 4), keys (B: entries
-     * (lane & 7) + 8 x bit 4 of an n-tile pair, columns + 8 x bit 3) */
+     * e0 + (lane & 7) + 8 x bit 4 of an n-tile pair, columns + 8 x bit 3) */
     const __half *qrow = qh + (h0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDH + 8 * (lane >> 4);
-    const __half *krow = kh + ((lane & 7) + 8 * (lane >> 4)) * LDH + 8 * ((lane >> 3) & 1);
-    const uint8_t *kt = qkt[same ? 0 : pass];
-    int nch = 0, kend = 0; /* the pass's chunks; its keys staged below min(n, ncs) of some query */
-    for (int q = same ? 0 : pass; q < (same ? nq : pass + 1); q++)
-        nch = max(nch, (qn[q] + IXT_EB - 1) / IXT_EB), kend = max(kend, min(qn[q], qncs[q]));
+    const __half *krow = kh + (e0 + (lane & 7) + 8 * (lane >> 4)) * LDH + 8 * ((lane >> 3) & 1);
     for (int ch = blockIdx.x; ch < nch; ch += gridDim.x) {
         const int w0 = ch * IXT_EB;
-        if (w0 >= kend) { /* past every query's causal entries (the condition is the block's: no barrier skipped unevenly) */
-            if (act)
-                for (int w = w0 + stid; w < n && w < w0 + IXT_EB; w += snth) out[(int64_t)t * ld + w] = -INFINITY;
+        if (w0 >= ncs) { /* past the query's causal entries (the condition is the block's: no barrier skipped unevenly) */
+            for (int w = w0 + tid; w < n && w < w0 + IXT_EB; w += nth) out[(int64_t)t * ld + w] = -INFINITY;
             continue;
         }
-        /* the chunk's keys (zeros past the query's causal entries: their scores are -inf or not written). With 128
+        /* the chunk's keys (zeros past the query's causal entries: their scores are -inf or not written): word it (entry
+         * it / WPE, word it % WPE) by thread it % nth; nth is a multiple of 32 and so is the words' count, so a warp's
+         * words are all in range or none, a block's 4 words in 4 neighbouring lanes, an entry's in WPE. With 128
          * threads (64 heads) a thread's code words and scale bytes are all loaded before any is used: a loop of
          * load / store would order each load after the previous stores into shared memory (one latency a word). */
-        /* a word's 8 codes as f16 code x 2 (exact), in order: byte k's two nibbles into the halves of z = byte x
-         * 0x1001, each nibble s|e1 e0|m to the f16 s|000 e1 e0|m|0.. (= e2m1 x 2^-14, its subnormal included), x 2^15 */
-        auto codes = [&](int it, uint32_t cw) {
-            const int e = it / (DI / 8), p = it - e * (DI / 8);
+        auto code_ld = [&](int it) {
+            const int e = it / WPE, p = it - e * WPE, w = w0 + e;
+            return w < n && w < ncs ? __ldg((const uint32_t *)(kt + (int64_t)w * rbytes + 4 * p)) : 0u;
+        };
+        auto sc_ld = [&](int it) { /* the scale byte of word it's block (its first lane's), -1 past the entries */
+            const int e = it / WPE, p = it - e * WPE, w = w0 + e;
+            return (p & 3) == 0 && w < n && w < ncs ? (int)__ldg(kt + (int64_t)w * rbytes + DI / 2 + p / 4) : -1;
+        };
+        /* a word's 8 codes as f16 code x 2 (exact), in order: byte k's two nibbles into the halves of z = byte x 0x1001,
+         * each nibble s|e1 e0|m to the f16 s|000 e1 e0|m|0.. (= e2m1 x 2^-14, its subnormal included), x 2^15; then the
+         * block's exponent kb (IXT_SKIP when all its codes are zeros, IXT_BAD for a NaN scale: even zero codes give NaN
+         * products) and the entry's range kr2, from the 4 lanes of the block and the WPE lanes of the entry */
+        auto codes = [&](int it, uint32_t cw, int s) {
+            const int e = it / WPE, p = it - e * WPE;
             uint32_t v[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -146,142 +131,145 @@ __global__ void __launch_bounds__(128 * QB, 4 / QB) ixt_kernel(const float *qi, 
                 v[k] = *(const uint32_t *)&h;
             }
             *(uint4 *)(kh + e * LDH + 8 * p) = make_uint4(v[0], v[1], v[2], v[3]);
-        };
-        auto code_ld = [&](int it) {
-            const int e = it / (DI / 8), p = it - e * (DI / 8), w = w0 + e;
-            return w < kend ? __ldg((const uint32_t *)(kt + (int64_t)w * rbytes + 4 * p)) : 0u;
-        };
-        auto sc_ld = [&](int it) {
-            const int e = it / NB, b = it - e * NB, w = w0 + e;
-            return w < kend ? (int)__ldg(kt + (int64_t)w * rbytes + DI / 2 + b) : -1;
-        };
-        /* kb: the block's exponent; IXT_SKIP when all its codes are zeros (read back from kh: the halves of +-0) */
-        auto block = [&](int it, int s) {
-            const int e = it / NB, b = it - e * NB;
-            int v = IXT_SKIP;
-            if (s >= 0) {
-                const uint4 *z = (const uint4 *)(kh + e * LDH + 32 * b);
-                uint32_t any = 0;
+            uint32_t any = cw & 0x77777777u; /* a nonzero magnitude among the block's 32 codes */
+            any |= __shfl_xor_sync(0xffffffffu, any, 1);
+            any |= __shfl_xor_sync(0xffffffffu, any, 2);
+            int v0 = IXT_SKIP;
+            if (s >= 0) v0 = s == 0xff ? IXT_BAD : any ? s - 127 - 1 : IXT_SKIP;
+            const int bl = p / 4;
+            if ((p & 3) == 0) kb[e * NB + bl] = v0, kf[bl * IXT_EB + e] = v0 < IXT_SKIP ? ixt_pow2(v0) : 0.0f;
+            /* the entry's range over its blocks (ixt_range's rule) from the block leaders' values, lanes WPE apart */
+            int lo = v0 < IXT_SKIP ? v0 : IXT_SKIP, hi = v0 < IXT_SKIP ? v0 : -IXT_SKIP, bad = v0 == IXT_BAD;
 #pragma unroll
-                for (int k = 0; k < 4; k++) any |= z[k].x | z[k].y | z[k].z | z[k].w;
-                if (s == 0xff) v = IXT_BAD; /* NaN scale: even zero codes give NaN products */
-                else if (any & 0x7fff7fffu) v = s - 127 - 1;
+            for (int o = 4; o < WPE; o <<= 1) {
+                lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+                hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+                bad |= __shfl_xor_sync(0xffffffffu, bad, o);
             }
-            kb[e * NB + b] = v;
-            kf[b * IXT_EB + e] = v < IXT_SKIP ? ixt_pow2(v) : 0.0f;
+            if (p == 0) kr2[2 * e] = lo, kr2[2 * e + 1] = bad ? IXT_BAD : lo == IXT_SKIP ? IXT_SKIP : hi;
         };
-        constexpr int KW = IXT_EB * (DI / 8), KB = IXT_EB * NB; /* code words, (entry, block) scale bytes */
-        constexpr int NT = 128 * QB; /* the threads of 64 heads */
-        if (nth == NT) {
-            uint32_t cw[KW / NT];
-            int sc[(KB + NT - 1) / NT];
+        constexpr int KW = IXT_EB * WPE; /* code words a chunk */
+        if (nth == 128) {
+            uint32_t cw[KW / 128];
+            int sc[KW / 128];
 #pragma unroll
-            for (int k = 0; k < KW / NT; k++) cw[k] = code_ld(tid + NT * k);
+            for (int k = 0; k < KW / 128; k++) cw[k] = code_ld(tid + 128 * k);
 #pragma unroll
-            for (int k = 0; k < (KB + NT - 1) / NT; k++) sc[k] = tid + NT * k < KB ? sc_ld(tid + NT * k) : -1;
+            for (int k = 0; k < KW / 128; k++) sc[k] = sc_ld(tid + 128 * k);
 #pragma unroll
-            for (int k = 0; k < KW / NT; k++) codes(tid + NT * k, cw[k]);
-            __syncthreads();
-#pragma unroll
-            for (int k = 0; k < (KB + NT - 1) / NT; k++)
-                if (tid + NT * k < KB) block(tid + NT * k, sc[k]);
+            for (int k = 0; k < KW / 128; k++) codes(tid + 128 * k, cw[k], __shfl_sync(0xffffffffu, sc[k], lane & ~3));
         } else {
-            for (int it = tid; it < KW; it += nth) codes(it, code_ld(it));
-            __syncthreads();
-            for (int it = tid; it < KB; it += nth) block(it, sc_ld(it));
+            for (int it = tid; it < KW; it += nth) codes(it, code_ld(it), __shfl_sync(0xffffffffu, sc_ld(it), lane & ~3));
         }
         __syncthreads();
-        for (int e = tid; e < IXT_EB; e += nth) ixt_range(kb + e * NB, NB, kr2 + 2 * e);
-        __syncthreads();
-        if (act) { /* this warp's heads: the dots, the exactness test, the chains where it fails */
-        /* the chunk's 8 n-tiles in pairs (registers); a block's sums S by two k16 steps, then scaled into dot */
+        /* the warp's tile: a block's sums S by two k16 steps, then dot += S 2^(a + e): the factor 2^a 2^e is exact (the
+         * elements this sum serves have -145 <= a + e <= 100, the others run the chain below) and so is S 2^(a + e) (S a
+         * multiple of 2^-4 below 768 in magnitude), so one fmaf is the product then the addition. A block of zeros or a
+         * bad one has factor 0: its S is +-0 (the bad ones' elements run the chain), and dot (never -0) + +-0 is dot. */
+        float dot[MT][NT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) dot[m][j][i] = 0.0f;
 #pragma unroll 1
-        for (int jp = jp0; jp < 8; jp += jps) {
-            float dot[2][4];
+        for (int b = 0; b < NB; b++) {
+            float S[MT][NT][4];
 #pragma unroll
-            for (int j = 0; j < 2; j++)
+            for (int m = 0; m < MT; m++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) dot[j][i] = 0.0f;
+                for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int b = 0; b < NB; b++) {
-                float S[2][4];
+                    for (int i = 0; i < 4; i++) S[m][j][i] = 0.0f;
 #pragma unroll
-                for (int j = 0; j < 2; j++)
+            for (int kk = 0; kk < 2; kk++) {
+                const int k0 = b * 32 + kk * 16;
+                uint32_t A[MT][4], B[NT / 2][4];
 #pragma unroll
-                    for (int i = 0; i < 4; i++) S[j][i] = 0.0f;
+                for (int m = 0; m < MT; m++) tc_ldsm4(A[m], qrow + 16 * m * LDH + k0);
 #pragma unroll
-                for (int kk = 0; kk < 2; kk++) {
-                    const int k0 = b * 32 + kk * 16;
-                    uint32_t A[4], B[4];
-                    tc_ldsm4(A, qrow + k0);
-                    tc_ldsm4(B, krow + 8 * jp * LDH + k0);
-                    tc_mma<0>(S[0], A[0], A[1], A[2], A[3], B[0], B[1]);
-                    tc_mma<0>(S[1], A[0], A[1], A[2], A[3], B[2], B[3]);
-                }
-                /* dot += S 2^(a + e), the factor 2^a 2^e (exact: the elements this sum serves have -145 <= a + e <= 100,
-                 * the others run the chain below) and S 2^(a + e) exact too (S a multiple of 2^-4 below 768 in
-                 * magnitude), so one fmaf is the product then the addition. A block of zeros or a bad one has factor 0:
-                 * its S is +-0 (the bad ones' elements run the chain), and dot (never -0) + +-0 is dot, as no add. */
-                const float f0 = qf[(h0 + g) * NB + b], f1 = qf[(h0 + g + 8) * NB + b]; /* 2^a of the lane's heads */
+                for (int jp = 0; jp < NT / 2; jp++) tc_ldsm4(B[jp], krow + 16 * jp * LDH + k0);
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const float2 fe = *(const float2 *)(kf + b * IXT_EB + 8 * (jp + j) + 2 * c);
-                    dot[j][0] = __fmaf_rn(S[j][0], __fmul_rn(f0, fe.x), dot[j][0]);
-                    dot[j][1] = __fmaf_rn(S[j][1], __fmul_rn(f0, fe.y), dot[j][1]);
-                    dot[j][2] = __fmaf_rn(S[j][2], __fmul_rn(f1, fe.x), dot[j][2]);
-                    dot[j][3] = __fmaf_rn(S[j][3], __fmul_rn(f1, fe.y), dot[j][3]);
-                }
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+                        tc_mma<0>(S[m][j], A[m][0], A[m][1], A[m][2], A[m][3], B[j / 2][2 * (j & 1)], B[j / 2][2 * (j & 1) + 1]);
             }
 #pragma unroll
-            for (int j = 0; j < 2; j++)
+            for (int m = 0; m < MT; m++) {
+                const float f0 = qf[(h0 + 16 * m + g) * NB + b], f1 = qf[(h0 + 16 * m + g + 8) * NB + b]; /* 2^a of its heads */
 #pragma unroll
-                for (int i = 0; i < 4; i++) ds[(8 * (jp + j) + 2 * c + (i & 1)) * (Hi + 1) + h0 + g + (i < 2 ? 0 : 8)] = dot[j][i];
-        }
-        /* the exactness test per element; the CPU's chain where it fails. First the warp at once: when its heads' and
-         * the chunk's entries' block exponents (zero blocks aside) lie within 8 binades of each other and in range,
-         * every element passes. Else the quick test of the lane's 32 elements from the heads' and entries' exponent
-         * ranges (registers), then the rest one by one. */
-        uint32_t slow = 0;
-        int qlo = IXT_SKIP, qhi = -IXT_SKIP, klo = IXT_SKIP, khi = -IXT_SKIP, wbad = 0;
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int h = h0 + g + 8 * u, e = lane + 32 * u, hl = qr2[2 * h], hh = qr2[2 * h + 1];
-            const int el = kr2[2 * e], eh = kr2[2 * e + 1];
-            wbad |= hh == IXT_BAD || eh == IXT_BAD;
-            if (hl != IXT_SKIP) qlo = min(qlo, hl), qhi = max(qhi, hh);
-            if (el != IXT_SKIP) klo = min(klo, el), khi = max(khi, eh);
-        }
-        wbad = __reduce_or_sync(0xffffffffu, wbad);
-        if (!wbad) {
-            qlo = __reduce_min_sync(0xffffffffu, qlo), qhi = __reduce_max_sync(0xffffffffu, qhi);
-            klo = __reduce_min_sync(0xffffffffu, klo), khi = __reduce_max_sync(0xffffffffu, khi);
-            wbad = !(qlo == IXT_SKIP || klo == IXT_SKIP || (qhi + khi - (qlo + klo) <= 8 && qlo + klo >= -145 && qhi + khi <= 100));
-        }
-        if (wbad) {
-            const int qlA = qr2[2 * (h0 + g)], qhA = qr2[2 * (h0 + g) + 1];
-            const int qlB = qr2[2 * (h0 + g + 8)], qhB = qr2[2 * (h0 + g + 8) + 1];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int i1 = 0; i1 < 2; i1++) {
-                    const int el = 8 * j + 2 * c + i1, w = w0 + el, kl = kr2[2 * el], kh2 = kr2[2 * el + 1];
-#pragma unroll
-                    for (int hb = 0; hb < 2; hb++) {
-                        const int ql = hb ? qlB : qlA, qh2 = hb ? qhB : qhA;
-                        bool ok = w >= n || w >= ncs || (j & ~1) < jp0 || ((j & ~1) - jp0) % jps; /* not written here */
-                        if (qh2 != IXT_BAD && kh2 != IXT_BAD)
-                            ok |= ql == IXT_SKIP || kl == IXT_SKIP || /* q or the key all zeros: the dot is +0 */
-                                  ((qh2 + kh2) - (ql + kl) <= 8 && ql + kl >= -145 && qh2 + kh2 <= 100);
-                        /* (every e_b within 8 of the smallest: sum_b 2^(e_b - emin) <= NB * 2^8 <= 1365) */
-                        if (!ok) slow |= 1u << (4 * j + 2 * hb + i1);
-                    }
+                for (int j = 0; j < NT; j++) {
+                    const float2 fe = *(const float2 *)(kf + b * IXT_EB + e0 + 8 * j + 2 * c);
+                    dot[m][j][0] = __fmaf_rn(S[m][j][0], __fmul_rn(f0, fe.x), dot[m][j][0]);
+                    dot[m][j][1] = __fmaf_rn(S[m][j][1], __fmul_rn(f0, fe.y), dot[m][j][1]);
+                    dot[m][j][2] = __fmaf_rn(S[m][j][2], __fmul_rn(f1, fe.x), dot[m][j][2]);
+                    dot[m][j][3] = __fmaf_rn(S[m][j][3], __fmul_rn(f1, fe.y), dot[m][j][3]);
                 }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    ds[(e0 + 8 * j + 2 * c + (i & 1)) * (Hi + 1) + h0 + 16 * m + g + (i < 2 ? 0 : 8)] = dot[m][j][i];
+        /* the exactness test per element; the CPU's chain where it fails. First the warp at once: when its heads' and
+         * entries' block exponents (zero blocks aside) lie within 8 binades of each other and in range, every element
+         * passes. Else the quick test of the lane's elements from the heads' and entries' exponent ranges, then the rest
+         * one by one. Element x = (m NT + j) 4 + i of the lane: head h0 + 16 m + g (+ 8 for i >= 2), entry e0 + 8 j + 2 c
+         * + (i & 1). */
+        uint32_t slow = 0;
+        {
+            int qlo = IXT_SKIP, qhi = -IXT_SKIP, klo = IXT_SKIP, khi = -IXT_SKIP, wbad = 0;
+            if (lane < 16 * MT) { /* the warp's heads, a lane each */
+                const int hl = qr2[2 * (h0 + lane)], hh = qr2[2 * (h0 + lane) + 1];
+                wbad |= hh == IXT_BAD;
+                if (hl != IXT_SKIP) qlo = hl, qhi = hh;
+            }
+            for (int e = lane; e < 8 * NT; e += 32) { /* its entries */
+                const int el = kr2[2 * (e0 + e)], eh = kr2[2 * (e0 + e) + 1];
+                wbad |= eh == IXT_BAD;
+                if (el != IXT_SKIP) klo = min(klo, el), khi = max(khi, eh);
+            }
+            wbad = __reduce_or_sync(0xffffffffu, wbad);
+            if (!wbad) {
+                qlo = __reduce_min_sync(0xffffffffu, qlo), qhi = __reduce_max_sync(0xffffffffu, qhi);
+                klo = __reduce_min_sync(0xffffffffu, klo), khi = __reduce_max_sync(0xffffffffu, khi);
+                wbad = !(qlo == IXT_SKIP || klo == IXT_SKIP ||
+                         (qhi + khi - (qlo + klo) <= 8 && qlo + klo >= -145 && qhi + khi <= 100));
+            }
+            if (wbad) {
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    const int qlA = qr2[2 * (h0 + 16 * m + g)], qhA = qr2[2 * (h0 + 16 * m + g) + 1];
+                    const int qlB = qr2[2 * (h0 + 16 * m + g + 8)], qhB = qr2[2 * (h0 + 16 * m + g + 8) + 1];
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int i1 = 0; i1 < 2; i1++) {
+                            const int el = e0 + 8 * j + 2 * c + i1, w = w0 + el, kl = kr2[2 * el], kh2 = kr2[2 * el + 1];
+#pragma unroll
+                            for (int hb = 0; hb < 2; hb++) {
+                                const int ql = hb ? qlB : qlA, qh2 = hb ? qhB : qhA;
+                                bool ok = w >= n || w >= ncs; /* not written by this test */
+                                if (qh2 != IXT_BAD && kh2 != IXT_BAD)
+                                    ok |= ql == IXT_SKIP || kl == IXT_SKIP || /* q or the key all zeros: the dot is +0 */
+                                          ((qh2 + kh2) - (ql + kl) <= 8 && ql + kl >= -145 && qh2 + kh2 <= 100);
+                                /* (every e_b within 8 of the smallest: sum_b 2^(e_b - emin) <= NB * 2^8 <= 1365) */
+                                if (!ok) slow |= 1u << (4 * (m * NT + j) + 2 * hb + i1);
+                            }
+                        }
+                }
+            }
         }
         while (slow) {
             const int x = __ffs(slow) - 1;
             slow &= slow - 1;
-            const int j = x >> 2, i = x & 3;
-            const int h = h0 + g + (i < 2 ? 0 : 8), el = 8 * j + 2 * c + (i & 1), w = w0 + el;
+            const int m = x / (4 * NT), j = (x >> 2) % NT, i = x & 3;
+            const int h = h0 + 16 * m + g + (i < 2 ? 0 : 8), el = e0 + 8 * j + 2 * c + (i & 1), w = w0 + el;
             int emin = IXT_SKIP, emax = -IXT_SKIP, bad = 0;
             for (int b = 0; b < NB; b++) {
                 const int a = qa[h * NB + b], e = kb[el * NB + b];
@@ -308,59 +296,43 @@ __global__ void __launch_bounds__(128 * QB, 4 / QB) ixt_kernel(const float *qi, 
                 ds[el * (Hi + 1) + h] = d;
             }
         }
-        } /* act */
         __syncthreads();
-        if (act) ix_head_sums(ds, Hi + 1, ws, Hi, w0, IXT_EB, n, ncs, out + (int64_t)t * ld, stid, snth);
+        ix_head_sums(ds, Hi + 1, ws, Hi, w0, IXT_EB, n, ncs, out + (int64_t)t * ld, tid, nth);
         __syncthreads();
     }
-    } /* pass */
 }
 
-template <int DI> static size_t ixt_smem(int Hi, int QB) {
-    const size_t QH = (size_t)QB * Hi;
-    return sizeof(__half) * (QH + IXT_EB) * (DI + 8) + sizeof(int) * (QH + IXT_EB) * (DI / 32 + 2) +
-           sizeof(float) * (QH + (QH + IXT_EB) * (DI / 32) + (size_t)QB * IXT_EB * (Hi + 1));
+template <int DI> static size_t ixt_smem(int Hi) {
+    return sizeof(__half) * (size_t)(Hi + IXT_EB) * (DI + 8) + sizeof(int) * (size_t)(Hi + IXT_EB) * (DI / 32 + 2) +
+           sizeof(float) * ((size_t)Hi + (size_t)(Hi + IXT_EB) * (DI / 32) + (size_t)IXT_EB * (Hi + 1));
 }
 
-template <int DI, int QB>
+template <int DI, int MT>
 static int ixt_launch(const float *qi, const float *wt, int T, int Hi, const uint8_t *const *keys, const int *ncausal,
                       const int *nlist, int maxlist, int ld, float *out, cudaStream_t st) {
-    const size_t smem = ixt_smem<DI>(Hi, QB);
+    const size_t smem = ixt_smem<DI>(Hi);
     if (smem > (size_t)dsv4_cuda_dev.smem_optin) return 1;
     if (smem > 48 * 1024 &&
-        cudaFuncSetAttribute((const void *)ixt_kernel<DI, QB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+        cudaFuncSetAttribute((const void *)ixt_kernel<DI, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
         return dsv4_cuda_fail("indexer scores (tensor cores): %zu bytes of shared memory", smem);
     int per_sm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)ixt_kernel<DI, QB>, QB * Hi * 2, smem);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)ixt_kernel<DI, MT>, Hi * 2, smem);
     per_sm = per_sm > 0 ? per_sm : 1;
-    const long nqb = (T + QB - 1) / QB, nch = (maxlist + IXT_EB - 1) / IXT_EB;
-    const long want = ((long)per_sm * dsv4_cuda_dev.sm_count + nqb - 1) / nqb;
-    dim3 grid((unsigned)(nch < want ? nch : want), (unsigned)nqb);
-    dev_launch(ixt_kernel<DI, QB>, grid, QB * Hi * 2, smem, st, qi, wt, T, Hi, keys, ncausal, nlist, ld, out);
+    const long nch = (maxlist + IXT_EB - 1) / IXT_EB, want = ((long)per_sm * dsv4_cuda_dev.sm_count + T - 1) / T;
+    dim3 grid((unsigned)(nch < want ? nch : want), (unsigned)T);
+    dev_launch(ixt_kernel<DI, MT>, grid, Hi * 2, smem, st, qi, wt, Hi, keys, ncausal, nlist, ld, out);
     return dsv4_cuda_check_launch("indexer scores (tensor cores)");
 }
-
-template <int DI>
-static int ixt_launch_qb(int qb, const float *qi, const float *wt, int T, int Hi, const uint8_t *const *keys, const int *ncausal,
-                         const int *nlist, int maxlist, int ld, float *out, cudaStream_t st) {
-    if (qb == 4) return ixt_launch<DI, 4>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
-    if (qb == 2) return ixt_launch<DI, 2>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
-    return ixt_launch<DI, 1>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
-}
-
-static int ixt_qb = -1; /* dsv4_cuda_indexer_qb; -1: DSV4_INDEXER_QB not read yet */
-
-extern "C" void dsv4_cuda_indexer_qb(int qb) { ixt_qb = qb == 1 || qb == 2 || qb == 4 ? qb : 0; }
 
 int dsv4_ixt_scores(const float *qi, const float *wt, int T, int Hi, int Di, const uint8_t *const *keys,
                                const int *ncausal, const int *nlist, int maxlist, int ld, float *out, cudaStream_t st) {
     static int off = -1;
     if (off < 0) off = getenv("DSV4_INDEXER_TC") && !strcmp(getenv("DSV4_INDEXER_TC"), "0");
-    if (ixt_qb < 0) dsv4_cuda_indexer_qb(getenv("DSV4_INDEXER_QB") ? atoi(getenv("DSV4_INDEXER_QB")) : 0);
     if (off || Hi % 16 || Hi > 64 || T > 65535 || ((uintptr_t)qi & 15)) return 1;
-    /* queries a block: 2 where the pass has enough of them to fill the GPU twice over, else 1 */
-    const int qb = ixt_qb ? ixt_qb : T >= 256 ? 2 : 1;
-    if (Di == 128) return ixt_launch_qb<128>(qb, qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
-    if (Di == 64) return ixt_launch_qb<64>(qb, qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
+    const int m2 = Hi % 32 == 0;
+    if (Di == 128) return m2 ? ixt_launch<128, 2>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st)
+                             : ixt_launch<128, 1>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
+    if (Di == 64) return m2 ? ixt_launch<64, 2>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st)
+                            : ixt_launch<64, 1>(qi, wt, T, Hi, keys, ncausal, nlist, maxlist, ld, out, st);
     return 1;
 }
