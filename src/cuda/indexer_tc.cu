@@ -93,10 +93,10 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
     for (int h = tid; h < Hi; h += nth) ixt_range(qa + h * NB, NB, qr2 + 2 * h);
     /* this warp's tile: heads h0 .. h0 + 16 MT - 1, entries e0 .. e0 + 8 NT - 1 of a chunk */
     const int hg = Hi / (16 * MT), h0 = (warp % hg) * 16 * MT, e0 = (warp / hg) * 8 * NT;
-    /* ldmatrix rows of this lane: q (A: heads h0 + (lane & 7) + 8 x bit 3, columns + 8 x bit 4), keys (B: entries
+    /* ldmatrix rows of this lane (shared addresses; 2 bytes a half): q (A: heads h0 + (lane & 7) + 8 x bit 3, columns + 8 x bit 4), keys (B: entries
      * e0 + (lane & 7) + 8 x bit 4 of an n-tile pair, columns + 8 x bit 3) */
-    const __half *qrow = qh + (h0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDH + 8 * (lane >> 4);
-    const __half *krow = kh + (e0 + (lane & 7) + 8 * (lane >> 4)) * LDH + 8 * ((lane >> 3) & 1);
+    const unsigned qrow = (unsigned)__cvta_generic_to_shared(qh + (h0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDH + 8 * (lane >> 4));
+    const unsigned krow = (unsigned)__cvta_generic_to_shared(kh + (e0 + (lane & 7) + 8 * (lane >> 4)) * LDH + 8 * ((lane >> 3) & 1));
     for (int ch = blockIdx.x; ch < nch; ch += gridDim.x) {
         const int w0 = ch * IXT_EB;
         if (w0 >= ncs) { /* past the query's causal entries (the condition is the block's: no barrier skipped unevenly) */
@@ -112,16 +112,16 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
             const int e = it / WPE, p = it - e * WPE, w = w0 + e;
             return w < n && w < ncs ? __ldg((const uint32_t *)(kt + (int64_t)w * rbytes + 4 * p)) : 0u;
         };
-        auto sc_ld = [&](int it) { /* the scale byte of word it's block (its first lane's), -1 past the entries */
+        auto sc_ld = [&](int it) { /* the scale byte of word it's block (its first lane's; 0 on the others and past the entries) */
             const int e = it / WPE, p = it - e * WPE, w = w0 + e;
-            return (p & 3) == 0 && w < n && w < ncs ? (int)__ldg(kt + (int64_t)w * rbytes + DI / 2 + p / 4) : -1;
+            return (p & 3) == 0 && w < n && w < ncs ? (uint32_t)__ldg(kt + (int64_t)w * rbytes + DI / 2 + p / 4) : 0u;
         };
         /* a word's 8 codes as f16 code x 2 (exact), in order: byte k's two nibbles into the halves of z = byte x 0x1001,
          * each nibble s|e1 e0|m to the f16 s|000 e1 e0|m|0.. (= e2m1 x 2^-14, its subnormal included), x 2^15; then the
          * block's exponent kb (IXT_SKIP when all its codes are zeros, IXT_BAD for a NaN scale: even zero codes give NaN
          * products) and the entry's range kr2, from the 4 lanes of the block and the WPE lanes of the entry */
-        auto codes = [&](int it, uint32_t cw, int s) {
-            const int e = it / WPE, p = it - e * WPE;
+        auto codes = [&](int it, uint32_t cw, uint32_t sb) { /* sb: the block's scale byte */
+            const int e = it / WPE, p = it - e * WPE, s = w0 + e < n && w0 + e < ncs ? (int)sb : -1;
             uint32_t v[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -150,14 +150,14 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
         };
         constexpr int KW = IXT_EB * WPE; /* code words a chunk */
         if (nth == 128) {
-            uint32_t cw[KW / 128];
-            int sc[KW / 128];
+            uint32_t cw[KW / 128], sc[(KW / 128 + 3) / 4] = {}; /* the scale bytes four a register */
 #pragma unroll
             for (int k = 0; k < KW / 128; k++) cw[k] = code_ld(tid + 128 * k);
 #pragma unroll
-            for (int k = 0; k < KW / 128; k++) sc[k] = sc_ld(tid + 128 * k);
+            for (int k = 0; k < KW / 128; k++) sc[k / 4] |= sc_ld(tid + 128 * k) << (8 * (k % 4));
 #pragma unroll
-            for (int k = 0; k < KW / 128; k++) codes(tid + 128 * k, cw[k], __shfl_sync(0xffffffffu, sc[k], lane & ~3));
+            for (int k = 0; k < KW / 128; k++)
+                codes(tid + 128 * k, cw[k], __shfl_sync(0xffffffffu, sc[k / 4] >> (8 * (k % 4)), lane & ~3) & 0xffu);
         } else {
             for (int it = tid; it < KW; it += nth) codes(it, code_ld(it), __shfl_sync(0xffffffffu, sc_ld(it), lane & ~3));
         }
@@ -187,9 +187,9 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
                 const int k0 = b * 32 + kk * 16;
                 uint32_t A[MT][4], B[NT / 2][4];
 #pragma unroll
-                for (int m = 0; m < MT; m++) tc_ldsm4(A[m], qrow + 16 * m * LDH + k0);
+                for (int m = 0; m < MT; m++) tc_ldsm4(A[m], qrow + 2 * (16 * m * LDH + k0));
 #pragma unroll
-                for (int jp = 0; jp < NT / 2; jp++) tc_ldsm4(B[jp], krow + 16 * jp * LDH + k0);
+                for (int jp = 0; jp < NT / 2; jp++) tc_ldsm4(B[jp], krow + 2 * (16 * jp * LDH + k0));
 #pragma unroll
                 for (int m = 0; m < MT; m++)
 #pragma unroll

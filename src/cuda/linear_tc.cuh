@@ -40,12 +40,12 @@ __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, 
 
 /* ldmatrix .x4 of 16-bit elements from shared memory: lanes 8 m .. 8 m + 7 give the row addresses (16 bytes each) of
  * matrix m, and lane l = 4 g + c receives r[m] = row g, elements 2c, 2c + 1 of matrix m (tc_ldsm4t: transposed, column g) */
-__device__ __forceinline__ void tc_ldsm4(uint32_t (&r)[4], const void *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+__device__ __forceinline__ void tc_ldsm4(uint32_t (&r)[4], unsigned a) { /* a: a shared-memory address */
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
+__device__ __forceinline__ void tc_ldsm4(uint32_t (&r)[4], const void *p) { tc_ldsm4(r, (unsigned)__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void tc_ldsm4t(uint32_t (&r)[4], const void *p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
