@@ -72,21 +72,39 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
     const float *qt = qi + (int64_t)t * Hi * DI;
     const uint8_t *kt = keys[t];
     const int64_t rbytes = dsv4_ikey_row_bytes(DI);
-    /* q / 2^a a warp a (head, block): the largest |q| of the block (NaN aside, as fmaxf has it) by a warp reduction */
-    for (int hb = warp; hb < Hi * NB; hb += nth >> 5) {
-        const int h = hb / NB, b = hb - h * NB;
-        const float x = qt[(int64_t)h * DI + b * 32 + lane];
-        const uint32_t ab = __float_as_uint(x) & 0x7fffffffu;
-        const float mx = __uint_as_float(__reduce_max_sync(0xffffffffu, ab > 0x7f800000u ? 0u : ab));
-        int a = IXT_SKIP;
-        const int ex = (int)((__float_as_uint(mx) >> 23) & 0xff);
-        if (!(mx <= 3.0e38f) || (mx > 0 && ex == 0)) a = IXT_BAD; /* huge or subnormal: the chain */
-        else if (mx > 0) a = ex - 127;
-        const float inv = a < IXT_SKIP ? ixt_pow2(-a) : 0.0f;
-        const float m = x * inv; /* exact: a power of two, |m| < 2 */
-        if (__any_sync(0xffffffffu, a < IXT_SKIP && m * 16.0f != rintf(m * 16.0f))) a = IXT_BAD;
-        qh[h * LDH + b * 32 + lane] = __float2half_rn(m);
-        if (lane == 0) qa[h * NB + b] = a, qf[h * NB + b] = a < IXT_SKIP ? ixt_pow2(a) : 0.0f;
+    /* q / 2^a: a warp instruction a head row (DI / 4 lanes of 4 values; two rows at DI 64), several rows' loads in
+     * flight; a (head, block)'s largest |q| (NaN aside, as fmaxf has it) over its 8 lanes */
+    {
+        constexpr int LPH = DI / 4, HPI = 32 / LPH; /* lanes a head row, rows a warp instruction */
+        const int col = lane % LPH, b = col / 8;
+#pragma unroll 4
+        for (int h0w = warp * HPI; h0w < Hi; h0w += (nth >> 5) * HPI) {
+            const int h = h0w + lane / LPH;
+            const float4 x = *(const float4 *)(qt + (int64_t)h * DI + 4 * col);
+            const uint32_t nan = 0x7f800000u;
+            uint32_t ab = 0, u;
+            u = __float_as_uint(x.x) & 0x7fffffffu, ab = max(ab, u > nan ? 0u : u);
+            u = __float_as_uint(x.y) & 0x7fffffffu, ab = max(ab, u > nan ? 0u : u);
+            u = __float_as_uint(x.z) & 0x7fffffffu, ab = max(ab, u > nan ? 0u : u);
+            u = __float_as_uint(x.w) & 0x7fffffffu, ab = max(ab, u > nan ? 0u : u);
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));
+            const float mx = __uint_as_float(ab);
+            int a = IXT_SKIP;
+            const int ex = (int)((ab >> 23) & 0xff);
+            if (!(mx <= 3.0e38f) || (mx > 0 && ex == 0)) a = IXT_BAD; /* huge or subnormal: the chain */
+            else if (mx > 0) a = ex - 127;
+            const float inv = a < IXT_SKIP ? ixt_pow2(-a) : 0.0f;
+            const float m0 = x.x * inv, m1 = x.y * inv, m2 = x.z * inv, m3 = x.w * inv; /* exact: a power of two, |m| < 2 */
+            int off = a < IXT_SKIP && (m0 * 16.0f != rintf(m0 * 16.0f) || m1 * 16.0f != rintf(m1 * 16.0f) ||
+                                       m2 * 16.0f != rintf(m2 * 16.0f) || m3 * 16.0f != rintf(m3 * 16.0f));
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) off |= __shfl_xor_sync(0xffffffffu, off, o);
+            if (off) a = IXT_BAD;
+            const __half2 p0 = __floats2half2_rn(m0, m1), p1 = __floats2half2_rn(m2, m3);
+            *(uint2 *)(qh + h * LDH + 4 * col) = make_uint2(*(const uint32_t *)&p0, *(const uint32_t *)&p1);
+            if ((col & 7) == 0) qa[h * NB + b] = a, qf[h * NB + b] = a < IXT_SKIP ? ixt_pow2(a) : 0.0f;
+        }
     }
     for (int i = tid; i < Hi; i += nth) ws[i] = wt[(int64_t)t * Hi + i];
     __syncthreads();
