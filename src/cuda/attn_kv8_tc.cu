@@ -61,13 +61,6 @@
 /* halves from a row's start to its 16-byte chunk c: chunks XOR-swizzled by row (ldmatrix without bank conflicts) */
 __device__ __forceinline__ int tc_sw(int r, int c) { return (c ^ (r & 7)) << 3; }
 
-/* d += a (16 x 16, row) . b (16 x 8, col); not volatile: registers only, free to schedule */
-__device__ __forceinline__ void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t tc_u32(__half2 h) { return *(const uint32_t *)&h; }
 /* (x, y) -> hi = f16 pair, lo = f16 pair of the remainders (x - hi exact in fp32) */
 __device__ __forceinline__ void tc_split(float x, float y, uint32_t &hi, uint32_t &lo) {

@@ -81,12 +81,12 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
         for (int h0w = warp * HPI; h0w < Hi; h0w += (nth >> 5) * HPI) {
             const int h = h0w + lane / LPH;
             const float4 x = *(const float4 *)(qt + (int64_t)h * DI + 4 * col);
-            const uint32_t nan = 0x7f800000u;
+            const uint32_t inf = 0x7f800000u; /* |x| bits above it: NaN, left out */
             uint32_t ab = 0, u;
-            u = __float_as_uint(x.x) & 0x7fffffffu, ab = max(ab, u > nan ? 0u : u);
-            u = __float_as_uint(x.y) & 0x7fffffffu, ab = max(ab, u > nan ? 0u : u);
-            u = __float_as_uint(x.z) & 0x7fffffffu, ab = max(ab, u > nan ? 0u : u);
-            u = __float_as_uint(x.w) & 0x7fffffffu, ab = max(ab, u > nan ? 0u : u);
+            u = __float_as_uint(x.x) & 0x7fffffffu, ab = max(ab, u > inf ? 0u : u);
+            u = __float_as_uint(x.y) & 0x7fffffffu, ab = max(ab, u > inf ? 0u : u);
+            u = __float_as_uint(x.z) & 0x7fffffffu, ab = max(ab, u > inf ? 0u : u);
+            u = __float_as_uint(x.w) & 0x7fffffffu, ab = max(ab, u > inf ? 0u : u);
 #pragma unroll
             for (int o = 1; o < 8; o <<= 1) ab = max(ab, __shfl_xor_sync(0xffffffffu, ab, o));
             const float mx = __uint_as_float(ab);
@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
     for (int h = tid; h < Hi; h += nth) ixt_range(qa + h * NB, NB, qr2 + 2 * h);
     /* this warp's tile: heads h0 .. h0 + 16 MT - 1, entries e0 .. e0 + 8 NT - 1 of a chunk */
     const int hg = Hi / (16 * MT), h0 = (warp % hg) * 16 * MT, e0 = (warp / hg) * 8 * NT;
-    /* ldmatrix rows of this lane (shared addresses; 2 bytes a half): q (A: heads h0 + (lane & 7) + 8 x bit 3, columns + 8 x bit 4), keys (B: entries
-     * e0 + (lane & 7) + 8 x bit 4 of an n-tile pair, columns + 8 x bit 3) */
+    /* ldmatrix rows of this lane (shared addresses; 2 bytes a half): q (A: heads h0 + (lane & 7) + 8 x bit 3, columns
+     * + 8 x bit 4), keys (B: entries e0 + (lane & 7) + 8 x bit 4 of an n-tile pair, columns + 8 x bit 3) */
     const unsigned qrow = (unsigned)__cvta_generic_to_shared(qh + (h0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDH + 8 * (lane >> 4));
     const unsigned krow = (unsigned)__cvta_generic_to_shared(kh + (e0 + (lane & 7) + 8 * (lane >> 4)) * LDH + 8 * ((lane >> 3) & 1));
     for (int ch = blockIdx.x; ch < nch; ch += gridDim.x) {
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
                 for (int m = 0; m < MT; m++)
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-                        tc_mma<0>(S[m][j], A[m][0], A[m][1], A[m][2], A[m][3], B[j / 2][2 * (j & 1)], B[j / 2][2 * (j & 1) + 1]);
+                        tc_mma(S[m][j], A[m], B[j / 2][2 * (j & 1)], B[j / 2][2 * (j & 1) + 1]);
             }
 #pragma unroll
             for (int m = 0; m < MT; m++) {

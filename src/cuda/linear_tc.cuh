@@ -38,6 +38,11 @@ __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, 
             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* the f16 form with A as one fragment array (a[0 .. 3] = a0 .. a3) */
+__device__ __forceinline__ void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    tc_mma<0>(d, a[0], a[1], a[2], a[3], b0, b1);
+}
+
 /* ldmatrix .x4 of 16-bit elements from shared memory: lanes 8 m .. 8 m + 7 give the row addresses (16 bytes each) of
  * matrix m, and lane l = 4 g + c receives r[m] = row g, elements 2c, 2c + 1 of matrix m (tc_ldsm4t: transposed, column g) */
 __device__ __forceinline__ void tc_ldsm4(uint32_t (&r)[4], unsigned a) { /* a: a shared-memory address */
