@@ -918,28 +918,42 @@ static int run_ix(const void *ctx, void *st) {
     return dsv4_cuda_indexer_scores(j->q, j->w, j->T, 64, 128, j->keys, 1, nc, j->nl, j->n, j->n, j->out, st);
 }
 
-/* indexer scores: 64 heads x 128, 1024 FP4 keys per query (context 4096, ratio 4), each query its own keys */
-static void bench_ikeys(void) {
-    const int Ts[] = {1, 8, 64, 512}, TMAX = 512, Hi = 64, Di = 128, n = 1024;
+/* n random FP4 indexer key rows (random codes, scales 2^-3 .. 2^0: e8m0 124 .. 127; the padding zero) on the device */
+static uint8_t *rand_ikeys_dev(size_t n, int Di) {
     const int64_t rb = dsv4_ikey_row_bytes(Di);
-    uint8_t *hk = malloc((size_t)(TMAX * n * rb));
-    for (size_t r = 0; r < (size_t)TMAX * n; r++) {
+    uint8_t *hk = malloc((size_t)(n * rb));
+    for (size_t r = 0; r < n; r++) {
         uint8_t *row = hk + r * rb;
         for (int j = 0; j < Di / 2; j++) row[j] = (uint8_t)brand();
         for (int b = 0; b < Di / 32; b++) row[Di / 2 + b] = (uint8_t)(124 + brand() % 4);
         memset(row + Di / 2 + Di / 32, 0, (size_t)(rb - Di / 2 - Di / 32));
     }
-    uint8_t *dk = dup_dev(hk, (size_t)(TMAX * n * rb));
+    uint8_t *dk = dup_dev(hk, (size_t)(n * rb));
     free(hk);
-    float *q = malloc(sizeof(float) * (size_t)TMAX * Hi * Di), *w = malloc(sizeof(float) * TMAX * Hi);
-    for (size_t i = 0; i < (size_t)TMAX * Hi * Di; i++) q[i] = nrand();
-    dsv4_act_quant_fp4(q, (size_t)TMAX * Hi * Di, 32); /* as the forward's q */
-    for (int i = 0; i < TMAX * Hi; i++) w[i] = nrand();
+    return dk;
+}
+
+/* T indexer queries [T, Hi, Di] (act_quant_fp4 per 32, as the forward's q) and their head weights [T, Hi] on the device */
+static void rand_iq_dev(int T, int Hi, int Di, float **dq, float **dw) {
+    float *q = malloc(sizeof(float) * (size_t)T * Hi * Di), *w = malloc(sizeof(float) * (size_t)T * Hi);
+    for (size_t i = 0; i < (size_t)T * Hi * Di; i++) q[i] = nrand();
+    dsv4_act_quant_fp4(q, (size_t)T * Hi * Di, 32);
+    for (int i = 0; i < T * Hi; i++) w[i] = nrand();
+    *dq = dup_dev(q, sizeof(float) * (size_t)T * Hi * Di), *dw = dup_dev(w, sizeof(float) * (size_t)T * Hi);
+    free(q), free(w);
+}
+
+/* indexer scores: 64 heads x 128, 1024 FP4 keys per query (context 4096, ratio 4), each query its own keys */
+static void bench_ikeys(void) {
+    const int Ts[] = {1, 8, 64, 512}, TMAX = 512, Hi = 64, Di = 128, n = 1024;
+    const int64_t rb = dsv4_ikey_row_bytes(Di);
+    uint8_t *dk = rand_ikeys_dev((size_t)TMAX * n, Di);
+    float *dq, *dw;
+    rand_iq_dev(TMAX, Hi, Di, &dq, &dw);
     int *nl = malloc(sizeof(int) * TMAX);
     for (int t = 0; t < TMAX; t++) nl[t] = n;
     const uint8_t **kp = malloc(sizeof(void *) * TMAX);
     for (int t = 0; t < TMAX; t++) kp[t] = dk + (size_t)t * n * rb;
-    float *dq = dup_dev(q, sizeof(float) * (size_t)TMAX * Hi * Di), *dw = dup_dev(w, sizeof(float) * TMAX * Hi);
     int *dnl = dup_dev(nl, sizeof(int) * TMAX);
     const uint8_t **dkp = dup_dev(kp, sizeof(void *) * TMAX);
     float *o1 = dsv4_cuda_alloc(sizeof(float) * (size_t)TMAX * n), *o2 = dsv4_cuda_alloc(sizeof(float) * (size_t)TMAX * n);
@@ -958,7 +972,7 @@ static void bench_ikeys(void) {
                diff ? "FAIL" : "    ", T, n, us[0], us[1], us[0] / us[1], diff ? ", results differ from the old kernel" : ", bitwise equal to the old kernel");
         fails += diff;
     }
-    free(q), free(w), free(nl), free(kp), free(h1), free(h2);
+    free(nl), free(kp), free(h1), free(h2);
     dsv4_cuda_free(dk), dsv4_cuda_free(dq), dsv4_cuda_free(dw), dsv4_cuda_free(dnl), dsv4_cuda_free((void *)dkp);
     dsv4_cuda_free(o1), dsv4_cuda_free(o2);
 }
@@ -967,24 +981,12 @@ static void bench_ikeys(void) {
  * the pass's second half), query t's causal entries (4096 + t + 1) / 4 */
 static void bench_ikeys_prefill(void) {
     const int T = 4096, Hi = 64, Di = 128, n = 2048;
-    const int64_t rb = dsv4_ikey_row_bytes(Di);
-    uint8_t *hk = malloc((size_t)(n * rb));
-    for (size_t r = 0; r < (size_t)n; r++) {
-        uint8_t *row = hk + r * rb;
-        for (int j = 0; j < Di / 2; j++) row[j] = (uint8_t)brand();
-        for (int b = 0; b < Di / 32; b++) row[Di / 2 + b] = (uint8_t)(124 + brand() % 4);
-        memset(row + Di / 2 + Di / 32, 0, (size_t)(rb - Di / 2 - Di / 32));
-    }
-    uint8_t *dk = dup_dev(hk, (size_t)(n * rb));
-    free(hk);
-    float *q = malloc(sizeof(float) * (size_t)T * Hi * Di), *w = malloc(sizeof(float) * T * Hi);
-    for (size_t i = 0; i < (size_t)T * Hi * Di; i++) q[i] = nrand();
-    dsv4_act_quant_fp4(q, (size_t)T * Hi * Di, 32);
-    for (int i = 0; i < T * Hi; i++) w[i] = nrand();
+    uint8_t *dk = rand_ikeys_dev((size_t)n, Di);
+    float *dq, *dw;
+    rand_iq_dev(T, Hi, Di, &dq, &dw);
     int *nl = malloc(sizeof(int) * T), *nc = malloc(sizeof(int) * T);
     const uint8_t **kp = malloc(sizeof(void *) * T);
     for (int t = 0; t < T; t++) nl[t] = n, nc[t] = (T + t + 1) / 4, kp[t] = dk;
-    float *dq = dup_dev(q, sizeof(float) * (size_t)T * Hi * Di), *dw = dup_dev(w, sizeof(float) * T * Hi);
     int *dnl = dup_dev(nl, sizeof(int) * T), *dnc = dup_dev(nc, sizeof(int) * T);
     const uint8_t **dkp = dup_dev(kp, sizeof(void *) * T);
     float *o = dsv4_cuda_alloc(sizeof(float) * (size_t)T * n);
@@ -994,7 +996,7 @@ static void bench_ikeys_prefill(void) {
     for (int t = 0; t < T; t++) fl += 2.0 * Hi * Di * nc[t];
     printf("     time indexer_scores prefill T %d over %d FP4 keys (causal, 64 x 128): %.1f us, %.1f TFLOP/s\n", T, n, us,
            fl / us * 1e-6);
-    free(q), free(w), free(nl), free(nc), free(kp);
+    free(nl), free(nc), free(kp);
     dsv4_cuda_free(dk), dsv4_cuda_free(dq), dsv4_cuda_free(dw), dsv4_cuda_free(dnl), dsv4_cuda_free(dnc), dsv4_cuda_free((void *)dkp);
     dsv4_cuda_free(o);
 }
