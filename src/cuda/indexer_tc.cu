@@ -60,8 +60,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
     int *qa = (int *)(kh + (size_t)IXT_EB * LDH);      /* [Hi][NB] a */
     int *kb = qa + Hi * NB;                            /* [IXT_EB][NB] key block exponents (scale / 2) */
     int *qr2 = kb + IXT_EB * NB;                       /* [Hi][2] smallest, largest a of the head (IXT_BAD: a bad block) */
-    int *kr2 = qr2 + 2 * Hi;                           /* [IXT_EB][2] the same for the entries' key exponents */
-    float *ws = (float *)(kr2 + 2 * IXT_EB);           /* [Hi] */
+    float *ws = (float *)(qr2 + 2 * Hi);               /* [Hi] */
     float *qf = ws + Hi;                               /* [Hi][NB] 2^a (0 for a block that adds nothing here) */
     float *kf = qf + Hi * NB;                          /* [NB][IXT_EB] 2^(key block exponent), likewise */
     float *ds = kf + IXT_EB * NB;                      /* [IXT_EB][Hi + 1] dots */
@@ -137,7 +136,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
         /* a word's 8 codes as f16 code x 2 (exact), in order: byte k's two nibbles into the halves of z = byte x 0x1001,
          * each nibble s|e1 e0|m to the f16 s|000 e1 e0|m|0.. (= e2m1 x 2^-14, its subnormal included), x 2^15; then the
          * block's exponent kb (IXT_SKIP when all its codes are zeros, IXT_BAD for a NaN scale: even zero codes give NaN
-         * products) and the entry's range kr2, from the 4 lanes of the block and the WPE lanes of the entry */
+         * products) from the 4 lanes of the block (an entry's range, where a test needs it, from its kb) */
         auto codes = [&](int it, uint32_t cw, uint32_t sb) { /* sb: the block's scale byte */
             const int e = it / WPE, p = it - e * WPE, s = w0 + e < n && w0 + e < ncs ? (int)sb : -1;
             uint32_t v[4];
@@ -154,17 +153,8 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
             any |= __shfl_xor_sync(0xffffffffu, any, 2);
             int v0 = IXT_SKIP;
             if (s >= 0) v0 = s == 0xff ? IXT_BAD : any ? s - 127 - 1 : IXT_SKIP;
-            const int bl = p / 4;
-            if ((p & 3) == 0) kb[e * NB + bl] = v0, kf[bl * IXT_EB + e] = v0 < IXT_SKIP ? ixt_pow2(v0) : 0.0f;
-            /* the entry's range over its blocks (ixt_range's rule) from the block leaders' values, lanes WPE apart */
-            int lo = v0 < IXT_SKIP ? v0 : IXT_SKIP, hi = v0 < IXT_SKIP ? v0 : -IXT_SKIP, bad = v0 == IXT_BAD;
-#pragma unroll
-            for (int o = 4; o < WPE; o <<= 1) {
-                lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-                hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-                bad |= __shfl_xor_sync(0xffffffffu, bad, o);
-            }
-            if (p == 0) kr2[2 * e] = lo, kr2[2 * e + 1] = bad ? IXT_BAD : lo == IXT_SKIP ? IXT_SKIP : hi;
+            const int bl = p / 4; /* the block's 4 lanes store the same values */
+            kb[e * NB + bl] = v0, kf[bl * IXT_EB + e] = v0 < IXT_SKIP ? ixt_pow2(v0) : 0.0f;
         };
         constexpr int KW = IXT_EB * WPE; /* code words a chunk */
         if (nth == 128) {
@@ -248,7 +238,9 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
                 if (hl != IXT_SKIP) qlo = hl, qhi = hh;
             }
             for (int e = lane; e < 8 * NT; e += 32) { /* its entries */
-                const int el = kr2[2 * (e0 + e)], eh = kr2[2 * (e0 + e) + 1];
+                int r[2];
+                ixt_range(kb + (e0 + e) * NB, NB, r);
+                const int el = r[0], eh = r[1];
                 wbad |= eh == IXT_BAD;
                 if (el != IXT_SKIP) klo = min(klo, el), khi = max(khi, eh);
             }
@@ -259,16 +251,19 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
                 wbad = !(qlo == IXT_SKIP || klo == IXT_SKIP ||
                          (qhi + khi - (qlo + klo) <= 8 && qlo + klo >= -145 && qhi + khi <= 100));
             }
-            if (wbad) {
-#pragma unroll
+            if (wbad) { /* (rare: not unrolled) */
+#pragma unroll 1
                 for (int m = 0; m < MT; m++) {
                     const int qlA = qr2[2 * (h0 + 16 * m + g)], qhA = qr2[2 * (h0 + 16 * m + g) + 1];
                     const int qlB = qr2[2 * (h0 + 16 * m + g + 8)], qhB = qr2[2 * (h0 + 16 * m + g + 8) + 1];
-#pragma unroll
+#pragma unroll 1
                     for (int j = 0; j < NT; j++)
 #pragma unroll
                         for (int i1 = 0; i1 < 2; i1++) {
-                            const int el = e0 + 8 * j + 2 * c + i1, w = w0 + el, kl = kr2[2 * el], kh2 = kr2[2 * el + 1];
+                            const int el = e0 + 8 * j + 2 * c + i1, w = w0 + el;
+                            int r[2];
+                            ixt_range(kb + el * NB, NB, r);
+                            const int kl = r[0], kh2 = r[1];
 #pragma unroll
                             for (int hb = 0; hb < 2; hb++) {
                                 const int ql = hb ? qlB : qlA, qh2 = hb ? qhB : qhA;
@@ -321,7 +316,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
 }
 
 template <int DI> static size_t ixt_smem(int Hi) {
-    return sizeof(__half) * (size_t)(Hi + IXT_EB) * (DI + 8) + sizeof(int) * (size_t)(Hi + IXT_EB) * (DI / 32 + 2) +
+    return sizeof(__half) * (size_t)(Hi + IXT_EB) * (DI + 8) + sizeof(int) * ((size_t)Hi * (DI / 32 + 2) + (size_t)IXT_EB * DI / 32) +
            sizeof(float) * ((size_t)Hi + (size_t)(Hi + IXT_EB) * (DI / 32) + (size_t)IXT_EB * (Hi + 1));
 }
 
