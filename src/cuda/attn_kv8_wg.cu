@@ -55,7 +55,7 @@ __device__ __forceinline__ float wa_ex2(float x) {
 #define WA_KS (WA_QS + WA_H * WA_D * 2)  /* rows: 2 x 32 x 512 f16 */
 #define WA_SX (WA_KS + 2 * WA_N * WA_D * 2) /* partial scores: [2 warpgroups][16][128 threads] fp32 */
 #define WA_ID (WA_SX + 2 * 16 * 128 * 4) /* ids: [8 tiles][32] */
-#define WA_MB (WA_ID + WA_IR * WA_N * 4) /* the raw stages' mbarriers: [3] */
+#define WA_MB (WA_ID + WA_IR * WA_N * 4) /* the raw stages' mbarriers: [WA_RS] */
 #define WA_CS (WA_MB + 128)             /* the terms form's inverse RoPE: (cos, -sin) of the query's pairs, [256] float2 */
 #define WA_RAW (WA_CS + 256 * 8)        /* rows as stored: [3][32][rb] */
 

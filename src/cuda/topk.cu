@@ -28,10 +28,10 @@
 #define DSV4_TK_FN __host__ __device__
 #include "../cpu/topk_algo.h"
 
-#define TOPK_THREADS 1024
+#define TOPK_THREADS 1024 /* threads a row (DSV4_TOPK_THREADS=512: half, where k <= 512; measurement) */
 #define TOPK_MAXK 2048
 #define TOPK_SMEM_N 8192 /* longest row whose tie path runs in shared memory (64 KB; two blocks an SM still fit) */
-#define TOPK_KR 2        /* fast: keys a thread keeps in registers (rows up to 2048 entries read once) */
+#define TOPK_RK 2048     /* fast: keys the block keeps in registers (rows up to 2048 entries read once) */
 
 __device__ __forceinline__ uint64_t topk_key(float v, int i) {
     uint32_t u = __float_as_uint(v);
@@ -46,7 +46,8 @@ __device__ __forceinline__ int key_index(uint64_t key) { return (int)(0xffffffff
 
 __device__ unsigned long long topk_count[3]; /* rows, rows with order ties only, rows with boundary ties */
 
-__global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal,
+template <int NT>
+__global__ void __launch_bounds__(NT) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal,
                                                             int k, int exact_order, int fast, int *sel, int *nsel,
                                                             tk_elem *scratch) {
     dev_pdl_enter();
@@ -55,7 +56,8 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
     __shared__ uint64_t keys[TOPK_MAXK];
     __shared__ int out[TOPK_MAXK];
     __shared__ int pick_bin, pick_above, ngot, tie, neq, nsel_eq;
-    __shared__ int wsum[TOPK_THREADS / 32];
+    __shared__ int wsum[NT / 32];
+    constexpr int TOPK_KR = TOPK_RK / NT; /* keys a thread keeps in registers */
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = nrow[t], kk0 = k < n ? k : n, nc = ncausal[t];
     const float *row = scores + (int64_t)t * ld;
@@ -67,22 +69,22 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *scores,
      * highest indices, so every causal key is above theirs: the same kk0 keys, and none to drop); a prefill pass's
      * rows (the pass's whole list, its later entries masked) no longer rank and scan the masked tail */
     const int nr = fast && nc >= kk0 && nc < n ? nc : n;
-    /* fast: the first TOPK_KR * TOPK_THREADS keys in registers (each thread its own: read from the row once, not once a
+    /* fast: the first TOPK_RK keys in registers (each thread its own: read from the row once, not once a
      * pass), and the histogram's and the gather's shared atomics once a warp and bin (the scores' top digits are few,
      * so a warp's keys land on the same bins) */
     uint64_t kc[TOPK_KR];
-    const int ncache = fast ? (nr < TOPK_KR * TOPK_THREADS ? nr : TOPK_KR * TOPK_THREADS) : 0;
+    const int ncache = fast ? (nr < TOPK_RK ? nr : TOPK_RK) : 0;
 #pragma unroll
     for (int j = 0; j < TOPK_KR; j++) {
-        const int i = tid + j * TOPK_THREADS;
+        const int i = tid + j * NT;
         kc[j] = i < ncache ? topk_key(row[i], i) : 0;
     }
-    /* the keys of entries i0 + tid, i0 from 0 by TOPK_THREADS up to nr, warp-uniformly: f(in range, key) */
+    /* the keys of entries i0 + tid, i0 from 0 by NT up to nr, warp-uniformly: f(in range, key) */
     auto each_key = [&](auto f) {
 #pragma unroll
         for (int j = 0; j < TOPK_KR; j++)
-            if (j * TOPK_THREADS < ncache) f(tid + j * TOPK_THREADS < ncache, kc[j]);
-        for (int i0 = ncache; i0 < nr; i0 += TOPK_THREADS) {
+            if (j * NT < ncache) f(tid + j * NT < ncache, kc[j]);
+        for (int i0 = ncache; i0 < nr; i0 += NT) {
             const int i = i0 + tid;
             f(i < nr, i < nr ? topk_key(row[i], i) : 0);
         }
@@ -279,7 +281,10 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
     const size_t smem = ld <= TOPK_SMEM_N ? (size_t)ld * sizeof(tk_elem) : 0;
     static int smem_set; /* the kernel's dynamic shared memory raised to its most (static + dynamic > 48 KB), once */
     if (smem && !smem_set) {
-        if (cudaFuncSetAttribute((const void *)topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TOPK_SMEM_N * (int)sizeof(tk_elem)) != cudaSuccess)
+        if (cudaFuncSetAttribute((const void *)topk_kernel<TOPK_THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 TOPK_SMEM_N * (int)sizeof(tk_elem)) != cudaSuccess ||
+            cudaFuncSetAttribute((const void *)topk_kernel<512>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 TOPK_SMEM_N * (int)sizeof(tk_elem)) != cudaSuccess)
             return dsv4_cuda_fail("topk: cannot raise shared memory to %zu bytes", (size_t)TOPK_SMEM_N * sizeof(tk_elem));
         smem_set = 1;
     }
@@ -288,8 +293,14 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
         tk_exact_order = e && *e && *e != '0';
     }
     if (tk_fast < 0) tk_fast = dsv4_env_int("DSV4_TOPK_FAST", 1) != 0;
-    dev_launch(topk_kernel, T, TOPK_THREADS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k, tk_exact_order, tk_fast,
-               sel, nsel, (tk_elem *)scratch);
+    static int nt = -1;
+    if (nt < 0) nt = dsv4_env_int("DSV4_TOPK_THREADS", TOPK_THREADS);
+    if (nt == 512 && k <= 512) /* (the sort's register form needs the padded k within the block) */
+        dev_launch(topk_kernel<512>, T, 512, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k, tk_exact_order, tk_fast, sel,
+                   nsel, (tk_elem *)scratch);
+    else
+        dev_launch(topk_kernel<TOPK_THREADS>, T, TOPK_THREADS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k,
+                   tk_exact_order, tk_fast, sel, nsel, (tk_elem *)scratch);
     return dsv4_cuda_check_launch("topk");
 }
 
