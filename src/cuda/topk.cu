@@ -28,7 +28,10 @@
 #define DSV4_TK_FN __host__ __device__
 #include "../cpu/topk_algo.h"
 
-#define TOPK_THREADS 1024 /* threads a row (DSV4_TOPK_THREADS=512: half, where k <= 512; measurement) */
+#define TOPK_THREADS 1024 /* threads a row where k > 512 (the sort's register form needs the padded k within the block) */
+#define TOPK_THREADS_S 512 /* threads a row where k <= 512: two rows an SM at 64 registers, so one row's barriers overlap the
+                            * other's work (session 51: 4096 rows of an 8K prefill 382.6 -> 192.2 us on an H100, the 8K
+                            * prefill 0.988x); DSV4_TOPK_THREADS=1024: the 1024-thread form for every k */
 #define TOPK_MAXK 2048
 #define TOPK_SMEM_N 8192 /* longest row whose tie path runs in shared memory (64 KB; two blocks an SM still fit) */
 #define TOPK_RK 2048     /* fast: keys the block keeps in registers (rows up to 2048 entries read once) */
@@ -273,6 +276,7 @@ __global__ void __launch_bounds__(NT) topk_kernel(const float *scores, int64_t l
 
 static int tk_exact_order = -1; /* DSV4_TOPK_EXACT_ORDER, read at the first launch */
 static int tk_fast = -1;        /* DSV4_TOPK_FAST (default 1 since session 30: bench/NOTES.md) */
+static int tk_threads = -1;     /* DSV4_TOPK_THREADS (TOPK_THREADS_S where k allows it, since session 51) */
 
 extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel,
                               int *nsel, void *scratch, void *stream) {
@@ -283,7 +287,7 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
     if (smem && !smem_set) {
         if (cudaFuncSetAttribute((const void *)topk_kernel<TOPK_THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  TOPK_SMEM_N * (int)sizeof(tk_elem)) != cudaSuccess ||
-            cudaFuncSetAttribute((const void *)topk_kernel<512>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            cudaFuncSetAttribute((const void *)topk_kernel<TOPK_THREADS_S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  TOPK_SMEM_N * (int)sizeof(tk_elem)) != cudaSuccess)
             return dsv4_cuda_fail("topk: cannot raise shared memory to %zu bytes", (size_t)TOPK_SMEM_N * sizeof(tk_elem));
         smem_set = 1;
@@ -293,11 +297,10 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
         tk_exact_order = e && *e && *e != '0';
     }
     if (tk_fast < 0) tk_fast = dsv4_env_int("DSV4_TOPK_FAST", 1) != 0;
-    static int nt = -1;
-    if (nt < 0) nt = dsv4_env_int("DSV4_TOPK_THREADS", TOPK_THREADS);
-    if (nt == 512 && k <= 512) /* (the sort's register form needs the padded k within the block) */
-        dev_launch(topk_kernel<512>, T, 512, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k, tk_exact_order, tk_fast, sel,
-                   nsel, (tk_elem *)scratch);
+    if (tk_threads < 0) tk_threads = dsv4_env_int("DSV4_TOPK_THREADS", TOPK_THREADS_S);
+    if (tk_threads == TOPK_THREADS_S && k <= TOPK_THREADS_S)
+        dev_launch(topk_kernel<TOPK_THREADS_S>, T, TOPK_THREADS_S, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k,
+                   tk_exact_order, tk_fast, sel, nsel, (tk_elem *)scratch);
     else
         dev_launch(topk_kernel<TOPK_THREADS>, T, TOPK_THREADS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k,
                    tk_exact_order, tk_fast, sel, nsel, (tk_elem *)scratch);
@@ -306,6 +309,7 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
 
 extern "C" void dsv4_cuda_topk_set_exact_order(int on) { tk_exact_order = on < 0 ? -1 : on != 0; }
 extern "C" void dsv4_cuda_topk_set_fast(int on) { tk_fast = on < 0 ? -1 : on != 0; }
+extern "C" void dsv4_cuda_topk_set_threads(int nt) { tk_threads = nt < 0 ? -1 : nt; }
 
 extern "C" int dsv4_cuda_topk_counts(unsigned long long c[3], int reset) {
     if (cudaMemcpyFromSymbol(c, topk_count, sizeof(unsigned long long) * 3) != cudaSuccess)

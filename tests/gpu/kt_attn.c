@@ -73,7 +73,7 @@ static int tk_cmp_order(const void *a, const void *b) {
  * masked prefill list); levels > 0: scores from that many values (many exact ties); -1: continuous with a fifth of the
  * odd entries equal to the one before (ties mostly among the selected: the fast path's order); 0: continuous; -2:
  * continuous, every row a prefill pass's (the pass's whole list, ld entries, its causal ones rising from ld / 2) */
-static void test_topk_rule(int T, int ld, int k, int levels, int exact, int fast) {
+static void test_topk_rule(int T, int ld, int k, int levels, int exact, int fast, int threads) {
     float *sc = malloc(sizeof(float) * (size_t)T * ld);
     int *nl = malloc(sizeof(int) * T), *nc = malloc(sizeof(int) * T), *tmp = malloc(sizeof(int) * (size_t)(k + ld));
     for (int t = 0; t < T; t++) {
@@ -112,6 +112,7 @@ static void test_topk_rule(int T, int ld, int k, int levels, int exact, int fast
     void *scratch = dsv4_cuda_alloc((size_t)8 * T * ld);
     dsv4_cuda_topk_set_exact_order(exact);
     dsv4_cuda_topk_set_fast(fast);
+    dsv4_cuda_topk_set_threads(threads ? threads : -1);
     unsigned long long cnt[3];
     op_ok(dsv4_cuda_topk_counts(cnt, 1), "topk counters");
     op_ok(dsv4_cuda_topk(dsc, T, ld, dnl, dnc, k, dsel, dnsel, scratch, NULL), "topk");
@@ -125,10 +126,11 @@ static void test_topk_rule(int T, int ld, int k, int levels, int exact, int fast
     }
     op_ok(dsv4_cuda_topk_counts(cnt, 1), "topk counters");
     char name[160];
-    snprintf(name, sizeof name, "topk T=%d n<=%d k=%d %s (exact, %s%s; rows %llu, order ties %llu, boundary ties %llu)", T, ld, k,
+    char thr[32] = "";
+    if (threads) snprintf(thr, sizeof thr, ", %d threads a row", threads);
+    snprintf(name, sizeof name, "topk T=%d n<=%d k=%d %s (exact, %s%s%s; rows %llu, order ties %llu, boundary ties %llu)", T, ld, k,
              levels > 0 ? "ties" : levels == -1 ? "pairs" : levels ? "prefill rows" : "distinct",
-             exact ? "torch order" : "equal values by index",
-             fast ? ", fast form" : "", cnt[0], cnt[1], cnt[2]);
+             exact ? "torch order" : "equal values by index", fast ? ", fast form" : "", thr, cnt[0], cnt[1], cnt[2]);
     check(name, got, ref, nout, 0, 0);
     { /* the time of a launch (ties: the one-thread path in shared memory up to 8192 entries a row, else in the scratch) */
         cudaEvent_t e0, e1;
@@ -139,9 +141,9 @@ static void test_topk_rule(int T, int ld, int k, int levels, int exact, int fast
         sync_ok();
         float ms = 0;
         cudaEventElapsedTime(&ms, e0, e1);
-        printf("time topk T=%d n<=%d k=%d %s%s%s: %.1f us\n", T, ld, k,
+        printf("time topk T=%d n<=%d k=%d %s%s%s%s: %.1f us\n", T, ld, k,
                levels > 0 ? "ties" : levels == -1 ? "pairs" : levels ? "prefill rows" : "distinct",
-               exact ? " (torch order)" : "", fast ? " fast form" : "", 1000.0 * ms / 5);
+               exact ? " (torch order)" : "", fast ? " fast form" : "", thr, 1000.0 * ms / 5);
         cudaEventDestroy(e0), cudaEventDestroy(e1);
     }
     dsv4_cuda_free(dsc), dsv4_cuda_free(dnl), dsv4_cuda_free(dnc), dsv4_cuda_free(dsel), dsv4_cuda_free(dnsel),
@@ -149,6 +151,7 @@ static void test_topk_rule(int T, int ld, int k, int levels, int exact, int fast
     free(sc), free(nl), free(nc), free(tmp), free(ref), free(got), free(sel), free(nsel);
     dsv4_cuda_topk_set_exact_order(-1);
     dsv4_cuda_topk_set_fast(-1);
+    dsv4_cuda_topk_set_threads(-1);
 }
 
 /* both rules on the same rows (the random stream restarted for the second) */
@@ -156,10 +159,15 @@ void test_topk(int T, int ld, int k, int levels) {
     const uint64_t st = rnd_state_get();
     for (int fast = 0; fast <= 1; fast++) { /* DSV4_TOPK_FAST off and on: the same picks */
         rnd_state_set(st);
-        test_topk_rule(T, ld, k, levels, 1, fast);
+        test_topk_rule(T, ld, k, levels, 1, fast, 0);
         rnd_state_set(st);
-        test_topk_rule(T, ld, k, levels, 0, fast);
+        test_topk_rule(T, ld, k, levels, 0, fast, 0);
     }
+    if (k <= 512) /* the default's 512 threads a row against the 1024-thread form (DSV4_TOPK_THREADS=1024) */
+        for (int exact = 1; exact >= 0; exact--) {
+            rnd_state_set(st);
+            test_topk_rule(T, ld, k, levels, exact, 1, 1024);
+        }
 }
 
 /* ---- attention index lists (twin: the list loop of dsv4_attention_fwd) ---- */
