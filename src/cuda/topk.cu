@@ -30,8 +30,8 @@
 
 #define TOPK_THREADS 1024 /* threads a row where k > 512 (the sort's register form needs the padded k within the block) */
 #define TOPK_THREADS_S 512 /* threads a row where k <= 512: two rows an SM at 64 registers, so one row's barriers overlap the
-                            * other's work (session 51: 4096 rows of an 8K prefill 382.6 -> 192.2 us on an H100, the 8K
-                            * prefill 0.988x); DSV4_TOPK_THREADS=1024: the 1024-thread form for every k */
+                            * other's work (session 51: 4096 rows of an 8K prefill 382.6 -> 192.2 us on an H100, the same
+                            * picks); DSV4_TOPK_THREADS=1024: the 1024-thread form for every k */
 #define TOPK_MAXK 2048
 #define TOPK_SMEM_N 8192 /* longest row whose tie path runs in shared memory (64 KB; two blocks an SM still fit) */
 #define TOPK_RK 2048     /* fast: keys the block keeps in registers (rows up to 2048 entries read once) */
@@ -50,9 +50,8 @@ __device__ __forceinline__ int key_index(uint64_t key) { return (int)(0xffffffff
 __device__ unsigned long long topk_count[3]; /* rows, rows with order ties only, rows with boundary ties */
 
 template <int NT>
-__global__ void __launch_bounds__(NT) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal,
-                                                            int k, int exact_order, int fast, int *sel, int *nsel,
-                                                            tk_elem *scratch) {
+__global__ void __launch_bounds__(NT) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal, int k,
+                                                  int exact_order, int fast, int *sel, int *nsel, tk_elem *scratch) {
     dev_pdl_enter();
     extern __shared__ tk_elem tk_row[]; /* [ld] when ld <= TOPK_SMEM_N (the tie path's copy), else none */
     __shared__ int hist[256];
@@ -60,7 +59,7 @@ __global__ void __launch_bounds__(NT) topk_kernel(const float *scores, int64_t l
     __shared__ int out[TOPK_MAXK];
     __shared__ int pick_bin, pick_above, ngot, tie, neq, nsel_eq;
     __shared__ int wsum[NT / 32];
-    constexpr int TOPK_KR = TOPK_RK / NT; /* keys a thread keeps in registers */
+    constexpr int KR = TOPK_RK / NT; /* keys a thread keeps in registers */
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = nrow[t], kk0 = k < n ? k : n, nc = ncausal[t];
     const float *row = scores + (int64_t)t * ld;
@@ -72,20 +71,20 @@ __global__ void __launch_bounds__(NT) topk_kernel(const float *scores, int64_t l
      * highest indices, so every causal key is above theirs: the same kk0 keys, and none to drop); a prefill pass's
      * rows (the pass's whole list, its later entries masked) no longer rank and scan the masked tail */
     const int nr = fast && nc >= kk0 && nc < n ? nc : n;
-    /* fast: the first TOPK_RK keys in registers (each thread its own: read from the row once, not once a
-     * pass), and the histogram's and the gather's shared atomics once a warp and bin (the scores' top digits are few,
-     * so a warp's keys land on the same bins) */
-    uint64_t kc[TOPK_KR];
+    /* fast: the first TOPK_RK keys in registers (each thread its own: read from the row once, not once a pass), and the
+     * histogram's and the gather's shared atomics once a warp and bin (the scores' top digits are few, so a warp's keys
+     * land on the same bins) */
+    uint64_t kc[KR];
     const int ncache = fast ? (nr < TOPK_RK ? nr : TOPK_RK) : 0;
 #pragma unroll
-    for (int j = 0; j < TOPK_KR; j++) {
+    for (int j = 0; j < KR; j++) {
         const int i = tid + j * NT;
         kc[j] = i < ncache ? topk_key(row[i], i) : 0;
     }
     /* the keys of entries i0 + tid, i0 from 0 by NT up to nr, warp-uniformly: f(in range, key) */
     auto each_key = [&](auto f) {
 #pragma unroll
-        for (int j = 0; j < TOPK_KR; j++)
+        for (int j = 0; j < KR; j++)
             if (j * NT < ncache) f(tid + j * NT < ncache, kc[j]);
         for (int i0 = ncache; i0 < nr; i0 += NT) {
             const int i = i0 + tid;
