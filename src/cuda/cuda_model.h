@@ -149,6 +149,9 @@ int dsv4_cuda_copy2d(float *dst, int64_t dld, const float *src, int64_t sld, int
  * 16-byte aligned rows (fp32 key rows included); a thread per entry otherwise. */
 int dsv4_cuda_indexer_scores(const float *qi, const float *wt, int T, int Hi, int Di, const uint8_t *const *keys, int fp4,
                              const int *ncausal, const int *nlist, int maxlist, int ld, float *out, void *stream);
+/* Queries a block of the tensor-core form (indexer_tc.cu): 1, 2 (neighbours sharing their keys decode them once), or 0:
+ * by T (2 from 512 queries: prefill passes; the default, or DSV4_INDEXER_QB=1|2). The same bits. */
+void dsv4_cuda_indexer_qb(int qb);
 /* dsv4_cuda_sparse_attn with rows from two places: an index id >= 0 is row id of qbase[t] (a
  * device array of T device pointers: the query's sequence's state), id <= -2 is row -id-2 of kv2
  * (the chunk's own keys), -1 is no entry. */

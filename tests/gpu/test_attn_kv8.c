@@ -991,11 +991,21 @@ static void bench_ikeys_prefill(void) {
     const uint8_t **dkp = dup_dev(kp, sizeof(void *) * T);
     float *o = dsv4_cuda_alloc(sizeof(float) * (size_t)T * n);
     ix_job j = {dq, dw, dkp, dnl, o, T, n, 0, dnc};
-    const double us = time_us(run_ix, &j, 3);
     double fl = 0; /* causal dots: 64 heads x 128 columns x 2 FLOPs an entry */
     for (int t = 0; t < T; t++) fl += 2.0 * Hi * Di * nc[t];
-    printf("     time indexer_scores prefill T %d over %d FP4 keys (causal, 64 x 128): %.1f us, %.1f TFLOP/s\n", T, n, us,
-           fl / us * 1e-6);
+    float *h[2] = {malloc(sizeof(float) * (size_t)T * n), malloc(sizeof(float) * (size_t)T * n)};
+    for (int qb = 1; qb <= 2; qb++) {
+        dsv4_cuda_indexer_qb(qb);
+        const double us = time_us(run_ix, &j, 3);
+        const int rc = dsv4_cuda_download(h[qb - 1], o, sizeof(float) * (size_t)T * n);
+        const int diff = qb == 2 && (rc || memcmp(h[0], h[1], sizeof(float) * (size_t)T * n));
+        printf("%s time indexer_scores prefill T %d over %d FP4 keys (causal, 64 x 128), %d quer%s a block: %.1f us, %.1f "
+               "TFLOP/s%s\n", diff ? "FAIL" : "    ", T, n, qb, qb > 1 ? "ies" : "y", us, fl / us * 1e-6,
+               qb == 1 ? "" : diff ? ", results differ from one a block" : ", bitwise equal to one a block");
+        fails += diff;
+    }
+    dsv4_cuda_indexer_qb(0);
+    free(h[0]), free(h[1]);
     free(nl), free(nc), free(kp);
     dsv4_cuda_free(dk), dsv4_cuda_free(dq), dsv4_cuda_free(dw), dsv4_cuda_free(dnl), dsv4_cuda_free(dnc), dsv4_cuda_free((void *)dkp);
     dsv4_cuda_free(o);
@@ -1076,13 +1086,18 @@ dec:
     test_ikeys(1, 64, 128, 1024);
     test_ikeys(2, 4, 64, 37);
     test_ikeys(2, 48, 128, 300);  /* threads left over in a block */
-    test_ikeys_q(70, 64, 128, 1000, 1); /* the tensor-core kernel (T >= 32): exact path and chains */
-    test_ikeys_q(40, 16, 64, 200, 1);
-    test_ikeys_q(33, 48, 128, 130, 1);  /* 3 warps, a partial chunk */
-    test_ikeys_q(32, 64, 128, 300, 0);  /* q not FP4: chains only */
-    test_ikeys_q(3, 64, 128, 500, 1);   /* FP4 q through the other kernels */
-    test_ikeys_qs(70, 64, 128, 330, 1, 1); /* two key sets */
-    test_ikeys_qs(45, 32, 64, 150, 1, 1);
+    for (int qb = 1; qb <= 2; qb++) { /* the tensor-core kernel with one and two queries a block */
+        printf("     indexer scores, tensor-core form with %d quer%s a block:\n", qb, qb > 1 ? "ies" : "y");
+        dsv4_cuda_indexer_qb(qb);
+        test_ikeys_q(70, 64, 128, 1000, 1); /* the tensor-core kernel (T >= 32): exact path and chains */
+        test_ikeys_q(40, 16, 64, 200, 1);
+        test_ikeys_q(33, 48, 128, 130, 1);  /* 3 warps, a partial chunk (two a block: the last block one) */
+        test_ikeys_q(32, 64, 128, 300, 0);  /* q not FP4: chains only */
+        test_ikeys_q(3, 64, 128, 500, 1);   /* FP4 q through the other kernels */
+        test_ikeys_qs(70, 64, 128, 330, 1, 1); /* two key sets (two a block: some blocks' queries apart, some together) */
+        test_ikeys_qs(45, 32, 64, 150, 1, 1);
+    }
+    dsv4_cuda_indexer_qb(0);
     test_ikeys(1, 128, 64, 100);
     test_ikeys(2, 8, 96, 50);     /* the thread-per-entry kernel */
     if (bench) {
