@@ -5,7 +5,7 @@ Per call: the median over the traced blocks (thread 0 of each warpgroup) of the 
 prologue's points, then per tile the cycles each phase took (from the previous point), tiles 1 .. 11 pooled."""
 import sys
 
-PH = ["barrier", "rows in", "q.k + decode", "copies", "scores in", "swap", "softmax", "p.V"]
+PH = ["barrier + scores", "rows in", "q.k(s+1) issued", "softmax", "p.V + decode", "wait", "barrier 2", "copies + Sx"]
 
 
 def med(v):
@@ -37,7 +37,7 @@ def main(path):
                 t0 = prev
                 for k in range(8):
                     v = r[b + k]
-                    if v < 0:  # phases 2-3 absent on the last tile
+                    if v < 0:  # phase 1 absent on the last tile
                         continue
                     ph[k].append(v - t0)
                     t0 = v

@@ -5,10 +5,11 @@
  * Why: attn_kv8_tc's prefill form ran at ~75 TFLOP/s (8-12 K cycles a tile of 32 entries for 2 M multiply-adds): each
  * of its 8 warps decoded rows, then waited, then ran mma.sync, one phase after the other. Here (a block per query and
  * 64 heads, 256 threads = two warpgroups; warpgroup w owns dims 256 w .. 256 w + 255 of q, the rows and the output):
- *  - the rows of tile s + 3 are gathered as stored (a cp.async.bulk a row, three raw stages, an mbarrier each) while
- *    tile s computes;
- *  - S = q.k over the warpgroup's dims is one chain of 16 wgmma m64n32k16 (q and the rows in shared memory), with tile
- *    s + 1's rows decoded into f16 between them (cvt e4m3x2 -> f16x2 times the e8m0 scale: exact);
+ *  - the rows of tiles s + 2 and s + 3 are gathered as stored (a cp.async.bulk a row, two raw stages, an mbarrier
+ *    each) while tile s computes;
+ *  - S = q.k over the warpgroup's dims is one chain of 16 wgmma m64n32k16 (q and the rows in shared memory), with the
+ *    warpgroup's half of tile s + 2's rows decoded into f16 between them (cvt e4m3x2 -> f16x2 times the e8m0 scale:
+ *    exact); a software pipeline: tile s + 1's q.k runs on the tensor cores while tile s's softmax runs (session 51);
  *  - the two halves' partial scores are swapped through shared memory and added (a + b: the same bits in both), both
  *    warpgroups run the same online softmax (attn_kv8_tc's, with e^x as 2^(x log2 e) on the SFU), and O += p.V is two
  *    wgmma m64n256k16 with p from registers and V = the same rows read N-major (transposed) from shared memory.
@@ -38,7 +39,8 @@
 #define WA_D 512      /* dims a row in shared memory (zero-padded) */
 #define WA_H 64       /* heads a block */
 #define WA_NT 256     /* threads: two warpgroups */
-#define WA_RS 3       /* raw stages (tiles s + 1 .. s + 3 in flight) */
+#define WA_RS 2       /* raw stages (tiles s + 2 and s + 3: the f16 rows took the third) */
+#define WA_KB 3       /* f16 row buffers: tile s (p.V), s + 1 (q.k), s + 2 (being decoded) */
 #define WA_IR 8       /* id ring, tiles */
 #define WA_PS 4096.0f /* p is taken as p x 2^12 (f16 subnormals only below p 2^-26); O carries the factor */
 #define WA_F 32       /* tiles a span (attn_kv8_tc's TC_F) */
@@ -52,17 +54,18 @@ __device__ __forceinline__ float wa_ex2(float x) {
 }
 
 #define WA_QS 0                          /* q: 64 x 512 f16 */
-#define WA_KS (WA_QS + WA_H * WA_D * 2)  /* rows: 2 x 32 x 512 f16 */
-#define WA_SX (WA_KS + 2 * WA_N * WA_D * 2) /* partial scores: [2 warpgroups][16][128 threads] fp32 */
+#define WA_KS (WA_QS + WA_H * WA_D * 2)  /* rows: 3 x 32 x 512 f16 */
+#define WA_SX (WA_KS + WA_KB * WA_N * WA_D * 2) /* partial scores: [2 warpgroups][16][128 threads] fp32 */
 #define WA_ID (WA_SX + 2 * 16 * 128 * 4) /* ids: [8 tiles][32] */
 #define WA_MB (WA_ID + WA_IR * WA_N * 4) /* the raw stages' mbarriers: [WA_RS] */
 #define WA_CS (WA_MB + 128)             /* the terms form's inverse RoPE: (cos, -sin) of the query's pairs, [256] float2 */
-#define WA_RAW (WA_CS + 256 * 8)        /* rows as stored: [3][32][rb] */
+#define WA_RAW (WA_CS + 256 * 8)        /* rows as stored: [2][32][rb] */
 
 /* clock trace (DSV4_ATTN_WG_TRACE=FILE, measurement only): thread 0 of each warpgroup of every 512th block stamps
  * %clock64 at fixed points: 0 start, 1 ids and first copies issued, 2 q in, 3 tile 0 decoded, then per tile s < 12 at
- * 4 + 8 s + {0 loop barrier, 1 rows of s + 1 in, 2 q.k issued and s + 1 decoded, 3 copies issued, 4 scores in,
- * 5 swapped, 6 softmax, 7 p.V done}, 100 loop end, 101 stores done (bench/wa_trace.py) */
+ * 4 + 8 s + {0 loop barrier (scores of s summed after it), 1 rows of s + 2 in, 2 q.k of s + 1 issued (with half of
+ * s + 2's decode), 3 softmax of s, 4 p.V of s issued and the rest of s + 2 decoded, 5 both waited for, 6 second
+ * barrier, 7 copies issued and s + 1's partial scores stored}, 100 loop end, 101 stores done (bench/wa_trace.py) */
 #define WA_TRN 104
 #define WA_TR(k)                                                                                                        \
     do {                                                                                                               \
@@ -150,19 +153,22 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
         __syncwarp();
         if (src) dev_bulk_g2s(raw0 + (s % WA_RS) * (WA_N * rb) + lane * rb, src, (unsigned)rb, bar);
     };
-    /* chunk j of tile s's rows (raw stage s % 3) into f16 rows buffer s & 1: lane = entry id, warp w chunk w + 8 j;
-     * without branches (FIX: chunk 7 the rope dims, the others FP8), so that it can sit between wgmma instructions */
+    /* chunk j (0 .. 7) of tile s's rows (raw stage s % WA_RS) into f16 rows buffer s % WA_KB: lane = entry id, warp g of
+     * warpgroup wg chunk 32 wg + g + 4 j, so that each warpgroup decodes the dims it alone reads (q.k and p.V over dims
+     * 256 wg ..: no barrier between the warpgroups for the rows). FIX: chunks 56 .. 63 (warpgroup 1's j 6 and 7) the
+     * rope dims, the others FP8: for j < 6 known at compile time, without branches, so that they can sit between wgmma
+     * instructions */
     auto dchunk = [&](int s, int j, int id) {
-        const int c = warp + 8 * j, cr = FIX ? c : min(c, dc - 1); /* cr: a chunk of the row to read (c past Dh: zeros) */
+        const int c = 32 * wg + g + 4 * j, cr = FIX ? c : min(c, dc - 1); /* cr: a chunk of the row to read (c past Dh: zeros) */
         const uint8_t *row = raw + (s % WA_RS) * (WA_N * rb) + lane * rb;
         uint4 o;
-        if (FIX ? j < 7 : cr < nq) o = wa_fp8x8(*(const uint2 *)(row + 8 * cr), row[nope + (cr >> 3)]);
+        if (FIX ? j < 6 || !wg : cr < nq) o = wa_fp8x8(*(const uint2 *)(row + 8 * cr), row[nope + (cr >> 3)]);
         else {
             const uint4 w = *(const uint4 *)(row + ro + 16 * (cr - nq)), b = wa_bf16x8(w);
             o = id >= 0 ? b : w; /* the pass's own rows carry f16 rope dims */
         }
         if (id == -1 || (!FIX && c >= dc)) o = make_uint4(0, 0, 0, 0);
-        *(uint4 *)(Ks + (s & 1) * (WA_N * WA_D * 2) + c * (WA_N * 16) + (lane >> 3) * 128 + (lane & 7) * 16) = o;
+        *(uint4 *)(Ks + (s % WA_KB) * (WA_N * WA_D * 2) + c * (WA_N * 16) + (lane >> 3) * 128 + (lane & 7) * 16) = o;
     };
 
     /* ids of tiles 0 .. 4; tile 5's in flight in warp 0's registers */
@@ -173,7 +179,7 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
     for (int i = tid; i < 5 * WA_N; i += WA_NT) ids[i] = fetch(i / WA_N, i % WA_N);
     int nxt = warp == 0 ? fetch(5, lane) : -1;
     __syncthreads();
-    if (warp == 7) issue(0), issue(1), issue(2);
+    if (warp == 7) issue(0), issue(1);
     WA_TR(1);
     /* the terms form: the inverse RoPE's cos / sin (warp 6, while q's loads are in flight) */
     auto cs_table = [&]() {
@@ -249,52 +255,76 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
     };
     const unsigned qa = (unsigned)__cvta_generic_to_shared(Qs), ka0 = (unsigned)__cvta_generic_to_shared(Ks);
 
-    for (int s = 0; s < ns; s++) {
-        __syncthreads(); /* tile s's f16 rows are in (and visible to the tensor cores); buffer (s + 1) & 1 is free */
-        const int tb = s < 12 ? 4 + 8 * s : -1;
-#define WA_TS(k) if (tb >= 0) WA_TR(tb + (k))
-        WA_TS(0);
-        const unsigned ka = ka0 + (s & 1) * (WA_N * WA_D * 2);
-        /* q.k: every k-step (the zero padding past Dh too: wgmma in a divergent path is serialized), with tile s + 1's
-         * rows decoded between them (half of them, a chunk every fourth k-step: the tensor pipe's queue drains
-         * meanwhile; the other half while p.V runs; past the list into the free buffer, harmlessly) */
-        if (s + 1 < ns) dev_mbar_wait(mb0 + 8 * ((s + 1) % WA_RS), ((s + 1) / WA_RS) & 1);
-        WA_TS(1);
-        const int did = ids[((s + 1) & (WA_IR - 1)) * WA_N + lane];
-        float S4[4][4];
+    /* The tiles run as a software pipeline, so that a tile's softmax (CUDA cores) overlaps the next tile's q.k (tensor
+     * cores): iteration s sums tile s's scores (S4 of the last iteration, this warpgroup's dims, plus the other's half
+     * from Sx), issues q.k of tile s + 1 into S4 (tile s + 2's rows decoded between its k-steps), runs tile s's softmax
+     * while it computes, then p.V of tile s. So the f16 rows take three buffers (tiles s, s + 1, s + 2) and the raw
+     * stages two. The same operations on the same values as one tile at a time: the same bits. */
+    float S4[4][4];
+    /* q.k of tile s (rows buffer s % WA_KB) over this warpgroup's dims into S4, with chunks 0 .. 3 of tile s + 1's rows
+     * decoded between the k-steps (FIX; the generic layout decodes all 8 after them); every k-step, the zero padding past
+     * Dh too (wgmma in a divergent path is serialized) */
+    auto qk = [&](int s, int did) {
+        const unsigned ka = ka0 + (s % WA_KB) * (WA_N * WA_D * 2);
         wg_fence();
 #pragma unroll
         for (int k = 0; k < 16; k++) {
             wg_mma_ss_n32(S4, wg_desc(qa + (16 * wg + k) * 2048, 1024, 128), wg_desc(ka + (16 * wg + k) * 1024, 512, 128), k);
-            if (FIX && (k & 3) == 3) dchunk(s + 1, k >> 2, did); /* chunks 0 .. 3; 4 .. 7 during p.V */
+            if (FIX && (k & 3) == 3) dchunk(s + 1, k >> 2, did);
         }
         wg_commit();
         if (!FIX) /* the generic layout's branches between wgmma instructions would make ptxas wait on each */
 #pragma unroll
             for (int j = 0; j < 8; j++) dchunk(s + 1, j, did);
-        WA_TS(2);
-        if (warp == 0) ids[((s + 5) & (WA_IR - 1)) * WA_N + lane] = nxt; /* tile s + 5's ids (loaded a tile ago) */
-        if (warp == 7) issue(s + 3); /* into the stage tile s left (decoded a tile ago, before this tile's barrier) */
-        if (warp == 0) nxt = fetch(s + 6, lane);
-        WA_TS(3);
-
-        /* S = own half + other half (commutative: both warpgroups get the same bits) */
-        wg_wait<0>();
+    };
+    auto keep_s4 = [&]() {
 #pragma unroll
         for (int n = 0; n < 4; n++)
 #pragma unroll
             for (int j = 0; j < 4; j++) wg_keep(S4[n][j]);
-        WA_TS(4);
+    };
+    auto put_sx = [&]() {
+#pragma unroll
+        for (int v = 0; v < 16; v++) Sx[(wg * 16 + v) * 128 + wt] = S4[v >> 2][v & 3];
+    };
+    /* the pipeline's start: tile 0's q.k (tile 1's rows decoded meanwhile), its partial scores into Sx */
+    __syncthreads(); /* q and tile 0's rows in (visible to the tensor cores); raw stage 0 free */
+    if (warp == 7) issue(2);
+    {
+        if (1 < ns) dev_mbar_wait(mb0 + 8 * (1 % WA_RS), (1 / WA_RS) & 1);
+        const int did = ids[1 * WA_N + lane];
+        qk(0, did);
+        if (FIX)
+#pragma unroll
+            for (int j = 4; j < 8; j++) dchunk(1, j, did);
+        wg_fence_proxy();
+        wg_wait<0>();
+        keep_s4();
+    }
+    __syncthreads(); /* raw stage 1 decoded */
+    if (warp == 7) issue(3);
+    put_sx();
+
+    for (int s = 0; s < ns; s++) {
+        __syncthreads(); /* tile s's partial scores in Sx; tile s + 1's rows in (and visible to the tensor cores); buffer
+                          * (s + 2) % 3 free (p.V of tile s - 1 waited for in both warpgroups) */
+        const int tb = s < 12 ? 4 + 8 * s : -1;
+#define WA_TS(k) if (tb >= 0) WA_TR(tb + (k))
+        WA_TS(0);
+        /* S = own half + other half (commutative: both warpgroups get the same bits) */
         float S[16];
 #pragma unroll
-        for (int v = 0; v < 16; v++) {
-            S[v] = S4[v >> 2][v & 3];
-            Sx[(wg * 16 + v) * 128 + wt] = S[v];
+        for (int v = 0; v < 16; v++) S[v] = S4[v >> 2][v & 3] + Sx[((wg ^ 1) * 16 + v) * 128 + wt];
+        if (warp == 0) ids[((s + 5) & (WA_IR - 1)) * WA_N + lane] = nxt; /* tile s + 5's ids (loaded a tile ago) */
+        if (warp == 0) nxt = fetch(s + 6, lane);
+        const bool more = s + 1 < ns;
+        const int did = ids[((s + 2) & (WA_IR - 1)) * WA_N + lane];
+        if (more) {
+            if (s + 2 < ns) dev_mbar_wait(mb0 + 8 * ((s + 2) % WA_RS), ((s + 2) / WA_RS) & 1);
+            WA_TS(1);
+            qk(s + 1, did); /* into the tensor pipe; tile s's softmax meanwhile */
         }
-        __syncthreads();
-        WA_TS(5);
-#pragma unroll
-        for (int v = 0; v < 16; v++) S[v] += Sx[((wg ^ 1) * 16 + v) * 128 + wt];
+        WA_TS(2);
 
         /* online softmax (attn_kv8_tc's); S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
         const unsigned vm = __ballot_sync(0xffffffffu, ids[(s & (WA_IR - 1)) * WA_N + lane] != -1);
@@ -316,8 +346,8 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
             else ls0 += p;
         }
         ak_row_fold(O, ls0, ls1, a0, a1, mn0, mn1, l0, l1, m0, m1);
+        WA_TS(3);
 
-        WA_TS(6);
         /* p x 2^12 as A fragments (k-steps of 16 entries), then O += p.V over this warpgroup's 256 dims */
         uint32_t ph[2][4];
 #pragma unroll
@@ -327,14 +357,16 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
                 const __half2 h = __floats2half2_rn(S[8 * j + 2 * k] * WA_PS, S[8 * j + 2 * k + 1] * WA_PS);
                 ph[j][k] = *(const uint32_t *)&h;
             }
+        const unsigned ka = ka0 + (s % WA_KB) * (WA_N * WA_D * 2);
         wg_fence();
 #pragma unroll
         for (int j = 0; j < 2; j++) wg_mma_rs_n256t(O, ph[j], wg_desc(ka + wg * 32 * 512 + j * 256, 128, 512));
         wg_commit();
-        if (FIX) /* the rest of tile s + 1's rows: q.k is bound by shared memory's bandwidth, p.V (B only) leaves some */
+        if (FIX && more) /* the rest of tile s + 2's rows: q.k is bound by shared memory's bandwidth, p.V (B only) leaves some */
 #pragma unroll
-            for (int j = 4; j < 8; j++) dchunk(s + 1, j, did);
-        wg_fence_proxy(); /* the decoded rows, for the next tile's wgmma (after its barrier) */
+            for (int j = 4; j < 8; j++) dchunk(s + 2, j, did);
+        wg_fence_proxy(); /* the decoded rows, for tile s + 2's wgmma (after the next barriers) */
+        WA_TS(4);
         wg_wait<0>();
 #pragma unroll
         for (int n = 0; n < 32; n++)
@@ -344,6 +376,12 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
         for (int j = 0; j < 2; j++)
 #pragma unroll
             for (int k = 0; k < 4; k++) wg_keep(ph[j][k]);
+        keep_s4();
+        WA_TS(5);
+        __syncthreads(); /* every thread has read Sx; raw stage (s + 2) % 2 decoded */
+        WA_TS(6);
+        if (warp == 7) issue(s + 4); /* into the stage tile s + 2 left */
+        if (more) put_sx();
         WA_TS(7);
 #undef WA_TS
 
