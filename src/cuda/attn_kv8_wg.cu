@@ -323,8 +323,14 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
             if (s + 2 < ns) dev_mbar_wait(mb0 + 8 * ((s + 2) % WA_RS), ((s + 2) / WA_RS) & 1);
             WA_TS(1);
             qk(s + 1, did); /* into the tensor pipe; tile s's softmax meanwhile */
+            if (FIX) /* the rest of tile s + 2's rows now, so that its raw stage is free before the softmax */
+#pragma unroll
+                for (int j = 4; j < 8; j++) dchunk(s + 2, j, did);
+            wg_fence_proxy(); /* the decoded rows, for tile s + 2's wgmma (after the next barriers) */
         }
         WA_TS(2);
+        __syncthreads(); /* every thread has read Sx; raw stage (s + 2) % 2 decoded */
+        if (warp == 7) issue(s + 4); /* into the stage tile s + 2 left: ~1.75 tiles before its decode (two stages) */
 
         /* online softmax (attn_kv8_tc's); S[4 n + j]: entry 8 n + 2 tq + (j & 1), head row gr (j < 2) or gr + 8 */
         const unsigned vm = __ballot_sync(0xffffffffu, ids[(s & (WA_IR - 1)) * WA_N + lane] != -1);
@@ -362,10 +368,6 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
 #pragma unroll
         for (int j = 0; j < 2; j++) wg_mma_rs_n256t(O, ph[j], wg_desc(ka + wg * 32 * 512 + j * 256, 128, 512));
         wg_commit();
-        if (FIX && more) /* the rest of tile s + 2's rows: q.k is bound by shared memory's bandwidth, p.V (B only) leaves some */
-#pragma unroll
-            for (int j = 4; j < 8; j++) dchunk(s + 2, j, did);
-        wg_fence_proxy(); /* the decoded rows, for tile s + 2's wgmma (after the next barriers) */
         WA_TS(4);
         wg_wait<0>();
 #pragma unroll
@@ -378,10 +380,7 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
             for (int k = 0; k < 4; k++) wg_keep(ph[j][k]);
         keep_s4();
         WA_TS(5);
-        __syncthreads(); /* every thread has read Sx; raw stage (s + 2) % 2 decoded */
-        WA_TS(6);
-        if (warp == 7) issue(s + 4); /* into the stage tile s + 2 left */
-        if (more) put_sx();
+        if (more) put_sx(); /* (every thread read tile s's partials before the barrier above) */
         WA_TS(7);
 #undef WA_TS
 
