@@ -318,8 +318,16 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
         float S[16];
 #pragma unroll
         for (int v = 0; v < 16; v++) S[v] = S4[v >> 2][v & 3] + Sx[((wg ^ 1) * 16 + v) * 128 + wt];
-        if (warp == 0) ids[((s + 5) & (WA_IR - 1)) * WA_N + lane] = fix(nxt); /* tile s + 5's ids (loaded a tile ago) */
-        if (warp == 0) nxt = raw_id(s + 6, lane);
+        if (warp == 0) { /* tile s + 5's ids (loaded a tile ago), and its rows into L2 a tile before their copy (a
+                          * per-lane prefetch a 128-byte line: plain instructions, not bulk ones) */
+            const int id = fix(nxt);
+            ids[((s + 5) & (WA_IR - 1)) * WA_N + lane] = id;
+            const uint8_t *src = id >= 0 ? cache + (int64_t)id * rb : id < -1 ? kv2p + (int64_t)(-id - 2) * rb : NULL;
+            if (src) /* every line the row touches */
+                for (uintptr_t a = (uintptr_t)src & ~(uintptr_t)127; a < (uintptr_t)src + rb; a += 128)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+            nxt = raw_id(s + 6, lane);
+        }
         const bool more = s + 1 < ns;
         const int did = ids[((s + 2) & (WA_IR - 1)) * WA_N + lane];
         if (more) {
