@@ -5,7 +5,7 @@
  * Why: attn_kv8_tc's prefill form ran at ~75 TFLOP/s (8-12 K cycles a tile of 32 entries for 2 M multiply-adds): each
  * of its 8 warps decoded rows, then waited, then ran mma.sync, one phase after the other. Here (a block per query and
  * 64 heads, 256 threads = two warpgroups; warpgroup w owns dims 256 w .. 256 w + 255 of q, the rows and the output):
- *  - the rows of tile s + 3 are gathered as stored (a cp.async.bulk a row, three raw stages, an mbarrier each) while
+ *  - the rows of tile s + 3 are gathered as stored (a cp.async.bulk a row, every warp 4 of them, three raw stages, an mbarrier each) while
  *    tile s computes;
  *  - S = q.k over the warpgroup's dims is one chain of 16 wgmma m64n32k16 (q and the rows in shared memory), with tile
  *    s + 1's rows decoded into f16 between them (cvt e4m3x2 -> f16x2 times the e8m0 scale: exact);
@@ -131,24 +131,27 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
     const uint8_t *cache = base ? base[t] : NULL;
     const int *lidx = idx + (int64_t)t * nidx;
 
-    auto fetch = [&](int s, int i) {
+    /* an entry's id as listed (-1 past the list), and as used: -1 where its source is missing. Apart, so that warp 0's
+     * load of the next tile's ids is not waited for where it is issued (session 52: the checks right after it stalled) */
+    auto raw_id = [&](int s, int i) {
         const int e = s * WA_N + i;
-        int id = s < ns && e < nidx ? lidx[e] : -1;
-        if (id >= 0 && !cache) id = -1;
-        if (id < -1 && !kv2p) id = -1;
-        return id;
+        return s < ns && e < nidx ? lidx[e] : -1;
     };
-    /* tile s's rows into raw stage s % 3 (warp 7: a bulk copy a row and lane) on the stage's mbarrier; past the list
-     * nothing */
+    auto fix = [&](int id) { return (id >= 0 && !cache) || (id < -1 && !kv2p) ? -1 : id; };
+    auto fetch = [&](int s, int i) { return fix(raw_id(s, i)); };
+    /* tile s's rows into raw stage s % 3 on the stage's mbarrier (8 arrivals a phase): every warp copies 4 of the
+     * rows (lanes 0 .. 3, a cp.async.bulk each) after its one arrival with their bytes; past the list nothing.
+     * cp.async.bulk takes its addresses in uniform registers, so a warp's copies go out one at a time: 32 from one
+     * warp were a ~1,000-cycle loop the other warps waited for at the next barrier (session 52, ncu) */
     const unsigned mb0 = (unsigned)__cvta_generic_to_shared(wsm + WA_MB), raw0 = (unsigned)__cvta_generic_to_shared(raw);
     auto issue = [&](int s) {
         if (s >= ns) return;
-        const int id = ids[(s & (WA_IR - 1)) * WA_N + lane];
+        const int e = 4 * warp + (lane & 3), id = ids[(s & (WA_IR - 1)) * WA_N + e];
         const uint8_t *src = id >= 0 ? cache + (int64_t)id * rb : id < -1 ? kv2p + (int64_t)(-id - 2) * rb : NULL;
-        const unsigned nv = __popc(__ballot_sync(0xffffffffu, src != NULL)), bar = mb0 + 8 * (s % WA_RS);
+        const unsigned nv = __popc(__ballot_sync(0xffffffffu, lane < 4 && src != NULL)), bar = mb0 + 8 * (s % WA_RS);
         if (lane == 0) dev_mbar_expect(bar, nv * (unsigned)rb);
         __syncwarp();
-        if (src) dev_bulk_g2s(raw0 + (s % WA_RS) * (WA_N * rb) + lane * rb, src, (unsigned)rb, bar);
+        if (lane < 4 && src) dev_bulk_g2s(raw0 + (s % WA_RS) * (WA_N * rb) + e * rb, src, (unsigned)rb, bar);
     };
     /* chunk j of tile s's rows (raw stage s % 3) into f16 rows buffer s & 1: lane = entry id, warp w chunk w + 8 j;
      * without branches (FIX: chunk 7 the rope dims, the others FP8), so that it can sit between wgmma instructions */
@@ -167,13 +170,13 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
 
     /* ids of tiles 0 .. 4; tile 5's in flight in warp 0's registers */
     if (tid == 0) {
-        for (int k = 0; k < WA_RS; k++) dev_mbar_init(mb0 + 8 * k, 1);
+        for (int k = 0; k < WA_RS; k++) dev_mbar_init(mb0 + 8 * k, WA_NT / 32);
         dev_mbar_fence_init();
     }
     for (int i = tid; i < 5 * WA_N; i += WA_NT) ids[i] = fetch(i / WA_N, i % WA_N);
-    int nxt = warp == 0 ? fetch(5, lane) : -1;
+    int nxt = warp == 0 ? raw_id(5, lane) : -1; /* checked when stored */
     __syncthreads();
-    if (warp == 7) issue(0), issue(1), issue(2);
+    issue(0), issue(1), issue(2);
     WA_TR(1);
     /* the terms form: the inverse RoPE's cos / sin (warp 6, while q's loads are in flight) */
     auto cs_table = [&]() {
@@ -273,9 +276,9 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
 #pragma unroll
             for (int j = 0; j < 8; j++) dchunk(s + 1, j, did);
         WA_TS(2);
-        if (warp == 0) ids[((s + 5) & (WA_IR - 1)) * WA_N + lane] = nxt; /* tile s + 5's ids (loaded a tile ago) */
-        if (warp == 7) issue(s + 3); /* into the stage tile s left (decoded a tile ago, before this tile's barrier) */
-        if (warp == 0) nxt = fetch(s + 6, lane);
+        if (warp == 0) ids[((s + 5) & (WA_IR - 1)) * WA_N + lane] = fix(nxt); /* tile s + 5's ids (loaded a tile ago) */
+        issue(s + 3); /* into the stage tile s left (decoded a tile ago, before this tile's barrier) */
+        if (warp == 0) nxt = raw_id(s + 6, lane);
         WA_TS(3);
 
         /* S = own half + other half (commutative: both warpgroups get the same bits) */
