@@ -42,8 +42,11 @@ def main(path):
                     ph[k].append(v - t0)
                     t0 = v
                 tiles.append(r[b + 7] - prev if r[b + 7] >= 0 else None)
-        print("  per tile (median cycles): " + ", ".join("%s %d" % (PH[k], med(ph[k])) for k in range(8)))
-        print("  tile total median %d" % med([t for t in tiles if t]))
+        # phases without stamps (a form that stamps fewer points: the pipelines' branches) are left out
+        print("  per tile (median cycles): " + ", ".join("%s %d" % (PH[k], med(ph[k])) for k in range(8) if ph[k]))
+        tt = [t for t in tiles if t]
+        if tt:
+            print("  tile total median %d" % med(tt))
         ends = [(r[99] - r[2], r[100] - r[99]) for r in rows if r[99] >= 0 and r[100] >= 0 and r[2] >= 0]
         if ends:
             print("  loop %d, stores %d" % (med([e[0] for e in ends]), med([e[1] for e in ends])))
