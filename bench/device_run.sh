@@ -2,7 +2,8 @@
 # device_run.sh - bench/RESULTS.md's standard commands for one device call, so that none is forgotten (Pro's prefill
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
-#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro hf profile trace nvfp4 serve ab abdec abcheck chain mf8trace allsw
+#   sh bench/device_run.sh [PART...]     PART: suite attn flash pro hf profile trace ncusrc nvfp4 serve ab abdec abcheck chain
+#                                        mf8trace allsw
 #                                        switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
@@ -29,6 +30,10 @@
 #     mf8trace  the routed experts' clock trace (s38-mf8trace's -DDSV4_MF8_TRACE build of test_kernels, packed as
 #            build-bin/test_kernels-mf8trace.xz: NOTES "Session 38 summary"): `--only moebench`, its "trace mf8" tables
 #            (T = 1, 8 and 256)
+#     ncusrc Nsight Compute's source page of the 8K prefill's kernels named by NCU_KERNELS (regexes, default
+#            "attn_kv8_wg_kernel mb_kernel topk_kernel"; NCU_COUNT launches each, default 4): `ncu --set full`, the
+#            page as CSV (xz) and bench/ncu_source.py's summary of every launch (~50 s a kernel; session 52 found the
+#            attention's serial copy loop this way)
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
 #            DSV4_LINEAR_TERMS_CAT; into DIR/allsw/)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
@@ -212,6 +217,29 @@ for p in $parts; do
             python3 bench/trace_report.py "$f" --timeline --top 30 >>"$dir/trace.txt" 2>&1 || fail=1
         done
         grep -E '^==|span|replay spans' "$dir/trace.txt"
+        ;;
+    ncusrc)
+        command -v ncu >/dev/null || PATH="$PATH:/usr/local/cuda/bin"
+        for k in ${NCU_KERNELS:-attn_kv8_wg_kernel mb_kernel topk_kernel}; do
+            rep="$dir/ncu-$k"
+            echo "== ncusrc: ncu --set full -k regex:$k -c ${NCU_COUNT:-4}" | tee -a "$dir/ncusrc.txt"
+            if ! timeout 240 ncu -k "regex:$k" -c "${NCU_COUNT:-4}" --set full --import-source no -o "$rep" "$bin" bench \
+                --synthetic flash --layers 4 --batch 1 --context 4096 --prompt 8192 --steps 1 --replays 1 \
+                >"$rep.log" 2>&1 || [ ! -f "$rep.ncu-rep" ]; then
+                echo "ncusrc: ncu $k failed: $(tail -n 1 "$rep.log")"
+                fail=1
+                continue
+            fi
+            ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.csv" 2>>"$rep.log"
+            n=$(grep -c '^"Kernel Name"' "$rep.csv")
+            i=0
+            while [ "$i" -lt "$n" ]; do
+                python3 bench/ncu_source.py "$rep.csv" --kernel "$i" --top 10 >>"$dir/ncusrc.txt" 2>&1
+                i=$((i + 1))
+            done
+            xz -9 -f "$rep.csv" && rm -f "$rep.ncu-rep"
+        done
+        grep -E '^==|^stall reasons|SASS lines' "$dir/ncusrc.txt"
         ;;
     nvfp4)
         run nvfp4 --synthetic flash --layers 4 --experts nvfp4 --batch 1,8 --context 4096 --prompt 8192 --steps 10
