@@ -5,8 +5,8 @@
  * Why: attn_kv8_tc's prefill form ran at ~75 TFLOP/s (8-12 K cycles a tile of 32 entries for 2 M multiply-adds): each
  * of its 8 warps decoded rows, then waited, then ran mma.sync, one phase after the other. Here (a block per query and
  * 64 heads, 256 threads = two warpgroups; warpgroup w owns dims 256 w .. 256 w + 255 of q, the rows and the output):
- *  - the rows of tile s + 3 are gathered as stored (a cp.async.bulk a row, every warp 4 of them, three raw stages, an mbarrier each) while
- *    tile s computes;
+ *  - the rows of tile s + 3 are gathered as stored (a cp.async.bulk a row, every warp 4 of them, three raw stages, an
+ *    mbarrier each) while tile s computes;
  *  - S = q.k over the warpgroup's dims is one chain of 16 wgmma m64n32k16 (q and the rows in shared memory), with tile
  *    s + 1's rows decoded into f16 between them (cvt e4m3x2 -> f16x2 times the e8m0 scale: exact);
  *  - the two halves' partial scores are swapped through shared memory and added (a + b: the same bits in both), both
