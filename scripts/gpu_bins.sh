@@ -8,6 +8,7 @@
 # then on the device (carry build-bin and build-gfw-deps), bench/device_run.sh unpacks it and runs the suite with
 # GPU_TEST_PREBUILT=1; by hand:
 #   tar xJf build-bin/gpu-bins.tar.xz && GPU_TEST_PREBUILT=1 BUILD=build-dev DSV4_DEPS=build-gfw-deps sh scripts/gpu_test.sh --no-bench
+# Other branches' binaries beside this pack: scripts/branch_bins.sh NAME=BRANCH ... (build-bin/branches.tar.xz).
 # The pack records the commit it was built from (build-bin/gpu-bins.commit); rebuild after any change to src/ or tests/.
 set -eu
 BUILD=${BUILD:-build-dev}
