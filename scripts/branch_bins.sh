@@ -14,7 +14,11 @@ set -eu
 BUILD=${BUILD:-build-dev}
 TARGETS=${TARGETS:-dsv4 tests/gpu/test_attn_kv8}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-[ $# -gt 0 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+if [ $# = 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    [ $# = 0 ] && exit 2
+    exit 0
+fi
 if [ ! -d "$BUILD" ] || [ ! -f build-bin/gpu-bins.commit ]; then
     echo "branch_bins: no $BUILD or build-bin/gpu-bins.commit: run 'DSV4_DEPS=build-gfw-deps sh scripts/gpu_bins.sh' first" >&2
     exit 1
