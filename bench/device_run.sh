@@ -81,9 +81,11 @@ fi
 if [ -z "$bin" ] && [ -f build-bin/gpu-bins.tar.xz ]; then
     tar xJf build-bin/gpu-bins.tar.xz && export GPU_TEST_PREBUILT=1
 fi
-# a previous commit's dsv4 for A/B runs between binaries (AB="new prev=@build-bin/dsv4-prev"; build-bin/dsv4-prev.commit)
 # other branches' binaries (scripts/branch_bins.sh): NAME/build-dev/dsv4 etc., for AB="main NAME=@NAME/build-dev/dsv4"
-if [ -f build-bin/branches.tar.xz ]; then tar xJf build-bin/branches.tar.xz && echo "device_run: branches: $(tar tJf build-bin/branches.tar.xz | grep '/dsv4$' | tr '\n' ' ')"; fi
+if [ -f build-bin/branches.tar.xz ]; then
+    tar xJf build-bin/branches.tar.xz && echo "device_run: branches: $(tar tJf build-bin/branches.tar.xz | grep '/dsv4$' | tr '\n' ' ')"
+fi
+# a previous commit's dsv4 for A/B runs between binaries (AB="new prev=@build-bin/dsv4-prev"; build-bin/dsv4-prev.commit)
 if [ -f build-bin/dsv4-prev.xz ]; then xz -dc build-bin/dsv4-prev.xz >build-bin/dsv4-prev && chmod +x build-bin/dsv4-prev; fi
 if [ -z "$bin" ]; then
     if [ -x build-dev/dsv4 ]; then bin=build-dev/dsv4; else bin=build-cuda/dsv4; fi
