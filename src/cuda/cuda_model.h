@@ -216,8 +216,9 @@ void dsv4_cuda_topk_set_exact_order(int on);
  * warp by shuffles, masked picks dropped by a block-wide compaction instead of one thread's loop (the same picks in the
  * same order; DSV4_TOPK_FAST=1); 0: as before; -1: from the environment again (1 unless set to 0: on since session 30). */
 void dsv4_cuda_topk_set_fast(int on);
-/* Threads a row: 512 (where k <= 512: two rows an SM) or 1024 (every k: the form before session 51); -1: from
- * DSV4_TOPK_THREADS again (512 unless set). The same picks in the same order. */
+/* Threads a row: 256 (where k <= 512: four rows an SM), 512 (where k <= 512: two rows an SM; sessions 51-53) or 1024
+ * (every k: the form before session 51); -1: from DSV4_TOPK_THREADS again (256 unless set). The same picks in the same
+ * order. */
 void dsv4_cuda_topk_set_threads(int nt);
 /* c = rows ranked, rows with order ties only, rows with boundary ties (the one-thread path) since the last reset. */
 int dsv4_cuda_topk_counts(unsigned long long c[3], int reset);

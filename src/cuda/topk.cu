@@ -32,6 +32,7 @@
 #define TOPK_THREADS_S 512 /* threads a row where k <= 512: two rows an SM at 64 registers, so one row's barriers overlap the
                             * other's work (session 51: 4096 rows of an 8K prefill 382.6 -> 192.2 us on an H100, the same
                             * picks); DSV4_TOPK_THREADS=1024: the 1024-thread form for every k */
+#define TOPK_THREADS_XS 256 /* DSV4_TOPK_THREADS=256, k <= 512: four rows an SM, two of the sort's keys a thread */
 #define TOPK_MAXK 2048
 #define TOPK_SMEM_N 8192 /* longest row whose tie path runs in shared memory (64 KB; two blocks an SM still fit) */
 #define TOPK_RK 2048     /* fast: keys the block keeps in registers (rows up to 2048 entries read once) */
@@ -50,7 +51,7 @@ __device__ __forceinline__ int key_index(uint64_t key) { return (int)(0xffffffff
 __device__ unsigned long long topk_count[3]; /* rows, rows with order ties only, rows with boundary ties */
 
 template <int NT>
-__global__ void __launch_bounds__(NT) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal, int k,
+__global__ void __launch_bounds__(NT, 1024 / NT) topk_kernel(const float *scores, int64_t ld, const int *nrow, const int *ncausal, int k,
                                                   int exact_order, int fast, int *sel, int *nsel, tk_elem *scratch) {
     dev_pdl_enter();
     extern __shared__ tk_elem tk_row[]; /* [ld] when ld <= TOPK_SMEM_N (the tie path's copy), else none */
@@ -169,29 +170,46 @@ __global__ void __launch_bounds__(NT) topk_kernel(const float *scores, int64_t l
         }
     }
     __syncthreads();
-    /* bitonic sort of P keys, decreasing. fast, P <= the block's threads: thread i holds key i in a register, the
-     * exchanges within a warp (stride < 32) by shuffles, the others through shared memory: the same network, so the
-     * same order, with 2 barriers a stage of stride >= 32 (10 stages at P 512) instead of one a stage (45) */
-    if (fast && P <= (int)blockDim.x) {
-        uint64_t r = tid < P ? keys[tid] : 0;
+    /* bitonic sort of P keys, decreasing. fast, P <= RS x the block's threads: thread tid holds keys tid + q NT (q < RS)
+     * in registers, the exchanges within a warp (stride < 32) by shuffles, between a thread's own keys (stride >= NT)
+     * in registers, the others through shared memory: the same network, so the same order, with 2 barriers a stage of
+     * stride 32 .. NT / 2 (10 stages at P 512 and 512 threads, 9 at 256) instead of one a stage (45) */
+    constexpr int RS = NT >= 512 ? 1 : 512 / NT; /* the keys a thread holds: P <= 512 fits every form where k <= 512 */
+    if (fast && P <= RS * NT) {
+        uint64_t r[RS];
+#pragma unroll
+        for (int q = 0; q < RS; q++) r[q] = tid + q * NT < P ? keys[tid + q * NT] : 0;
         for (int size = 2; size <= P; size <<= 1)
             for (int stride = size >> 1; stride > 0; stride >>= 1) {
-                uint64_t o;
-                if (stride >= 32) {
+                uint64_t o[RS];
+                if (stride >= NT) { /* partner key q ^ stride / NT of the same thread */
+#pragma unroll
+                    for (int q = 0; q < RS; q++) o[q] = r[q ^ (stride / NT)];
+                } else if (stride >= 32) {
                     __syncthreads(); /* every thread has read the previous stage's partner */
-                    if (tid < P) keys[tid] = r;
+#pragma unroll
+                    for (int q = 0; q < RS; q++)
+                        if (tid + q * NT < P) keys[tid + q * NT] = r[q];
                     __syncthreads();
-                    o = tid < P ? keys[tid ^ stride] : 0;
+#pragma unroll
+                    for (int q = 0; q < RS; q++) o[q] = tid + q * NT < P ? keys[(tid + q * NT) ^ stride] : 0;
                 } else {
-                    o = __shfl_xor_sync(0xffffffffu, r, stride);
+#pragma unroll
+                    for (int q = 0; q < RS; q++) o[q] = __shfl_xor_sync(0xffffffffu, r[q], stride);
                 }
                 /* the pair (i, i ^ stride): i the lower index; decreasing where (i & size) == 0, the lower index keeps the
                  * larger key there and the smaller elsewhere */
-                const bool lower = !(tid & stride), desc = !(tid & size);
-                r = lower == desc ? (r > o ? r : o) : (r < o ? r : o);
+#pragma unroll
+                for (int q = 0; q < RS; q++) {
+                    const int i = tid + q * NT;
+                    const bool lower = !(i & stride), desc = !(i & size);
+                    r[q] = lower == desc ? (r[q] > o[q] ? r[q] : o[q]) : (r[q] < o[q] ? r[q] : o[q]);
+                }
             }
         __syncthreads();
-        if (tid < P) keys[tid] = r;
+#pragma unroll
+        for (int q = 0; q < RS; q++)
+            if (tid + q * NT < P) keys[tid + q * NT] = r[q];
         __syncthreads();
     } else {
         for (int size = 2; size <= P; size <<= 1)
@@ -275,7 +293,7 @@ __global__ void __launch_bounds__(NT) topk_kernel(const float *scores, int64_t l
 
 static int tk_exact_order = -1; /* DSV4_TOPK_EXACT_ORDER, read at the first launch */
 static int tk_fast = -1;        /* DSV4_TOPK_FAST (default 1 since session 30: bench/NOTES.md) */
-static int tk_threads = -1;     /* DSV4_TOPK_THREADS (TOPK_THREADS_S where k allows it, since session 51) */
+static int tk_threads = -1;     /* DSV4_TOPK_THREADS (TOPK_THREADS_XS where k allows it, since session 54; 512 in 51-53) */
 
 extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int *nlist, const int *ncausal, int k, int *sel,
                               int *nsel, void *scratch, void *stream) {
@@ -287,6 +305,8 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
         if (cudaFuncSetAttribute((const void *)topk_kernel<TOPK_THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  TOPK_SMEM_N * (int)sizeof(tk_elem)) != cudaSuccess ||
             cudaFuncSetAttribute((const void *)topk_kernel<TOPK_THREADS_S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 TOPK_SMEM_N * (int)sizeof(tk_elem)) != cudaSuccess ||
+            cudaFuncSetAttribute((const void *)topk_kernel<TOPK_THREADS_XS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  TOPK_SMEM_N * (int)sizeof(tk_elem)) != cudaSuccess)
             return dsv4_cuda_fail("topk: cannot raise shared memory to %zu bytes", (size_t)TOPK_SMEM_N * sizeof(tk_elem));
         smem_set = 1;
@@ -296,8 +316,11 @@ extern "C" int dsv4_cuda_topk(const float *scores, int T, int64_t ld, const int 
         tk_exact_order = e && *e && *e != '0';
     }
     if (tk_fast < 0) tk_fast = dsv4_env_int("DSV4_TOPK_FAST", 1) != 0;
-    if (tk_threads < 0) tk_threads = dsv4_env_int("DSV4_TOPK_THREADS", TOPK_THREADS_S);
-    if (tk_threads == TOPK_THREADS_S && k <= TOPK_THREADS_S)
+    if (tk_threads < 0) tk_threads = dsv4_env_int("DSV4_TOPK_THREADS", TOPK_THREADS_XS);
+    if (tk_threads == TOPK_THREADS_XS && k <= TOPK_THREADS_S)
+        dev_launch(topk_kernel<TOPK_THREADS_XS>, T, TOPK_THREADS_XS, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k,
+                   tk_exact_order, tk_fast, sel, nsel, (tk_elem *)scratch);
+    else if (tk_threads == TOPK_THREADS_S && k <= TOPK_THREADS_S)
         dev_launch(topk_kernel<TOPK_THREADS_S>, T, TOPK_THREADS_S, smem, DSV4_STREAM(stream), scores, ld, nlist, ncausal, k,
                    tk_exact_order, tk_fast, sel, nsel, (tk_elem *)scratch);
     else

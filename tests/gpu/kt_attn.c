@@ -163,11 +163,12 @@ void test_topk(int T, int ld, int k, int levels) {
         rnd_state_set(st);
         test_topk_rule(T, ld, k, levels, 0, fast, 0);
     }
-    if (k <= 512) /* the default's 512 threads a row against the 1024-thread form (DSV4_TOPK_THREADS=1024) */
-        for (int exact = 1; exact >= 0; exact--) {
-            rnd_state_set(st);
-            test_topk_rule(T, ld, k, levels, exact, 1, 1024);
-        }
+    if (k <= 512) /* the default's 256 threads a row against the 512- and 1024-thread forms (DSV4_TOPK_THREADS) */
+        for (int nt = 512; nt <= 1024; nt *= 2)
+            for (int exact = 1; exact >= 0; exact--) {
+                rnd_state_set(st);
+                test_topk_rule(T, ld, k, levels, exact, 1, nt);
+            }
 }
 
 /* ---- attention index lists (twin: the list loop of dsv4_attention_fwd) ---- */
