@@ -3,7 +3,7 @@
 # went unrun for eight sessions and had broken meanwhile). Each part's output goes to DIR/PART.txt (DIR: $OUT when
 # the device tool sets it, else ./device-run), and a summary line per run to stdout.
 #   sh bench/device_run.sh [PART...]     PART: suite attn flash pro hf profile trace ncusrc nvfp4 serve ab abdec abcheck chain
-#                                        mf8trace allsw
+#                                        mf8trace branch allsw
 #                                        switch (default: flash pro)
 #     suite  scripts/gpu_test.sh --no-bench (BUILD=build-dev, DSV4_DEPS=build-gfw-deps when present; ~260 s with
 #            the build; with build-bin/gpu-bins.tar.xz from scripts/gpu_bins.sh carried, its binaries and no build)
@@ -34,6 +34,11 @@
 #            "attn_kv8_wg_kernel mb_kernel topk_kernel"; NCU_COUNT launches each, default 4): `ncu --set full`, the
 #            page as CSV (xz) and bench/ncu_source.py's summary of every launch (~50 s a kernel; session 52 found the
 #            attention's serial copy loop this way)
+#     branch each NAME of BR="NAME ..." (its binaries NAME/build-dev/..., scripts/branch_bins.sh's build-bin/branches.tar.xz)
+#            against main's pack: test_attn_kv8 --only-tc (every non-timing line must be main's: bitwise), a greedy
+#            `dsv4 run` on a synthetic model (the same text), the attention's clock traces of the 8K prefill
+#            (DSV4_ATTN_WG_TRACE, bench/wa_trace.py: cycles a tile by phase, each call); then `ab` with
+#            AB="main NAME=@NAME/build-dev/dsv4 ..." times them (~40 s a branch)
 #     allsw  the suite with every session-28/29 switch exported as 1, the two off by default too (DSV4_MOE_PFB_XTOK,
 #            DSV4_LINEAR_TERMS_CAT; into DIR/allsw/)
 #     switch the Flash 8K prefill (4 layers), interleaved by bench/ab.sh (2 rounds, ~120 s): the defaults, every
@@ -341,6 +346,38 @@ for p in $parts; do
         xz -dc build-bin/test_kernels-mf8trace.xz >build-bin/test_kernels-mf8trace && chmod +x build-bin/test_kernels-mf8trace
         timeout 200 build-bin/test_kernels-mf8trace --only moebench >"$dir/mf8trace.txt" 2>&1 || { echo "mf8trace: test_kernels failed"; fail=1; }
         grep -A16 "^trace mf8" "$dir/mf8trace.txt" | cut -c1-160
+        ;;
+    branch)
+        # sessions 51-54 did this by hand in gitignored call scripts; the non-timing lines are everything but "time" lines
+        [ -x build-dev/tests/gpu/test_attn_kv8 ] || { echo "branch: no build-dev/tests/gpu/test_attn_kv8 (main's pack)"; fail=1; continue; }
+        [ -f "$TMPDIR/branch-synth/config.json" ] || "$bin" synth -o "$TMPDIR/branch-synth" >/dev/null 2>"$dir/branch-synth.err" ||
+            { echo "branch: dsv4 synth failed: $(tail -n 1 "$dir/branch-synth.err")"; fail=1; continue; }
+        for n in main ${BR:-}; do
+            p=build-dev
+            [ "$n" = main ] || p=$n/build-dev
+            [ -x "$p/dsv4" ] || { echo "branch $n: no $p/dsv4 (build-bin/branches.tar.xz)"; fail=1; continue; }
+            if [ -x "$p/tests/gpu/test_attn_kv8" ]; then
+                timeout 150 "$p/tests/gpu/test_attn_kv8" --only-tc >"$dir/branch-kv8-$n.txt" 2>&1
+                rc=$?
+                grep -v -i time "$dir/branch-kv8-$n.txt" >"$dir/branch-kv8-$n.bits"
+                d=$(diff "$dir/branch-kv8-main.bits" "$dir/branch-kv8-$n.bits" | grep -c '^[<>]')
+                echo "branch $n: test_attn_kv8 --only-tc exit $rc, $(wc -l <"$dir/branch-kv8-$n.bits") non-timing lines, $d differ from main's"
+                [ "$rc" = 0 ] && [ "$d" = 0 ] || fail=1
+                grep -E "time attn_kv8 prefill T 4096.*one f16 term on" "$dir/branch-kv8-$n.txt" | sed 's/ on mma.sync.*//; s/ *time attn_kv8 prefill/  /'
+            fi
+            timeout 60 "$p/dsv4" run -m "$TMPDIR/branch-synth" --device cuda -p "The quick brown fox" --temperature 0 \
+                --max-tokens 24 --ignore-eos -q >"$dir/branch-run-$n.txt" 2>"$dir/branch-run-$n.err"
+            rr=$?
+            sum=$(md5sum <"$dir/branch-run-$n.txt" | cut -c1-8)
+            [ "$n" = main ] && ref=$sum
+            echo "branch $n: greedy run exit $rr, text $sum$([ "$sum" = "$ref" ] || echo ' DIFFERS from main')"
+            [ "$rr" = 0 ] && [ "$sum" = "$ref" ] && [ -s "$dir/branch-run-$n.txt" ] || fail=1
+            DSV4_ATTN_WG_TRACE="$dir/branch-trace-$n.txt" timeout 60 "$p/dsv4" bench --synthetic flash --layers 4 --batch 1 \
+                --context 4096 --prompt 8192 --steps 1 --replays 1 >/dev/null 2>"$dir/branch-trace-$n.err" || fail=1
+            python3 bench/wa_trace.py "$dir/branch-trace-$n.txt" >"$dir/branch-trace-$n.sum" 2>&1 || fail=1
+            grep -E "^call|tile total" "$dir/branch-trace-$n.sum" | paste - - | sed 's/ blocks x warpgroups: [0-9]*//; s/  tile total median/: tile/'
+            xz -9 -f "$dir/branch-trace-$n.txt"
+        done
         ;;
     allsw)
         # the suite again with every session-28/29 switch on (the new forms on the forward's path: fixtures, unseen
