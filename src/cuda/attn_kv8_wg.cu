@@ -5,7 +5,7 @@
  * Why: attn_kv8_tc's prefill form ran at ~75 TFLOP/s (8-12 K cycles a tile of 32 entries for 2 M multiply-adds): each
  * of its 8 warps decoded rows, then waited, then ran mma.sync, one phase after the other. Here (a block per query and
  * 64 heads, 256 threads = two warpgroups; warpgroup w owns dims 256 w .. 256 w + 255 of q, the rows and the output):
- *  - the rows of tile s + 3 are gathered as stored (a cp.async.bulk a row, every warp 4 of them, three raw stages, an
+ *  - the rows of tile s + 3 are gathered as stored (16-byte cp.async copies, 8 lanes a row, three raw stages, an
  *    mbarrier each) while tile s computes;
  *  - S = q.k over the warpgroup's dims is one chain of 16 wgmma m64n32k16 (q and the rows in shared memory), with tile
  *    s + 1's rows decoded into f16 between them (cvt e4m3x2 -> f16x2 times the e8m0 scale: exact);
@@ -139,19 +139,23 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
     };
     auto fix = [&](int id) { return (id >= 0 && !cache) || (id < -1 && !kv2p) ? -1 : id; };
     auto fetch = [&](int s, int i) { return fix(raw_id(s, i)); };
-    /* tile s's rows into raw stage s % 3 on the stage's mbarrier (8 arrivals a phase): every warp copies 4 of the
-     * rows (lanes 0 .. 3, a cp.async.bulk each) after its one arrival with their bytes; past the list nothing.
-     * cp.async.bulk takes its addresses in uniform registers, so a warp's copies go out one at a time: 32 from one
-     * warp were a ~1,000-cycle loop the other warps waited for at the next barrier (session 52, ncu) */
+    /* tile s's rows into raw stage s % 3 on the stage's mbarrier (WA_NT arrivals a phase): warp w copies rows 4 w .. 4 w
+     * + 3, 8 lanes a row, lane l of a row its 16-byte chunks l, l + 8, .. (37 a c4 row: 4-5 a lane) as cp.async copies;
+     * each thread's arrival is made when its copies have landed (cp.async.mbarrier.arrive.noinc); past the list nothing.
+     * cp.async.bulk takes its addresses in uniform registers, so a warp's bulk copies go out one at a time: 32 from one
+     * warp were a ~1,000-cycle loop the other warps waited for (session 52, ncu), 4 from each warp still ~680 cycles a
+     * c4 tile (session 54's trace); the same chunks spread over the threads by a division a chunk took 1,718 (s54-acpa) */
     const unsigned mb0 = (unsigned)__cvta_generic_to_shared(wsm + WA_MB), raw0 = (unsigned)__cvta_generic_to_shared(raw);
+    const int cpr = rb >> 4, ce = 4 * warp + (lane >> 3), cl = lane & 7; /* chunks a row; this lane's row and first chunk */
     auto issue = [&](int s) {
         if (s >= ns) return;
-        const int e = 4 * warp + (lane & 3), id = ids[(s & (WA_IR - 1)) * WA_N + e];
+        const int id = ids[(s & (WA_IR - 1)) * WA_N + ce];
         const uint8_t *src = id >= 0 ? cache + (int64_t)id * rb : id < -1 ? kv2p + (int64_t)(-id - 2) * rb : NULL;
-        const unsigned nv = __popc(__ballot_sync(0xffffffffu, lane < 4 && src != NULL)), bar = mb0 + 8 * (s % WA_RS);
-        if (lane == 0) dev_mbar_expect(bar, nv * (unsigned)rb);
-        __syncwarp();
-        if (lane < 4 && src) dev_bulk_g2s(raw0 + (s % WA_RS) * (WA_N * rb) + e * rb, src, (unsigned)rb, bar);
+        if (src) {
+            const unsigned dst = raw0 + (s % WA_RS) * (WA_N * rb) + ce * rb;
+            for (int c = cl; c < cpr; c += 8) dev_cp16_g2s(dst + 16 * c, src + 16 * c);
+        }
+        dev_cp_mbar_arrive(mb0 + 8 * (s % WA_RS));
     };
     /* chunk j of tile s's rows (raw stage s % 3) into f16 rows buffer s & 1: lane = entry id, warp w chunk w + 8 j;
      * without branches (FIX: chunk 7 the rope dims, the others FP8), so that it can sit between wgmma instructions */
@@ -170,7 +174,7 @@ __global__ void __launch_bounds__(WA_NT, 1) attn_kv8_wg_kernel(const float *q, i
 
     /* ids of tiles 0 .. 4; tile 5's in flight in warp 0's registers */
     if (tid == 0) {
-        for (int k = 0; k < WA_RS; k++) dev_mbar_init(mb0 + 8 * k, WA_NT / 32);
+        for (int k = 0; k < WA_RS; k++) dev_mbar_init(mb0 + 8 * k, WA_NT);
         dev_mbar_fence_init();
     }
     for (int i = tid; i < 5 * WA_N; i += WA_NT) ids[i] = fetch(i / WA_N, i % WA_N);

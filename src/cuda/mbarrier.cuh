@@ -35,4 +35,15 @@ __device__ __forceinline__ void dev_bulk_g2s(unsigned dst, const void *src, unsi
                  : "memory");
 }
 
+/* 16 bytes from global src to shared dst (both 16-byte aligned; L2 only), a thread's own copy (cp.async: any lane, no
+ * uniform registers, unlike cp.async.bulk) */
+__device__ __forceinline__ void dev_cp16_g2s(unsigned dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+/* an arrival on bar once all of this thread's cp.async copies issued so far have landed (noinc: bar's count must
+ * include it) */
+__device__ __forceinline__ void dev_cp_mbar_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 #endif
