@@ -35,7 +35,8 @@
 #            page as CSV (xz) and bench/ncu_source.py's summary of every launch (~50 s a kernel; session 52 found the
 #            attention's serial copy loop this way)
 #     branch each NAME of BR="NAME ..." (its binaries NAME/build-dev/..., scripts/branch_bins.sh's build-bin/branches.tar.xz)
-#            against main's pack: test_attn_kv8 --only-tc (every non-timing line must be main's: bitwise), a greedy
+#            against main's pack: test_attn_kv8 $BR_KV8 (default --only-tc: the prefill attention; "" runs it all, the
+#            indexer's checks and timings too: ~2 min a binary) (every non-timing line must be main's: bitwise), a greedy
 #            `dsv4 run` on a synthetic model (the same text), the attention's clock traces of the 8K prefill
 #            (DSV4_ATTN_WG_TRACE, bench/wa_trace.py: cycles a tile by phase, each call); then `ab` with
 #            AB="main NAME=@NAME/build-dev/dsv4 ..." times them (~40 s a branch)
@@ -357,13 +358,15 @@ for p in $parts; do
             [ "$n" = main ] || p=$n/build-dev
             [ -x "$p/dsv4" ] || { echo "branch $n: no $p/dsv4 (build-bin/branches.tar.xz)"; fail=1; continue; }
             if [ -x "$p/tests/gpu/test_attn_kv8" ]; then
-                timeout 150 "$p/tests/gpu/test_attn_kv8" --only-tc >"$dir/branch-kv8-$n.txt" 2>&1
+                # shellcheck disable=SC2086
+                timeout 240 "$p/tests/gpu/test_attn_kv8" ${BR_KV8---only-tc} >"$dir/branch-kv8-$n.txt" 2>&1
                 rc=$?
                 grep -v -i time "$dir/branch-kv8-$n.txt" >"$dir/branch-kv8-$n.bits"
                 d=$(diff "$dir/branch-kv8-main.bits" "$dir/branch-kv8-$n.bits" | grep -c '^[<>]')
-                echo "branch $n: test_attn_kv8 --only-tc exit $rc, $(wc -l <"$dir/branch-kv8-$n.bits") non-timing lines, $d differ from main's"
+                echo "branch $n: test_attn_kv8 ${BR_KV8---only-tc} exit $rc, $(wc -l <"$dir/branch-kv8-$n.bits") non-timing lines, $d differ from main's"
                 [ "$rc" = 0 ] && [ "$d" = 0 ] || fail=1
-                grep -E "time attn_kv8 prefill T 4096.*one f16 term on" "$dir/branch-kv8-$n.txt" | sed 's/ on mma.sync.*//; s/ *time attn_kv8 prefill/  /'
+                grep -E "time attn_kv8 prefill T 4096.*one f16 term on|time indexer_scores prefill" "$dir/branch-kv8-$n.txt" |
+                    sed 's/ on mma.sync.*//; s/ *time attn_kv8 prefill/  /; s/ *time indexer_scores/  indexer_scores/'
             fi
             timeout 60 "$p/dsv4" run -m "$TMPDIR/branch-synth" --device cuda -p "The quick brown fox" --temperature 0 \
                 --max-tokens 24 --ignore-eos -q >"$dir/branch-run-$n.txt" 2>"$dir/branch-run-$n.err"
