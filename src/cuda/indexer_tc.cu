@@ -16,7 +16,8 @@
  * coalesced), then strides over chunks of IXT_EB entries: the chunk's key codes into shared memory as f16, each
  * block's exponent from the code words in registers (4 lanes a block); then a warp owns MT x 16 heads x 64 / MT
  * entries (32 x 32 where the heads come in 32s: each fragment read by two warps, not four), its fragments read by
- * ldmatrix; the dots go through shared memory to the chains over the heads. */
+ * ldmatrix (q's once a block into registers, the keys' once a chunk; 3 blocks an SM at up to 168 registers); the dots
+ * go through shared memory to the chains over the heads. */
 #include <cuda_fp16.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +50,7 @@ __device__ __forceinline__ void ixt_range(const int *ex, int n, int *r) {
 
 /* MT: m-tiles (16 heads) a warp, 2 when Hi is a multiple of 32, else 1; its n-tiles (8 entries) NT = 8 / MT */
 template <int DI, int MT>
-__global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const float *wt, int Hi, const uint8_t *const *keys,
+__global__ void __launch_bounds__(128, 3) ixt_kernel(const float *qi, const float *wt, int Hi, const uint8_t *const *keys,
                                                   const int *ncausal, const int *nlist, int ld, float *out) {
     dev_pdl_enter();
     constexpr int NB = DI / 32, LDH = DI + 8; /* halves a staged row: 16-byte pad, conflict-free fragment reads */
@@ -114,6 +115,16 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
      * + 8 x bit 4), keys (B: entries e0 + (lane & 7) + 8 x bit 4 of an n-tile pair, columns + 8 x bit 3) */
     const unsigned qrow = (unsigned)__cvta_generic_to_shared(qh + (h0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDH + 8 * (lane >> 4));
     const unsigned krow = (unsigned)__cvta_generic_to_shared(kh + (e0 + (lane & 7) + 8 * (lane >> 4)) * LDH + 8 * ((lane >> 3) & 1));
+    /* q's A fragments of the warp's heads, all k-steps, in registers for every chunk (16 MT NB x 2 words: 64 at DI 128,
+     * MT 2): read from shared memory once, not once a chunk (the chunk loop is bound by shared memory's bandwidth,
+     * session 50's L1/TEX 74-76 %, of which q's fragments were ~30 %) */
+    uint32_t Aq[NB][2][MT][4];
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+            for (int m = 0; m < MT; m++) tc_ldsm4(Aq[b][kk][m], qrow + 2 * (16 * m * LDH + b * 32 + kk * 16));
     for (int ch = blockIdx.x; ch < nch; ch += gridDim.x) {
         const int w0 = ch * IXT_EB;
         if (w0 >= ncs) { /* past the query's causal entries (the condition is the block's: no barrier skipped unevenly) */
@@ -181,7 +192,7 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) dot[m][j][i] = 0.0f;
-#pragma unroll 1
+#pragma unroll
         for (int b = 0; b < NB; b++) {
             float S[MT][NT][4];
 #pragma unroll
@@ -193,16 +204,14 @@ __global__ void __launch_bounds__(128, 4) ixt_kernel(const float *qi, const floa
 #pragma unroll
             for (int kk = 0; kk < 2; kk++) {
                 const int k0 = b * 32 + kk * 16;
-                uint32_t A[MT][4], B[NT / 2][4];
-#pragma unroll
-                for (int m = 0; m < MT; m++) tc_ldsm4(A[m], qrow + 2 * (16 * m * LDH + k0));
+                uint32_t B[NT / 2][4];
 #pragma unroll
                 for (int jp = 0; jp < NT / 2; jp++) tc_ldsm4(B[jp], krow + 2 * (16 * jp * LDH + k0));
 #pragma unroll
                 for (int m = 0; m < MT; m++)
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-                        tc_mma(S[m][j], A[m], B[j / 2][2 * (j & 1)], B[j / 2][2 * (j & 1) + 1]);
+                        tc_mma(S[m][j], Aq[b][kk][m], B[j / 2][2 * (j & 1)], B[j / 2][2 * (j & 1) + 1]);
             }
 #pragma unroll
             for (int m = 0; m < MT; m++) {
