@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(IX_THREADS) ixs_kernel(const float *qi, const 
         }
         __syncthreads();
         /* the chain over the heads, a thread per entry (the next chunk's keys load meanwhile) */
-        ix_head_sums(ds, Hi + 1, ws, Hi, w0, E, n, ncs, out + (int64_t)t * ld, threadIdx.x, IX_THREADS);
+        ix_head_sums(ds, Hi + 1, 1, 0, ws, Hi, w0, E, n, ncs, out + (int64_t)t * ld, threadIdx.x, IX_THREADS);
     }
 }
 

@@ -31,6 +31,7 @@
 #define IXT_EB 64     /* entries per chunk: 8 mma n-tiles */
 #define IXT_SKIP 1000 /* exponent of an all-zero block: adds nothing */
 #define IXT_BAD 2000  /* a block the exact path cannot take: the element runs the chain */
+#define IXT_SW(h) (8 * ((h) & 3)) /* the dots' swizzle: head h's entry e at h IXT_EB + (e ^ IXT_SW(h)) */
 
 __device__ __forceinline__ float ixt_pow2(int e) { /* 2^e for e in [-149, 127] (clamped: callers discard the others) */
     e = e < -149 ? -149 : e > 127 ? 127 : e;
@@ -64,7 +65,7 @@ __global__ void __launch_bounds__(128, 3) ixt_kernel(const float *qi, const floa
     float *ws = (float *)(qr2 + 2 * Hi);               /* [Hi] */
     float *qf = ws + Hi;                               /* [Hi][NB] 2^a (0 for a block that adds nothing here) */
     float *kf = qf + Hi * NB;                          /* [NB][IXT_EB] 2^(key block exponent), likewise */
-    float *ds = kf + IXT_EB * NB;                      /* [IXT_EB][Hi + 1] dots */
+    float *ds = kf + IXT_EB * NB;                      /* [Hi][IXT_EB] dots, swizzled (IXT_SW) */
     /* the longest lists first (a prefill pass's later queries): the last wave holds the short ones */
     const int t = gridDim.y - 1 - blockIdx.y, n = nlist[t], ncs = ncausal[t], nch = (n + IXT_EB - 1) / IXT_EB;
     if ((int)blockIdx.x >= nch) return;
@@ -226,13 +227,18 @@ __global__ void __launch_bounds__(128, 3) ixt_kernel(const float *qi, const floa
                 }
             }
         }
+        /* heads-major, a float2 of two neighbouring entries a store, entries XORed with 8 (h & 3): a warp's 32 stores (heads
+         * g, entries 2 c) fill the 16 8-byte bank pairs twice each, where entry-major scalar stores were 4-way bank
+         * conflicts; the chains over the heads read a head's entries as a permutation of one row, conflict-free */
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    ds[(e0 + 8 * j + 2 * c + (i & 1)) * (Hi + 1) + h0 + 16 * m + g + (i < 2 ? 0 : 8)] = dot[m][j][i];
+                for (int hb = 0; hb < 2; hb++) {
+                    const int h = h0 + 16 * m + g + 8 * hb;
+                    *(float2 *)(ds + h * IXT_EB + ((e0 + 8 * j + 2 * c) ^ IXT_SW(h))) = make_float2(dot[m][j][2 * hb], dot[m][j][2 * hb + 1]);
+                }
         /* the exactness test per element; the CPU's chain where it fails. First the warp at once: when its heads' and
          * entries' block exponents (zero blocks aside) lie within 8 binades of each other and in range, every element
          * passes. Else the quick test of the lane's elements from the heads' and entries' exponent ranges, then the rest
@@ -315,18 +321,18 @@ __global__ void __launch_bounds__(128, 3) ixt_kernel(const float *qi, const floa
                 const uint8_t *kr = kt + (int64_t)w * rbytes;
                 float d = 0.0f;
                 for (int jj = 0; jj < DI; jj++) d = __fadd_rn(d, __fmul_rn(qr[jj], dev_ikey_at(kr, DI, jj)));
-                ds[el * (Hi + 1) + h] = d;
+                ds[h * IXT_EB + (el ^ IXT_SW(h))] = d;
             }
         }
         __syncthreads();
-        ix_head_sums(ds, Hi + 1, ws, Hi, w0, IXT_EB, n, ncs, out + (int64_t)t * ld, tid, nth);
+        ix_head_sums(ds, 1, IXT_EB, 8, ws, Hi, w0, IXT_EB, n, ncs, out + (int64_t)t * ld, tid, nth);
         __syncthreads();
     }
 }
 
 template <int DI> static size_t ixt_smem(int Hi) {
     return sizeof(__half) * (size_t)(Hi + IXT_EB) * (DI + 8) + sizeof(int) * ((size_t)Hi * (DI / 32 + 2) + (size_t)IXT_EB * DI / 32) +
-           sizeof(float) * ((size_t)Hi + (size_t)(Hi + IXT_EB) * (DI / 32) + (size_t)IXT_EB * (Hi + 1));
+           sizeof(float) * ((size_t)Hi + (size_t)(Hi + IXT_EB) * (DI / 32) + (size_t)Hi * IXT_EB);
 }
 
 template <int DI, int MT>
