@@ -22,8 +22,8 @@
  * 7 and 8 run each case twice on the same inputs: with hi + lo f16 terms at check 2's double bar, and with one f16 term (the
  * default) at the distances of the official model's bf16 arithmetic (attn_ref_bf16) from the double evaluation and
  * the twin.
- * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8 [--no-bench] [--only-tc | --only-dec]   (scripts/gpu_test.sh runs it)
- * (--only-tc: 7 alone; --only-dec: 8 and the decode timings of 6) */
+ * Needs a GPU:  build-cuda/tests/gpu/test_attn_kv8 [--no-bench] [--only-tc | --only-dec | --only-ix]   (scripts/gpu_test.sh
+ * runs it) (--only-tc: 7 alone; --only-dec: 8 and the decode timings of 6; --only-ix: 5 and the indexer's timings) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1001,18 +1001,42 @@ static void bench_ikeys_prefill(void) {
     dsv4_cuda_free(o);
 }
 
+/* check 5: the indexer scores in every kernel and shape */
+static void test_ix_all(void) {
+    test_ikeys(3, 64, 128, 1000);
+    test_ikeys(1, 64, 128, 1024);
+    test_ikeys(2, 4, 64, 37);
+    test_ikeys(2, 48, 128, 300);  /* threads left over in a block */
+    test_ikeys_q(70, 64, 128, 1000, 1); /* the tensor-core kernel (T >= 32): exact path and chains */
+    test_ikeys_q(40, 16, 64, 200, 1);
+    test_ikeys_q(33, 48, 128, 130, 1);  /* 3 warps, a partial chunk */
+    test_ikeys_q(32, 64, 128, 300, 0);  /* q not FP4: chains only */
+    test_ikeys_q(3, 64, 128, 500, 1);   /* FP4 q through the other kernels */
+    test_ikeys_qs(70, 64, 128, 330, 1, 1); /* two key sets */
+    test_ikeys_qs(45, 32, 64, 150, 1, 1);
+    test_ikeys(1, 128, 64, 100);
+    test_ikeys(2, 8, 96, 50);     /* the thread-per-entry kernel */
+}
+
 int main(int argc, char **argv) {
-    int bench = 1, only_tc = 0, only_dec = 0;
+    int bench = 1, only_tc = 0, only_dec = 0, only_ix = 0;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--no-bench")) bench = 0;
         else if (!strcmp(argv[i], "--only-tc")) only_tc = 1;
         else if (!strcmp(argv[i], "--only-dec")) only_dec = 1;
+        else if (!strcmp(argv[i], "--only-ix")) only_ix = 1;
     setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach a log even if a timeout kills the run */
     rs = 0x9E3779B97F4A7C15ull;
     char err[256];
     if (dsv4_cuda_init(0, NULL, err, sizeof err)) {
         fprintf(stderr, "test_attn_kv8: %s\n", err);
         return 1;
+    }
+    if (only_ix) { /* check 5 and the indexer's timings alone (a branch's indexer change: seconds, not the whole test) */
+        test_ix_all();
+        if (bench) bench_ikeys(), bench_ikeys_prefill();
+        printf("test_attn_kv8: %s\n", fails ? "FAILED" : "all passed");
+        return fails != 0;
     }
     if (only_dec) goto dec;
     /* the prefill path (tensor cores): Flash shapes (window as the pass's own rows, + 32 / 512 compressed), odd T,
@@ -1072,19 +1096,7 @@ dec:
     test_attn(40, 64, 512, 64, 640, 2048, 0);  /* full mode (T > 32) against query 0 alone */
     test_attn(2, 8, 384, 64, 1100, 1500, 1);   /* spans of 2 sub-splits, Dh 384 */
     test_attn(3, 3, 130, 2, 70, 90, 1);        /* Dh not a multiple of 4, heads not filling a block */
-    test_ikeys(3, 64, 128, 1000);
-    test_ikeys(1, 64, 128, 1024);
-    test_ikeys(2, 4, 64, 37);
-    test_ikeys(2, 48, 128, 300);  /* threads left over in a block */
-    test_ikeys_q(70, 64, 128, 1000, 1); /* the tensor-core kernel (T >= 32): exact path and chains */
-    test_ikeys_q(40, 16, 64, 200, 1);
-    test_ikeys_q(33, 48, 128, 130, 1);  /* 3 warps, a partial chunk */
-    test_ikeys_q(32, 64, 128, 300, 0);  /* q not FP4: chains only */
-    test_ikeys_q(3, 64, 128, 500, 1);   /* FP4 q through the other kernels */
-    test_ikeys_qs(70, 64, 128, 330, 1, 1); /* two key sets */
-    test_ikeys_qs(45, 32, 64, 150, 1, 1);
-    test_ikeys(1, 128, 64, 100);
-    test_ikeys(2, 8, 96, 50);     /* the thread-per-entry kernel */
+    test_ix_all();
     if (bench) {
         bench_attn_tc();
         bench_attn();
