@@ -110,6 +110,22 @@ run() {
     grep -E '^prefill|^ +[0-9]+ +[0-9]+ \|' "$dir/$part.txt" | tail -n 4
 }
 
+# the synthetic model of abcheck's and branch's greedy runs ($TMPDIR/dsv4-synth, made once by `dsv4 synth`); 1 if it fails
+synth_model() {
+    [ -f "$TMPDIR/dsv4-synth/config.json" ] || "$bin" synth -o "$TMPDIR/dsv4-synth" >/dev/null 2>"$dir/synth.err" ||
+        { echo "$1: dsv4 synth failed: $(tail -n 1 "$dir/synth.err")"; fail=1; return 1; }
+}
+# a greedy `dsv4 run --device cuda` of 24 tokens on that model by binary $1 (under the env list GENV), its text in
+# $OUTF -> rr (exit status; ", no text" appended when it wrote none) and sum (the text's md5, 8 digits)
+greedy() {
+    # shellcheck disable=SC2086
+    env ${GENV:-X=1} timeout 60 "$1" run -m "$TMPDIR/dsv4-synth" --device cuda -p "The quick brown fox" --temperature 0 \
+        --max-tokens 24 --ignore-eos -q >"$OUTF" 2>"$OUTF.err"
+    rr=$?
+    [ -s "$OUTF" ] || rr="$rr, no text" # a failure even with exit 0
+    sum=$(md5sum <"$OUTF" | cut -c1-8)
+}
+
 # one setting of $AB: "name" (the defaults), "name=VAR=v[,VAR=v...]", or "name=@BINARY[,VAR=v...]" (another dsv4, e.g.
 # build-bin/dsv4-prev, unpacked above) -> n (its name), b (the binary), v (the VAR=v list with commas, or empty)
 ab_setting() {
@@ -304,8 +320,7 @@ for p in $parts; do
         # each setting of $AB before its timings: test_decode on the four fixtures and a synthetic model (graphs ==
         # launches one by one, batch invariance) and a greedy `dsv4 run --device cuda` whose text must not change
         bdir=$(dirname "$bin")
-        [ -f "$TMPDIR/abcheck-synth/config.json" ] || "$bin" synth -o "$TMPDIR/abcheck-synth" >/dev/null 2>"$dir/abcheck-synth.err" ||
-            { echo "abcheck: dsv4 synth failed: $(tail -n 1 "$dir/abcheck-synth.err")"; fail=1; }
+        synth_model abcheck
         ref=""
         for a in ${AB:-default}; do
             ab_setting "$a"
@@ -316,15 +331,10 @@ for p in $parts; do
             if [ "$b" = "$bin" ]; then
                 # shellcheck disable=SC2086
                 env $e timeout 150 "$bdir/tests/gpu/test_decode" tests/fixtures/tiny-bf16 tests/fixtures/small-fp8-fp4 \
-                    tests/fixtures/tiny-nvfp4-hf tests/fixtures/small-fp8-nvfp4 "$TMPDIR/abcheck-synth" >"$dir/abcheck-$n.txt" 2>&1
+                    tests/fixtures/tiny-nvfp4-hf tests/fixtures/small-fp8-nvfp4 "$TMPDIR/dsv4-synth" >"$dir/abcheck-$n.txt" 2>&1
                 rc=$?
             fi
-            # shellcheck disable=SC2086
-            env $e timeout 60 "$b" run -m "$TMPDIR/abcheck-synth" --device cuda -p "The quick brown fox" --temperature 0 \
-                --max-tokens 24 --ignore-eos -q >"$dir/abcheck-$n.run" 2>"$dir/abcheck-$n.err"
-            rr=$?
-            [ -s "$dir/abcheck-$n.run" ] || rr="$rr, no text" # a failure even with exit 0
-            sum=$(md5sum <"$dir/abcheck-$n.run" | cut -c1-8)
+            GENV=$e OUTF="$dir/abcheck-$n.run" greedy "$b"
             [ -n "$ref" ] || ref=$sum
             td="test_decode exit $rc ($(grep -h 'checks,' "$dir/abcheck-$n.txt" | tr '\n' ' '))"
             [ "$b" = "$bin" ] || td="test_decode not run ($b is another build)"
@@ -351,8 +361,7 @@ for p in $parts; do
     branch)
         # sessions 51-54 did this by hand in gitignored call scripts; the non-timing lines are everything but "time" lines
         [ -x build-dev/tests/gpu/test_attn_kv8 ] || { echo "branch: no build-dev/tests/gpu/test_attn_kv8 (main's pack)"; fail=1; continue; }
-        [ -f "$TMPDIR/branch-synth/config.json" ] || "$bin" synth -o "$TMPDIR/branch-synth" >/dev/null 2>"$dir/branch-synth.err" ||
-            { echo "branch: dsv4 synth failed: $(tail -n 1 "$dir/branch-synth.err")"; fail=1; continue; }
+        synth_model branch || continue
         for n in main ${BR:-}; do
             p=build-dev
             [ "$n" = main ] || p=$n/build-dev
@@ -368,13 +377,10 @@ for p in $parts; do
                 grep -E "time attn_kv8 prefill T 4096.*one f16 term on|time indexer_scores prefill" "$dir/branch-kv8-$n.txt" |
                     sed 's/ on mma.sync.*//; s/ *time attn_kv8 prefill/  /; s/ *time indexer_scores/  indexer_scores/'
             fi
-            timeout 60 "$p/dsv4" run -m "$TMPDIR/branch-synth" --device cuda -p "The quick brown fox" --temperature 0 \
-                --max-tokens 24 --ignore-eos -q >"$dir/branch-run-$n.txt" 2>"$dir/branch-run-$n.err"
-            rr=$?
-            sum=$(md5sum <"$dir/branch-run-$n.txt" | cut -c1-8)
+            GENV=X=1 OUTF="$dir/branch-run-$n.txt" greedy "$p/dsv4"
             [ "$n" = main ] && ref=$sum
             echo "branch $n: greedy run exit $rr, text $sum$([ "$sum" = "$ref" ] || echo ' DIFFERS from main')"
-            [ "$rr" = 0 ] && [ "$sum" = "$ref" ] && [ -s "$dir/branch-run-$n.txt" ] || fail=1
+            [ "$rr" = 0 ] && [ "$sum" = "$ref" ] || fail=1
             DSV4_ATTN_WG_TRACE="$dir/branch-trace-$n.txt" timeout 60 "$p/dsv4" bench --synthetic flash --layers 4 --batch 1 \
                 --context 4096 --prompt 8192 --steps 1 --replays 1 >/dev/null 2>"$dir/branch-trace-$n.err" || fail=1
             python3 bench/wa_trace.py "$dir/branch-trace-$n.txt" >"$dir/branch-trace-$n.sum" 2>&1 || fail=1
